@@ -1,0 +1,84 @@
+"""The plan vocabulary: typed, frozen data, no torch.distributed.
+
+A plan is a flat map from module globs to sharding styles. YAML files and diffusers `_tp_plan`
+dicts are only serializations of it (see `plan_io.py`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Style(str, enum.Enum):
+    """How one `nn.Linear` is split across the `tp` axis (`y = x W^T + b`, `W` is `[out, in]`)."""
+
+    COLWISE = "colwise"  # W rows (output features) split; bias split; output stays sharded
+    ROWWISE = "rowwise"  # W columns (input features) split; bias whole, added after the all-reduce
+    PACKED_COLWISE = "packed_colwise"  # colwise, each fused output block split on its own
+    PACKED_ROWWISE = "packed_rowwise"  # rowwise, each fused input block split on its own
+
+    @property
+    def is_packed(self) -> bool:
+        return self in (Style.PACKED_COLWISE, Style.PACKED_ROWWISE)
+
+    @property
+    def shard_dim(self) -> int:
+        """The weight dim that is split: 0 for colwise kinds, 1 for rowwise kinds."""
+        return 0 if self in (Style.COLWISE, Style.PACKED_COLWISE) else 1
+
+    @property
+    def splits_bias(self) -> bool:
+        """Colwise biases follow the output features; rowwise biases are added once, after the reduce."""
+        return self.shard_dim == 0
+
+
+# Per-Linear attribute that diffusers uses to store absolute packed block sizes at __init__.
+PACKED_BLOCKS_ATTR = {
+    Style.PACKED_COLWISE: "_tp_packed_col_blocks",
+    Style.PACKED_ROWWISE: "_tp_packed_row_blocks",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One plan entry.
+
+    key: module path relative to the model, with at most one `*` standing for every element of an
+        `nn.ModuleList` (e.g. `transformer_blocks.*.attn.to_q`).
+    style: how the Linear at `key` is split.
+    blocks: for packed styles, proportional integers (`[1, 1]`) or absolute sizes; `None` reads
+        them from the Linear's `_tp_packed_col_blocks` / `_tp_packed_row_blocks`.
+    """
+
+    key: str
+    style: Style
+    blocks: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A parsed, checked-for-syntax sharding plan.
+
+    rules: the `tp` entries, in file order.
+    models: class names this plan is written for (used by `plan_for`); empty means "any".
+    attention: globs of attention modules whose head counts must be rewritten to per-rank values.
+        `None` means "infer": every module with a `heads` attribute that owns a sharded Linear.
+    name: where the plan came from (bundled name or file path), for messages.
+    """
+
+    rules: tuple[Rule, ...]
+    models: tuple[str, ...] = ()
+    attention: tuple[str, ...] | None = None
+    name: str = "<dict>"
+
+    @classmethod
+    def from_dict(cls, data: dict, *, name: str = "<dict>") -> "Plan":
+        """Parse a dtp plan dict (`{"tp": {...}, "models": [...], ...}`) or a diffusers `_tp_plan`.
+
+        >>> Plan.from_dict({"blocks.*.attn.to_q": "colwise"}).rules[0].style
+        <Style.COLWISE: 'colwise'>
+        """
+        from .plan_io import plan_from_dict  # plan_io imports this module; keep the cycle lazy
+
+        return plan_from_dict(data, name=name)

@@ -1,0 +1,102 @@
+"""ParallelStyle subclasses for the plan styles: torch's Colwise/RowwiseParallel with our slicing.
+
+torch's styles shard a parameter with `distribute_tensor`, which first moves the whole tensor to the
+device and broadcasts/scatters it from rank 0. Ours keep torch's forward hooks (input/output layouts
+and the one all-reduce per colwise -> rowwise pair) but build each parameter from this rank's slice
+only (`slicing.local_slice`), so:
+  * no weight collective is issued and no full copy is made (every rank must hold the same
+    weights beforehand: loaded from one checkpoint, or created under the same seed);
+  * only the slice is moved to the mesh's device (`DTensor.from_local` moves the local tensor);
+  * a parameter that is already a DTensor (placed by the loader) is left as it is.
+
+Packed layouts are recorded on the parameter (`_dtp_layout = (dim, sizes)`) so the original tensor
+can be reassembled with `slicing.assemble` (DTensor's `Shard` placement alone would put the blocks
+in the wrong order).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from .plan import Style
+from .slicing import assemble, local_slice
+
+LAYOUT_ATTR = "_dtp_layout"
+
+
+def shard_parameter(param: nn.Parameter, dim: int | None, sizes, mesh) -> nn.Parameter:
+    """This rank's DTensor parameter: `Shard(dim)` of the block-wise slice, or `Replicate()` when dim is None."""
+    if isinstance(param.data, DTensor):
+        return param
+    if dim is None:
+        local, placement = param.data, Replicate()
+    else:
+        local = local_slice(param.data, dim, sizes, mesh.size(), mesh.get_local_rank())
+        placement = Shard(dim)
+    dtensor = DTensor.from_local(local, mesh, [placement], run_check=False)
+    sharded = nn.Parameter(dtensor, requires_grad=param.requires_grad)
+    if dim is not None:
+        setattr(sharded, LAYOUT_ATTR, (dim, tuple(sizes)))
+    return sharded
+
+
+def _partition(module: nn.Module, layouts: dict, mesh) -> None:
+    for name, param in list(module.named_parameters(recurse=False)):
+        layout = layouts[name]
+        dim, sizes = layout if layout is not None else (None, None)
+        module.register_parameter(name, shard_parameter(param, dim, sizes, mesh))
+
+
+class BlockColwise(ColwiseParallel):
+    """colwise / packed_colwise: weight `[out, in]` and bias split by output blocks (Shard(0)).
+
+    `y = x [W_1; ...; W_k]^T`: each rank computes its rows of every block, so its output is
+    the concatenation of its piece of each fused projection (Q, K, V, gate, up ...).
+    """
+
+    def __init__(self, sizes, **kwargs):
+        super().__init__(**kwargs)
+        self.sizes = tuple(sizes)
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        _partition(module, {"weight": (0, self.sizes), "bias": (0, self.sizes)}, device_mesh)
+
+
+class BlockRowwise(RowwiseParallel):
+    """rowwise / packed_rowwise: weight split by input blocks (Shard(1)); bias whole, added once after the all-reduce.
+
+    `y = sum_r x_r W_r^T + b` where `x_r` is rank r's piece of each input block.
+    """
+
+    def __init__(self, sizes, **kwargs):
+        super().__init__(**kwargs)
+        self.sizes = tuple(sizes)
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        _partition(module, {"weight": (1, self.sizes), "bias": None}, device_mesh)
+
+
+def style_for(spec) -> ColwiseParallel | RowwiseParallel:
+    """The ParallelStyle for one resolved Linear (`resolve.LinearSpec`)."""
+    if spec.style in (Style.COLWISE, Style.PACKED_COLWISE):
+        return BlockColwise(spec.sizes)
+    if spec.style in (Style.ROWWISE, Style.PACKED_ROWWISE):
+        return BlockRowwise(spec.sizes)
+    raise AssertionError(f"unhandled style {spec.style}")  # the Style enum is closed
+
+
+def full_tensor(param) -> torch.Tensor:
+    """The original (unsharded) tensor of a parameter sharded by these styles; gathers over the mesh."""
+    if not isinstance(param, DTensor):
+        return param.detach()
+    layout = getattr(param, LAYOUT_ATTR, None)
+    if layout is None:
+        return param.full_tensor()
+    dim, sizes = layout
+    gathered = param.redistribute(placements=[Replicate()]).to_local()
+    # redistribute() concatenates the rank pieces in rank order, which `assemble` reorders by block.
+    tp = param.device_mesh.size()
+    return assemble(list(torch.chunk(gathered, tp, dim=dim)), dim, sizes)

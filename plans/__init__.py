@@ -1,0 +1,1 @@
+"""Bundled sharding plans (YAML), installed as the package `dtp.plans`; see dtp/plan_io.py."""
