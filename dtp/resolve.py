@@ -19,6 +19,8 @@ from .plan import PACKED_BLOCKS_ATTR, Plan, Rule, Style
 from .resolve_types import Constraint
 from .slicing import block_sizes
 
+_SHOWN = 3  # failing constraints named in a check_tp error
+
 
 @dataclass(frozen=True)
 class LinearSpec:
@@ -58,16 +60,16 @@ class Resolved:
         return [d for d in range(1, g + 1) if g % d == 0] if g else [1]
 
     def check_tp(self, tp: int) -> None:
-        """Raise PlanError naming the first number `tp` does not divide."""
+        """Raise PlanError naming the numbers `tp` does not divide (the first few, with their keys)."""
         if not isinstance(tp, int) or tp < 1:
             raise PlanError(f"plan {self.plan.name}: tp must be a positive integer, got {tp!r}.")
-        for c in self.constraints:
-            if c.value % tp:
-                supported = ", ".join(map(str, self.candidates()))
-                raise PlanError(
-                    f"plan {self.plan.name}, key '{c.key}': tp={tp} does not divide {c.what}={c.value}; "
-                    f"supported tp: {supported}."
-                )
+        failed = [c for c in self.constraints if c.value % tp]
+        if not failed:
+            return
+        shown = "; ".join(f"{c.what}={c.value} (key '{c.key}')" for c in failed[:_SHOWN])
+        more = f"; and {len(failed) - _SHOWN} more" if len(failed) > _SHOWN else ""
+        supported = ", ".join(map(str, self.candidates()))
+        raise PlanError(f"plan {self.plan.name}: tp={tp} does not divide {shown}{more}. Supported tp: {supported}.")
 
     def param_layouts(self) -> dict[str, tuple[int, tuple[int, ...]] | None]:
         """`{qualified param name: (dim, sizes) or None}` for every parameter of every planned Linear."""
@@ -83,9 +85,8 @@ def resolve(plan: Plan, model: nn.Module) -> Resolved:
     linears = _resolve_linears(plan, model)
     attention = _resolve_attention(plan, model, linears)
     _check_pairs(plan, linears)
-    # Head counts first: they are the usual limit, and the most telling number in an error.
-    constraints = [c for spec in attention for c in spec.constraints()]
-    constraints += [c for spec in linears for c in _linear_constraints(spec)]
+    constraints = [c for spec in linears for c in _linear_constraints(spec)]
+    constraints += [c for spec in attention for c in spec.constraints()]
     return Resolved(plan=plan, linears=tuple(linears), attention=tuple(attention), constraints=tuple(constraints))
 
 

@@ -1,0 +1,14 @@
+"""Shared fixtures: a single-process fake process group for checks that need a mesh but no data."""
+
+import pytest
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+
+@pytest.fixture(scope="module")
+def fake_world():
+    """A fake process group of size 4 (rank 0): meshes of any shape up to 4 ranks, no real collectives."""
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    yield 4
+    dist.destroy_process_group()
