@@ -95,3 +95,25 @@ def _scope_hooks(model: nn.Module, scopes: list[str]) -> list:
         handles.append(block.register_forward_pre_hook(lambda *_, p=path: scopes.append(p)))
         handles.append(block.register_forward_hook(lambda *_, p=path: scopes.remove(p)))
     return handles
+
+
+def implied_collectives(resolved, model: nn.Module) -> dict[str, Counter]:
+    """`{scope: {op: count}}` that a plan implies for one forward, as `CollectiveCounter` names them.
+
+    Each rowwise / packed_rowwise Linear ends in one all-reduce (its partial sums), each
+    colwise_gathered Linear in one all-gather (its output shards); colwise outputs stay sharded and
+    cost nothing. Assumes each planned Linear runs once per forward, which holds for the bundled
+    architectures; a measured count above this points at a Linear that runs more than once.
+    """
+    blocks = block_paths(model)
+    implied: dict[str, Counter] = {}
+    for spec in resolved.linears:
+        if spec.style.gathers_output:
+            op = "all_gather_into_tensor"
+        elif spec.style.shard_dim == 1:
+            op = "all_reduce"
+        else:
+            continue
+        scope = next((b for b in blocks if spec.path.startswith(f"{b}.")), "")
+        implied.setdefault(scope, Counter())[op] += 1
+    return implied

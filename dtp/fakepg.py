@@ -68,8 +68,21 @@ def meta_model(class_name: str, config: dict | None = None, dtype: torch.dtype |
     with torch.device("meta"):
         model = cls.from_config(kwargs)
     if dtype is not None:
-        model = model.to(dtype)
+        with _quiet_diffusers():  # its "modules to keep in float32" advice is about loading real weights
+            model = model.to(dtype)
     return model.eval()
+
+
+@contextlib.contextmanager
+def _quiet_diffusers():
+    from diffusers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
 
 
 def meta_inputs(class_name: str, config, dtype: torch.dtype, *, img_tokens: int, txt_tokens: int, batch: int = 1) -> dict:
