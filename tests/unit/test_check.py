@@ -1,10 +1,12 @@
 """`dtp check`: full-size figures on the meta device with a fake process group, and the CLI."""
 
+import importlib.resources
 import json
 
 import pytest
 import torch
 
+from dtp import PlanError
 from dtp.check import check, measure
 from dtp.cli import main
 from dtp.fakepg import meta_model
@@ -112,3 +114,12 @@ def test_cli_refuses_a_degree_that_does_not_fit(capsys):
 def test_cli_refuses_an_unknown_target(capsys):
     assert main(["check", "NoSuchTransformer", "--tp", "2"]) == 1
     assert "neither a bundled plan" in capsys.readouterr().err
+
+
+def test_class_name_with_plan_option_and_plan_file(tiny_flux_config):
+    by_class = check("FluxTransformer2DModel", tp=2, plan="flux", config=tiny_flux_config, forward=False)
+    by_file = check(str(importlib.resources.files("dtp.plans") / "flux.yaml"), tp=2, config=tiny_flux_config,
+                    forward=False)
+    assert by_class["per_rank_bytes"] == by_file["per_rank_bytes"] and by_class["tp"] == 2
+    with pytest.raises(PlanError, match="--plan applies to a class name only"):
+        check("flux", tp=2, plan="flux2")

@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import parallelize_module
 
-from dtp import Plan, PlanError, Style
+from dtp import Plan, PlanError, Style, tp_candidates
 from dtp.collectives import CollectiveCounter, block_paths
 from dtp.fakepg import fake_world
 from dtp.mesh import make_mesh, tp_submesh
@@ -91,6 +91,7 @@ def test_out_dim_of_a_gathered_linear_constrains_tp():
         resolved.check_tp(4)
     only_gathered = resolve(Plan.from_dict({"blocks.*.mod": "colwise_gathered"}), Toy(mod_out=6))
     assert only_gathered.candidates() == [1, 2, 3, 6]
+    assert tp_candidates(Toy(mod_out=6), Plan.from_dict({"blocks.*.mod": "colwise_gathered"})) == [1, 2, 3, 6]
     with pytest.raises(PlanError, match="dim 0 of blocks.0.mod=6; supported tp: 1, 2, 3, 6"):
         only_gathered.check_tp(4)
 
