@@ -101,7 +101,7 @@ def measure(class_name: str, plan: Plan | None, *, tp: int, cp: int = 1, config:
     report = {
         "model": class_name,
         "plan": plan.name,
-        "config": "given" if config is not None else f"class defaults + {json.dumps(default_config(class_name))}",
+        "config": "given" if config is not None else _default_label(class_name),
         "dtype": dtype,
         "tp": tp,
         "cp": cp,
@@ -119,6 +119,11 @@ def measure(class_name: str, plan: Plan | None, *, tp: int, cp: int = 1, config:
             report["collectives"] = _collectives(model, resolved, class_name, DTYPES[dtype], resolution, text_tokens)
     report["ratio"] = report["per_rank_bytes"] / (total / tp)
     return report
+
+
+def _default_label(class_name: str) -> str:
+    overrides = default_config(class_name)
+    return f"class defaults + {json.dumps(overrides)}" if overrides else "class defaults"
 
 
 def _check_degrees(tp, cp) -> None:
