@@ -108,7 +108,7 @@ def test_cli_refuses_a_degree_that_does_not_fit(capsys):
     code = main(["check", "zimage", "--tp", "4", "--no-forward"])
     err = capsys.readouterr().err
     assert code == 1
-    assert "tp=4 does not divide" in err and "supported tp: 1, 2, 5, 10" in err
+    assert "tp=4 does not divide" in err and "Supported tp: 1, 2, 5, 10." in err
 
 
 def test_cli_refuses_an_unknown_target(capsys):
