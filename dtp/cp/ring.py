@@ -9,7 +9,9 @@ Rank r keeps its queries `q_r` (`[B, S/cp, H, D]`) and at step t holds the K/V c
 and two partials merge exactly as  lse = logaddexp(lse_a, lse_b),
 o = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b. Everything is accumulated in fp32 and cast back
 to the query dtype at the end. A block whose keys are all masked has lse = -inf and weight 0.
-Peak memory per rank is one `[B, H, S/cp, S/cp]` score block instead of `[B, H, S/cp, S]`.
+On CPU a block runs in torch's fused flash kernel for CPU, which returns the log-sum-exp and keeps
+memory O(S/cp); elsewhere (CUDA, other devices) it runs in portable fp32 math whose scores are
+computed for at most `MAX_SCORES` elements at a time (query rows in chunks).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import torch.distributed as dist
 from ..errors import PlanError
 from .masks import gather_key_mask
 
+MAX_SCORES = 1 << 24  # fp32 score elements computed at once (64 MiB); rows of queries are chunked to fit
+USE_FUSED_CPU = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
 
 def block_attention(q, k, v, mask, scale: float):
     """fp32 attention of `q` over one key block: `(out [B, Sq, H, Dv], lse [B, H, Sq])`.
@@ -27,6 +32,17 @@ def block_attention(q, k, v, mask, scale: float):
     mask: `[B, Sk]` bool (True = attend) or additive float, or None. Rows with no visible key give
     out = 0 and lse = -inf, so that they carry zero weight in `merge`.
     """
+    if USE_FUSED_CPU and q.device.type == "cpu":
+        return _block_fused_cpu(q, k, v, mask, scale)
+    b, s_q, h, _ = q.shape
+    rows = max(1, MAX_SCORES // max(1, b * h * k.shape[1]))
+    if s_q <= rows:
+        return _block(q, k, v, mask, scale)
+    parts = [_block(q_rows, k, v, mask, scale) for q_rows in q.split(rows, dim=1)]
+    return torch.cat([o for o, _ in parts], dim=1), torch.cat([lse for _, lse in parts], dim=2)
+
+
+def _block(q, k, v, mask, scale: float):
     qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
     if mask is not None:
@@ -38,6 +54,24 @@ def block_attention(q, k, v, mask, scale: float):
     denom = probs.sum(dim=-1, keepdim=True)
     lse = (row_max + denom.log()).squeeze(-1)
     out = torch.matmul(probs, vf) / denom.clamp_min(torch.finfo(torch.float32).tiny)
+    return out.transpose(1, 2), lse
+
+
+def _block_fused_cpu(q, k, v, mask, scale: float):
+    """The same result through torch's CPU flash kernel (fp32 inputs, returns out and lse)."""
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
+    bias = None
+    if mask is not None:
+        bias = mask.float() if mask.dtype != torch.bool else torch.zeros(mask.shape, device=mask.device).masked_fill(
+            ~mask, float("-inf"))
+        bias = bias[:, None, None, :]
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qf, kf, vf, 0.0, False, attn_mask=bias,
+                                                                           scale=scale)
+    if bias is not None:
+        # The kernel reports lse = 0 (not -inf) for a row with no visible key: give such rows zero weight.
+        visible = torch.isfinite(bias).any(dim=-1, keepdim=True)  # [B, 1, 1, 1]
+        lse = lse.masked_fill(~visible[..., 0], float("-inf"))
+        out = out.masked_fill(~visible, 0.0)
     return out.transpose(1, 2), lse
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dtp
+import dtp.cp.ring as ring_module
 from dtp.cp.masks import key_mask
 from dtp.cp.ring import block_attention, merge
 from dtp.cp.sequence import local_chunk
@@ -20,12 +21,19 @@ def _sdpa(q, k, v, mask):
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=m).transpose(1, 2)
 
 
-@settings(max_examples=25, deadline=None)
+@pytest.fixture(params=["fused_cpu", "portable"])
+def block_path(request, monkeypatch):
+    """Run a test through the CPU flash kernel and through the portable fp32 math."""
+    monkeypatch.setattr(ring_module, "USE_FUSED_CPU", request.param == "fused_cpu")
+    return request.param
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     blocks=st.integers(1, 4), block_len=st.integers(1, 5), q_len=st.integers(1, 6), heads=st.integers(1, 3),
     masked=st.sampled_from([None, "bool", "float"]), seed=st.integers(0, 2**16),
 )
-def test_blockwise_merge_equals_full_attention(blocks, block_len, q_len, heads, masked, seed):
+def test_blockwise_merge_equals_full_attention(block_path, blocks, block_len, q_len, heads, masked, seed):
     """Attention over cp key blocks merged by log-sum-exp == SDPA over all keys (<= 1e-5 rel), any block order."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(2, q_len, heads, 8, generator=g)
@@ -48,7 +56,19 @@ def test_blockwise_merge_equals_full_attention(blocks, block_len, q_len, heads, 
     assert (out - ref).abs().max() <= 1e-5 * max(ref.abs().max(), 1.0)
 
 
-def test_fully_masked_block_carries_zero_weight():
+def test_query_chunking_matches_one_block(monkeypatch):
+    """Portable path: scores in query-row chunks (tiny MAX_SCORES) give the same out and lse as one block."""
+    monkeypatch.setattr(ring_module, "USE_FUSED_CPU", False)
+    q, k, v = torch.randn(2, 9, 2, 4), torch.randn(2, 5, 2, 4), torch.randn(2, 5, 2, 4)
+    mask = torch.rand(2, 5) > 0.3
+    whole = block_attention(q, k, v, mask, 0.5)
+    monkeypatch.setattr(ring_module, "MAX_SCORES", 2 * 2 * 5 * 2)  # 2 query rows at a time
+    chunked = block_attention(q, k, v, mask, 0.5)
+    torch.testing.assert_close(chunked[0], whole[0])
+    torch.testing.assert_close(chunked[1], whole[1])
+
+
+def test_fully_masked_block_carries_zero_weight(block_path):
     q, k, v = torch.randn(1, 3, 2, 4), torch.randn(1, 4, 2, 4), torch.randn(1, 4, 2, 4)
     visible = block_attention(q, k, v, None, 0.5)
     hidden = block_attention(q, k * 7, v * 7, torch.zeros(1, 4, dtype=torch.bool), 0.5)
