@@ -117,7 +117,10 @@ def _table(per_rank: list[dict], tokens: int) -> str:
     lines = [
         f"Flux architecture, width 256 (8 heads x 32), 2 + 2 blocks, {tokens} tokens, fp32, 4 gloo ranks (CPU).",
         "Peak activation memory per rank (max over ranks), MiB: live = tensor storages (dispatch mode), "
-        "rss = resident-memory high-water mark.",
+        "rss = resident-memory high-water mark (allocator reuse makes it noisy). forward s: that one forward's "
+        "wall time on 2 shared cores, the first row including first-call warm-up; not a speed benchmark.",
+        "TP (cp=1) keeps per-token activations (hidden states, norms, residuals) whole on every rank and splits "
+        "only heads and MLP width; CP cuts every per-token activation by cp.",
         "",
         "| cp | tp | cp_mode | live MiB | rss MiB | forward s |",
         "| --- | --- | --- | ---: | ---: | ---: |",

@@ -13,6 +13,7 @@ import torch
 import dtp
 import dtp.cp.ring as ring_module
 import dtp.cp.ulysses as ulysses_module
+from dtp.cp import remove_cp
 from dtp.launch import spawn
 from dtp.tiny import tiny_inputs, tiny_model
 
@@ -103,6 +104,14 @@ def _two_proc(rank: int, world: int) -> dict:
             ref = output_tensor(tiny_model(cls)(**inputs)).float()
         for mode in MODES:
             results[(cls, 2, 1, mode)] = _parity(cls, mesh, mode, ref, inputs)
+    # remove_cp undoes everything: the model runs unsplit, with local attention, and equals the reference.
+    model = dtp.parallelize(tiny_model(FLUX2), mesh, cp_mode="ring")
+    remove_cp(model)
+    inputs = _inputs(FLUX2)
+    with torch.no_grad(), _Counter(ring_module, "block_attention") as blocks:
+        out = output_tensor(model(**inputs))
+        ref = output_tensor(tiny_model(FLUX2)(**inputs))
+    results["removed"] = dict(ring_blocks=blocks.calls, equal=bool(torch.equal(out, ref)))
     return results
 
 
@@ -150,3 +159,9 @@ def test_indivisible_sequence_is_refused(four):
     for message in (results["indivisible"] for results in four):
         assert message is not None
         assert "sequence length 6" in message and "cp degree 4" in message, message
+
+
+def test_remove_cp_restores_the_plain_model(two):
+    """After remove_cp no CP attention runs and the output is bit-identical to an untouched model."""
+    for results in two:
+        assert results["removed"] == dict(ring_blocks=0, equal=True)
