@@ -31,7 +31,7 @@ def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str) -> None
         handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group)))
     attention = CpAttention(mode=mode, group=group)
     for spec in resolved.attention:
-        handles += install_attention(model.get_submodule(spec.path), attention)
+        handles += install_attention(spec.path, model.get_submodule(spec.path), attention)
     setattr(model, HANDLES_ATTR, getattr(model, HANDLES_ATTR, []) + handles)
 
 

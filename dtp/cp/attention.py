@@ -33,7 +33,7 @@ from .ulysses import ulysses_attention
 CP_MODES = ("ulysses", "ring")
 DISPATCH_NAME = "dispatch_attention_fn"
 
-_ACTIVE: contextvars.ContextVar["CpAttention | None"] = contextvars.ContextVar("dtp_cp_attention", default=None)
+_ACTIVE: contextvars.ContextVar["_Scope | None"] = contextvars.ContextVar("dtp_cp_attention", default=None)
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,13 @@ def patch_dispatch(module) -> None:
     signature = inspect.signature(original)
 
     def dispatch(*args, **kwargs):
-        cp = _ACTIVE.get()
-        if cp is None:
+        scope = _ACTIVE.get()
+        if scope is None:
             return original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return cp(original, dict(bound.arguments))
+        scope.calls += 1
+        return scope.attention(original, dict(bound.arguments))
 
     dispatch._dtp_cp_original = original
     dispatch.__doc__ = original.__doc__
@@ -87,23 +88,35 @@ def patch_dispatch(module) -> None:
 
 
 class _Scope:
-    """Forward hooks that make `attention` the active CP attention while one module runs."""
+    """Forward hooks that make `attention` the active CP attention while one module runs.
 
-    def __init__(self, attention: CpAttention):
-        self.attention = attention
+    A module that finishes without calling the dispatcher (a processor that calls SDPA directly)
+    attended over its local tokens only, a silently wrong result: that is a PlanError.
+    """
+
+    def __init__(self, path: str, attention):
+        self.path, self.attention = path, attention
+        self.calls = 0
         self.tokens = []  # a stack: tolerate re-entrant calls
 
     def enter(self, module, args):
-        self.tokens.append(_ACTIVE.set(self.attention))
+        self.calls = 0
+        self.tokens.append(_ACTIVE.set(self))
 
     def exit(self, module, args, output):
         _ACTIVE.reset(self.tokens.pop())
+        if self.calls == 0 and output is not None:  # output None: the forward raised; keep its error
+            raise PlanError(
+                f"attention '{self.path}' ({type(module.processor).__name__}) ran without calling "
+                f"dispatch_attention_fn, so it attended over this rank's tokens only; use a processor that "
+                f"calls it, or cp=1."
+            )
 
 
-def install_attention(attn: nn.Module, attention: CpAttention) -> list:
+def install_attention(path: str, attn: nn.Module, attention: CpAttention) -> list:
     """Patch `attn`'s processor module and scope CP attention to `attn`'s forward; returns hook handles."""
     patch_dispatch(processor_module(attn))
-    scope = _Scope(attention)
+    scope = _Scope(path, attention)
     return [
         attn.register_forward_pre_hook(scope.enter),
         attn.register_forward_hook(scope.exit, always_call=True),
