@@ -133,3 +133,20 @@ def test_zimage_heads_limit_ulysses_at_full_size():
     assert dtp.tp_candidates(model, cp=2) == [tp for tp in base if (30 // tp) % 2 == 0]
     assert 2 not in dtp.tp_candidates(model, cp=2)
     assert dtp.tp_candidates(model, cp=2, cp_mode="ring") == base
+
+
+@pytest.mark.parametrize("name", sorted(PLAN_CLASSES))
+def test_full_size_models_resolve_cp_on_meta(name):
+    """Default (full-size) configs on the meta device: the cp section fits, and Ulysses candidates follow
+    (heads / tp) % cp == 0 with the model's real head count."""
+    with torch.device("meta"):
+        model = model_class(PLAN_CLASSES[name])()
+    plan = dtp.load_plan(name)
+    cp_resolved = resolve_cp(resolve(plan, model), model)
+    heads = {spec.heads for spec in cp_resolved.attention}
+    assert len(heads) == 1
+    (h,) = heads
+    base = dtp.tp_candidates(model, plan)
+    for cp in (2, 4):
+        assert dtp.tp_candidates(model, plan, cp=cp) == [tp for tp in base if (h // tp) % cp == 0]
+        assert dtp.tp_candidates(model, plan, cp=cp, cp_mode="ring") == base
