@@ -77,8 +77,11 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
             f"plan {plan.name}: the mesh has a cp axis > 1 but the plan has no `cp` section saying which inputs "
             f"to split along the sequence; add one (see dtp/cp/plan.py) or build the mesh with cp=1."
         )
-    splits = [(path, rule) for rule in plan.cp.splits for path, module in _expand(model, rule.key, plan.name)
-              if _check_input(plan.name, rule, path, module)]
+    splits = []
+    for rule in plan.cp.splits:
+        for path, module in _expand(model, rule.key, plan.name):
+            _check_input(plan.name, rule, path, module)
+            splits.append((path, rule))
     _check_unique(plan.name, splits)
     gathers = [(path, rule) for rule in plan.cp.gathers for path, _ in _expand(model, rule.key, plan.name)]
     tp_paths = {spec.path for spec in resolved.attention}
@@ -92,16 +95,16 @@ def _expand(model: nn.Module, key: str, plan_name: str):
     return [("", model)] if key == "" else expand(model, key, plan_name)
 
 
-def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module) -> bool:
+def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module) -> None:
+    """An input split must name a forward() parameter (outputs are checked when the module returns)."""
     if rule.output:
-        return True
+        return
     params = inspect.signature(module.forward).parameters
     if rule.name not in params:
         raise PlanError(
             f"plan {plan_name}, cp key '{rule.key}': '{path or '<model>'}' ({type(module).__name__}) has no forward() "
             f"parameter '{rule.name}'; parameters: {', '.join(params)}."
         )
-    return True
 
 
 def _check_unique(plan_name: str, splits) -> None:

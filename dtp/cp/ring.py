@@ -101,7 +101,12 @@ def ring_attention(query, key, value, mask, *, group, scale: float | None = None
         pending, incoming = [], None
         if step < cp - 1:
             incoming = torch.empty_like(kv)
-            pending = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]
+            # One batch: NCCL runs the pair inside one group call, so cp=2 (send and receive with the same
+            # peer) cannot deadlock; gloo runs them as two asynchronous ops.
+            pending = dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, kv, send_to, group=group),
+                dist.P2POp(dist.irecv, incoming, recv_from, group=group),
+            ])
         source = (rank - step) % cp
         block = block_attention(query, kv[..., :d_k], kv[..., d_k:], None if masks is None else masks[source], scale)
         out, lse = block if out is None else merge(out, lse, *block)
