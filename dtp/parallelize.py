@@ -1,12 +1,13 @@
-"""parallelize(): resolve and check everything, then shard in place on the mesh's `tp` axis."""
+"""parallelize(): resolve and check everything, then shard in place on the mesh's `tp` axis (and `cp`)."""
 
 from __future__ import annotations
 
 from torch import nn
 from torch.distributed.tensor.parallel import parallelize_module
 
+from .cp import apply_cp, check_mode, resolve_cp
 from .heads import set_local_heads
-from .mesh import tp_submesh
+from .mesh import CP_AXIS, tp_submesh
 from .plan import Plan
 from .plan_io import plan_for
 from .resolve import Resolved, resolve
@@ -17,17 +18,32 @@ def _resolve(model: nn.Module, plan: Plan | None) -> Resolved:
     return resolve(plan if plan is not None else plan_for(model), model)
 
 
-def parallelize(model: nn.Module, mesh, plan: Plan | None = None) -> nn.Module:
+def parallelize(model: nn.Module, mesh, plan: Plan | None = None, *, cp_mode: str = "ulysses") -> nn.Module:
     """Shard `model` in place with `plan` (default: `plan_for(model)`) on `mesh`'s `tp` axis; returns it.
 
-    Every check (paths, styles, blocks, heads, pairs, the TP degree) runs before the first
-    parameter is replaced: a call that raises PlanError leaves the model as it was.
+    When the mesh's `cp` axis is larger than 1, the plan's `cp` section splits the sequence over it
+    and attention runs as `cp_mode`: "ulysses" (all-to-all, needs (heads / tp) % cp == 0) or "ring"
+    (K/V passed around the ring, any head count). Every check (paths, styles, blocks, heads, pairs,
+    the TP degree, the cp section and mode) runs before the first parameter is replaced or hook
+    installed: a call that raises PlanError leaves the model as it was.
     """
+    check_mode(cp_mode)
     tp_mesh = tp_submesh(mesh)
     resolved = _resolve(model, plan)
     resolved.check_tp(tp_mesh.size())
+    cp = _cp_degree(mesh)
+    cp_resolved = resolve_cp(resolved, model) if cp > 1 else None
+    if cp_resolved is not None:
+        cp_resolved.check(tp_mesh.size(), cp, cp_mode)
     apply_resolved(model, resolved, tp_mesh)
+    if cp_resolved is not None:
+        apply_cp(model, cp_resolved, mesh[CP_AXIS], cp_mode)
     return model
+
+
+def _cp_degree(mesh) -> int:
+    names = mesh.mesh_dim_names or ()
+    return mesh[CP_AXIS].size() if CP_AXIS in names and mesh.ndim > 1 else 1
 
 
 def apply_resolved(model: nn.Module, resolved: Resolved, tp_mesh) -> None:
@@ -37,6 +53,15 @@ def apply_resolved(model: nn.Module, resolved: Resolved, tp_mesh) -> None:
     set_local_heads(model, resolved.attention, tp_mesh.size())
 
 
-def tp_candidates(model: nn.Module, plan: Plan | None = None) -> list[int]:
-    """The TP degrees `model` supports under `plan` (default: `plan_for(model)`), e.g. [1, 2, 4, 8]."""
-    return _resolve(model, plan).candidates()
+def tp_candidates(model: nn.Module, plan: Plan | None = None, *, cp: int = 1, cp_mode: str = "ulysses") -> list[int]:
+    """The TP degrees `model` supports under `plan` (default: `plan_for(model)`), e.g. [1, 2, 4, 8].
+
+    With `cp > 1`, only the degrees that also work with that many context-parallel ranks in
+    `cp_mode` (Ulysses: (heads / tp) % cp == 0; the plan needs a `cp` section).
+    """
+    resolved = _resolve(model, plan)
+    if cp == 1:
+        return resolved.candidates()
+    check_mode(cp_mode)
+    cp_resolved = resolve_cp(resolved, model)
+    return [tp for tp in resolved.candidates() if cp_resolved.allows(tp, cp, cp_mode)]

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # dtp.cp imports the resolver, which imports this module
+    from .cp.plan import CpPlan
 
 
 class Style(str, enum.Enum):
@@ -75,12 +79,15 @@ class Plan:
     attention: globs of attention modules whose head counts must be rewritten to per-rank values.
         `None` means "infer": every module with a `heads` attribute that owns a sharded Linear.
     name: where the plan came from (bundled name or file path), for messages.
+    cp: the context-parallel section (sequence splits and gathers, `dtp.cp.CpPlan`), or None when
+        the plan supports cp=1 only.
     """
 
     rules: tuple[Rule, ...]
     models: tuple[str, ...] = ()
     attention: tuple[str, ...] | None = None
     name: str = "<dict>"
+    cp: "CpPlan | None" = None
 
     @classmethod
     def from_dict(cls, data: dict, *, name: str = "<dict>") -> "Plan":

@@ -10,7 +10,8 @@ A YAML plan looks like::
       single_transformer_blocks.*.proj_out: packed_rowwise   # blocks from _tp_packed_row_blocks
 
 A diffusers `_tp_plan` is the bare `tp` mapping whose values are "colwise" / "rowwise" strings or
-`PackedColwiseParallel` / `PackedRowwiseParallel` objects.
+`PackedColwiseParallel` / `PackedRowwiseParallel` objects. An optional `cp` section (dtp form or a
+diffusers `_cp_plan`) is parsed by `dtp.cp.plan`: `Plan.from_dict({"tp": M._tp_plan, "cp": M._cp_plan})`.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from pathlib import Path
 
 import yaml
 
+from .cp.plan import cp_plan_from_mapping
 from .errors import PlanError
 from .plan import Plan, Rule, Style
 
-_TOP_LEVEL_KEYS = {"models", "attention", "tp"}
+_TOP_LEVEL_KEYS = {"models", "attention", "tp", "cp"}
 # diffusers marker classes, matched by name so that reading a plan does not import diffusers hooks.
 _DIFFUSERS_MARKERS = {
     "PackedColwiseParallel": Style.PACKED_COLWISE,
@@ -46,6 +48,7 @@ def plan_from_dict(data: dict, *, name: str = "<dict>") -> Plan:
             models=tuple(_string_list(data, "models", name) or ()),
             attention=_string_list(data, "attention", name),
             name=name,
+            cp=cp_plan_from_mapping(data["cp"], name) if data.get("cp") is not None else None,
         )
     return Plan(rules=_parse_rules(data, name), name=name)
 
@@ -171,7 +174,9 @@ def plan_for(model) -> Plan:
             return plan
     tp_plan = getattr(type(model), "_tp_plan", None)
     if tp_plan:
-        return plan_from_dict(tp_plan, name=f"{cls_name}._tp_plan")
+        # The class's `_cp_plan` (ContextParallelInput/Output objects) comes along as the `cp` section.
+        cp_plan = getattr(type(model), "_cp_plan", None)
+        return plan_from_dict({"tp": tp_plan, "cp": cp_plan or None}, name=f"{cls_name}._tp_plan")
     raise PlanError(
         f"no plan for {cls_name}: no bundled plan lists it ({', '.join(bundled_plan_names())}) and the class "
         f"has no `_tp_plan`. Write a YAML plan and pass it as `plan=`."

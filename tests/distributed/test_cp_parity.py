@@ -1,0 +1,167 @@
+"""Context parallelism parity on gloo: sharded (cp, tp) forwards against a single-process reference.
+
+Two process groups in all: one 4-process group for Flux and Qwen-Image at (cp, tp) in
+{(2, 2), (4, 1), (1, 4)} x {ulysses, ring} plus the non-divisible-length refusal, and one
+2-process group for Flux2 and Z-Image at (cp=2, tp=1). Tolerance: max |out - ref| <= 1e-4 * max |ref|.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dtp
+import dtp.cp.ring as ring_module
+import dtp.cp.ulysses as ulysses_module
+from dtp.cp import remove_cp
+from dtp.launch import spawn
+from dtp.tiny import tiny_inputs, tiny_model
+
+TOL = 1e-4
+MODES = ("ulysses", "ring")
+FOUR_PROC_MESHES = ((2, 2), (4, 1), (1, 4))  # (cp, tp)
+FLUX, FLUX2, QWEN, ZIMAGE = (
+    "FluxTransformer2DModel", "Flux2Transformer2DModel", "QwenImageTransformer2DModel", "ZImageTransformer2DModel",
+)
+
+
+def output_tensor(output) -> torch.Tensor:
+    """The sample as one flat fp32 tensor (Z-Image returns one tensor per image, of different sizes)."""
+    out = output[0] if isinstance(output, (tuple, list)) else output
+    if isinstance(out, (list, tuple)):
+        return torch.cat([o.float().flatten() for o in out])
+    return out.float()
+
+
+def _inputs(cls: str) -> dict:
+    """Tiny inputs; Qwen-Image and Z-Image with batch 2 and a real key mask, to exercise mask gathering."""
+    if cls == QWEN:
+        inputs = tiny_inputs(cls, batch=2)
+        inputs["encoder_hidden_states_mask"][1, -3:] = 0  # sample 1: last 3 text tokens are padding
+        return inputs
+    if cls == ZIMAGE:
+        inputs = tiny_inputs(cls, batch=2)
+        g = torch.Generator().manual_seed(7)
+        # sample 1: a 12 x 12 latent -> 36 patches, padded to 64 (sample 0: 16 -> 32), so a [B, S] mask
+        inputs["x"][1] = torch.randn(inputs["x"][1].shape[0], 1, 12, 12, generator=g)
+        return inputs
+    return tiny_inputs(cls)
+
+
+class _Counter:
+    """Counts calls of a module-level function, to prove that the CP attention path really ran."""
+
+    def __init__(self, module, name):
+        self.module, self.name, self.calls = module, name, 0
+        self.original = getattr(module, name)
+
+    def __enter__(self):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return self.original(*args, **kwargs)
+
+        setattr(self.module, self.name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        setattr(self.module, self.name, self.original)
+
+
+@torch.no_grad()
+def _parity(cls: str, mesh, mode: str, ref: torch.Tensor, inputs: dict) -> dict:
+    model = dtp.parallelize(tiny_model(cls), mesh, cp_mode=mode)
+    with _Counter(ulysses_module, "seq_to_heads") as a2a, _Counter(ring_module, "block_attention") as blocks:
+        out = output_tensor(model(**inputs)).float()
+    return dict(diff=float((out - ref).abs().max()), ref=float(ref.abs().max()),
+                ulysses_calls=a2a.calls, ring_blocks=blocks.calls, shape_ok=out.shape == ref.shape)
+
+
+def _four_proc(rank: int, world: int) -> dict:
+    results = {}
+    for cls in (FLUX, QWEN):
+        inputs = _inputs(cls)
+        with torch.no_grad():
+            ref = output_tensor(tiny_model(cls)(**inputs)).float()
+        for cp, tp in FOUR_PROC_MESHES:
+            mesh = dtp.make_mesh(tp=tp, cp=cp)
+            for mode in MODES:
+                results[(cls, cp, tp, mode)] = _parity(cls, mesh, mode, ref, inputs)
+    mesh = dtp.make_mesh(tp=1, cp=4)
+    try:
+        dtp.parallelize(tiny_model(FLUX), mesh)(**tiny_inputs(FLUX, txt_tokens=6))
+        results["indivisible"] = None
+    except dtp.PlanError as exc:
+        results["indivisible"] = str(exc)
+    return results
+
+
+def _two_proc(rank: int, world: int) -> dict:
+    results = {}
+    mesh = dtp.make_mesh(tp=1, cp=2)
+    for cls in (FLUX2, ZIMAGE):
+        inputs = _inputs(cls)
+        with torch.no_grad():
+            ref = output_tensor(tiny_model(cls)(**inputs)).float()
+        for mode in MODES:
+            results[(cls, 2, 1, mode)] = _parity(cls, mesh, mode, ref, inputs)
+    # remove_cp undoes everything: the model runs unsplit, with local attention, and equals the reference.
+    model = dtp.parallelize(tiny_model(FLUX2), mesh, cp_mode="ring")
+    remove_cp(model)
+    inputs = _inputs(FLUX2)
+    with torch.no_grad(), _Counter(ring_module, "block_attention") as blocks:
+        out = output_tensor(model(**inputs))
+        ref = output_tensor(tiny_model(FLUX2)(**inputs))
+    results["removed"] = dict(ring_blocks=blocks.calls, equal=bool(torch.equal(out, ref)))
+    return results
+
+
+@pytest.fixture(scope="module")
+def four():
+    return spawn(_four_proc, 4)
+
+
+@pytest.fixture(scope="module")
+def two():
+    return spawn(_two_proc, 2)
+
+
+def _check(per_rank: list[dict], key, expect_cp: int) -> None:
+    for rank, results in enumerate(per_rank):
+        r = results[key]
+        assert r["shape_ok"], (rank, key)
+        assert r["diff"] <= TOL * r["ref"], (rank, key, r)
+        mode = key[-1]
+        if expect_cp == 1:
+            assert r["ulysses_calls"] == 0 and r["ring_blocks"] == 0, (rank, key, r)
+        elif mode == "ulysses":
+            assert r["ulysses_calls"] > 0 and r["ring_blocks"] == 0, (rank, key, r)
+        else:  # every attention call visits cp key blocks
+            assert r["ring_blocks"] > 0 and r["ring_blocks"] % expect_cp == 0 and r["ulysses_calls"] == 0, (rank, key, r)
+
+
+@pytest.mark.parametrize("cls", [FLUX, QWEN])
+@pytest.mark.parametrize("cp,tp", FOUR_PROC_MESHES)
+@pytest.mark.parametrize("mode", MODES)
+def test_four_process_parity(four, cls, cp, tp, mode):
+    """Flux / Qwen-Image tiny at (cp, tp) on 4 gloo ranks: max |out - ref| <= 1e-4 * max |ref|."""
+    _check(four, (cls, cp, tp, mode), cp)
+
+
+@pytest.mark.parametrize("cls", [FLUX2, ZIMAGE])
+@pytest.mark.parametrize("mode", MODES)
+def test_two_process_parity(two, cls, mode):
+    """Flux2 / Z-Image (batch 2, masked) tiny at cp=2, tp=1: max |out - ref| <= 1e-4 * max |ref|."""
+    _check(two, (cls, 2, 1, mode), 2)
+
+
+def test_indivisible_sequence_is_refused(four):
+    """6 text tokens at cp=4: PlanError naming the length and the degree, on every rank."""
+    for message in (results["indivisible"] for results in four):
+        assert message is not None
+        assert "sequence length 6" in message and "cp degree 4" in message, message
+
+
+def test_remove_cp_restores_the_plain_model(two):
+    """After remove_cp no CP attention runs and the output is bit-identical to an untouched model."""
+    for results in two:
+        assert results["removed"] == dict(ring_blocks=0, equal=True)

@@ -1,0 +1,152 @@
+"""The `cp` plan section: parsing (dtp YAML form and diffusers `_cp_plan`), resolve-time checks, candidates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+import dtp
+from dtp.cp import GatherRule, SplitRule, cp_plan_from_mapping, resolve_cp
+from dtp.resolve import resolve
+from dtp.tiny import PLAN_CLASSES, model_class, tiny_model
+
+FLUX, QWEN, ZIMAGE = "FluxTransformer2DModel", "QwenImageTransformer2DModel", "ZImageTransformer2DModel"
+
+
+@pytest.mark.parametrize("name", sorted(PLAN_CLASSES))
+def test_bundled_plans_have_cp_sections_that_resolve(name):
+    """Every bundled plan has a `cp` section whose keys and input names fit the tiny model."""
+    plan = dtp.load_plan(name)
+    assert plan.cp is not None and plan.cp.splits and plan.cp.gathers
+    model = tiny_model(PLAN_CLASSES[name])
+    cp_resolved = resolve_cp(resolve(plan, model), model)
+    assert cp_resolved.attention  # every attention module is pluggable
+    assert {path for path, _ in cp_resolved.gathers}
+
+
+def test_dtp_form_parses_to_typed_rules():
+    plan = cp_plan_from_mapping(
+        {"split": {"": {"hidden_states": {"dim": 1, "expected_dims": 3}}, "pos_embed": {0: {"dim": 0, "output": True}}},
+         "gather": {"proj_out": {"dim": 1}}},
+        "t",
+    )
+    assert plan.splits == (SplitRule("", "hidden_states", 1, 3, False), SplitRule("pos_embed", 0, 0, None, True))
+    assert plan.gathers == (GatherRule("proj_out", 1, None),)
+
+
+@pytest.mark.parametrize("cls", ["FluxTransformer2DModel", "Flux2Transformer2DModel", QWEN])
+def test_diffusers_cp_plan_imports_like_the_bundled_plan(cls):
+    """A diffusers `_cp_plan` reads into the same rules; for Flux/Flux2/Qwen it matches the bundled plan."""
+    klass = model_class(cls)
+    imported = cp_plan_from_mapping(klass._cp_plan, cls)
+    bundled = dtp.load_plan({v: k for k, v in PLAN_CLASSES.items()}[cls]).cp
+    assert set(imported.splits) == set(bundled.splits)
+    assert set(imported.gathers) == set(bundled.gathers)
+
+
+def test_from_dict_with_tp_and_diffusers_cp():
+    klass = model_class(FLUX)
+    plan = dtp.Plan.from_dict({"tp": klass._tp_plan, "cp": klass._cp_plan})
+    assert plan.cp is not None and plan.cp.gathers == (GatherRule("proj_out", 1, 3),)
+
+
+def test_diffusers_objects_matched_by_class_name():
+    plan = cp_plan_from_mapping(
+        {"": {"x": ContextParallelInput(split_dim=1)}, "out": ContextParallelOutput(gather_dim=1)}, "t"
+    )
+    assert plan.splits == (SplitRule("", "x", 1, None, False),)
+
+
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        ({"split": {"": {"x": {"dim": 1}}}}, "gathers nothing"),
+        ({"split": {}, "gather": {"proj_out": {"dim": 1}}}, "splits nothing"),
+        ({"split": {"": {"x": {"dim": "1"}}}, "gather": {"o": {"dim": 1}}}, "`dim` must be an integer"),
+        ({"split": {"": {0: {"dim": 1}}}, "gather": {"o": {"dim": 1}}}, "integer index"),
+        ({"split": {"": {"x": {"dim": 1, "output": True}}}, "gather": {"o": {"dim": 1}}}, "integer index"),
+        ({"split": {"": {"x": {"dim": 1, "bogus": 2}}}, "gather": {"o": {"dim": 1}}}, "expected"),
+        ({"split": {"a.*.*": {"x": {"dim": 1}}}, "gather": {"o": {"dim": 1}}}, "at most one"),
+    ],
+)
+def test_malformed_cp_sections_are_plan_errors(data, match):
+    with pytest.raises(dtp.PlanError, match=match):
+        cp_plan_from_mapping(data, "t")
+
+
+def _plan_with_cp(name: str, cp: dict) -> dtp.Plan:
+    base = dtp.load_plan(name)
+    return dtp.Plan(rules=base.rules, models=base.models, attention=base.attention, name="t",
+                    cp=cp_plan_from_mapping(cp, "t"))
+
+
+def test_unknown_input_name_is_refused_at_resolve():
+    model = tiny_model(FLUX)
+    plan = _plan_with_cp("flux", {"split": {"": {"hidden_state": {"dim": 1}}}, "gather": {"proj_out": {"dim": 1}}})
+    with pytest.raises(dtp.PlanError, match="no forward\\(\\) parameter 'hidden_state'"):
+        resolve_cp(resolve(plan, model), model)
+
+
+def test_missing_module_is_refused_at_resolve():
+    model = tiny_model(FLUX)
+    plan = _plan_with_cp("flux", {"split": {"": {"hidden_states": {"dim": 1}}}, "gather": {"proj_outt": {"dim": 1}}})
+    with pytest.raises(dtp.PlanError, match="proj_outt"):
+        resolve_cp(resolve(plan, model), model)
+
+
+def test_plan_without_cp_section_is_refused_for_cp_above_one():
+    model = tiny_model(FLUX)
+    plan = dtp.Plan(rules=dtp.load_plan("flux").rules, name="t")
+    with pytest.raises(dtp.PlanError, match="no `cp` section"):
+        resolve_cp(resolve(plan, model), model)
+
+
+def test_ulysses_head_rule_names_module_and_numbers():
+    """Flux tiny has 4 heads: at tp=2 each rank has 2, which cp=4 does not divide; ring has no such rule."""
+    model = tiny_model(FLUX)
+    cp_resolved = resolve_cp(resolve(dtp.load_plan("flux"), model), model)
+    with pytest.raises(dtp.PlanError, match=r"'transformer_blocks.0.attn' has 4 heads, 2 per rank at tp=2.*cp=4"):
+        cp_resolved.check(2, 4, "ulysses")
+    cp_resolved.check(2, 4, "ring")
+    cp_resolved.check(2, 2, "ulysses")
+    with pytest.raises(dtp.PlanError, match="cp_mode must be one of"):
+        cp_resolved.check(1, 2, "ringg")
+
+
+def test_tp_candidates_are_cp_aware():
+    model = tiny_model(FLUX)  # 4 heads, tp candidates [1, 2, 4]
+    assert dtp.tp_candidates(model) == [1, 2, 4]
+    assert dtp.tp_candidates(model, cp=2) == [1, 2]  # Ulysses: (4 / tp) % 2 == 0
+    assert dtp.tp_candidates(model, cp=4) == [1]
+    assert dtp.tp_candidates(model, cp=4, cp_mode="ring") == [1, 2, 4]
+    assert dtp.tp_candidates(model, cp=3) == []
+
+
+def test_zimage_heads_limit_ulysses_at_full_size():
+    """Z-Image 6B: 30 heads -> Ulysses at cp=2 keeps tp=1 (30 per rank, even), drops tp=2 (15 per rank)."""
+    with torch.device("meta"):
+        model = model_class(ZIMAGE)(dim=3840, n_heads=30, n_kv_heads=30, n_layers=1, n_refiner_layers=1,
+                                    cap_feat_dim=64, axes_dims=[32, 48, 48], axes_lens=[1024, 512, 512])
+    base = dtp.tp_candidates(model)
+    assert base[:2] == [1, 2]
+    assert dtp.tp_candidates(model, cp=2) == [tp for tp in base if (30 // tp) % 2 == 0]
+    assert 2 not in dtp.tp_candidates(model, cp=2)
+    assert dtp.tp_candidates(model, cp=2, cp_mode="ring") == base
+
+
+@pytest.mark.parametrize("name", sorted(PLAN_CLASSES))
+def test_full_size_models_resolve_cp_on_meta(name):
+    """Default (full-size) configs on the meta device: the cp section fits, and Ulysses candidates follow
+    (heads / tp) % cp == 0 with the model's real head count."""
+    with torch.device("meta"):
+        model = model_class(PLAN_CLASSES[name])()
+    plan = dtp.load_plan(name)
+    cp_resolved = resolve_cp(resolve(plan, model), model)
+    heads = {spec.heads for spec in cp_resolved.attention}
+    assert len(heads) == 1
+    (h,) = heads
+    base = dtp.tp_candidates(model, plan)
+    for cp in (2, 4):
+        assert dtp.tp_candidates(model, plan, cp=cp) == [tp for tp in base if (h // tp) % cp == 0]
+        assert dtp.tp_candidates(model, plan, cp=cp, cp_mode="ring") == base
