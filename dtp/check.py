@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .collectives import CollectiveCounter, implied_collectives
+from .cp.resolve import CP_MODES, check_mode, resolve_cp
 from .errors import PlanError
 from .fakepg import default_config, fake_world, meta_inputs, meta_model, read_config
 from .memory import local_param_bytes
@@ -46,6 +47,8 @@ def register(sub) -> None:
                    help=f"bundled plan ({', '.join(bundled_plan_names())}), plan YAML path, or diffusers class name")
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
     p.add_argument("--cp", type=int, default=1, help="context-parallel degree (fake world size is cp * tp)")
+    p.add_argument("--cp-mode", choices=CP_MODES, default="ulysses",
+                   help="context-parallel attention whose head constraint applies with --cp > 1 (default ulysses)")
     p.add_argument("--plan", help="plan to use with a class name (default: plan_for the class)")
     p.add_argument("--config", help="diffusers config.json (default: the class defaults, see dtp.fakepg)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="parameter dtype (default bf16)")
@@ -59,7 +62,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     try:
-        report = check(args.target, tp=args.tp, cp=args.cp, plan=args.plan, config=args.config,
+        report = check(args.target, tp=args.tp, cp=args.cp, cp_mode=args.cp_mode, plan=args.plan, config=args.config,
                        dtype=args.dtype, resolution=args.resolution, text_tokens=args.text_tokens,
                        forward=args.forward)
     except PlanError as exc:
@@ -73,20 +76,22 @@ def run(args) -> int:
 # the report
 
 
-def check(target: str, *, tp: int, cp: int = 1, plan: str | None = None, config: str | None = None,
+def check(target: str, *, tp: int, cp: int = 1, cp_mode: str = "ulysses", plan: str | None = None,
+          config: str | None = None,
           dtype: str = "bf16", resolution: int = 1024, text_tokens: int = DEFAULT_TEXT_TOKENS,
           forward: bool = True) -> dict:
     """The `dtp check` report as a dict; PlanError on a bad target, config, degree or plan."""
     _check_degrees(tp, cp)
     class_name, the_plan = _target(target, plan)
     cfg = read_config(config) if config else None
-    report = measure(class_name, the_plan, tp=tp, cp=cp, config=cfg, dtype=dtype, resolution=resolution,
+    report = measure(class_name, the_plan, tp=tp, cp=cp, cp_mode=cp_mode, config=cfg, dtype=dtype, resolution=resolution,
                      text_tokens=text_tokens, forward=forward)
     report["config"] = config or report["config"]
     return report
 
 
-def measure(class_name: str, plan: Plan | None, *, tp: int, cp: int = 1, config: dict | None = None,
+def measure(class_name: str, plan: Plan | None, *, tp: int, cp: int = 1, cp_mode: str = "ulysses",
+            config: dict | None = None,
             dtype: str = "bf16", resolution: int = 1024, text_tokens: int = DEFAULT_TEXT_TOKENS,
             forward: bool = True) -> dict:
     """Build `class_name` on meta, shard it with `plan` (None: `plan_for`) on rank 0 of a fake world.
@@ -97,6 +102,7 @@ def measure(class_name: str, plan: Plan | None, *, tp: int, cp: int = 1, config:
     plan = plan or plan_for(model)
     resolved = resolve(plan, model)
     resolved.check_tp(tp)  # every check before the fake world exists
+    candidates = _cp_aware_candidates(model, resolved, tp, cp, cp_mode)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     report = {
         "model": class_name,
@@ -109,7 +115,8 @@ def measure(class_name: str, plan: Plan | None, *, tp: int, cp: int = 1, config:
         "params": sum(p.numel() for p in model.parameters()),
         "total_bytes": total,
         "ideal_bytes": total // tp,
-        "candidates": resolved.candidates(),
+        "cp_mode": cp_mode if cp > 1 else None,
+        "candidates": candidates,
         "replicated": replicated_modules(model, resolved)[:TOP_REPLICATED],
     }
     with fake_world(tp * cp):
@@ -119,6 +126,16 @@ def measure(class_name: str, plan: Plan | None, *, tp: int, cp: int = 1, config:
             report["collectives"] = _collectives(model, resolved, class_name, DTYPES[dtype], resolution, text_tokens)
     report["ratio"] = report["per_rank_bytes"] / (total / tp)
     return report
+
+
+def _cp_aware_candidates(model, resolved: Resolved, tp: int, cp: int, cp_mode: str) -> list[int]:
+    """The TP degrees that work with `cp`; with cp > 1 first checks the plan's cp section at `tp`."""
+    if cp == 1:
+        return resolved.candidates()
+    check_mode(cp_mode)
+    cp_resolved = resolve_cp(resolved, model)
+    cp_resolved.check(tp, cp, cp_mode)
+    return [t for t in resolved.candidates() if cp_resolved.allows(t, cp, cp_mode)]
 
 
 def _default_label(class_name: str) -> str:
@@ -206,7 +223,8 @@ def format_report(r: dict) -> str:
         f"  per-rank bytes       {'':12} {_gb(r['per_rank_bytes'])}",
         f"  ideal total/tp       {'':12} {_gb(r['ideal_bytes'])}",
         f"  ratio per-rank/ideal {r['ratio']:10.3f}",
-        f"  supported tp         {', '.join(map(str, r['candidates']))}",
+        f"  supported tp         {', '.join(map(str, r['candidates']))}"
+        + (f" (with cp={r['cp']}, {r['cp_mode']})" if r["cp"] > 1 else ""),
         "largest replicated modules (held whole by every rank):",
     ]
     lines += [f"  {m['module']:<52} x{m['count']:<3} {_gb(m['bytes'])}" for m in r["replicated"]]

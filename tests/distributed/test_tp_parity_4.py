@@ -29,7 +29,7 @@ def test_parity_tp4(results, case):
 
 @pytest.mark.parametrize("case", CASES)
 def test_parity_cp2_tp2(results, case):
-    """Tiny config, (cp=2, tp=2) mesh, TP on its `tp` axis: same bound on all 4 ranks."""
+    """Tiny config, (cp=2, tp=2) mesh: TP on `tp` (+ the plan's CP on `cp`): same bound on all 4 ranks."""
     for rank_results in results:
         assert rank_results["cp2tp2"][case] <= TOL, (case, rank_results["cp2tp2"][case])
 

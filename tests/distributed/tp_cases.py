@@ -14,7 +14,10 @@ from dtp.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 
 
 def run_cases(rank, world_size, tp, cp):
-    """Every bundled plan (YAML and, where diffusers has one, its `_tp_plan` dict) on a (cp, tp) mesh."""
+    """Every bundled plan (YAML and, where diffusers has one, its `_tp_plan` dict) on a (cp, tp) mesh.
+
+    With cp > 1 the YAML plans run TP on `tp` and their cp sections (Ulysses) on `cp`.
+    """
     mesh = dtp.make_mesh(tp=tp, cp=cp)
     results = {}
     for plan_name, cls in PLAN_CLASSES.items():
@@ -23,7 +26,10 @@ def run_cases(rank, world_size, tp, cp):
         results[f"{plan_name}/yaml"] = forward_parity(make, inputs, mesh, dtp.load_plan(plan_name)).relative
         diffusers_plan = getattr(dtp.tiny.model_class(cls), "_tp_plan", None)
         if diffusers_plan:
-            results[f"{plan_name}/diffusers"] = forward_parity(make, inputs, mesh, dtp.Plan.from_dict(diffusers_plan)).relative
+            # A bare `_tp_plan` has no cp section, so on a (cp > 1) mesh it runs on the `tp` axis alone.
+            tp_mesh = mesh["tp"] if cp > 1 else mesh
+            plan = dtp.Plan.from_dict(diffusers_plan)
+            results[f"{plan_name}/diffusers"] = forward_parity(make, inputs, tp_mesh, plan).relative
     results["flux2/packed_reassembly"] = packed_reassembly_exact(mesh)
     results["flux2/plain_colwise_swiglu"] = wrong_swiglu_split(mesh)
     results["local_heads"] = local_heads(mesh)

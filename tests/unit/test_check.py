@@ -123,3 +123,15 @@ def test_class_name_with_plan_option_and_plan_file(tiny_flux_config):
     assert by_class["per_rank_bytes"] == by_file["per_rank_bytes"] and by_class["tp"] == 2
     with pytest.raises(PlanError, match="--plan applies to a class name only"):
         check("flux", tp=2, plan="flux2")
+
+
+def test_cli_cp_aware_candidates_and_ulysses_refusal(capsys):
+    """Z-Image 6B at (tp=2, cp=4): Ulysses needs (30/2) % 4 == 0 and refuses; ring accepts."""
+    assert main(["check", "zimage", "--tp", "2", "--cp", "4", "--no-forward"]) == 1
+    assert "Ulysses needs (heads / tp) % cp == 0" in capsys.readouterr().err
+    assert main(["check", "zimage", "--tp", "2", "--cp", "4", "--cp-mode", "ring", "--no-forward", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cp_mode"] == "ring" and report["candidates"] == [1, 2, 5, 10]
+    assert main(["check", "flux", "--tp", "4", "--cp", "2", "--no-forward", "--json"]) == 0
+    # FLUX.1 has 24 heads: with Ulysses over cp=2 the local heads 24/tp must be even, so 8 and 24 drop out.
+    assert json.loads(capsys.readouterr().out)["candidates"] == [1, 2, 3, 4, 6, 12]
