@@ -136,3 +136,34 @@ def _t5_encoder(width: int, seed: int):
         num_heads=4, relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1,
     )
     return T5EncoderModel(config).eval()
+
+
+# ---- Qwen-Image ------------------------------------------------------------------------------
+
+QWEN_TRANSFORMER_CLASS = "QwenImageTransformer2DModel"
+QWEN_VAE_CONFIG = dict(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[False],
+                       latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+
+
+def tiny_qwenimage_pipeline():
+    """A tiny QwenImagePipeline in memory, without text encoder, and prompt embeddings for it.
+
+    Returns (pipeline, {"prompt_embeds": 1 x 8 x 32, "prompt_embeds_mask": 1 x 8}). Qwen-Image's
+    text encoder is a Qwen2.5-VL chat model whose prompt template relies on chat special tokens;
+    the transformer only ever sees its last hidden states, so a fixed random tensor of the same
+    shape stands in for them.
+    """
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
+    cfg = TINY_CONFIGS[QWEN_TRANSFORMER_CLASS]
+    torch.manual_seed(1)
+    vae = AutoencoderKLQwenImage(**QWEN_VAE_CONFIG)
+    assert vae.config.z_dim * 4 == cfg["in_channels"], "Qwen-Image packs 2 x 2 latent patches"
+    pipe = QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG), vae=vae, text_encoder=None,
+        tokenizer=None, transformer=tiny_model(QWEN_TRANSFORMER_CLASS, seed=0),
+    )
+    g = torch.Generator().manual_seed(2)
+    embeds = dict(prompt_embeds=torch.randn(1, 8, cfg["joint_attention_dim"], generator=g),
+                  prompt_embeds_mask=torch.ones(1, 8, dtype=torch.long))
+    return pipe, embeds
