@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -41,15 +42,21 @@ def run(args) -> int:
 
     _check_args(args)
     model_dir = tiny_flux_checkpoint()
+    print(f"checkpoint: {model_dir}", flush=True)
     with tempfile.TemporaryDirectory(prefix="dtp-demo-") as tmp:
         work = Path(tmp)
         sharded = _generate(model_dir, args, work / "tp", nproc=args.nproc, output=args.output)
         single = _generate(model_dir, args, work / "ref", nproc=None, output=work / "ref.png")
-    diff = np.abs(sharded["pixels"] - single["pixels"])
-    mean, p99 = float(diff.mean()), float(np.quantile(diff, 0.99))
-    ok = mean <= MEAN_TOLERANCE and p99 <= P99_TOLERANCE
-    print(_table(args, model_dir, sharded, single, mean, p99, ok))
+    mean, p99, ok = compare(sharded["pixels"], single["pixels"])
+    print(_table(args, sharded, single, mean, p99, ok))
     return 0 if ok else 1
+
+
+def compare(pixels: np.ndarray, reference: np.ndarray) -> tuple[float, float, bool]:
+    """(mean |diff|, 99th percentile of |diff|, both within tolerance) of two [0, 1] images."""
+    diff = np.abs(pixels - reference)
+    mean, p99 = float(diff.mean()), float(np.quantile(diff, 0.99))
+    return mean, p99, mean <= MEAN_TOLERANCE and p99 <= P99_TOLERANCE
 
 
 def _check_args(args) -> None:
@@ -68,24 +75,26 @@ def _check_args(args) -> None:
 def _generate(model_dir: Path, args, prefix: Path, *, nproc: int | None, output) -> dict:
     """One `dtp run` in subprocesses: under torch's launcher with `nproc` ranks, or plain (nproc None)."""
     command = [
-        "-m", "dtp", "run", "--model-dir", str(model_dir), "--plan", args.plan, "--prompt", PROMPT,
+        "-m", "dtp", "run", "--model-dir", str(model_dir), "--prompt", PROMPT,
         "--steps", str(args.steps), "--height", str(args.size), "--width", str(args.size), "--seed", str(args.seed),
         "--dtype", "float32", "--output", str(output), "--report", f"{prefix}.json", "--save-pixels", f"{prefix}.npy",
     ]
     if nproc is not None:
-        command = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *command]
+        command = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *command, "--plan", args.plan]
     # One thread per rank: N processes on a few cores would otherwise oversubscribe them.
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    print("$ python " + shlex.join(command), flush=True)
     subprocess.run([sys.executable, *command], check=True, env=env)
     return {"pixels": np.load(f"{prefix}.npy"), "ranks": json.loads(Path(f"{prefix}.json").read_text())["ranks"]}
 
 
-def _table(args, model_dir, sharded: dict, single: dict, mean: float, p99: float, ok: bool) -> str:
+def _table(args, sharded: dict, single: dict, mean: float, p99: float, ok: bool) -> str:
     ref = single["ranks"][0]
     rows = [("tp=%d" % args.nproc, str(r), rank) for r, rank in enumerate(sharded["ranks"])]
     rows.append(("1 process", "-", ref))
     lines = [
-        f"dtp demo: tiny random-weight FLUX.1 pipeline ({model_dir}), plan '{args.plan}'",
+        "",
+        f"dtp demo: tiny random-weight FLUX.1 pipeline, plan '{args.plan}'",
         f"{args.size}x{args.size} pixels, {args.steps} steps, seed {args.seed}, fp32, "
         f"tp={args.nproc} ({_backend()}) vs 1 process; image: {args.output}",
         "",

@@ -29,7 +29,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def register(sub) -> None:
     p = sub.add_parser("run", help="generate an image with a sharded pipeline (launch with torchrun)")
     p.add_argument("--model-dir", required=True, help="a diffusers pipeline directory (model_index.json)")
-    p.add_argument("--plan", default=None, help="bundled plan name or YAML path (default: the model's bundled plan)")
+    p.add_argument("--plan", default=None, help="bundled plan name or YAML path (default: the model's bundled plan); used under torchrun")
     p.add_argument("--prompt", required=True)
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's)")
     p.add_argument("--height", type=int, default=None)
