@@ -2,7 +2,7 @@
 once on one process; the two images must match.
 
 Steps: create the tiny pipeline checkpoint on first use (dtp.pipeline), launch `dtp run` on N local
-processes with torch's launcher (torch.distributed.run: gloo on CPU, NCCL where GPUs exist), run
+processes with torch's launcher (torch.distributed.run: NCCL with one GPU per rank, else gloo on CPU), run
 `dtp run` again without the launcher (one process, unsharded: the reference), then print a table of
 per-rank transformer weight bytes and wall time per step, and the pixel difference. Exits 1 when the
 images differ beyond the tolerance.
@@ -60,16 +60,12 @@ def compare(pixels: np.ndarray, reference: np.ndarray) -> tuple[float, float, bo
 
 
 def _check_args(args) -> None:
-    import torch
-
     for name in ("nproc", "steps", "size"):
         if getattr(args, name) < 1:
             raise SystemExit(f"dtp demo: --{name} must be a positive integer, got {getattr(args, name)}.")
     if args.size % 4:
         # FLUX packs 2 x 2 latent patches and the tiny VAE halves the resolution once.
         raise SystemExit(f"dtp demo: --size {args.size} is not a multiple of 4; try {args.size + 4 - args.size % 4}.")
-    if torch.cuda.is_available() and torch.cuda.device_count() < args.nproc:
-        raise SystemExit(f"dtp demo: --nproc {args.nproc} needs {args.nproc} GPUs, this machine has {torch.cuda.device_count()}.")
 
 
 def _generate(model_dir: Path, args, prefix: Path, *, nproc: int | None, output) -> dict:
@@ -83,8 +79,12 @@ def _generate(model_dir: Path, args, prefix: Path, *, nproc: int | None, output)
         command = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *command, "--plan", args.plan]
     # One thread per rank: N processes on a few cores would otherwise oversubscribe them.
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if not _use_gpus(args.nproc):
+        env["CUDA_VISIBLE_DEVICES"] = ""  # both runs on CPU with gloo rather than ranks without a GPU
     print("$ python " + shlex.join(command), flush=True)
-    subprocess.run([sys.executable, *command], check=True, env=env)
+    done = subprocess.run([sys.executable, *command], env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"dtp demo: the run above failed with exit code {done.returncode}.")
     return {"pixels": np.load(f"{prefix}.npy"), "ranks": json.loads(Path(f"{prefix}.json").read_text())["ranks"]}
 
 
@@ -96,7 +96,7 @@ def _table(args, sharded: dict, single: dict, mean: float, p99: float, ok: bool)
         "",
         f"dtp demo: tiny random-weight FLUX.1 pipeline, plan '{args.plan}'",
         f"{args.size}x{args.size} pixels, {args.steps} steps, seed {args.seed}, fp32, "
-        f"tp={args.nproc} ({_backend()}) vs 1 process; image: {args.output}",
+        f"tp={args.nproc} ({_backend(args.nproc)}) vs 1 process; image: {args.output}",
         "",
         f"| {'run':<9} | {'rank':>4} | {'transformer bytes':>17} | {'share of 1 process':>18} | {'ms / step':>9} |",
         f"|{'-' * 11}|{'-' * 5}:|{'-' * 18}:|{'-' * 19}:|{'-' * 10}:|",
@@ -112,8 +112,13 @@ def _table(args, sharded: dict, single: dict, mean: float, p99: float, ok: bool)
     return "\n".join(lines)
 
 
-def _backend() -> str:
-    from .launch import default_backend
+def _use_gpus(nproc: int) -> bool:
+    """One GPU per rank, or none: with fewer GPUs than ranks the demo runs on CPU."""
+    import torch
 
-    return default_backend()
+    return torch.cuda.is_available() and torch.cuda.device_count() >= nproc
+
+
+def _backend(nproc: int) -> str:
+    return "nccl" if _use_gpus(nproc) else "gloo"
 
