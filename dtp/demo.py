@@ -39,8 +39,10 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from .pipeline import tiny_flux_checkpoint
+    from .run import quiet_libraries
 
     _check_args(args)
+    quiet_libraries()
     model_dir = tiny_flux_checkpoint()
     print(f"checkpoint: {model_dir}", flush=True)
     with tempfile.TemporaryDirectory(prefix="dtp-demo-") as tmp:
