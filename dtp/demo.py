@@ -1,4 +1,4 @@
-"""`dtp demo`: a tiny random-weight FLUX.1 pipeline generates one image sharded over N processes and
+"""`dtp demo`: a tiny random-weight FLUX.1 (or Qwen-Image) pipeline generates one image sharded over N processes and
 once on one process; the two images must match.
 
 Steps: create the tiny pipeline checkpoint on first use (dtp.pipeline), launch `dtp run` on N local
@@ -24,12 +24,14 @@ import numpy as np
 MEAN_TOLERANCE = 1e-3
 P99_TOLERANCE = 1e-2
 PROMPT = "a cat holding a sign that says hello"
+_TITLES = {"flux": "FLUX.1", "qwenimage": "Qwen-Image"}
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="generate with a tiny FLUX pipeline on N processes and on 1; compare the images")
     p.add_argument("--nproc", type=int, default=2, help="number of local processes = TP degree (default 2)")
-    p.add_argument("--plan", default="flux", help="bundled plan name or YAML path (default flux)")
+    p.add_argument("--model", choices=["flux", "qwenimage"], default="flux", help="tiny pipeline to run (default flux)")
+    p.add_argument("--plan", default=None, help="bundled plan name or YAML path (default: the one named like --model)")
     p.add_argument("--steps", type=int, default=4, help="denoising steps (default 4)")
     p.add_argument("--size", type=int, default=64, help="image height and width in pixels, a multiple of 4 (default 64)")
     p.add_argument("--seed", type=int, default=0, help="latents seed (default 0)")
@@ -38,12 +40,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .pipeline import tiny_flux_checkpoint
+    from .pipeline import tiny_checkpoint
     from .run import quiet_libraries
 
     _check_args(args)
+    args.plan = args.plan or args.model  # the bundled plans are named like the tiny pipelines
     quiet_libraries()
-    model_dir = tiny_flux_checkpoint()
+    model_dir = tiny_checkpoint(args.model)
     print(f"checkpoint: {model_dir}", flush=True)
     with tempfile.TemporaryDirectory(prefix="dtp-demo-") as tmp:
         work = Path(tmp)
@@ -66,7 +69,7 @@ def _check_args(args) -> None:
         if getattr(args, name) < 1:
             raise SystemExit(f"dtp demo: --{name} must be a positive integer, got {getattr(args, name)}.")
     if args.size % 4:
-        # FLUX packs 2 x 2 latent patches and the tiny VAE halves the resolution once.
+        # FLUX and Qwen-Image pack 2 x 2 latent patches and the tiny VAEs halve the resolution once.
         raise SystemExit(f"dtp demo: --size {args.size} is not a multiple of 4; try {args.size + 4 - args.size % 4}.")
 
 
@@ -96,7 +99,7 @@ def _table(args, sharded: dict, single: dict, mean: float, p99: float, ok: bool)
     rows.append(("1 process", "-", ref))
     lines = [
         "",
-        f"dtp demo: tiny random-weight FLUX.1 pipeline, plan '{args.plan}'",
+        f"dtp demo: tiny random-weight {_TITLES[args.model]} pipeline, plan '{args.plan}'",
         f"{args.size}x{args.size} pixels, {args.steps} steps, seed {args.seed}, fp32, "
         f"tp={args.nproc} ({_backend(args.nproc)}) vs 1 process; image: {args.output}",
         "",

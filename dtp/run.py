@@ -48,35 +48,35 @@ def run(args) -> int:
     if "WORLD_SIZE" not in os.environ:
         device = _default_device(0)
         pipe = load_pipeline(args.model_dir, device=device, dtype=_dtype(args.dtype, device))
-        _generate_and_save(pipe, args, rank=0, reports=None)
+        _generate_and_save(pipe, args, distributed=False)
         return 0
     device = init_distributed()
     try:
-        rank, world = dist.get_rank(), dist.get_world_size()
         from .mesh import make_mesh
 
-        mesh = make_mesh(tp=world, device_type=device.type)
+        mesh = make_mesh(tp=dist.get_world_size(), device_type=device.type)
         pipe = load_pipeline(args.model_dir, device=device, dtype=_dtype(args.dtype, device), mesh=mesh, plan=args.plan)
-        pipe.set_progress_bar_config(disable=rank != 0)  # one progress bar, not one per rank
-        _generate_and_save(pipe, args, rank=rank, reports=world)
+        pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
+        _generate_and_save(pipe, args, distributed=True)
     finally:
         dist.destroy_process_group()
     return 0
 
 
-def _generate_and_save(pipe, args, *, rank: int, reports: int | None) -> None:
+def _generate_and_save(pipe, args, *, distributed: bool) -> None:
+    """Generate on every rank; rank 0 saves the image and, if asked, the pixels and every rank's report."""
     pixels, step_s = generate(pipe, args.prompt, steps=args.steps, height=args.height, width=args.width, seed=args.seed)
-    report = rank_report(pipe, step_s)
-    every = [None] * reports if reports else [report]
-    if reports:
-        dist.all_gather_object(every, report)
-    if rank != 0:
-        return
+    reports = [rank_report(pipe, step_s)]
+    if distributed:
+        reports = [None] * dist.get_world_size()
+        dist.all_gather_object(reports, rank_report(pipe, step_s))
+        if dist.get_rank() != 0:
+            return
     save_image(pixels, args.output)
     if args.save_pixels:
         np.save(args.save_pixels, pixels)
     if args.report:
-        Path(args.report).write_text(json.dumps({"ranks": every}, indent=1))
+        Path(args.report).write_text(json.dumps({"ranks": reports}, indent=1))
 
 
 # ---- loading ---------------------------------------------------------------------------------
