@@ -1,7 +1,8 @@
-"""`dtp demo` and `dtp run` as a user runs them: torch's launcher, 2 gloo ranks, the tiny FLUX checkpoint.
+"""`dtp demo`, `dtp run` and examples/tensor_parallel_flux.py as a user runs them: torch's launcher,
+2 gloo ranks, the tiny FLUX checkpoint.
 
 One `dtp demo` call (it launches `dtp run` under torch.distributed.run, then once without it) is
-shared by the checks below.
+shared by the checks below; the example runs once more under the launcher on the demo's checkpoint.
 """
 
 from __future__ import annotations
@@ -11,11 +12,17 @@ import re
 import subprocess
 import sys
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image
 
 from dtp.demo import MEAN_TOLERANCE, P99_TOLERANCE, compare
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tensor_parallel_flux.py"
+SMALL = ["--steps", "2", "--height", "32", "--width", "32", "--seed", "0"]  # = the demo run below (seed 0 is its default)
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +33,18 @@ def demo(tmp_path_factory):
                "--output", str(tmp / "out.png")]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     return done, tmp
+
+
+def test_example_script_draws_the_demo_image(demo):
+    """examples/tensor_parallel_flux.py at tp=2, same checkpoint and seed: the demo's image, bit for bit."""
+    _, tmp = demo
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(EXAMPLE),
+               "--model", str(tmp / "cache" / "tiny-flux-pipeline-v1"), *SMALL, "--output", str(tmp / "example.png")]
+    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tp degrees this transformer supports: [1, 2, 4]" in done.stdout
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp / "example.png")), np.asarray(Image.open(tmp / "out.png")))
 
 
 def test_demo_exits_zero_and_prints_the_table(demo):
