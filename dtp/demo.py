@@ -48,6 +48,7 @@ def run(args) -> int:
     quiet_libraries()
     model_dir = tiny_checkpoint(args.model)
     print(f"checkpoint: {model_dir}", flush=True)
+    _check_tp(model_dir, args.plan, args.nproc)
     with tempfile.TemporaryDirectory(prefix="dtp-demo-") as tmp:
         work = Path(tmp)
         sharded = _generate(model_dir, args, work / "tp", nproc=args.nproc, output=args.output)
@@ -71,6 +72,23 @@ def _check_args(args) -> None:
     if args.size % 4:
         # FLUX and Qwen-Image pack 2 x 2 latent patches and the tiny VAEs halve the resolution once.
         raise SystemExit(f"dtp demo: --size {args.size} is not a multiple of 4; try {args.size + 4 - args.size % 4}.")
+
+
+def _check_tp(model_dir: Path, plan_name: str, tp: int) -> None:
+    """Refuse a TP degree the plan cannot take before launching anything (a meta-device model, no weights)."""
+    import torch
+
+    from .parallelize import tp_candidates
+    from .plan_io import load_plan
+    from .run import transformer_class
+
+    cls = transformer_class(model_dir)
+    with torch.device("meta"):
+        model = cls.from_config(cls.load_config(model_dir, subfolder="transformer"))
+    supported = tp_candidates(model, load_plan(plan_name))
+    if tp not in supported:
+        raise SystemExit(f"dtp demo: --nproc {tp} is not a TP degree plan '{plan_name}' supports for this model; "
+                         f"supported: {', '.join(map(str, supported))}.")
 
 
 def _generate(model_dir: Path, args, prefix: Path, *, nproc: int | None, output) -> dict:

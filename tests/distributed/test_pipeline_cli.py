@@ -76,3 +76,13 @@ def test_compare_flags_a_mismatch():
     b.reshape(-1)[::50] += 0.03
     mean, p99, ok = compare(a, b)
     assert mean <= MEAN_TOLERANCE and p99 > P99_TOLERANCE and not ok
+
+
+def test_demo_refuses_a_tp_degree_the_plan_cannot_take(demo, monkeypatch):
+    """tp=3 does not divide the tiny FLUX's 4 heads: a clear message before any process is launched."""
+    from dtp.cli import main
+
+    _, tmp = demo
+    monkeypatch.setenv("DTP_CACHE", str(tmp / "cache"))
+    with pytest.raises(SystemExit, match=r"--nproc 3 is not a TP degree .* supported: 1, 2, 4\."):
+        main(["demo", "--nproc", "3"])
