@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import check, demo
+from . import check, demo, run
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `func(args) -> int`.
-COMMANDS = [demo, check]
+COMMANDS = [demo, run, check]
 
 
 def build_parser() -> argparse.ArgumentParser:

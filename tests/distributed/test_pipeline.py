@@ -1,0 +1,108 @@
+"""End to end on CPU (gloo, 2 ranks): sharded diffusers pipelines generate the image of one device.
+
+One process group for the module: every rank generates with the unsharded pipeline (the reference)
+and with the tp=2 one, for the tiny FLUX.1 and Qwen-Image checkpoints (written by dtp.pipeline,
+loaded from disk; the prompt goes through their random CLIP + T5 / Qwen2.5-VL text encoders).
+"""
+
+from __future__ import annotations
+
+import filecmp
+
+import numpy as np
+import pytest
+import torch
+
+from dtp.launch import spawn
+from dtp.pipeline import CHECKPOINTS, tiny_checkpoint
+
+MEAN_TOLERANCE, P99_TOLERANCE = 1e-3, 1e-2  # on [0, 1] pixels, fp32
+MODELS = ["flux", "qwenimage"]  # tiny checkpoint name = bundled plan name
+ARGS = dict(prompt="a cat holding a sign that says hello", steps=3, height=32, width=32, seed=0)
+
+
+def _rank_job(rank: int, world_size: int, model_dirs: dict) -> dict:
+    import dtp
+    from dtp.memory import local_param_bytes
+    from dtp.run import generate, load_pipeline
+
+    mesh = dtp.make_mesh(tp=world_size)
+    cpu, fp32 = torch.device("cpu"), torch.float32
+    out = {}
+    for name, model_dir in model_dirs.items():
+        ref = load_pipeline(model_dir, device=cpu, dtype=fp32)
+        sharded = load_pipeline(model_dir, device=cpu, dtype=fp32, mesh=mesh, plan=name)
+        ref.set_progress_bar_config(disable=True)
+        sharded.set_progress_bar_config(disable=True)
+        out[f"{name}_ref"] = generate(ref, **ARGS)[0]
+        out[f"{name}_tp"] = generate(sharded, **ARGS)[0]
+        out[f"{name}_bytes"] = (local_param_bytes(ref.transformer), local_param_bytes(sharded.transformer))
+        # Sensitivity of the measure: a 1 % error in every transformer weight must fail the tolerance.
+        with torch.no_grad():
+            for param in ref.transformer.parameters():
+                param.mul_(1.01)
+        out[f"{name}_off"] = generate(ref, **ARGS)[0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cache")
+    return {name: tiny_checkpoint(name, root) for name in MODELS}
+
+
+@pytest.fixture(scope="module")
+def results(model_dirs):
+    return spawn(_rank_job, 2, {name: str(path) for name, path in model_dirs.items()})
+
+
+def _pixel_diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    diff = np.abs(a - b)
+    return float(diff.mean()), float(np.quantile(diff, 0.99))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_tp2_image_matches_one_device(results, name):
+    """FLUX.1 and Qwen-Image tiny, tp=2 vs unsharded, fp32: mean |diff| <= 1e-3 and p99 <= 1e-2 on [0, 1] pixels."""
+    for rank in results:
+        mean, p99 = _pixel_diff(rank[f"{name}_tp"], rank[f"{name}_ref"])
+        assert mean <= MEAN_TOLERANCE and p99 <= P99_TOLERANCE, (name, mean, p99)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_rank_generates_the_same_image(results, name):
+    """Same seeded latents and all-reduced activations: rank 1's image is rank 0's, bit for bit."""
+    np.testing.assert_array_equal(results[0][f"{name}_tp"], results[1][f"{name}_tp"])
+
+
+def test_images_are_not_blank(results):
+    """The comparison means something only if the pixels vary and are mostly not clipped."""
+    for name in MODELS:
+        pixels = results[0][f"{name}_ref"]
+        assert pixels.std() > 0.03 and ((pixels > 0) & (pixels < 1)).mean() > 0.9, name
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_tolerance_catches_a_one_percent_weight_error(results, name):
+    """Every transformer weight x 1.01 moves the image beyond the tolerance."""
+    mean, p99 = _pixel_diff(results[0][f"{name}_off"], results[0][f"{name}_ref"])
+    assert mean > MEAN_TOLERANCE or p99 > P99_TOLERANCE, (mean, p99)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_sharded_transformer_holds_less_than_the_whole(results, name):
+    """Each rank's transformer weights: less than 3/4 of the unsharded bytes at tp=2 (replicated norms, embedders)."""
+    for rank in results:
+        whole, local = rank[f"{name}_bytes"]
+        assert local < 0.75 * whole, (local, whole)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_checkpoint_creation_is_deterministic(model_dirs, tmp_path, name):
+    """A second first-use creation writes byte-identical weights, configs and tokenizer files."""
+    first, again = model_dirs[name], tiny_checkpoint(name, tmp_path)
+    assert again.name == first.name == CHECKPOINTS[name][0]
+    files = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+    mismatched = [f for f in files if not filecmp.cmp(first / f, again / f, shallow=False)]
+    assert not mismatched, mismatched

@@ -1,0 +1,88 @@
+"""`dtp demo`, `dtp run` and examples/tensor_parallel_flux.py as a user runs them: torch's launcher,
+2 gloo ranks, the tiny FLUX checkpoint.
+
+One `dtp demo` call (it launches `dtp run` under torch.distributed.run, then once without it) is
+shared by the checks below; the example runs once more under the launcher on the demo's checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dtp.demo import MEAN_TOLERANCE, P99_TOLERANCE, compare
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tensor_parallel_flux.py"
+SMALL = ["--steps", "2", "--height", "32", "--width", "32", "--seed", "0"]  # = the demo run below (seed 0 is its default)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("demo")
+    env = {**os.environ, "DTP_CACHE": str(tmp / "cache")}
+    command = [sys.executable, "-m", "dtp", "demo", "--nproc", "2", "--steps", "2", "--size", "32",
+               "--output", str(tmp / "out.png")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    return done, tmp
+
+
+def test_example_script_draws_the_demo_image(demo):
+    """examples/tensor_parallel_flux.py at tp=2, same checkpoint and seed: the demo's image, bit for bit."""
+    _, tmp = demo
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(EXAMPLE),
+               "--model", str(tmp / "cache" / "tiny-flux-pipeline-v1"), *SMALL, "--output", str(tmp / "example.png")]
+    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tp degrees this transformer supports: [1, 2, 4]" in done.stdout
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp / "example.png")), np.asarray(Image.open(tmp / "out.png")))
+
+
+def test_demo_exits_zero_and_prints_the_table(demo):
+    done, _ = demo
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| tp=2")]
+    assert len(rows) == 2, done.stdout  # one row per rank
+    assert re.search(r"p99 = \S+ \(tolerance 1e-02\): OK", done.stdout), done.stdout
+
+
+def test_demo_writes_the_image_and_caches_the_checkpoint(demo):
+    _, tmp = demo
+    assert Image.open(tmp / "out.png").size == (32, 32)
+    assert (tmp / "cache" / "tiny-flux-pipeline-v1" / "model_index.json").exists()
+
+
+def test_progress_bar_on_rank_zero_only(demo):
+    """Two runs print bars: the tp=2 run (rank 0 only) and the one-process reference; rank 1 stays quiet."""
+    done, _ = demo
+    started_bars = re.findall(r"(?:^|[\r\n])\s*0%\|[^\r\n]*\| 0/2 \[", done.stderr)  # tqdm draws each bar at 0 once
+    assert len(started_bars) == 2, done.stderr[-3000:]
+
+
+def test_compare_flags_a_mismatch():
+    """The demo's verdict: equal images pass; a 0.03 shift on 2 % of the pixels fails p99."""
+    a = np.random.default_rng(0).random((32, 32, 3), dtype=np.float32)
+    assert compare(a, a.copy())[2]
+    b = a.copy()
+    b.reshape(-1)[::50] += 0.03
+    mean, p99, ok = compare(a, b)
+    assert mean <= MEAN_TOLERANCE and p99 > P99_TOLERANCE and not ok
+
+
+def test_demo_refuses_a_tp_degree_the_plan_cannot_take(demo, monkeypatch):
+    """tp=3 does not divide the tiny FLUX's 4 heads: a clear message before any process is launched."""
+    from dtp.cli import main
+
+    _, tmp = demo
+    monkeypatch.setenv("DTP_CACHE", str(tmp / "cache"))
+    with pytest.raises(SystemExit, match=r"--nproc 3 is not a TP degree .* supported: 1, 2, 4\."):
+        main(["demo", "--nproc", "3"])
