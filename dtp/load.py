@@ -175,21 +175,57 @@ def _target_dtypes(model: nn.Module, torch_dtype) -> dict[str, torch.dtype]:
 
 
 def _read_into(model, checkpoint: Checkpoint, layouts, dtypes, tp_mesh, device) -> int:
-    """Read every tensor into `model` (file by file, each closed before the next); returns bytes read."""
+    """Read every tensor into `model`, in file order; returns the bytes read.
+
+    Each tensor gets its own `safe_open`: the file is memory-mapped, and every page a slice touches
+    counts in this process's RSS until the map is closed. Rowwise slices (strided columns) and
+    whole replicated tensors touch most pages of their tensor, so a file kept open for all its
+    tensors would add up to a whole shard file to the peak; closing after each tensor bounds the
+    extra to one tensor. (Reopening costs one header parse, a few KB.)
+    """
     tp, rank = tp_mesh.size(), tp_mesh.get_local_rank()
     bytes_read = 0
     quiet = dist.is_initialized() and dist.get_rank() != 0
     with tqdm(total=len(checkpoint.tensors), desc="dtp load", unit="tensor", disable=quiet) as bar:
         for file, keys in checkpoint.keys_by_file().items():
-            with safe_open(file, framework="pt", device="cpu") as handle:
-                for key in keys:
-                    info = checkpoint.tensors[key]
-                    local = _read_one(handle, info, layouts.get(key), tp, rank)
-                    bytes_read += local.numel() * local.element_size()
-                    local = local.to(dtype=dtypes[key]).to(device)  # cast after slicing: only the slice
-                    _install(model, key, local, key in layouts, layouts.get(key), tp_mesh)
-                    bar.update()
+            for key in keys:
+                with safe_open(file, framework="pt", device="cpu") as handle:
+                    counted = CountingReader(handle)
+                    local = _read_one(counted, checkpoint.tensors[key], layouts.get(key), tp, rank)
+                bytes_read += counted.bytes_read
+                local = local.to(dtype=dtypes[key]).to(device)  # cast after slicing: only the slice
+                _install(model, key, local, key in layouts, layouts.get(key), tp_mesh)
+                bar.update()
     return bytes_read
+
+
+class CountingReader:
+    """A safetensors handle that counts the bytes of every tensor it hands out (what was read from the file)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.bytes_read = 0
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        return self._count(self.handle.get_tensor(key))
+
+    def get_slice(self, key: str) -> "_CountingSlice":
+        return _CountingSlice(self, self.handle.get_slice(key))
+
+    def _count(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor
+
+
+class _CountingSlice:
+    def __init__(self, reader: CountingReader, inner):
+        self.reader, self.inner = reader, inner
+
+    def get_shape(self):
+        return self.inner.get_shape()
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self.reader._count(self.inner[index])
 
 
 def _read_one(handle, info: TensorInfo, layout, tp: int, rank: int) -> torch.Tensor:
