@@ -23,7 +23,7 @@ import time
 
 import torch
 
-MB = 1024 * 1024
+MB = 1_000_000  # decimal: the acceptance bound and the ">= 1 GB" are in decimal units
 CONFIG = dict(
     patch_size=1, in_channels=64, num_layers=2, num_single_layers=3, attention_head_dim=128,
     num_attention_heads=12, joint_attention_dim=1536, pooled_projection_dim=768, guidance_embeds=False,

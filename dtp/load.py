@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from .checkpoint import Checkpoint, CheckpointError, TensorInfo, check_keys, open_checkpoint
 from .mesh import tp_submesh
 from .parallelize import apply_resolved, move_unsharded
-from .placement import local_device
+from .placement import check_device, local_device
 from .plan import Plan
 from .plan_io import plan_for
 from .resolve import resolve
@@ -83,10 +83,11 @@ def load(model_class, path, mesh, plan=None, *, subfolder=None, torch_dtype=None
     model = build_on_meta(model_class, directory, torch_dtype)
     resolved = resolve(plan if plan is not None else plan_for(model), model)
     resolved.check_tp(tp_mesh.size())
+    target = local_device(device if device is not None else tp_mesh.device_type)
+    check_device(target, tp_mesh)
     checkpoint = open_checkpoint(directory)
     check_keys(checkpoint, {k: tuple(v.shape) for k, v in model.state_dict().items()}, model_class.__name__)
 
-    target = local_device(device if device is not None else tp_mesh.device_type)
     layouts = resolved.param_layouts()
     dtypes = _target_dtypes(model, torch_dtype)
     bytes_read = _read_into(model, checkpoint, layouts, dtypes, tp_mesh, target)

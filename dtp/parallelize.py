@@ -8,7 +8,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from .heads import set_local_heads
 from .mesh import tp_submesh
-from .placement import local_device
+from .placement import check_device, local_device
 from .plan import Plan
 from .plan_io import plan_for
 from .resolve import Resolved, resolve
@@ -32,7 +32,10 @@ def parallelize(model: nn.Module, mesh, plan: Plan | None = None, *, device=None
     tp_mesh = tp_submesh(mesh)
     resolved = _resolve(model, plan)
     resolved.check_tp(tp_mesh.size())
-    apply_resolved(model, resolved, tp_mesh, device=None if device is None else local_device(device))
+    if device is not None:
+        device = local_device(device)
+        check_device(device, tp_mesh)
+    apply_resolved(model, resolved, tp_mesh, device=device)
     return model
 
 

@@ -43,3 +43,14 @@ def _neuron_device(index: int) -> torch.device:
     # torch-neuronx registers the "neuron" device type when imported; torch alone does not know it.
     importlib.import_module("torch_neuronx")
     return torch.device("neuron", index)
+
+
+def check_device(device: torch.device, mesh) -> None:
+    """`device` must be of the mesh's device type, or DTensor would move every local slice back there."""
+    from .errors import PlanError
+
+    if device.type != mesh.device_type:
+        raise PlanError(
+            f"device {device} does not match the mesh's device type '{mesh.device_type}'; build the mesh with "
+            f"dtp.make_mesh(..., device_type='{device.type}') or pass device='{mesh.device_type}'."
+        )

@@ -7,6 +7,8 @@ from a single-file and a multi-file checkpoint of its tiny config, saved by diff
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor, Shard
@@ -53,12 +55,12 @@ def _save_checkpoints(root) -> dict:
 def _worker(rank, world_size, dirs):
     meshes = {tp: dtp.make_mesh(device_type="cpu", **shape) for tp, shape in MESHES.items()}
     results = {"control": _control_count(meshes[4])}
-    for (plan_name, layout), path in dirs.items():
-        cls = model_class(PLAN_CLASSES[plan_name])
-        inputs = tiny_inputs(cls.__name__)
-        reference_model = cls.from_pretrained(path).eval()
+    for plan_name, class_name in PLAN_CLASSES.items():
+        cls, inputs = model_class(class_name), tiny_inputs(class_name)
+        # Both layouts hold the same weights: one unsharded reference per plan, loaded by diffusers.
+        reference_model = cls.from_pretrained(dirs[(plan_name, "single")]).eval()
         reference = output_tensor(reference_model(**inputs)).float()
-        for tp, mesh in meshes.items():
+        for (layout, path), (tp, mesh) in itertools.product(_layouts(dirs, plan_name), meshes.items()):
             with CollectiveCounter() as counter:
                 model, stats = load(cls, path, mesh, dtp.load_plan(plan_name))
             out = output_tensor(model(**inputs)).float()
@@ -67,6 +69,10 @@ def _worker(rank, world_size, dirs):
                 collectives=list(counter.ops), stats=stats, **_inspect(model, reference_model, tp, layout),
             )
     return results
+
+
+def _layouts(dirs, plan_name):
+    return [(layout, dirs[(plan_name, layout)]) for layout in LAYOUTS]
 
 
 def _control_count(mesh) -> int:

@@ -154,3 +154,9 @@ def test_header_offsets_that_disagree_with_the_shape(tmp_path):
     (tmp_path / WEIGHTS_NAME).write_bytes(struct.pack("<Q", len(header)) + header + bytes(24))
     with pytest.raises(CheckpointError, match=r"needs 24 bytes but its offsets \[0, 20\) span 20"):
         open_checkpoint(str(tmp_path))
+
+
+def test_device_of_another_type_than_the_mesh(saved, mesh, reads):
+    with pytest.raises(dtp.PlanError, match="device cuda:0 does not match the mesh's device type 'cpu'"):
+        dtp.from_pretrained(dtp.tiny.model_class(FLUX), str(saved), mesh, device="cuda:0")
+    assert reads == []

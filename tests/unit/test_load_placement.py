@@ -117,3 +117,12 @@ def test_local_device(monkeypatch):
     assert local_device("cpu") == torch.device("cpu")
     if not torch.cuda.is_available():
         assert local_device(None) == local_device(dtp.mesh.default_device_type())
+
+
+def test_device_of_another_type_than_the_mesh(mesh):
+    """A cuda device on a cpu mesh is refused before anything moves (DTensor would move the slices back)."""
+    model = tiny_model("FluxTransformer2DModel")
+    before = {n: p for n, p in model.named_parameters()}
+    with pytest.raises(dtp.PlanError, match="device cuda:0 does not match the mesh's device type 'cpu'"):
+        dtp.parallelize(model, mesh, device="cuda:0")
+    assert all(p is before[n] for n, p in model.named_parameters())
