@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import os
 import platform
 import sys
@@ -130,7 +131,9 @@ def write_results(rows: list[dict], path: str, total_bytes: int, num_files: int,
         "Peak RSS increase = VmHWM after the load - VmRSS before it, with the peak reset via /proc/self/clear_refs. "
         "Own share = bytes of the rank's local parameters after sharding. Baseline = diffusers "
         "`from_pretrained` of the whole model on every rank, then `dtp.parallelize`; it reads every tensor. "
-        "Load time is the slowest rank's.",
+        "Load time is the slowest rank's (2 cores shared with other work: noisy).",
+        "",
+        f"diffusers low_cpu_mem_usage: {_low_cpu_mem_note()}",
         "",
         HEADER,
         *(_row(r) for r in rows),
@@ -139,6 +142,15 @@ def write_results(rows: list[dict], path: str, total_bytes: int, num_files: int,
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write("\n".join(lines))
+
+
+def _low_cpu_mem_note() -> str:
+    if importlib.util.find_spec("accelerate") is not None:
+        return "on (accelerate is installed)."
+    return (
+        "off (accelerate is not installed): the baseline builds the randomly initialized model, then "
+        "loads the state dict into it, hence about 1.5 x the full model per rank."
+    )
 
 
 def main() -> None:
