@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import demo
+from . import check, demo
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `func(args) -> int`.
-COMMANDS = [demo]
+COMMANDS = [demo, check]
 
 
 def build_parser() -> argparse.ArgumentParser:

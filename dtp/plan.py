@@ -17,6 +17,11 @@ class Style(str, enum.Enum):
     ROWWISE = "rowwise"  # W columns (input features) split; bias whole, added after the all-reduce
     PACKED_COLWISE = "packed_colwise"  # colwise, each fused output block split on its own
     PACKED_ROWWISE = "packed_rowwise"  # rowwise, each fused input block split on its own
+    # colwise, then the output is all-gathered back to the full feature order on every rank. For
+    # large Linears whose output every rank needs whole and that are applied to few rows: AdaLN
+    # modulation (`norm1.linear`, `img_mod.1`: batch x k*dim per-sample vectors that downstream code
+    # chunks into shift/scale/gate) and big embedders. Needs no rowwise partner.
+    COLWISE_GATHERED = "colwise_gathered"
 
     @property
     def is_packed(self) -> bool:
@@ -25,7 +30,12 @@ class Style(str, enum.Enum):
     @property
     def shard_dim(self) -> int:
         """The weight dim that is split: 0 for colwise kinds, 1 for rowwise kinds."""
-        return 0 if self in (Style.COLWISE, Style.PACKED_COLWISE) else 1
+        return 0 if self in (Style.COLWISE, Style.PACKED_COLWISE, Style.COLWISE_GATHERED) else 1
+
+    @property
+    def gathers_output(self) -> bool:
+        """The output leaves the layer whole (all-gathered), so it pairs with no rowwise layer."""
+        return self is Style.COLWISE_GATHERED
 
     @property
     def splits_bias(self) -> bool:

@@ -223,6 +223,8 @@ def _attention_owners(model: nn.Module, linears: list[LinearSpec]) -> list[str]:
     """Paths of the nearest ancestors with an integer `heads` attribute of every sharded Linear."""
     owners: dict[str, None] = {}
     for spec in linears:
+        if spec.style.gathers_output:  # its output is whole: the head layout downstream is unchanged
+            continue
         atoms = spec.path.split(".")
         for depth in range(len(atoms) - 1, 0, -1):
             path = ".".join(atoms[:depth])
@@ -240,8 +242,10 @@ def _check_pairs(plan: Plan, linears: list[LinearSpec]) -> None:
     """Each sharded output must meet a rowwise input of the same width in the nearest shared scope.
 
     A colwise output left sharded with no rowwise partner (or a rowwise layer fed by a replicated
-    activation) runs without error on the wrong numbers, so we refuse it here.
+    activation) runs without error on the wrong numbers, so we refuse it here. A gathered colwise
+    layer is exempt both ways: its output is whole again, so it neither needs nor feeds a rowwise one.
     """
+    linears = [s for s in linears if not s.style.gathers_output]
     col = [s for s in linears if s.style.shard_dim == 0]
     row = [s for s in linears if s.style.shard_dim == 1]
     for spec in row:

@@ -87,8 +87,25 @@ class BlockRowwise(RowwiseParallel):
         _partition(module, {"weight": (1, self.sizes), "bias": None}, device_mesh, self.device)
 
 
+class GatheredColwise(BlockColwise):
+    """colwise_gathered: sharded like colwise, output all-gathered to the full feature order.
+
+    `y = x W^T + b` with `W = [W_1; ...; W_tp]` (one block, contiguous rows per rank): rank r
+    computes `y_r = x W_r^T + b_r`, and the all-gather along the last dim concatenates the `y_r` in
+    rank order, which is exactly `y`. Used for Linears applied to few rows whose output every rank
+    needs whole, e.g. AdaLN modulation (`[batch, 6 * dim]`, chunked into shift/scale/gate later):
+    the weight costs 1/tp per rank and the all-gather moves only `batch * 6 * dim` values.
+    """
+
+    def __init__(self, sizes, *, device=None):
+        assert len(tuple(sizes)) == 1, "a gathered output is only in full order for a single block"
+        super().__init__(sizes, device=device, output_layouts=Replicate())
+
+
 def style_for(spec, device=None) -> ColwiseParallel | RowwiseParallel:
     """The ParallelStyle for one resolved Linear (`resolve.LinearSpec`); slices go to `device` when given."""
+    if spec.style is Style.COLWISE_GATHERED:
+        return GatheredColwise(spec.sizes, device=device)
     if spec.style in (Style.COLWISE, Style.PACKED_COLWISE):
         return BlockColwise(spec.sizes, device=device)
     if spec.style in (Style.ROWWISE, Style.PACKED_ROWWISE):

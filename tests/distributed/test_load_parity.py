@@ -12,9 +12,9 @@ import itertools
 import pytest
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor, Shard
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import dtp
+from dtp.collectives import CollectiveCounter
 from dtp.launch import spawn
 from dtp.load import load
 from dtp.styles import full_tensor
@@ -23,20 +23,6 @@ from dtp.tiny import PLAN_CLASSES, model_class, output_tensor, tiny_inputs, tiny
 LAYOUTS = {"single": None, "multi": "40KB"}  # max_shard_size for save_pretrained (None: one file)
 MESHES = {2: dict(tp=2, cp=2), 4: dict(tp=4, cp=1)}
 TOLERANCE = 1e-5
-
-
-class CollectiveCounter(TorchDispatchMode):
-    """Counts ops in the c10d / functional-collective namespaces (CommDebugMode trips on kwargs-only calls)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        namespace = func.namespace if hasattr(func, "namespace") else ""
-        if namespace in ("c10d", "_c10d_functional", "c10d_functional"):
-            self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def _save_checkpoints(root) -> dict:
@@ -66,7 +52,7 @@ def _worker(rank, world_size, dirs):
             out = output_tensor(model(**inputs)).float()
             results[(plan_name, layout, tp)] = dict(
                 diff=float((out - reference).abs().max()), ref=float(reference.abs().max()),
-                collectives=list(counter.ops), stats=stats, **_inspect(model, reference_model, tp, layout),
+                collectives=[c.op for c in counter.records], stats=stats, **_inspect(model, reference_model, tp, layout),
             )
     return results
 
@@ -79,7 +65,7 @@ def _control_count(mesh) -> int:
     """The counter sees a weight collective when there is one (distribute_tensor scatters from rank 0)."""
     with CollectiveCounter() as counter:
         distribute_tensor(torch.ones(8, 4), mesh["tp"], [Shard(0)])
-    return len(counter.ops)
+    return len(counter.records)
 
 
 def _inspect(model, reference_model, tp, layout) -> dict:

@@ -1,0 +1,119 @@
+"""Count the collectives a forward issues, per op and per block, with their tensor bytes.
+
+torch's `CommDebugMode` counts collectives too, but its module tracker was seen to raise
+IndexError on diffusers models called with keyword arguments only. This is the small core of it:
+a `TorchDispatchMode` that records every op of the c10d and functional-collective namespaces,
+which is where both `torch.distributed.*` calls and DTensor redistributions end up. Ops that only
+wait on or free a collective's result are not collectives and are skipped.
+
+The scope of a record is the outermost element of an `nn.ModuleList` that was running (e.g.
+`transformer_blocks.3`), or "" outside every block, so a test can compare each block with what
+the plan implies for it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
+# Bookkeeping ops of those namespaces (names without the trailing in-place `_`).
+NOT_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd", "barrier", "monitored_barrier", "check_for_nan")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective call. `bytes` is the size of its full result (the gathered or reduced tensor)."""
+
+    op: str  # e.g. "all_reduce", "all_gather_into_tensor"
+    bytes: int
+    scope: str  # the block it ran in, "" outside every block
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """`with CollectiveCounter(model) as counter: model(**inputs)`; then read `counter.records`.
+
+    `model` (optional) is only used to attribute each record to the block it ran in.
+    """
+
+    def __init__(self, model: nn.Module | None = None):
+        super().__init__()
+        self.model = model
+        self.records: list[Collective] = []
+        self._scopes: list[str] = []
+        self._handles = []
+
+    def __enter__(self):
+        if self.model is not None:
+            self._handles = _scope_hooks(self.model, self._scopes)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        op = func._schema.name.split("::")[-1].rstrip("_")
+        if func.namespace in COLLECTIVE_NAMESPACES and op not in NOT_COLLECTIVES:
+            self.records.append(Collective(op, _result_bytes(out), self._scopes[0] if self._scopes else ""))
+        return out
+
+    def counts(self, scope: str | None = None) -> Counter:
+        """`{op: number of calls}`, over every record or those of one scope."""
+        return Counter(r.op for r in self.records if scope is None or r.scope == scope)
+
+    def total_bytes(self) -> int:
+        return sum(r.bytes for r in self.records)
+
+
+def _result_bytes(out) -> int:
+    # c10d ops return (tensors, work); functional ones return the result tensor.
+    return sum(t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+
+
+def block_paths(model: nn.Module) -> list[str]:
+    """Paths of every element of every `nn.ModuleList` that no other ModuleList encloses."""
+    paths: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and not any(name.startswith(f"{p}.") for p in paths):
+            paths += [f"{name}.{i}" if name else str(i) for i in range(len(module))]
+    return paths
+
+
+def _scope_hooks(model: nn.Module, scopes: list[str]) -> list:
+    handles = []
+    for path in block_paths(model):
+        block = model.get_submodule(path)
+        handles.append(block.register_forward_pre_hook(lambda *_, p=path: scopes.append(p)))
+        handles.append(block.register_forward_hook(lambda *_, p=path: scopes.remove(p)))
+    return handles
+
+
+def implied_collectives(resolved, model: nn.Module) -> dict[str, Counter]:
+    """`{scope: {op: count}}` that a plan implies for one forward, as `CollectiveCounter` names them.
+
+    Each rowwise / packed_rowwise Linear ends in one all-reduce (its partial sums), each
+    colwise_gathered Linear in one all-gather (its output shards); colwise outputs stay sharded and
+    cost nothing. Assumes each planned Linear runs once per forward, which holds for the bundled
+    architectures; a measured count above this points at a Linear that runs more than once.
+    """
+    blocks = block_paths(model)
+    implied: dict[str, Counter] = {}
+    for spec in resolved.linears:
+        if spec.style.gathers_output:
+            op = "all_gather_into_tensor"
+        elif spec.style.shard_dim == 1:
+            op = "all_reduce"
+        else:
+            continue
+        scope = next((b for b in blocks if spec.path.startswith(f"{b}.")), "")
+        implied.setdefault(scope, Counter())[op] += 1
+    return implied

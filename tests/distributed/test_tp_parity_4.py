@@ -1,0 +1,40 @@
+"""Tensor parallelism on 4 gloo processes: tp=4, and tp=2 on the `tp` axis of a (cp=2, tp=2) mesh."""
+
+import pytest
+
+from dtp.launch import spawn
+from tp_cases import run_cases
+
+TOL = 1e-5
+CASES = ["flux/yaml", "flux/diffusers", "flux2/yaml", "flux2/diffusers", "qwenimage/yaml",
+         "qwenimage/diffusers", "zimage/yaml"]
+
+
+def _both_meshes(rank, world_size):
+    # Two meshes over the same 4-process group: one spawn for every 4-rank check.
+    return {"tp4": run_cases(rank, world_size, 4, 1), "cp2tp2": run_cases(rank, world_size, 2, 2)}
+
+
+@pytest.fixture(scope="module")
+def results():
+    return spawn(_both_meshes, 4)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_parity_tp4(results, case):
+    """Tiny config, tp=4: max |sharded - ref| <= 1e-5 * max |ref| on every rank."""
+    for rank_results in results:
+        assert rank_results["tp4"][case] <= TOL, (case, rank_results["tp4"][case])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_parity_cp2_tp2(results, case):
+    """Tiny config, (cp=2, tp=2) mesh, TP on its `tp` axis: same bound on all 4 ranks."""
+    for rank_results in results:
+        assert rank_results["cp2tp2"][case] <= TOL, (case, rank_results["cp2tp2"][case])
+
+
+def test_tp4_reassembly_and_local_heads(results):
+    assert all(r["tp4"]["flux2/packed_reassembly"] for r in results)
+    assert results[0]["tp4"]["local_heads"] == {"heads": 1, "inner_dim": 16, "inner_kv_dim": 16}
+    assert results[0]["cp2tp2"]["local_heads"] == {"heads": 2, "inner_dim": 32, "inner_kv_dim": 32}

@@ -1,0 +1,63 @@
+"""Worker side of the TP parity tests: one spawned group runs many cases and returns their numbers."""
+
+import dataclasses
+from functools import partial
+
+import torch
+
+import dtp
+from dtp.parallelize import apply_resolved
+from dtp.parity import forward_parity
+from dtp.resolve import resolve
+from dtp.styles import full_tensor
+from dtp.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
+
+
+def run_cases(rank, world_size, tp, cp):
+    """Every bundled plan (YAML and, where diffusers has one, its `_tp_plan` dict) on a (cp, tp) mesh."""
+    mesh = dtp.make_mesh(tp=tp, cp=cp)
+    results = {}
+    for plan_name, cls in PLAN_CLASSES.items():
+        inputs = tiny_inputs(cls)
+        make = partial(tiny_model, cls)
+        results[f"{plan_name}/yaml"] = forward_parity(make, inputs, mesh, dtp.load_plan(plan_name)).relative
+        diffusers_plan = getattr(dtp.tiny.model_class(cls), "_tp_plan", None)
+        if diffusers_plan:
+            results[f"{plan_name}/diffusers"] = forward_parity(make, inputs, mesh, dtp.Plan.from_dict(diffusers_plan)).relative
+    results["flux2/packed_reassembly"] = packed_reassembly_exact(mesh)
+    results["flux2/plain_colwise_swiglu"] = wrong_swiglu_split(mesh)
+    results["local_heads"] = local_heads(mesh)
+    return results
+
+
+def packed_reassembly_exact(mesh) -> bool:
+    """Gathering a packed parameter over the ranks and unpacking gives the original tensor bit for bit."""
+    cls = "Flux2Transformer2DModel"
+    original = tiny_model(cls).single_transformer_blocks[0].attn
+    sharded = dtp.parallelize(tiny_model(cls), mesh, dtp.load_plan("flux2")).single_transformer_blocks[0].attn
+    return all(
+        torch.equal(full_tensor(getattr(sharded, name).weight), getattr(original, name).weight)
+        for name in ("to_qkv_mlp_proj", "to_out")
+    )
+
+
+@torch.no_grad()
+def wrong_swiglu_split(mesh) -> float:
+    """Negative control: Flux2's fused SwiGLU split as one block (the checks bypassed) runs but is wrong."""
+    cls = "Flux2Transformer2DModel"
+    model = tiny_model(cls)
+    resolved = resolve(dtp.load_plan("flux2"), model)
+    linears = tuple(
+        dataclasses.replace(spec, sizes=(sum(spec.sizes),)) if spec.path.endswith("ff.linear_in") else spec
+        for spec in resolved.linears
+    )
+    apply_resolved(model, dataclasses.replace(resolved, linears=linears), mesh["tp"])
+    ref = output_tensor(tiny_model(cls)(**tiny_inputs(cls)))
+    out = output_tensor(model(**tiny_inputs(cls)))
+    return float((out - ref).abs().max() / ref.abs().max())
+
+
+def local_heads(mesh) -> dict:
+    model = dtp.parallelize(tiny_model("QwenImageTransformer2DModel"), mesh, dtp.load_plan("qwenimage"))
+    attn = model.transformer_blocks[0].attn
+    return {"heads": attn.heads, "inner_dim": attn.inner_dim, "inner_kv_dim": attn.inner_kv_dim}
