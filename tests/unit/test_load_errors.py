@@ -160,3 +160,20 @@ def test_device_of_another_type_than_the_mesh(saved, mesh, reads):
     with pytest.raises(dtp.PlanError, match="device cuda:0 does not match the mesh's device type 'cpu'"):
         dtp.from_pretrained(dtp.tiny.model_class(FLUX), str(saved), mesh, device="cuda:0")
     assert reads == []
+
+
+def test_subfolder_and_the_bytes_log_line(saved, mesh, tmp_path, caplog):
+    """`subfolder=` is honoured, and each rank logs the bytes it read (here rank 0 of tp=4)."""
+    (tmp_path / "transformer").mkdir()
+    _copy(saved, tmp_path / "transformer")
+    with caplog.at_level("INFO", logger="dtp.load"):
+        dtp.from_pretrained(dtp.tiny.model_class(FLUX), str(tmp_path), mesh, subfolder="transformer")
+    total = sum(info.nbytes for info in open_checkpoint(str(saved)).tensors.values())
+    assert any("rank 0: read " in r.message and f" of {total} checkpoint bytes" in r.message for r in caplog.records)
+
+
+def test_missing_config(saved, mesh, reads, tmp_path):
+    (tmp_path / WEIGHTS_NAME).write_bytes((saved / WEIGHTS_NAME).read_bytes())
+    with pytest.raises(CheckpointError, match="has no config.json; pass the model folder"):
+        _load(tmp_path, mesh)
+    assert reads == []
