@@ -27,8 +27,12 @@ from .slicing import assemble, local_slice
 LAYOUT_ATTR = "_dtp_layout"
 
 
-def shard_parameter(param: nn.Parameter, dim: int | None, sizes, mesh) -> nn.Parameter:
-    """This rank's DTensor parameter: `Shard(dim)` of the block-wise slice, or `Replicate()` when dim is None."""
+def shard_parameter(param: nn.Parameter, dim: int | None, sizes, mesh, device=None) -> nn.Parameter:
+    """This rank's DTensor parameter: `Shard(dim)` of the block-wise slice, or `Replicate()` when dim is None.
+
+    With `device`, the slice (not the full tensor) is moved there; otherwise `DTensor.from_local`
+    moves it to the mesh's device type (the current device).
+    """
     if isinstance(param.data, DTensor):
         return param
     if dim is None:
@@ -36,6 +40,8 @@ def shard_parameter(param: nn.Parameter, dim: int | None, sizes, mesh) -> nn.Par
     else:
         local = local_slice(param.data, dim, sizes, mesh.size(), mesh.get_local_rank())
         placement = Shard(dim)
+    if device is not None:
+        local = local.to(device)
     dtensor = DTensor.from_local(local, mesh, [placement], run_check=False)
     sharded = nn.Parameter(dtensor, requires_grad=param.requires_grad)
     if dim is not None:
@@ -43,11 +49,11 @@ def shard_parameter(param: nn.Parameter, dim: int | None, sizes, mesh) -> nn.Par
     return sharded
 
 
-def _partition(module: nn.Module, layouts: dict, mesh) -> None:
+def _partition(module: nn.Module, layouts: dict, mesh, device=None) -> None:
     for name, param in list(module.named_parameters(recurse=False)):
         layout = layouts[name]
         dim, sizes = layout if layout is not None else (None, None)
-        module.register_parameter(name, shard_parameter(param, dim, sizes, mesh))
+        module.register_parameter(name, shard_parameter(param, dim, sizes, mesh, device))
 
 
 class BlockColwise(ColwiseParallel):
@@ -57,12 +63,13 @@ class BlockColwise(ColwiseParallel):
     the concatenation of its piece of each fused projection (Q, K, V, gate, up ...).
     """
 
-    def __init__(self, sizes, **kwargs):
+    def __init__(self, sizes, *, device=None, **kwargs):
         super().__init__(**kwargs)
         self.sizes = tuple(sizes)
+        self.device = device
 
     def _partition_linear_fn(self, name, module, device_mesh):
-        _partition(module, {"weight": (0, self.sizes), "bias": (0, self.sizes)}, device_mesh)
+        _partition(module, {"weight": (0, self.sizes), "bias": (0, self.sizes)}, device_mesh, self.device)
 
 
 class BlockRowwise(RowwiseParallel):
@@ -71,12 +78,13 @@ class BlockRowwise(RowwiseParallel):
     `y = sum_r x_r W_r^T + b` where `x_r` is rank r's piece of each input block.
     """
 
-    def __init__(self, sizes, **kwargs):
+    def __init__(self, sizes, *, device=None, **kwargs):
         super().__init__(**kwargs)
         self.sizes = tuple(sizes)
+        self.device = device
 
     def _partition_linear_fn(self, name, module, device_mesh):
-        _partition(module, {"weight": (1, self.sizes), "bias": None}, device_mesh)
+        _partition(module, {"weight": (1, self.sizes), "bias": None}, device_mesh, self.device)
 
 
 class GatheredColwise(BlockColwise):
@@ -89,19 +97,19 @@ class GatheredColwise(BlockColwise):
     the weight costs 1/tp per rank and the all-gather moves only `batch * 6 * dim` values.
     """
 
-    def __init__(self, sizes):
+    def __init__(self, sizes, *, device=None):
         assert len(tuple(sizes)) == 1, "a gathered output is only in full order for a single block"
-        super().__init__(sizes, output_layouts=Replicate())
+        super().__init__(sizes, device=device, output_layouts=Replicate())
 
 
-def style_for(spec) -> ColwiseParallel | RowwiseParallel:
-    """The ParallelStyle for one resolved Linear (`resolve.LinearSpec`)."""
+def style_for(spec, device=None) -> ColwiseParallel | RowwiseParallel:
+    """The ParallelStyle for one resolved Linear (`resolve.LinearSpec`); slices go to `device` when given."""
     if spec.style is Style.COLWISE_GATHERED:
-        return GatheredColwise(spec.sizes)
+        return GatheredColwise(spec.sizes, device=device)
     if spec.style in (Style.COLWISE, Style.PACKED_COLWISE):
-        return BlockColwise(spec.sizes)
+        return BlockColwise(spec.sizes, device=device)
     if spec.style in (Style.ROWWISE, Style.PACKED_ROWWISE):
-        return BlockRowwise(spec.sizes)
+        return BlockRowwise(spec.sizes, device=device)
     raise AssertionError(f"unhandled style {spec.style}")  # the Style enum is closed
 
 

@@ -1,0 +1,280 @@
+"""Shard-on-load: every rank reads only its own slice of each sharded tensor of a safetensors checkpoint.
+
+    config.json -> model with parameters on meta (buffers real) -> resolve + check_tp   [no byte read yet]
+    -> headers: files, shapes, truncation; keys and shapes against the model           [no byte read yet]
+    -> per file, per tensor: get_slice -> slicing.local_slice (same math as the styles)
+       -> cast -> device -> DTensor.from_local(Shard(dim)) | whole tensor
+    -> apply_resolved: torch's forward hooks + local head counts (params are DTensors: no collective)
+
+So a rank's host memory peaks near its own share, (sharded bytes) / tp + replicated bytes, instead
+of the whole model (which is what `diffusers.from_pretrained` + `parallelize` costs on every rank).
+Parameters come out on the rank's device; buffers, including the non-persistent ones a checkpoint
+does not hold (built when the model is constructed, as diffusers does), follow them there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from tqdm.auto import tqdm
+
+from .checkpoint import Checkpoint, CheckpointError, TensorInfo, check_keys, open_checkpoint
+from .mesh import CP_AXIS, tp_submesh
+from .cp import apply_cp, check_mode
+from .parallelize import apply_resolved, check_cp, move_unsharded
+from .placement import check_device, local_device
+from .plan import Plan
+from .plan_io import plan_for
+from .resolve import resolve
+from .slicing import local_slice
+from .styles import LAYOUT_ATTR
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadStats:
+    """What one rank read: `bytes_read` against the checkpoint's sharded and replicated totals."""
+
+    rank: int
+    tp: int
+    bytes_read: int
+    sharded_bytes: int  # checkpoint bytes of tensors the plan shards
+    replicated_bytes: int  # checkpoint bytes of everything every rank reads whole
+    seconds: float
+
+    @property
+    def share_bytes(self) -> int:
+        """This rank's share of the checkpoint: sharded / tp + replicated."""
+        return self.sharded_bytes // self.tp + self.replicated_bytes
+
+
+def from_pretrained(
+    model_class, path: str, mesh, plan: Plan | None = None, *,
+    subfolder: str | None = None, torch_dtype: torch.dtype | None = None, device=None, cp_mode: str = "ulysses",
+) -> nn.Module:
+    """Build `model_class` from a diffusers folder, sharded on `mesh`'s `tp` axis, reading only this rank's slices.
+
+    `plan` defaults to `plan_for(model_class)`; `torch_dtype` casts floating tensors after slicing
+    (modules in `_keep_in_fp32_modules` stay float32, as in diffusers); `device` defaults to the
+    mesh's device type at the local rank (`placement.local_device`). Everything that can be wrong
+    (plan, TP degree, missing/unexpected keys, shapes, non-safetensors, truncated or corrupt
+    files) raises `PlanError` (`checkpoint.CheckpointError` for the files) before a byte is read.
+    On a mesh whose `cp` axis is > 1 the plan's cp section is applied as in `parallelize`
+    (`cp_mode` "ulysses" or "ring"). Returns the model in eval mode.
+    """
+    model, _ = load(model_class, path, mesh, plan, subfolder=subfolder, torch_dtype=torch_dtype, device=device,
+                    cp_mode=cp_mode)
+    return model
+
+
+def load(model_class, path, mesh, plan=None, *, subfolder=None, torch_dtype=None, device=None, cp_mode="ulysses"):
+    """`from_pretrained`, also returning this rank's `LoadStats`."""
+    start = time.perf_counter()
+    directory = os.path.join(path, subfolder) if subfolder else path
+    tp_mesh = tp_submesh(mesh)
+    _check_dtype(torch_dtype)
+    model = build_on_meta(model_class, directory, torch_dtype)
+    resolved = resolve(plan if plan is not None else plan_for(model), model)
+    resolved.check_tp(tp_mesh.size())
+    check_mode(cp_mode)
+    cp_resolved = check_cp(model, resolved, mesh, tp_mesh.size(), cp_mode)
+    target = local_device(device if device is not None else tp_mesh.device_type)
+    check_device(target, tp_mesh)
+    checkpoint = open_checkpoint(directory)
+    check_keys(checkpoint, {k: tuple(v.shape) for k, v in model.state_dict().items()}, model_class.__name__)
+
+    layouts = resolved.param_layouts()
+    dtypes = _target_dtypes(model, torch_dtype)
+    bytes_read = _read_into(model, checkpoint, layouts, dtypes, tp_mesh, target)
+    move_unsharded(model, target)  # buffers the checkpoint does not hold (non-persistent ones)
+    _assert_materialized(model)
+    apply_resolved(model, resolved, tp_mesh)
+    if cp_resolved is not None:
+        apply_cp(model, cp_resolved, mesh[CP_AXIS], cp_mode)
+    stats = _stats(checkpoint, layouts, tp_mesh, bytes_read, time.perf_counter() - start)
+    logger.info(
+        "dtp.from_pretrained rank %d: read %d of %d checkpoint bytes (share: sharded/%d + replicated = %d) in %.1f s",
+        stats.rank, stats.bytes_read, stats.sharded_bytes + stats.replicated_bytes, stats.tp, stats.share_bytes,
+        stats.seconds,
+    )
+    return model.eval(), stats
+
+
+# ---------------------------------------------------------------------------------------------
+# the model skeleton
+
+
+def build_on_meta(model_class, directory: str, torch_dtype: torch.dtype | None) -> nn.Module:
+    """`model_class` from `directory`/config.json with parameters on meta and buffers real (on CPU).
+
+    Buffers are built for real because a checkpoint does not hold the non-persistent ones (RoPE
+    tables, positional embeddings): constructing them is the only way to get them. Like diffusers,
+    the model is built under `torch_dtype` as default dtype, so buffers get the dtype they would get there.
+    """
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise CheckpointError(
+            f"checkpoint '{directory}' has no config.json; pass the model folder (or `subfolder=`, e.g. 'transformer')."
+        )
+    config = model_class.load_config(directory)
+    with _default_dtype(torch_dtype), parameters_on_meta():
+        return model_class.from_config(config)
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Every parameter registered inside the block is moved to the meta device; buffers are left alone.
+
+    Initialization then runs on meta (free); the CPU tensor a layer creates for its parameter is
+    dropped right after registration, before anything writes to it.
+    """
+    original = nn.Module.register_parameter
+
+    def register(module, name, param):
+        original(module, name, param)
+        if param is not None:
+            meta = module._parameters[name].to("meta")
+            module._parameters[name] = type(param)(meta, requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None):
+    previous = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _check_dtype(torch_dtype) -> None:
+    if torch_dtype is not None and not (isinstance(torch_dtype, torch.dtype) and torch_dtype.is_floating_point):
+        raise CheckpointError(f"torch_dtype must be a floating torch.dtype such as torch.bfloat16, got {torch_dtype!r}.")
+
+
+def _target_dtypes(model: nn.Module, torch_dtype) -> dict[str, torch.dtype]:
+    """Each state-dict key's dtype in the model: the skeleton's own, float32 under `_keep_in_fp32_modules`."""
+    keep = getattr(model, "_keep_in_fp32_modules", None) or []
+    dtypes = {}
+    for key, tensor in model.state_dict().items():
+        fp32 = torch_dtype is not None and tensor.is_floating_point() and any(m in key.split(".") for m in keep)
+        dtypes[key] = torch.float32 if fp32 else tensor.dtype
+    return dtypes
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+def _read_into(model, checkpoint: Checkpoint, layouts, dtypes, tp_mesh, device) -> int:
+    """Read every tensor into `model`, in file order; returns the bytes read.
+
+    Each tensor gets its own `safe_open`: the file is memory-mapped, and every page a slice touches
+    counts in this process's RSS until the map is closed. Rowwise slices (strided columns) and
+    whole replicated tensors touch most pages of their tensor, so a file kept open for all its
+    tensors would add up to a whole shard file to the peak; closing after each tensor bounds the
+    extra to one tensor. (Reopening costs one header parse, a few KB.)
+    """
+    tp, rank = tp_mesh.size(), tp_mesh.get_local_rank()
+    bytes_read = 0
+    quiet = dist.is_initialized() and dist.get_rank() != 0
+    with tqdm(total=len(checkpoint.tensors), desc="dtp load", unit="tensor", disable=quiet) as bar:
+        for file, keys in checkpoint.keys_by_file().items():
+            for key in keys:
+                with safe_open(file, framework="pt", device="cpu") as handle:
+                    counted = CountingReader(handle)
+                    local = _read_one(counted, checkpoint.tensors[key], layouts.get(key), tp, rank)
+                bytes_read += counted.bytes_read
+                local = local.to(dtype=dtypes[key]).to(device)  # cast after slicing: only the slice
+                _install(model, key, local, key in layouts, layouts.get(key), tp_mesh)
+                bar.update()
+    return bytes_read
+
+
+class CountingReader:
+    """A safetensors handle that counts the bytes of every tensor it hands out (what was read from the file)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.bytes_read = 0
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        return self._count(self.handle.get_tensor(key))
+
+    def get_slice(self, key: str) -> "_CountingSlice":
+        return _CountingSlice(self, self.handle.get_slice(key))
+
+    def _count(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor
+
+
+class _CountingSlice:
+    def __init__(self, reader: CountingReader, inner):
+        self.reader, self.inner = reader, inner
+
+    def get_shape(self):
+        return self.inner.get_shape()
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self.reader._count(self.inner[index])
+
+
+def _read_one(handle, info: TensorInfo, layout, tp: int, rank: int) -> torch.Tensor:
+    """This rank's slice of a sharded tensor, or the whole tensor; always a copy (never a view of the map)."""
+    if layout is None:
+        return handle.get_tensor(info.key).clone()
+    dim, sizes = layout
+    return local_slice(handle.get_slice(info.key), dim, sizes, tp, rank)
+
+
+def _install(model: nn.Module, key: str, local: torch.Tensor, planned: bool, layout, tp_mesh) -> None:
+    """Put `local` in place of the meta parameter (or the buffer) named `key`.
+
+    A planned parameter becomes a DTensor, so `apply_resolved` leaves it as it is: `Shard(dim)`
+    with the packed layout recorded like `styles.shard_parameter` does, or `Replicate()` (a
+    rowwise bias).
+    """
+    module_path, _, name = key.rpartition(".")
+    module = model.get_submodule(module_path)
+    if name not in module._parameters:
+        module._buffers[name] = local
+        return
+    value = local
+    if planned:
+        placement = Shard(layout[0]) if layout is not None else Replicate()
+        value = DTensor.from_local(local, tp_mesh, [placement], run_check=False)
+    param = nn.Parameter(value, requires_grad=module._parameters[name].requires_grad)
+    if layout is not None:
+        setattr(param, LAYOUT_ATTR, (layout[0], tuple(layout[1])))
+    module._parameters[name] = param
+
+
+def _assert_materialized(model: nn.Module) -> None:
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    assert not left, f"left on meta after loading (check_keys should have caught this): {left[:5]}"
+
+
+def _stats(checkpoint: Checkpoint, layouts, tp_mesh, bytes_read: int, seconds: float) -> LoadStats:
+    sharded = sum(info.nbytes for key, info in checkpoint.tensors.items() if layouts.get(key) is not None)
+    total = sum(info.nbytes for info in checkpoint.tensors.values())
+    return LoadStats(
+        rank=dist.get_rank() if dist.is_initialized() else 0, tp=tp_mesh.size(), bytes_read=bytes_read,
+        sharded_bytes=sharded, replicated_bytes=total - sharded, seconds=seconds,
+    )
