@@ -99,14 +99,17 @@ def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None):
 
 
 def load_sharded_transformer(model_dir, mesh, plan, dtype, device):
-    """The pipeline's transformer, sharded with `plan` (name, path, Plan or None = bundled) on `mesh`."""
-    from .parallelize import parallelize
+    """The pipeline's transformer, sharded with `plan` (name, path, Plan or None = bundled) on `mesh`.
+
+    Shard-on-load: each rank reads only its own slice of every sharded tensor from the safetensors
+    files and moves only that slice to `device` (no full copy of the transformer on any rank).
+    """
+    from .load import from_pretrained
     from .plan_io import load_plan
 
-    # switch to dtp.from_pretrained once shard-on-load lands
-    model = transformer_class(model_dir).from_pretrained(model_dir, subfolder="transformer", torch_dtype=dtype)
-    parallelize(model, mesh, load_plan(plan) if isinstance(plan, (str, Path)) else plan)
-    return model.to(device)
+    plan = load_plan(plan) if isinstance(plan, (str, Path)) else plan
+    return from_pretrained(transformer_class(model_dir), model_dir, mesh, plan, subfolder="transformer",
+                           torch_dtype=dtype, device=device)
 
 
 def transformer_class(model_dir):
