@@ -1,0 +1,18 @@
+"""A plain (non-editable) install must ship every subpackage: pyproject lists them by hand."""
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_subpackage_is_listed_in_pyproject():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    on_disk = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for init in (ROOT / "dtp").rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert on_disk <= listed, f"add {sorted(on_disk - listed)} to [tool.setuptools] packages"
+    assert "dtp.plans" in listed and config["package-dir"]["dtp.plans"] == "plans"
