@@ -24,19 +24,18 @@ import torch
 import torch.distributed as dist
 from safetensors import safe_open
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
 from tqdm.auto import tqdm
 
 from .checkpoint import Checkpoint, CheckpointError, TensorInfo, check_keys, open_checkpoint
-from .mesh import CP_AXIS, tp_submesh
 from .cp import apply_cp, check_mode
+from .mesh import CP_AXIS, tp_submesh
 from .parallelize import apply_resolved, check_cp, move_unsharded
 from .placement import check_device, local_device
 from .plan import Plan
 from .plan_io import plan_for
 from .resolve import resolve
 from .slicing import local_slice
-from .styles import LAYOUT_ATTR
+from .styles import local_parameter
 
 logger = logging.getLogger(__name__)
 
@@ -247,8 +246,8 @@ def _read_one(handle, info: TensorInfo, layout, tp: int, rank: int) -> torch.Ten
 def _install(model: nn.Module, key: str, local: torch.Tensor, planned: bool, layout, tp_mesh) -> None:
     """Put `local` in place of the meta parameter (or the buffer) named `key`.
 
-    A planned parameter becomes a DTensor, so `apply_resolved` leaves it as it is: `Shard(dim)`
-    with the packed layout recorded like `styles.shard_parameter` does, or `Replicate()` (a
+    A planned parameter becomes a DTensor (`styles.local_parameter`, as the styles make them), so
+    `apply_resolved` leaves it as it is: `Shard(dim)` with its block layout, or `Replicate()` (a
     rowwise bias).
     """
     module_path, _, name = key.rpartition(".")
@@ -256,14 +255,12 @@ def _install(model: nn.Module, key: str, local: torch.Tensor, planned: bool, lay
     if name not in module._parameters:
         module._buffers[name] = local
         return
-    value = local
-    if planned:
-        placement = Shard(layout[0]) if layout is not None else Replicate()
-        value = DTensor.from_local(local, tp_mesh, [placement], run_check=False)
-    param = nn.Parameter(value, requires_grad=module._parameters[name].requires_grad)
-    if layout is not None:
-        setattr(param, LAYOUT_ATTR, (layout[0], tuple(layout[1])))
-    module._parameters[name] = param
+    requires_grad = module._parameters[name].requires_grad
+    if not planned:
+        module._parameters[name] = nn.Parameter(local, requires_grad=requires_grad)
+        return
+    dim, sizes = layout if layout is not None else (None, None)
+    module._parameters[name] = local_parameter(local, dim, sizes, tp_mesh, requires_grad)
 
 
 def _assert_materialized(model: nn.Module) -> None:

@@ -35,18 +35,20 @@ def shard_parameter(param: nn.Parameter, dim: int | None, sizes, mesh, device=No
     """
     if isinstance(param.data, DTensor):
         return param
-    if dim is None:
-        local, placement = param.data, Replicate()
-    else:
-        local = local_slice(param.data, dim, sizes, mesh.size(), mesh.get_local_rank())
-        placement = Shard(dim)
+    local = param.data if dim is None else local_slice(param.data, dim, sizes, mesh.size(), mesh.get_local_rank())
     if device is not None:
         local = local.to(device)
-    dtensor = DTensor.from_local(local, mesh, [placement], run_check=False)
-    sharded = nn.Parameter(dtensor, requires_grad=param.requires_grad)
+    return local_parameter(local, dim, sizes, mesh, param.requires_grad)
+
+
+def local_parameter(local: torch.Tensor, dim: int | None, sizes, mesh, requires_grad: bool = True) -> nn.Parameter:
+    """Wrap this rank's tensor as a DTensor parameter: `Shard(dim)` of a block-wise slice (its
+    layout recorded for `full_tensor`), or `Replicate()` when `dim` is None. No communication."""
+    placement = Replicate() if dim is None else Shard(dim)
+    param = nn.Parameter(DTensor.from_local(local, mesh, [placement], run_check=False), requires_grad=requires_grad)
     if dim is not None:
-        setattr(sharded, LAYOUT_ATTR, (dim, tuple(sizes)))
-    return sharded
+        setattr(param, LAYOUT_ATTR, (dim, tuple(sizes)))
+    return param
 
 
 def _partition(module: nn.Module, layouts: dict, mesh, device=None) -> None:
