@@ -30,6 +30,9 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="generate an image with a sharded pipeline (launch with torchrun)")
     p.add_argument("--model-dir", required=True, help="a diffusers pipeline directory (model_index.json)")
     p.add_argument("--plan", default=None, help="bundled plan name or YAML path (default: the model's bundled plan); used under torchrun")
+    p.add_argument("--cp", type=int, default=1,
+                   help="context-parallel degree under torchrun: tp = world size / cp (default 1)")
+    p.add_argument("--cp-mode", choices=["ulysses", "ring"], default="ulysses", help="CP attention (default ulysses)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's)")
     p.add_argument("--height", type=int, default=None)
@@ -54,13 +57,22 @@ def run(args) -> int:
     try:
         from .mesh import make_mesh
 
-        mesh = make_mesh(tp=dist.get_world_size(), device_type=device.type)
-        pipe = load_pipeline(args.model_dir, device=device, dtype=_dtype(args.dtype, device), mesh=mesh, plan=args.plan)
+        mesh = make_mesh(tp=_tp_degree(dist.get_world_size(), args.cp), cp=args.cp, device_type=device.type)
+        pipe = load_pipeline(args.model_dir, device=device, dtype=_dtype(args.dtype, device), mesh=mesh, plan=args.plan,
+                             cp_mode=args.cp_mode)
         pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
         _generate_and_save(pipe, args, distributed=True)
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _tp_degree(world_size: int, cp: int) -> int:
+    if cp < 1 or world_size % cp:
+        from .errors import PlanError
+
+        raise PlanError(f"dtp run: --cp {cp} must divide the number of processes ({world_size}).")
+    return world_size // cp
 
 
 def _generate_and_save(pipe, args, *, distributed: bool) -> None:
@@ -82,7 +94,7 @@ def _generate_and_save(pipe, args, *, distributed: bool) -> None:
 # ---- loading ---------------------------------------------------------------------------------
 
 
-def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None):
+def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None, cp_mode="ulysses"):
     """The pipeline in `model_dir` on `device`; its transformer sharded on `mesh` when one is given.
 
     The transformer is loaded first and handed to `from_pretrained`, so the full transformer is
@@ -93,13 +105,14 @@ def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None):
     if mesh is None:
         transformer = transformer_class(model_dir).from_pretrained(model_dir, subfolder="transformer", torch_dtype=dtype)
     else:
-        transformer = load_sharded_transformer(model_dir, mesh, plan, dtype, device)
+        transformer = load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode)
     pipe = DiffusionPipeline.from_pretrained(model_dir, transformer=transformer, torch_dtype=dtype)
     return pipe.to(device)  # moves the replicated components; the sharded ones are already there
 
 
-def load_sharded_transformer(model_dir, mesh, plan, dtype, device):
-    """The pipeline's transformer, sharded with `plan` (name, path, Plan or None = bundled) on `mesh`.
+def load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode="ulysses"):
+    """The pipeline's transformer, sharded with `plan` (name, path, Plan or None = bundled) on `mesh`
+    (TP on its `tp` axis; the plan's context parallelism in `cp_mode` when its `cp` axis is > 1).
 
     Shard-on-load: each rank reads only its own slice of every sharded tensor from the safetensors
     files and moves only that slice to `device` (no full copy of the transformer on any rank).
@@ -109,7 +122,7 @@ def load_sharded_transformer(model_dir, mesh, plan, dtype, device):
 
     plan = load_plan(plan) if isinstance(plan, (str, Path)) else plan
     return from_pretrained(transformer_class(model_dir), model_dir, mesh, plan, subfolder="transformer",
-                           torch_dtype=dtype, device=device)
+                           torch_dtype=dtype, device=device, cp_mode=cp_mode)
 
 
 def transformer_class(model_dir):

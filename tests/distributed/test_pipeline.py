@@ -27,6 +27,8 @@ def _rank_job(rank: int, world_size: int, model_dirs: dict) -> dict:
     from dtp.run import generate, load_pipeline
 
     mesh = dtp.make_mesh(tp=world_size)
+    cp_mesh = dtp.make_mesh(tp=1, cp=world_size)
+    cp_calls = _count_cp_attention_calls()
     cpu, fp32 = torch.device("cpu"), torch.float32
     out = {}
     for name, model_dir in model_dirs.items():
@@ -42,7 +44,28 @@ def _rank_job(rank: int, world_size: int, model_dirs: dict) -> dict:
             for param in ref.transformer.parameters():
                 param.mul_(1.01)
         out[f"{name}_off"] = generate(ref, **ARGS)[0]
+        # The same pipeline with the sequence split over 2 ranks (cp=2, tp=1), both CP modes.
+        for mode in ("ulysses", "ring"):
+            cp_pipe = load_pipeline(model_dir, device=cpu, dtype=fp32, mesh=cp_mesh, plan=name, cp_mode=mode)
+            cp_pipe.set_progress_bar_config(disable=True)
+            before = cp_calls["n"]
+            out[f"{name}_cp_{mode}"] = generate(cp_pipe, **ARGS)[0]
+            out[f"{name}_cp_{mode}_calls"] = cp_calls["n"] - before
     return out
+
+
+def _count_cp_attention_calls() -> dict:
+    """Count CP attention calls in this worker, so a CP run that silently attends locally fails."""
+    from dtp.cp.attention import CpAttention
+
+    calls, original = {"n": 0}, CpAttention.__call__
+
+    def counting(self, *args, **kwargs):
+        calls["n"] += 1
+        return original(self, *args, **kwargs)
+
+    CpAttention.__call__ = counting
+    return calls
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +90,16 @@ def test_tp2_image_matches_one_device(results, name):
     for rank in results:
         mean, p99 = _pixel_diff(rank[f"{name}_tp"], rank[f"{name}_ref"])
         assert mean <= MEAN_TOLERANCE and p99 <= P99_TOLERANCE, (name, mean, p99)
+
+
+@pytest.mark.parametrize("mode", ["ulysses", "ring"])
+@pytest.mark.parametrize("name", MODELS)
+def test_cp2_image_matches_one_device(results, name, mode):
+    """FLUX.1 and Qwen-Image tiny, sequence split over cp=2 (tp=1): same pixel bounds as tp=2."""
+    for rank in results:
+        mean, p99 = _pixel_diff(rank[f"{name}_cp_{mode}"], rank[f"{name}_ref"])
+        assert mean <= MEAN_TOLERANCE and p99 <= P99_TOLERANCE, (name, mode, mean, p99)
+        assert rank[f"{name}_cp_{mode}_calls"] > 0, "CP attention never ran"
 
 
 @pytest.mark.parametrize("name", MODELS)
