@@ -91,10 +91,10 @@ def meta_inputs(class_name: str, config, dtype: torch.dtype, *, img_tokens: int,
     The shapes come from the same builders as the tiny inputs (`tiny.py`), fed the full config; the
     values are never read. Floating tensors take the model's dtype. KeyError for other classes.
     """
-    from .tiny import _INPUTS  # the per-architecture input builders; shapes follow `config`
+    from .tiny import tiny_inputs  # the per-architecture input builders; shapes follow `config`
 
-    build = _INPUTS[class_name]
-    kwargs = build(dict(config), torch.Generator().manual_seed(0), batch, img_tokens, txt_tokens)
+    kwargs = tiny_inputs(class_name, seed=0, batch=batch, img_tokens=img_tokens, txt_tokens=txt_tokens,
+                         config=dict(config))
     if config.get("guidance_embeds") and "guidance" not in kwargs:
         kwargs["guidance"] = torch.full((batch,), 3.5)
     return {name: _to_meta(value, dtype) for name, value in kwargs.items()}

@@ -56,12 +56,16 @@ def tiny_model(class_name: str, seed: int = 0, **overrides) -> torch.nn.Module:
     return model.eval()
 
 
-def tiny_inputs(class_name: str, seed: int = 1, batch: int = 1, img_tokens: int = 16, txt_tokens: int = 8) -> dict:
-    """Keyword arguments for one forward of the tiny model (same on every rank for a fixed seed)."""
+def tiny_inputs(
+    class_name: str, seed: int = 1, batch: int = 1, img_tokens: int = 16, txt_tokens: int = 8, config: dict | None = None
+) -> dict:
+    """Keyword arguments for one forward of the tiny model (same on every rank for a fixed seed).
+
+    `config` (default: the tiny one) sets the widths, so full-size configs get full-size shapes.
+    """
     g = torch.Generator().manual_seed(seed)
-    cfg = TINY_CONFIGS[class_name]
-    make = _INPUTS[class_name]
-    return make(cfg, g, batch, img_tokens, txt_tokens)
+    cfg = TINY_CONFIGS[class_name] if config is None else config
+    return _INPUTS[class_name](cfg, g, batch, img_tokens, txt_tokens)
 
 
 def _flux_inputs(cfg, g, batch, img, txt):
