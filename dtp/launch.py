@@ -9,18 +9,14 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import os
-import socket
+import queue as queue_module
+import tempfile
+import time
 import traceback
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def default_backend() -> str:
@@ -30,43 +26,56 @@ def default_backend() -> str:
 def spawn(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 600) -> list:
     """Run `fn(rank, world_size, *args)` on `world_size` processes; return every rank's result in rank order.
 
-    A failure on any rank raises RuntimeError carrying that rank's traceback.
+    The ranks meet through a FileStore in a fresh temporary folder (no port to race for). A
+    failure on any rank, a rank that dies without reporting, or no full set of results within
+    `timeout_s` raises RuntimeError (with the failing rank's traceback where there is one).
     """
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(target=_worker, args=(rank, world_size, port, backend or default_backend(), fn, args, queue))
-        for rank in range(world_size)
-    ]
-    for p in procs:
-        p.start()
-    results: dict[int, object] = {}
-    errors = []
-    try:
-        for _ in procs:
-            rank, ok, value = queue.get(timeout=timeout_s)
-            if not ok:
-                errors.append((rank, value))
-                break
-            results[rank] = torch.load(io.BytesIO(value), weights_only=False)
-    finally:
+    with tempfile.TemporaryDirectory(prefix="dtp-spawn-") as folder:
+        store_path = os.path.join(folder, "store")
+        procs = [
+            ctx.Process(target=_worker, args=(rank, world_size, store_path, backend or default_backend(), fn, args, queue))
+            for rank in range(world_size)
+        ]
         for p in procs:
-            p.join(timeout=5 if errors else timeout_s)
-            if p.is_alive():
-                p.terminate()
-    if errors:
-        rank, tb = errors[0]
-        raise RuntimeError(f"rank {rank} failed:\n{tb}")
+            p.start()
+        try:
+            results = _collect(queue, procs, timeout_s)
+        finally:
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.terminate()
     return [results[r] for r in range(world_size)]
 
 
-def _worker(rank, world_size, port, backend, fn, args, queue):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+def _collect(queue, procs, timeout_s: float) -> dict:
+    """Every rank's result; raises as soon as one rank fails or dies silently."""
+    results: dict[int, object] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(results) < len(procs):
+        try:
+            rank, ok, value = queue.get(timeout=1.0)
+        except queue_module.Empty:
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
+            if dead:
+                raise RuntimeError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} before reporting")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no result from ranks {sorted(set(range(len(procs))) - set(results))} in {timeout_s} s")
+            continue
+        if not ok:
+            raise RuntimeError(f"rank {rank} failed:\n{value}")
+        results[rank] = torch.load(io.BytesIO(value), weights_only=False)
+    return results
+
+
+def _worker(rank, world_size, store_path, backend, fn, args, queue):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)  # N processes on a few cores: oversubscription makes gloo crawl
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=300))
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=300))
         result = fn(rank, world_size, *args)
         # Serialized to bytes: a tensor sent through the queue as is would be a shared-memory handle
         # that dies with this process.
