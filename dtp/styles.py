@@ -58,6 +58,19 @@ def _partition(module: nn.Module, layouts: dict, mesh, device=None) -> None:
         module.register_parameter(name, shard_parameter(param, dim, sizes, mesh, device))
 
 
+def _output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+    """torch's output hook, with the collective synchronous on CPU meshes.
+
+    torch issues the output redistribute (all-reduce / all-gather) with `async_op=True`. Under gloo
+    that was seen to corrupt the heap now and then ("malloc(): unaligned tcache chunk detected",
+    then "Connection reset by peer" on the other ranks) with unwaited collectives at exit; on CPU
+    there is no compute to overlap anyway. Accelerator meshes keep the asynchronous collective.
+    """
+    if outputs.placements != output_layouts:
+        outputs = outputs.redistribute(placements=output_layouts, async_op=device_mesh.device_type != "cpu")
+    return outputs.to_local() if use_local_output else outputs
+
+
 class BlockColwise(ColwiseParallel):
     """colwise / packed_colwise: weight `[out, in]` and bias split by output blocks (Shard(0)).
 
@@ -69,6 +82,8 @@ class BlockColwise(ColwiseParallel):
         super().__init__(**kwargs)
         self.sizes = tuple(sizes)
         self.device = device
+
+    _prepare_output_fn = staticmethod(_output_fn)
 
     def _partition_linear_fn(self, name, module, device_mesh):
         _partition(module, {"weight": (0, self.sizes), "bias": (0, self.sizes)}, device_mesh, self.device)
@@ -84,6 +99,8 @@ class BlockRowwise(RowwiseParallel):
         super().__init__(**kwargs)
         self.sizes = tuple(sizes)
         self.device = device
+
+    _prepare_output_fn = staticmethod(_output_fn)
 
     def _partition_linear_fn(self, name, module, device_mesh):
         _partition(module, {"weight": (1, self.sizes), "bias": None}, device_mesh, self.device)
