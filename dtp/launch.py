@@ -82,6 +82,7 @@ def _worker(rank, world_size, store_path, backend, fn, args, queue):
         buffer = io.BytesIO()
         torch.save(result, buffer)
         queue.put((rank, True, buffer.getvalue()))
+        dist.barrier()  # tear the group down together, not while a peer still works
     except BaseException:
         queue.put((rank, False, traceback.format_exc()))
     finally:

@@ -13,8 +13,10 @@ without torchrun, `dtp run` runs the unsharded pipeline in one process: the refe
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -62,9 +64,26 @@ def run(args) -> int:
                              cp_mode=args.cp_mode)
         pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
         _generate_and_save(pipe, args, distributed=True)
+        dist.barrier()  # tear down together, not while rank 0 still writes the image
     finally:
         dist.destroy_process_group()
+    _exit_now()
     return 0
+
+
+def _exit_now() -> None:
+    """End a finished rank without interpreter finalization.
+
+    Rarely (once in a full CI run here; not in 24 launches since) a gloo rank aborted after its
+    work was done and its group destroyed: "terminate called without an active exception"
+    (exit -6), which makes torchrun, and so `dtp demo`, fail. Gloo worker threads that still hold tensors crash while the
+    interpreter tears down (pytorch/pytorch#179291 describes it). Every output is written and closed
+    by now, so flush the streams and leave without finalizing.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _tp_degree(world_size: int, cp: int) -> int:

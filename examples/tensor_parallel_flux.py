@@ -58,6 +58,7 @@ def main(args) -> None:
     image = pipeline(prompt=args.prompt, generator=generator, **options).images[0]
     if dist.get_rank() == 0:
         image.save(args.output)
+    dist.barrier()  # tear down together, not while rank 0 still writes the image
     dist.destroy_process_group()
 
 
