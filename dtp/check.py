@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 
 from .collectives import CollectiveCounter, implied_collectives
-from .cp.resolve import CP_MODES, check_mode, resolve_cp
+from .cp.resolve import CP_MODES
 from .errors import PlanError
 from .fakepg import default_config, fake_world, meta_inputs, meta_model, read_config
 from .memory import local_param_bytes
 from .mesh import make_mesh, tp_submesh
-from .parallelize import apply_resolved
+from .parallelize import apply_resolved, cp_aware_candidates
 from .plan import Plan
 from .plan_io import bundled_plan_names, load_plan, plan_for
 from .resolve import Resolved, resolve
@@ -102,7 +102,7 @@ def measure(class_name: str, plan: Plan | None, *, tp: int, cp: int = 1, cp_mode
     plan = plan or plan_for(model)
     resolved = resolve(plan, model)
     resolved.check_tp(tp)  # every check before the fake world exists
-    candidates = _cp_aware_candidates(model, resolved, tp, cp, cp_mode)
+    candidates = cp_aware_candidates(model, resolved, cp, cp_mode, tp=tp)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     report = {
         "model": class_name,
@@ -126,16 +126,6 @@ def measure(class_name: str, plan: Plan | None, *, tp: int, cp: int = 1, cp_mode
             report["collectives"] = _collectives(model, resolved, class_name, DTYPES[dtype], resolution, text_tokens)
     report["ratio"] = report["per_rank_bytes"] / (total / tp)
     return report
-
-
-def _cp_aware_candidates(model, resolved: Resolved, tp: int, cp: int, cp_mode: str) -> list[int]:
-    """The TP degrees that work with `cp`; with cp > 1 first checks the plan's cp section at `tp`."""
-    if cp == 1:
-        return resolved.candidates()
-    check_mode(cp_mode)
-    cp_resolved = resolve_cp(resolved, model)
-    cp_resolved.check(tp, cp, cp_mode)
-    return [t for t in resolved.candidates() if cp_resolved.allows(t, cp, cp_mode)]
 
 
 def _default_label(class_name: str) -> str:

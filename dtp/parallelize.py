@@ -94,9 +94,18 @@ def tp_candidates(model: nn.Module, plan: Plan | None = None, *, cp: int = 1, cp
     With `cp > 1`, only the degrees that also work with that many context-parallel ranks in
     `cp_mode` (Ulysses: (heads / tp) % cp == 0; the plan needs a `cp` section).
     """
-    resolved = _resolve(model, plan)
+    return cp_aware_candidates(model, _resolve(model, plan), cp, cp_mode)
+
+
+def cp_aware_candidates(model: nn.Module, resolved: Resolved, cp: int, cp_mode: str, *, tp: int | None = None) -> list[int]:
+    """`resolved.candidates()` narrowed to the degrees that work with `cp` ranks in `cp_mode`.
+
+    With `tp`, the plan's cp section is first checked at (tp, cp): PlanError when it does not fit.
+    """
     if cp == 1:
         return resolved.candidates()
     check_mode(cp_mode)
     cp_resolved = resolve_cp(resolved, model)
-    return [tp for tp in resolved.candidates() if cp_resolved.allows(tp, cp, cp_mode)]
+    if tp is not None:
+        cp_resolved.check(tp, cp, cp_mode)
+    return [t for t in resolved.candidates() if cp_resolved.allows(t, cp, cp_mode)]
