@@ -27,8 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_flatten
 
 import dtp
-from dtp.launch import spawn
-from dtp.tiny import tiny_inputs, tiny_model
+from dtp.testing.launch import spawn
+from dtp.testing.tiny import tiny_inputs, tiny_model
 
 CLS = "FluxTransformer2DModel"
 WIDTH = dict(num_attention_heads=8, attention_head_dim=32, axes_dims_rope=(8, 12, 12))
@@ -105,7 +105,7 @@ def _worker(rank: int, world: int, img_tokens: int, txt_tokens: int) -> dict:
     results = {}
     for cp, tp in MESHES:
         mesh = dtp.make_mesh(tp=tp, cp=cp)
-        for mode in (("ulysses", "ring") if cp > 1 else ("ulysses",)):
+        for mode in ("ulysses", "ring") if cp > 1 else ("ulysses",):
             model = dtp.parallelize(tiny_model(CLS, **WIDTH), mesh, cp_mode=mode)
             results[(cp, tp, mode if cp > 1 else "-")] = _measure(model, inputs)
             del model

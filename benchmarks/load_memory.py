@@ -2,7 +2,7 @@
 
 Writes a mid-size FLUX.1 checkpoint (dim 1536, 2 double + 3 single blocks, ~1.16 GB fp32, split in
 several safetensors files) under --workdir, then loads it on tp = 1, 2, 4 gloo processes:
-  * dtp:      dtp.load.load (= dtp.from_pretrained + stats): each rank reads its own slices;
+  * dtp:      dtp.loading.load.load (= dtp.from_pretrained + stats): each rank reads its own slices;
   * baseline: FluxTransformer2DModel.from_pretrained (the whole model on every rank), then dtp.parallelize.
 For each rank: peak RSS increase during the load (VmHWM after the load minus VmRSS before it, the
 peak having been reset through /proc/self/clear_refs: ru_maxrss is inherited at spawn), its own
@@ -26,8 +26,15 @@ import torch
 
 MB = 1_000_000  # decimal: the acceptance bound and the ">= 1 GB" are in decimal units
 CONFIG = dict(
-    patch_size=1, in_channels=64, num_layers=2, num_single_layers=3, attention_head_dim=128,
-    num_attention_heads=12, joint_attention_dim=1536, pooled_projection_dim=768, guidance_embeds=False,
+    patch_size=1,
+    in_channels=64,
+    num_layers=2,
+    num_single_layers=3,
+    attention_head_dim=128,
+    num_attention_heads=12,
+    joint_attention_dim=1536,
+    pooled_projection_dim=768,
+    guidance_embeds=False,
     axes_dims_rope=(16, 56, 56),
 )
 SHARD_SIZE = "300MB"
@@ -66,9 +73,9 @@ def measure(rank: int, world_size: int, method: str, path: str) -> dict:
     from diffusers import FluxTransformer2DModel
 
     import dtp
-    from dtp.checkpoint import open_checkpoint
-    from dtp.load import load
-    from dtp.memory import local_param_bytes
+    from dtp.loading.checkpoint import open_checkpoint
+    from dtp.loading.load import load
+    from dtp.runtime.memory import local_param_bytes
 
     mesh = dtp.make_mesh(tp=world_size, device_type="cpu")
     gc.collect()
@@ -84,13 +91,16 @@ def measure(rank: int, world_size: int, method: str, path: str) -> dict:
     seconds = time.perf_counter() - start
     peak_kb = _proc_status_kb("VmHWM")
     return dict(
-        rank=rank, increase=(peak_kb - before_kb) * 1024, share=local_param_bytes(model),
-        bytes_read=bytes_read, seconds=seconds,
+        rank=rank,
+        increase=(peak_kb - before_kb) * 1024,
+        share=local_param_bytes(model),
+        bytes_read=bytes_read,
+        seconds=seconds,
     )
 
 
 def run(path: str, tps: list[int]) -> list[dict]:
-    from dtp.launch import spawn
+    from dtp.testing.launch import spawn
 
     rows = []
     for tp in tps:
@@ -160,7 +170,7 @@ def main() -> None:
     parser.add_argument("--results", default=RESULTS)
     args = parser.parse_args()
 
-    from dtp.checkpoint import open_checkpoint
+    from dtp.loading.checkpoint import open_checkpoint
 
     path = os.path.join(args.workdir, "flux-mid")
     write_checkpoint(path)

@@ -1,6 +1,6 @@
 """Per-rank weight bytes / (total / tp) of every bundled plan at tp 2 / 4 / 8, next to diffusers' own plan.
 
-Full-size default configs (see `dtp.fakepg.default_config`; FLUX.1-dev = FluxTransformer2DModel
+Full-size default configs (see `dtp.tools.fakepg.default_config`; FLUX.1-dev = FluxTransformer2DModel
 defaults with guidance_embeds=True), bf16, built on the meta device and sharded on rank 0 of torch's
 fake process group, exactly as `dtp check` does. A second table gives the collectives of one forward
 at 1024x1024 px (4096 image + 512 text tokens, batch 1) at tp=8 (Z-Image: tp=2), to show what the
@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from dtp.check import measure
 from dtp.errors import PlanError
-from dtp.plan_io import load_plan, plan_from_dict
-from dtp.tiny import PLAN_CLASSES, model_class
+from dtp.plan import Plan, load_plan
+from dtp.testing.tiny import PLAN_CLASSES, model_class
+from dtp.tools.check import measure
 
 DEGREES = (2, 4, 8)
 RESULTS = Path(__file__).resolve().parent / "results" / "memory_ratio.md"
@@ -35,12 +35,13 @@ def ratio_cell(class_name: str, plan, tp: int) -> str:
 
 def diffusers_plan(class_name: str):
     tp_plan = getattr(model_class(class_name), "_tp_plan", None)
-    return plan_from_dict(tp_plan, name=f"{class_name}._tp_plan") if tp_plan else None
+    return Plan.from_dict(tp_plan, name=f"{class_name}._tp_plan") if tp_plan else None
 
 
 def memory_table() -> list[str]:
-    header = "| plan | model | total (bf16) | " + " | ".join(
-        f"dtp tp={tp} | diffusers tp={tp}" for tp in DEGREES) + " |"
+    header = (
+        "| plan | model | total (bf16) | " + " | ".join(f"dtp tp={tp} | diffusers tp={tp}" for tp in DEGREES) + " |"
+    )
     rows = [header, "|" + "---|" * (3 + 2 * len(DEGREES))]
     for plan_name, class_name in sorted(PLAN_CLASSES.items()):
         plan, peer = load_plan(plan_name), diffusers_plan(class_name)
@@ -51,16 +52,21 @@ def memory_table() -> list[str]:
 
 
 def collectives_table() -> list[str]:
-    rows = ["| plan | tp | all_reduce (count, bytes) | all_gather (count, bytes) | diffusers all_reduce | diffusers all_gather |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| plan | tp | all_reduce (count, bytes) | all_gather (count, bytes) "
+        "| diffusers all_reduce | diffusers all_gather |",
+        "|---|---|---|---|---|---|",
+    ]
     for plan_name, class_name in sorted(PLAN_CLASSES.items()):
         tp = 2 if plan_name == "zimage" else 8
         ours = _ops(measure(class_name, load_plan(plan_name), tp=tp))
         peer_plan = diffusers_plan(class_name)
         peer = _ops(measure(class_name, peer_plan, tp=tp)) if peer_plan else {}
-        rows.append(f"| {plan_name} | {tp} | {_cell(ours, 'all_reduce')} | {_cell(ours, 'all_gather_into_tensor')} | "
-                    f"{_cell(peer, 'all_reduce') if peer_plan else 'no plan'} | "
-                    f"{_cell(peer, 'all_gather_into_tensor') if peer_plan else 'no plan'} |")
+        rows.append(
+            f"| {plan_name} | {tp} | {_cell(ours, 'all_reduce')} | {_cell(ours, 'all_gather_into_tensor')} | "
+            f"{_cell(peer, 'all_reduce') if peer_plan else 'no plan'} | "
+            f"{_cell(peer, 'all_gather_into_tensor') if peer_plan else 'no plan'} |"
+        )
     return rows
 
 
@@ -77,25 +83,27 @@ def main() -> None:
     start = time.perf_counter()
     memory = memory_table()
     comms = collectives_table()
-    text = "\n".join([
-        "# Per-rank weights / (total / tp): dtp's bundled plans vs diffusers' `_tp_plan`",
-        "",
-        "Command: `python benchmarks/memory_ratio.py` (meta device + torch's fake process group, bf16,",
-        "full-size default configs; FLUX.1-dev = FluxTransformer2DModel defaults + guidance_embeds=True).",
-        "Cell: ratio (per-rank GB). 1.000 is the physical limit; `unsupported`: the plan's head counts or",
-        "dims do not divide by that tp; `no plan`: diffusers ships none for the class.",
-        "",
-        *memory,
-        "",
-        "## Collectives of one forward (1024x1024 px: 4096 image + 512 text tokens, batch 1, bf16)",
-        "",
-        "Bytes are the full result size of each collective, summed. The all-gathers are dtp's",
-        "colwise_gathered modulation and embedder outputs.",
-        "",
-        *comms,
-        "",
-        f"Wall time of the script: {time.perf_counter() - start:.1f} s.",
-    ])
+    text = "\n".join(
+        [
+            "# Per-rank weights / (total / tp): dtp's bundled plans vs diffusers' `_tp_plan`",
+            "",
+            "Command: `python benchmarks/memory_ratio.py` (meta device + torch's fake process group, bf16,",
+            "full-size default configs; FLUX.1-dev = FluxTransformer2DModel defaults + guidance_embeds=True).",
+            "Cell: ratio (per-rank GB). 1.000 is the physical limit; `unsupported`: the plan's head counts or",
+            "dims do not divide by that tp; `no plan`: diffusers ships none for the class.",
+            "",
+            *memory,
+            "",
+            "## Collectives of one forward (1024x1024 px: 4096 image + 512 text tokens, batch 1, bf16)",
+            "",
+            "Bytes are the full result size of each collective, summed. The all-gathers are dtp's",
+            "colwise_gathered modulation and embedder outputs.",
+            "",
+            *comms,
+            "",
+            f"Wall time of the script: {time.perf_counter() - start:.1f} s.",
+        ]
+    )
     print(text)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(text + "\n")

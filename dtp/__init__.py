@@ -1,10 +1,33 @@
-"""dtp: tensor-parallel sharding plans for diffusion transformers, on a ("cp", "tp") DeviceMesh."""
+"""dtp: tensor-parallel sharding plans for diffusion transformers, on a ("cp", "tp") DeviceMesh.
 
-from .errors import PlanError
-from .load import from_pretrained
-from .mesh import make_mesh
+Layers, each importing only those before it (tests/unit/test_layers.py holds it):
+errors, policy -> plan (data, parsing) -> resolve (layouts, checks) -> runtime (mesh, styles, CP)
+-> engine (prepare/apply), parallelize -> loading -> models (known classes, example inputs)
+-> testing (tiny configs and pipelines, local launch, parity) -> tools (cli, check, run, demo).
+"""
+
+from .engine import Prepared, apply, prepare
+from .errors import ForwardError, PlanError
+from .loading import from_pretrained
 from .parallelize import parallelize, tp_candidates
-from .plan import Plan, Rule, Style
-from .plan_io import load_plan, plan_for
+from .plan import Plan, Rule, Style, load_plan, plan_for
+from .resolve import Layout
+from .runtime.mesh import make_mesh
 
-__all__ = ["PlanError", "Plan", "Rule", "Style", "from_pretrained", "load_plan", "make_mesh", "parallelize", "plan_for", "tp_candidates"]
+__all__ = [
+    "ForwardError",
+    "Layout",
+    "Plan",
+    "PlanError",
+    "Prepared",
+    "Rule",
+    "Style",
+    "apply",
+    "from_pretrained",
+    "load_plan",
+    "make_mesh",
+    "parallelize",
+    "plan_for",
+    "prepare",
+    "tp_candidates",
+]

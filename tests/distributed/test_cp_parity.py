@@ -11,17 +11,20 @@ import pytest
 import torch
 
 import dtp
-import dtp.cp.ring as ring_module
-import dtp.cp.ulysses as ulysses_module
-from dtp.cp import remove_cp
-from dtp.launch import spawn
-from dtp.tiny import tiny_inputs, tiny_model
+import dtp.runtime.cp.ring as ring_module
+import dtp.runtime.cp.ulysses as ulysses_module
+from dtp.runtime.cp import remove_cp
+from dtp.testing.launch import spawn
+from dtp.testing.tiny import tiny_inputs, tiny_model
 
 TOL = 1e-4
 MODES = ("ulysses", "ring")
 FOUR_PROC_MESHES = ((2, 2), (4, 1), (1, 4))  # (cp, tp)
 FLUX, FLUX2, QWEN, ZIMAGE = (
-    "FluxTransformer2DModel", "Flux2Transformer2DModel", "QwenImageTransformer2DModel", "ZImageTransformer2DModel",
+    "FluxTransformer2DModel",
+    "Flux2Transformer2DModel",
+    "QwenImageTransformer2DModel",
+    "ZImageTransformer2DModel",
 )
 
 
@@ -72,8 +75,13 @@ def _parity(cls: str, mesh, mode: str, ref: torch.Tensor, inputs: dict) -> dict:
     model = dtp.parallelize(tiny_model(cls), mesh, cp_mode=mode)
     with _Counter(ulysses_module, "seq_to_heads") as a2a, _Counter(ring_module, "block_attention") as blocks:
         out = output_tensor(model(**inputs)).float()
-    return dict(diff=float((out - ref).abs().max()), ref=float(ref.abs().max()),
-                ulysses_calls=a2a.calls, ring_blocks=blocks.calls, shape_ok=out.shape == ref.shape)
+    return dict(
+        diff=float((out - ref).abs().max()),
+        ref=float(ref.abs().max()),
+        ulysses_calls=a2a.calls,
+        ring_blocks=blocks.calls,
+        shape_ok=out.shape == ref.shape,
+    )
 
 
 def _four_proc(rank: int, world: int) -> dict:
@@ -90,7 +98,7 @@ def _four_proc(rank: int, world: int) -> dict:
     try:
         dtp.parallelize(tiny_model(FLUX), mesh)(**tiny_inputs(FLUX, txt_tokens=6))
         results["indivisible"] = None
-    except dtp.PlanError as exc:
+    except dtp.ForwardError as exc:
         results["indivisible"] = str(exc)
     return results
 
@@ -136,7 +144,11 @@ def _check(per_rank: list[dict], key, expect_cp: int) -> None:
         elif mode == "ulysses":
             assert r["ulysses_calls"] > 0 and r["ring_blocks"] == 0, (rank, key, r)
         else:  # every attention call visits cp key blocks
-            assert r["ring_blocks"] > 0 and r["ring_blocks"] % expect_cp == 0 and r["ulysses_calls"] == 0, (rank, key, r)
+            assert r["ring_blocks"] > 0 and r["ring_blocks"] % expect_cp == 0 and r["ulysses_calls"] == 0, (
+                rank,
+                key,
+                r,
+            )
 
 
 @pytest.mark.parametrize("cls", [FLUX, QWEN])
@@ -155,7 +167,7 @@ def test_two_process_parity(two, cls, mode):
 
 
 def test_indivisible_sequence_is_refused(four):
-    """6 text tokens at cp=4: PlanError naming the length and the degree, on every rank."""
+    """6 text tokens at cp=4: ForwardError naming the length and the degree, on every rank."""
     for message in (results["indivisible"] for results in four):
         assert message is not None
         assert "sequence length 6" in message and "cp degree 4" in message, message

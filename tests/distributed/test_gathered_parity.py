@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 import torch
 
-from dtp.launch import spawn
-from dtp.tiny import PLAN_CLASSES
+from dtp.testing.launch import spawn
+from dtp.testing.tiny import PLAN_CLASSES
 
 TOLERANCE = 1e-5  # max |sharded - ref| <= TOLERANCE * max |ref|, fp32
 BATCH, IMG_TOKENS, TXT_TOKENS = 2, 16, 8  # batch 2: the gather must be along features, not batch
@@ -19,10 +19,10 @@ CASES = [(plan, cls, tp) for plan, cls in sorted(PLAN_CLASSES.items()) for tp in
 
 def _rank_job(rank: int, world_size: int) -> dict:
     import dtp
-    from dtp.collectives import CollectiveCounter, implied_collectives
-    from dtp.mesh import tp_submesh
     from dtp.resolve import resolve
-    from dtp.tiny import output_tensor, tiny_inputs, tiny_model
+    from dtp.runtime.mesh import tp_submesh
+    from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
+    from dtp.tools.collectives import CollectiveCounter, implied_collectives
 
     meshes = {4: tp_submesh(dtp.make_mesh(tp=4)), 2: tp_submesh(dtp.make_mesh(tp=2, cp=2))}
     results = {}
@@ -41,8 +41,9 @@ def _rank_job(rank: int, world_size: int) -> dict:
                 "measured": {scope: dict(counter.counts(scope)) for scope in {r.scope for r in counter.records}},
                 "implied": {scope: dict(c) for scope, c in implied_collectives(resolved, model).items()},
                 "gather_bytes": Counter(r.bytes for r in counter.records if r.op == "all_gather_into_tensor"),
-                "expected_gather_bytes": Counter(_gathered_bytes(spec, model) for spec in resolved.linears
-                                                 if spec.style.gathers_output),
+                "expected_gather_bytes": Counter(
+                    _gathered_bytes(spec, model) for spec in resolved.linears if spec.style.gathers_output
+                ),
                 "num_gathered": sum(spec.style.gathers_output for spec in resolved.linears),
             }
     return results

@@ -1,4 +1,4 @@
-"""dtp.launch.spawn: results in rank order, and failures surface fast with the rank that failed."""
+"""dtp.testing.launch.spawn: results in rank order, and failures surface fast with the rank that failed."""
 
 import os
 import time
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dtp.launch import spawn
+from dtp.testing.launch import spawn
 
 
 def _sum_of_ranks(rank, world_size):

@@ -11,14 +11,14 @@ import itertools
 
 import pytest
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor, Shard
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 import dtp
-from dtp.collectives import CollectiveCounter
-from dtp.launch import spawn
-from dtp.load import load
-from dtp.styles import full_tensor
-from dtp.tiny import PLAN_CLASSES, model_class, output_tensor, tiny_inputs, tiny_model
+from dtp.loading.load import load
+from dtp.runtime.styles import full_tensor
+from dtp.testing.launch import spawn
+from dtp.testing.tiny import PLAN_CLASSES, model_class, output_tensor, tiny_inputs, tiny_model
+from dtp.tools.collectives import CollectiveCounter
 
 LAYOUTS = {"single": None, "multi": "40KB"}  # max_shard_size for save_pretrained (None: one file)
 MESHES = {2: dict(tp=2, cp=2), 4: dict(tp=4, cp=1)}
@@ -51,8 +51,11 @@ def _worker(rank, world_size, dirs):
                 model, stats = load(cls, path, mesh, dtp.load_plan(plan_name))
             out = output_tensor(model(**inputs)).float()
             results[(plan_name, layout, tp)] = dict(
-                diff=float((out - reference).abs().max()), ref=float(reference.abs().max()),
-                collectives=[c.op for c in counter.records], stats=stats, **_inspect(model, reference_model, tp, layout),
+                diff=float((out - reference).abs().max()),
+                ref=float(reference.abs().max()),
+                collectives=[c.op for c in counter.records],
+                stats=stats,
+                **_inspect(model, reference_model, tp, layout),
             )
     return results
 
@@ -106,7 +109,11 @@ def test_each_rank_reads_its_share(results, case):
         stats = rank_results[case]["stats"]
         assert stats.tp == case[2]
         assert stats.sharded_bytes > 0
-        assert stats.replicated_bytes < stats.bytes_read <= 1.05 * (stats.sharded_bytes / stats.tp + stats.replicated_bytes)
+        assert (
+            stats.replicated_bytes
+            < stats.bytes_read
+            <= 1.05 * (stats.sharded_bytes / stats.tp + stats.replicated_bytes)
+        )
 
 
 def test_no_weight_collective_and_nothing_on_meta(results):

@@ -1,7 +1,7 @@
 """End to end on CPU (gloo, 2 ranks): sharded diffusers pipelines generate the image of one device.
 
 One process group for the module: every rank generates with the unsharded pipeline (the reference)
-and with the tp=2 one, for the tiny FLUX.1 and Qwen-Image checkpoints (written by dtp.pipeline,
+and with the tp=2 one, for the tiny FLUX.1 and Qwen-Image checkpoints (written by dtp.testing.pipelines,
 loaded from disk; the prompt goes through their random CLIP + T5 / Qwen2.5-VL text encoders).
 """
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from dtp.demo import compare
-from dtp.launch import spawn
-from dtp.pipeline import CHECKPOINTS, tiny_checkpoint
+from dtp.testing.launch import spawn
+from dtp.testing.pipelines import CHECKPOINTS, tiny_checkpoint
+from dtp.tools.demo import compare
 
 MEAN_TOLERANCE, P99_TOLERANCE = 1e-3, 1e-2  # on [0, 1] pixels, fp32
 MODELS = ["flux", "qwenimage"]  # tiny checkpoint name = bundled plan name
@@ -24,8 +24,8 @@ ARGS = dict(prompt="a cat holding a sign that says hello", steps=3, height=32, w
 
 def _rank_job(rank: int, world_size: int, model_dirs: dict) -> dict:
     import dtp
-    from dtp.memory import local_param_bytes
-    from dtp.run import generate, load_pipeline
+    from dtp.runtime.memory import local_param_bytes
+    from dtp.tools.run import generate, load_pipeline
 
     mesh = dtp.make_mesh(tp=world_size)
     cp_mesh = dtp.make_mesh(tp=1, cp=world_size)
@@ -57,7 +57,7 @@ def _rank_job(rank: int, world_size: int, model_dirs: dict) -> dict:
 
 def _count_cp_attention_calls() -> dict:
     """Count CP attention calls in this worker, so a CP run that silently attends locally fails."""
-    from dtp.cp.attention import CpAttention
+    from dtp.runtime.cp.attention import CpAttention
 
     calls, original = {"n": 0}, CpAttention.__call__
 

@@ -11,26 +11,45 @@ import os
 import re
 import subprocess
 import sys
-
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from dtp.demo import MEAN_TOLERANCE, P99_TOLERANCE, compare
-
+from dtp.tools.demo import MEAN_TOLERANCE, P99_TOLERANCE, compare
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tensor_parallel_flux.py"
-SMALL = ["--steps", "2", "--height", "32", "--width", "32", "--seed", "0"]  # = the demo run below (seed 0 is its default)
+SMALL = [
+    "--steps",
+    "2",
+    "--height",
+    "32",
+    "--width",
+    "32",
+    "--seed",
+    "0",
+]  # = the demo run below (seed 0 is its default)
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "DTP_CACHE": str(tmp / "cache")}
-    command = [sys.executable, "-m", "dtp", "demo", "--nproc", "2", "--steps", "2", "--size", "32",
-               "--output", str(tmp / "out.png")]
+    command = [
+        sys.executable,
+        "-m",
+        "dtp",
+        "demo",
+        "--nproc",
+        "2",
+        "--steps",
+        "2",
+        "--size",
+        "32",
+        "--output",
+        str(tmp / "out.png"),
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     return done, tmp
 
@@ -38,10 +57,22 @@ def demo(tmp_path_factory):
 def test_example_script_draws_the_demo_image(demo):
     """examples/tensor_parallel_flux.py at tp=2, same checkpoint and seed: the demo's image, bit for bit."""
     _, tmp = demo
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(EXAMPLE),
-               "--model", str(tmp / "cache" / "tiny-flux-pipeline-v1"), *SMALL, "--output", str(tmp / "example.png")]
-    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=600)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(EXAMPLE),
+        "--model",
+        str(tmp / "cache" / "tiny-flux-pipeline-v1"),
+        *SMALL,
+        "--output",
+        str(tmp / "example.png"),
+    ]
+    done = subprocess.run(
+        command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tp degrees this transformer supports: [1, 2, 4]" in done.stdout
     np.testing.assert_array_equal(np.asarray(Image.open(tmp / "example.png")), np.asarray(Image.open(tmp / "out.png")))
@@ -80,7 +111,7 @@ def test_compare_flags_a_mismatch():
 
 def test_demo_refuses_a_tp_degree_the_plan_cannot_take(demo, monkeypatch):
     """tp=3 does not divide the tiny FLUX's 4 heads: a clear message before any process is launched."""
-    from dtp.cli import main
+    from dtp.tools.cli import main
 
     _, tmp = demo
     monkeypatch.setenv("DTP_CACHE", str(tmp / "cache"))

@@ -1,13 +1,20 @@
 """Tensor parallelism at tp=2 on 2 gloo processes against a single-process reference."""
 
 import pytest
-
-from dtp.launch import spawn
 from tp_cases import run_cases
 
+from dtp.testing.launch import spawn
+
 TOL = 1e-5  # max |sharded - ref| <= TOL * max |ref|, fp32
-CASES = ["flux/yaml", "flux/diffusers", "flux2/yaml", "flux2/diffusers", "qwenimage/yaml",
-         "qwenimage/diffusers", "zimage/yaml"]
+CASES = [
+    "flux/yaml",
+    "flux/diffusers",
+    "flux2/yaml",
+    "flux2/diffusers",
+    "qwenimage/yaml",
+    "qwenimage/diffusers",
+    "zimage/yaml",
+]
 
 
 @pytest.fixture(scope="module")

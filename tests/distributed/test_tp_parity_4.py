@@ -1,13 +1,20 @@
 """Tensor parallelism on 4 gloo processes: tp=4, and tp=2 on the `tp` axis of a (cp=2, tp=2) mesh."""
 
 import pytest
-
-from dtp.launch import spawn
 from tp_cases import run_cases
 
+from dtp.testing.launch import spawn
+
 TOL = 1e-5
-CASES = ["flux/yaml", "flux/diffusers", "flux2/yaml", "flux2/diffusers", "qwenimage/yaml",
-         "qwenimage/diffusers", "zimage/yaml"]
+CASES = [
+    "flux/yaml",
+    "flux/diffusers",
+    "flux2/yaml",
+    "flux2/diffusers",
+    "qwenimage/yaml",
+    "qwenimage/diffusers",
+    "zimage/yaml",
+]
 
 
 def _both_meshes(rank, world_size):

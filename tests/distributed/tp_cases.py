@@ -6,11 +6,10 @@ from functools import partial
 import torch
 
 import dtp
-from dtp.parallelize import apply_resolved
-from dtp.parity import forward_parity
-from dtp.resolve import resolve
-from dtp.styles import full_tensor
-from dtp.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
+from dtp.engine import apply, prepare
+from dtp.runtime.styles import full_tensor
+from dtp.testing.parity import forward_parity
+from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 
 
 def run_cases(rank, world_size, tp, cp):
@@ -24,7 +23,7 @@ def run_cases(rank, world_size, tp, cp):
         inputs = tiny_inputs(cls)
         make = partial(tiny_model, cls)
         results[f"{plan_name}/yaml"] = forward_parity(make, inputs, mesh, dtp.load_plan(plan_name)).relative
-        diffusers_plan = getattr(dtp.tiny.model_class(cls), "_tp_plan", None)
+        diffusers_plan = getattr(dtp.testing.tiny.model_class(cls), "_tp_plan", None)
         if diffusers_plan:
             # A bare `_tp_plan` has no cp section, so on a (cp > 1) mesh it runs on the `tp` axis alone.
             tp_mesh = mesh["tp"] if cp > 1 else mesh
@@ -52,12 +51,12 @@ def wrong_swiglu_split(mesh) -> float:
     """Negative control: Flux2's fused SwiGLU split as one block (the checks bypassed) runs but is wrong."""
     cls = "Flux2Transformer2DModel"
     model = tiny_model(cls)
-    resolved = resolve(dtp.load_plan("flux2"), model)
+    prepared = prepare(model, mesh, dtp.load_plan("flux2"))
     linears = tuple(
         dataclasses.replace(spec, sizes=(sum(spec.sizes),)) if spec.path.endswith("ff.linear_in") else spec
-        for spec in resolved.linears
+        for spec in prepared.resolved.linears
     )
-    apply_resolved(model, dataclasses.replace(resolved, linears=linears), mesh["tp"])
+    apply(model, dataclasses.replace(prepared, resolved=dataclasses.replace(prepared.resolved, linears=linears)))
     ref = output_tensor(tiny_model(cls)(**tiny_inputs(cls)))
     out = output_tensor(model(**tiny_inputs(cls)))
     return float((out - ref).abs().max() / ref.abs().max())

@@ -5,8 +5,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 import dtp
-from dtp.heads import HEAD_ATTRS, WIDTH_ATTRS
-from dtp.tiny import tiny_model
+from dtp.resolve.heads import HEAD_ATTRS, WIDTH_ATTRS
+from dtp.testing.tiny import tiny_model
 
 FLUX = "FluxTransformer2DModel"
 BASE = {"transformer_blocks.*.attn.to_q": "colwise", "transformer_blocks.*.attn.to_out.0": "rowwise"}
@@ -52,47 +52,78 @@ def mesh2(fake_world):
 
 
 def test_two_wildcards(mesh2):
-    raises_and_unchanged(tiny_model(FLUX), mesh2, {**BASE, "transformer_blocks.*.attn.*": "colwise"},
-                         r"key 'transformer_blocks\.\*\.attn\.\*' has 2 wildcards")
+    raises_and_unchanged(
+        tiny_model(FLUX),
+        mesh2,
+        {**BASE, "transformer_blocks.*.attn.*": "colwise"},
+        r"key 'transformer_blocks\.\*\.attn\.\*' has 2 wildcards",
+    )
 
 
 def test_glob_over_non_modulelist(mesh2):
-    raises_and_unchanged(tiny_model(FLUX), mesh2, {**BASE, "norm_out.*.linear": "colwise"},
-                         r"key 'norm_out\.\*\.linear'.*nn\.ModuleList.*'norm_out' is a AdaLayerNormContinuous")
+    raises_and_unchanged(
+        tiny_model(FLUX),
+        mesh2,
+        {**BASE, "norm_out.*.linear": "colwise"},
+        r"key 'norm_out\.\*\.linear'.*nn\.ModuleList.*'norm_out' is a AdaLayerNormContinuous",
+    )
 
 
 def test_missing_path(mesh2):
-    raises_and_unchanged(tiny_model(FLUX), mesh2, {**BASE, "transformer_blocks.*.attn.to_qq": "colwise"},
-                         r"key 'transformer_blocks\.\*\.attn\.to_qq'.*'transformer_blocks\.0\.attn\.to_qq' does not exist")
+    raises_and_unchanged(
+        tiny_model(FLUX),
+        mesh2,
+        {**BASE, "transformer_blocks.*.attn.to_qq": "colwise"},
+        r"key 'transformer_blocks\.\*\.attn\.to_qq'.*'transformer_blocks\.0\.attn\.to_qq' does not exist",
+    )
 
 
 def test_non_linear_target(mesh2):
-    raises_and_unchanged(tiny_model(FLUX), mesh2, {**BASE, "transformer_blocks.*.attn": "colwise"},
-                         r"key 'transformer_blocks\.\*\.attn'.*FluxAttention, not an nn\.Linear")
+    raises_and_unchanged(
+        tiny_model(FLUX),
+        mesh2,
+        {**BASE, "transformer_blocks.*.attn": "colwise"},
+        r"key 'transformer_blocks\.\*\.attn'.*FluxAttention, not an nn\.Linear",
+    )
 
 
 def test_unknown_style(mesh2):
-    raises_and_unchanged(tiny_model(FLUX), mesh2, {**BASE, "transformer_blocks.*.attn.to_k": "diagonal"},
-                         r"key 'transformer_blocks\.\*\.attn\.to_k'.*unknown style 'diagonal'")
+    raises_and_unchanged(
+        tiny_model(FLUX),
+        mesh2,
+        {**BASE, "transformer_blocks.*.attn.to_k": "diagonal"},
+        r"key 'transformer_blocks\.\*\.attn\.to_k'.*unknown style 'diagonal'",
+    )
 
 
 def test_colwise_without_rowwise_partner(mesh2):
-    raises_and_unchanged(tiny_model(FLUX), mesh2, {"transformer_blocks.*.attn.to_q": "colwise"},
-                         r"key 'transformer_blocks\.\*\.attn\.to_q'.*no rowwise layer")
+    raises_and_unchanged(
+        tiny_model(FLUX),
+        mesh2,
+        {"transformer_blocks.*.attn.to_q": "colwise"},
+        r"key 'transformer_blocks\.\*\.attn\.to_q'.*no rowwise layer",
+    )
 
 
 def test_pair_widths_disagree(mesh2):
     """Flux2's SwiGLU linear_in as plain colwise: width 2h meets a rowwise of width h."""
     model = tiny_model("Flux2Transformer2DModel")
     plan = {"transformer_blocks.*.ff.linear_in": "colwise", "transformer_blocks.*.ff.linear_out": "rowwise"}
-    raises_and_unchanged(model, mesh2, plan, r"key 'transformer_blocks\.\*\.ff\.linear_out'.*width 192 .*matches no colwise width .*\(\[384\]\)")
+    raises_and_unchanged(
+        model,
+        mesh2,
+        plan,
+        r"key 'transformer_blocks\.\*\.ff\.linear_out'.*width 192 .*matches no colwise width .*\(\[384\]\)",
+    )
 
 
 def test_tp_not_dividing_heads_tiny_zimage(mesh4):
     """Z-Image with 6 heads at tp=4: every Linear width divides, the head count does not."""
     model = tiny_model("ZImageTransformer2DModel", n_heads=6, n_kv_heads=6, axes_dims=[4, 6, 6])
     before = snapshot(model)
-    with pytest.raises(dtp.PlanError, match=r"tp=4 does not divide heads of noise_refiner\.0\.attention=6.*Supported tp: 1, 2\."):
+    with pytest.raises(
+        dtp.PlanError, match=r"tp=4 does not divide heads of noise_refiner\.0\.attention=6.*Supported tp: 1, 2\."
+    ):
         dtp.parallelize(model, mesh4, dtp.load_plan("zimage"))
     assert_unchanged(model, before)
 
@@ -115,17 +146,26 @@ def test_packed_block_not_divisible(mesh4):
     """Flux2 with mlp_hidden 162: the fused blocks' sum (3*64 + 2*162 = 516) divides by 4, blocks of 162 do not."""
     model = tiny_model("Flux2Transformer2DModel", mlp_ratio=162 / 64)
     before = snapshot(model)
-    with pytest.raises(dtp.PlanError, match=r"tp=4 does not divide packed block 0 \(of \[162, 162\]\) of transformer_blocks\.0\.ff\.linear_in=162"):
+    with pytest.raises(
+        dtp.PlanError,
+        match=r"tp=4 does not divide packed block 0 \(of \[162, 162\]\) of transformer_blocks\.0\.ff\.linear_in=162",
+    ):
         dtp.parallelize(model, mesh4, dtp.load_plan("flux2"))
     assert_unchanged(model, before)
 
 
-@pytest.mark.parametrize("text, match", [
-    ("tp: [unclosed", "malformed YAML"),
-    ("- just\n- a list\n", "must be a mapping with a `tp` mapping"),
-    ("tp:\n  a.b: {style: packed_colwise, blocks: [1, 0]}\n", "blocks must be a non-empty list of positive integers"),
-    ("tp:\n  a.b: colwise\nshards: 3\n", r"unknown top-level keys \['shards'\]"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("tp: [unclosed", "malformed YAML"),
+        ("- just\n- a list\n", "must be a mapping with a `tp` mapping"),
+        (
+            "tp:\n  a.b: {style: packed_colwise, blocks: [1, 0]}\n",
+            "blocks must be a non-empty list of positive integers",
+        ),
+        ("tp:\n  a.b: colwise\nshards: 3\n", r"unknown top-level keys \['shards'\]"),
+    ],
+)
 def test_malformed_yaml(tmp_path, text, match):
     path = tmp_path / "bad.yaml"
     path.write_text(text)

@@ -6,14 +6,15 @@ from pathlib import Path
 import pytest
 import torch
 
+import dtp
 from dtp import PlanError
-from dtp.check import check, measure
-from dtp.cli import main
-from dtp.fakepg import meta_model
-from dtp.plan_io import load_plan
+from dtp.plan.io import load_plan
 from dtp.resolve import resolve
-from dtp.slicing import rank_ranges
-from dtp.tiny import TINY_CONFIGS
+from dtp.resolve.layout import rank_ranges
+from dtp.testing.tiny import TINY_CONFIGS
+from dtp.tools.check import check, measure
+from dtp.tools.cli import main
+from dtp.tools.fakepg import meta_model
 
 RATIO_LIMIT = 1.05  # per-rank / (total / tp) at tp = 8, the issue's target
 
@@ -28,17 +29,20 @@ def independent_per_rank_bytes(class_name: str, plan_name: str, tp: int, rank: i
         if layout is None:
             total += param.numel() * param.element_size()
             continue
-        dim, sizes = layout
+        dim, sizes = layout.dim, layout.block_sizes
         rows = sum(stop - start for start, stop in rank_ranges(sizes, tp, rank))
         total += rows * (param.numel() // param.shape[dim]) * param.element_size()
     return total
 
 
-@pytest.mark.parametrize("plan_name, class_name, tp", [
-    ("flux", "FluxTransformer2DModel", 8),
-    ("flux2", "Flux2Transformer2DModel", 4),  # packed blocks on both sides
-    ("zimage", "ZImageTransformer2DModel", 2),
-])
+@pytest.mark.parametrize(
+    "plan_name, class_name, tp",
+    [
+        ("flux", "FluxTransformer2DModel", 8),
+        ("flux2", "Flux2Transformer2DModel", 4),  # packed blocks on both sides
+        ("zimage", "ZImageTransformer2DModel", 2),
+    ],
+)
 def test_figures_match_an_independent_count_of_local_shards(plan_name, class_name, tp):
     report = check(plan_name, tp=tp, forward=False)
     assert report["model"] == class_name
@@ -66,11 +70,12 @@ def test_diffusers_plan_keeps_modulation_replicated():
     """The peer: FluxTransformer2DModel._tp_plan at tp=8 holds 2.9x the limit (AdaLN replicated)."""
     from diffusers import FluxTransformer2DModel
 
-    from dtp.plan_io import plan_from_dict
-
-    report = measure("FluxTransformer2DModel", plan_from_dict(FluxTransformer2DModel._tp_plan), tp=8, forward=False)
+    report = measure("FluxTransformer2DModel", dtp.Plan.from_dict(FluxTransformer2DModel._tp_plan), tp=8, forward=False)
     assert report["ratio"] > 2.5
-    assert report["replicated"][0]["module"] in {"transformer_blocks.*.norm1.linear", "transformer_blocks.*.norm1_context.linear"}
+    assert report["replicated"][0]["module"] in {
+        "transformer_blocks.*.norm1.linear",
+        "transformer_blocks.*.norm1_context.linear",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +87,36 @@ def tiny_flux_config(tmp_path_factory):
 
 def test_cli_json_with_measured_collectives(tiny_flux_config, capsys):
     """Tiny Flux (2 double + 2 single blocks), tp=4, 64x64 px = 16 image tokens."""
-    code = main(["check", "FluxTransformer2DModel", "--tp", "4", "--config", tiny_flux_config,
-                 "--resolution", "64", "--text-tokens", "8", "--dtype", "fp32", "--json"])
+    code = main(
+        [
+            "check",
+            "FluxTransformer2DModel",
+            "--tp",
+            "4",
+            "--config",
+            tiny_flux_config,
+            "--resolution",
+            "64",
+            "--text-tokens",
+            "8",
+            "--dtype",
+            "fp32",
+            "--json",
+        ]
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
-    for key in ("model", "tp", "cp", "total_bytes", "per_rank_bytes", "ideal_bytes", "ratio", "candidates", "replicated"):
+    for key in (
+        "model",
+        "tp",
+        "cp",
+        "total_bytes",
+        "per_rank_bytes",
+        "ideal_bytes",
+        "ratio",
+        "candidates",
+        "replicated",
+    ):
         assert key in report
     assert report["plan"] == "flux" and report["candidates"] == [1, 2, 4]
     collectives = report["collectives"]

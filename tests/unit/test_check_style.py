@@ -9,13 +9,14 @@ from torch import nn
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import parallelize_module
 
-from dtp import Plan, PlanError, Style, tp_candidates
-from dtp.collectives import CollectiveCounter, block_paths
-from dtp.fakepg import fake_world
-from dtp.mesh import make_mesh, tp_submesh
-from dtp.resolve import resolve
-from dtp.slicing import local_slice
-from dtp.styles import GatheredColwise
+import dtp
+from dtp import Plan, PlanError, Rule, Style, tp_candidates
+from dtp.resolve import LinearSpec, resolve
+from dtp.resolve.layout import local_slice
+from dtp.runtime.mesh import make_mesh, tp_submesh
+from dtp.runtime.styles import GatheredColwise
+from dtp.tools.collectives import CollectiveCounter, block_paths
+from dtp.tools.fakepg import fake_world
 
 
 class Block(nn.Module):
@@ -63,7 +64,7 @@ def test_style_parses_and_is_colwise_sharded():
 def test_gathered_needs_no_rowwise_partner_but_colwise_does():
     resolved = resolve(Plan.from_dict({"blocks.*.mod": "colwise_gathered"}), Toy())
     assert [s.path for s in resolved.linears] == ["blocks.0.mod", "blocks.1.mod"]
-    assert resolved.param_layouts()["blocks.0.mod.bias"] == (0, (6,))
+    assert resolved.param_layouts()["blocks.0.mod.bias"] == dtp.Layout(0, (6,))
     with pytest.raises(PlanError, match="no rowwise layer"):
         resolve(Plan.from_dict({"blocks.*.mod": "colwise"}), Toy())
 
@@ -101,7 +102,8 @@ def test_counter_agrees_with_comm_debug_mode_on_a_gathered_linear():
     linear = nn.Linear(8, 12)
     with fake_world(4):
         mesh = tp_submesh(make_mesh(tp=4, device_type="cpu"))
-        parallelize_module(linear, mesh, GatheredColwise((12,)))
+        spec = LinearSpec("linear", Rule("linear", Style.COLWISE_GATHERED), (12,), has_bias=True)
+        parallelize_module(linear, mesh, GatheredColwise(spec))
         x = torch.randn(3, 8)
         with CommDebugMode() as torch_counts:
             linear(x)
@@ -116,10 +118,9 @@ def test_counter_agrees_with_comm_debug_mode_on_a_gathered_linear():
 def test_counter_sees_c10d_calls_and_attributes_blocks():
     toy = Toy()
     toy.blocks[1].register_forward_hook(lambda m, i, o: dist.all_reduce(o))
-    with fake_world(2):
-        with CollectiveCounter(toy) as counter:
-            for block in toy.blocks:
-                block(torch.ones(1, 8))
-            dist.all_reduce(torch.ones(5))
+    with fake_world(2), CollectiveCounter(toy) as counter:
+        for block in toy.blocks:
+            block(torch.ones(1, 8))
+        dist.all_reduce(torch.ones(5))
     assert block_paths(toy) == ["blocks.0", "blocks.1"]
     assert [(r.op, r.scope, r.bytes) for r in counter.records] == [("allreduce", "blocks.1", 32), ("allreduce", "", 20)]

@@ -9,16 +9,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dtp
-import dtp.cp.ring as ring_module
-from dtp.cp.masks import key_mask
-from dtp.cp.ring import block_attention, merge
-from dtp.cp.sequence import local_chunk
+import dtp.runtime.cp.ring as ring_module
+from dtp.runtime.cp.masks import key_mask
+from dtp.runtime.cp.ring import block_attention, merge
+from dtp.runtime.cp.sequence import local_chunk
 
 
 def _sdpa(q, k, v, mask):
     """The reference: torch SDPA in [B, S, H, D] layout, mask [B, S_k] (bool or additive)."""
     m = None if mask is None else mask[:, None, None, :]
-    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=m).transpose(1, 2)
+    return F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=m
+    ).transpose(1, 2)
 
 
 @pytest.fixture(params=["fused_cpu", "portable"])
@@ -30,8 +32,12 @@ def block_path(request, monkeypatch):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    blocks=st.integers(1, 4), block_len=st.integers(1, 5), q_len=st.integers(1, 6), heads=st.integers(1, 3),
-    masked=st.sampled_from([None, "bool", "float"]), seed=st.integers(0, 2**16),
+    blocks=st.integers(1, 4),
+    block_len=st.integers(1, 5),
+    q_len=st.integers(1, 6),
+    heads=st.integers(1, 3),
+    masked=st.sampled_from([None, "bool", "float"]),
+    seed=st.integers(0, 2**16),
 )
 def test_blockwise_merge_equals_full_attention(block_path, blocks, block_len, q_len, heads, masked, seed):
     """Attention over cp key blocks merged by log-sum-exp == SDPA over all keys (<= 1e-5 rel), any block order."""
@@ -88,9 +94,9 @@ def test_local_chunks_concatenate_back_in_rank_order(n_chunks, chunk, dim):
 
 
 def test_indivisible_length_names_length_and_degree():
-    with pytest.raises(dtp.PlanError, match="sequence length 10 .* not divisible by the cp degree 4"):
+    with pytest.raises(dtp.ForwardError, match="sequence length 10 .* not divisible by the cp degree 4"):
         local_chunk(torch.zeros(1, 10, 3), 1, 0, 4, "input 'hidden_states'")
-    with pytest.raises(dtp.PlanError, match="expected a 3-D tensor"):
+    with pytest.raises(dtp.ForwardError, match="expected a 3-D tensor"):
         local_chunk(torch.zeros(10, 3), 0, 0, 2, "x", expected_dims=3)
 
 
@@ -98,5 +104,5 @@ def test_key_mask_accepts_per_key_shapes_only():
     assert key_mask(torch.ones(2, 1, 1, 5, dtype=torch.bool), 2, 5).shape == (2, 5)
     assert key_mask(torch.ones(1, 5), 2, 5).shape == (2, 5)
     assert key_mask(None, 2, 5) is None
-    with pytest.raises(dtp.PlanError, match="per-key masks"):
+    with pytest.raises(dtp.ForwardError, match="per-key masks"):
         key_mask(torch.ones(2, 1, 3, 5, dtype=torch.bool), 2, 5)

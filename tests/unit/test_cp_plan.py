@@ -7,9 +7,9 @@ import torch
 from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
 
 import dtp
-from dtp.cp import GatherRule, SplitRule, cp_plan_from_mapping, resolve_cp
-from dtp.resolve import resolve
-from dtp.tiny import PLAN_CLASSES, model_class, tiny_model
+from dtp.plan.cp import GatherRule, SplitRule, cp_plan_from_mapping
+from dtp.resolve import resolve, resolve_cp
+from dtp.testing.tiny import PLAN_CLASSES, model_class, tiny_model
 
 FLUX, QWEN, ZIMAGE = "FluxTransformer2DModel", "QwenImageTransformer2DModel", "ZImageTransformer2DModel"
 
@@ -27,8 +27,13 @@ def test_bundled_plans_have_cp_sections_that_resolve(name):
 
 def test_dtp_form_parses_to_typed_rules():
     plan = cp_plan_from_mapping(
-        {"split": {"": {"hidden_states": {"dim": 1, "expected_dims": 3}}, "pos_embed": {0: {"dim": 0, "output": True}}},
-         "gather": {"proj_out": {"dim": 1}}},
+        {
+            "split": {
+                "": {"hidden_states": {"dim": 1, "expected_dims": 3}},
+                "pos_embed": {0: {"dim": 0, "output": True}},
+            },
+            "gather": {"proj_out": {"dim": 1}},
+        },
         "t",
     )
     assert plan.splits == (SplitRule("", "hidden_states", 1, 3, False), SplitRule("pos_embed", 0, 0, None, True))
@@ -77,8 +82,9 @@ def test_malformed_cp_sections_are_plan_errors(data, match):
 
 def _plan_with_cp(name: str, cp: dict) -> dtp.Plan:
     base = dtp.load_plan(name)
-    return dtp.Plan(rules=base.rules, models=base.models, attention=base.attention, name="t",
-                    cp=cp_plan_from_mapping(cp, "t"))
+    return dtp.Plan(
+        rules=base.rules, models=base.models, attention=base.attention, name="t", cp=cp_plan_from_mapping(cp, "t")
+    )
 
 
 def test_unknown_input_name_is_refused_at_resolve():
@@ -126,8 +132,16 @@ def test_tp_candidates_are_cp_aware():
 def test_zimage_heads_limit_ulysses_at_full_size():
     """Z-Image 6B: 30 heads -> Ulysses at cp=2 keeps tp=1 (30 per rank, even), drops tp=2 (15 per rank)."""
     with torch.device("meta"):
-        model = model_class(ZIMAGE)(dim=3840, n_heads=30, n_kv_heads=30, n_layers=1, n_refiner_layers=1,
-                                    cap_feat_dim=64, axes_dims=[32, 48, 48], axes_lens=[1024, 512, 512])
+        model = model_class(ZIMAGE)(
+            dim=3840,
+            n_heads=30,
+            n_kv_heads=30,
+            n_layers=1,
+            n_refiner_layers=1,
+            cap_feat_dim=64,
+            axes_dims=[32, 48, 48],
+            axes_lens=[1024, 512, 512],
+        )
     base = dtp.tp_candidates(model)
     assert base[:2] == [1, 2]
     assert dtp.tp_candidates(model, cp=2) == [tp for tp in base if (30 // tp) % 2 == 0]

@@ -7,10 +7,9 @@ import sys
 import pytest
 import torch
 
-from dtp import PlanError
-
-from dtp.cp import attention as plugin
-from dtp.tiny import output_tensor, tiny_inputs, tiny_model
+from dtp import ForwardError
+from dtp.runtime.cp import attention as plugin
+from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
 
 FLUX = "FluxTransformer2DModel"
 
@@ -23,8 +22,11 @@ class _Recorder:
 
     def __call__(self, original, args):
         self.calls += 1
-        return original(**{k: v for k, v in args.items() if k not in ("backend", "parallel_config")},
-                        backend=args["backend"], parallel_config=args["parallel_config"])
+        return original(
+            **{k: v for k, v in args.items() if k not in ("backend", "parallel_config")},
+            backend=args["backend"],
+            parallel_config=args["parallel_config"],
+        )
 
 
 @torch.no_grad()
@@ -65,6 +67,6 @@ def test_attention_that_bypasses_the_dispatcher_is_an_error():
             return hidden_states, encoder_hidden_states  # no attention at all
 
     attn.set_processor(Bypass())
-    with pytest.raises(PlanError, match="ran without calling dispatch_attention_fn"):
+    with pytest.raises(ForwardError, match="ran without calling dispatch_attention_fn"):
         model(**inputs)
     assert plugin._ACTIVE.get() is None

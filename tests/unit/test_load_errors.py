@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 import dtp
-import dtp.load
-from dtp.checkpoint import INDEX_NAME, WEIGHTS_NAME, CheckpointError, open_checkpoint
-from dtp.tiny import tiny_model
+import dtp.loading.load
+from dtp.loading.checkpoint import INDEX_NAME, WEIGHTS_NAME, CheckpointError, open_checkpoint
+from dtp.testing.tiny import tiny_model
 
 FLUX = "FluxTransformer2DModel"
 
@@ -42,8 +42,8 @@ def saved(tmp_path_factory):
 def reads(monkeypatch):
     """Counts calls of the read step (the first thing that touches tensor data or the model's parameters)."""
     calls = []
-    original = dtp.load._read_into
-    monkeypatch.setattr(dtp.load, "_read_into", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = dtp.loading.load._read_into
+    monkeypatch.setattr(dtp.loading.load, "_read_into", lambda *a, **k: calls.append(1) or original(*a, **k))
     return calls
 
 
@@ -55,7 +55,7 @@ def _copy(saved, tmp_path, state=None):
 
 
 def _load(path, mesh):
-    return dtp.from_pretrained(dtp.tiny.model_class(FLUX), str(path), mesh)
+    return dtp.from_pretrained(dtp.testing.tiny.model_class(FLUX), str(path), mesh)
 
 
 def test_good_checkpoint_loads(saved, mesh, reads):
@@ -158,7 +158,7 @@ def test_header_offsets_that_disagree_with_the_shape(tmp_path):
 
 def test_device_of_another_type_than_the_mesh(saved, mesh, reads):
     with pytest.raises(dtp.PlanError, match="device cuda:0 does not match the mesh's device type 'cpu'"):
-        dtp.from_pretrained(dtp.tiny.model_class(FLUX), str(saved), mesh, device="cuda:0")
+        dtp.from_pretrained(dtp.testing.tiny.model_class(FLUX), str(saved), mesh, device="cuda:0")
     assert reads == []
 
 
@@ -166,8 +166,8 @@ def test_subfolder_and_the_bytes_log_line(saved, mesh, tmp_path, caplog):
     """`subfolder=` is honoured, and each rank logs the bytes it read (here rank 0 of tp=4)."""
     (tmp_path / "transformer").mkdir()
     _copy(saved, tmp_path / "transformer")
-    with caplog.at_level("INFO", logger="dtp.load"):
-        dtp.from_pretrained(dtp.tiny.model_class(FLUX), str(tmp_path), mesh, subfolder="transformer")
+    with caplog.at_level("INFO", logger="dtp.loading.load"):
+        dtp.from_pretrained(dtp.testing.tiny.model_class(FLUX), str(tmp_path), mesh, subfolder="transformer")
     total = sum(info.nbytes for info in open_checkpoint(str(saved)).tensors.values())
     assert any("rank 0: read " in r.message and f" of {total} checkpoint bytes" in r.message for r in caplog.records)
 

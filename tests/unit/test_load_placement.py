@@ -15,9 +15,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 import dtp
-from dtp.placement import local_device
-from dtp.slicing import local_slice
-from dtp.tiny import tiny_model
+from dtp.resolve.layout import local_slice
+from dtp.runtime.placement import local_device
+from dtp.testing.tiny import tiny_model
 
 PLAN = dtp.Plan.from_dict({"proj_in": "colwise", "proj_out": "rowwise"})
 
@@ -62,7 +62,7 @@ def loaded(mesh, tmp_path_factory):
 
 
 def test_buffers_match_diffusers(loaded):
-    """The persistent buffer comes from the checkpoint, the non-persistent one is rebuilt; both as diffusers has them."""
+    """The persistent buffer comes from the checkpoint, the non-persistent one is rebuilt, as diffusers has them."""
     ours, theirs, _ = loaded
     for name, buffer in theirs.named_buffers():
         mine = ours.get_buffer(name)
@@ -116,7 +116,7 @@ def test_local_device(monkeypatch):
     assert local_device("cuda:1") == torch.device("cuda", 1)
     assert local_device("cpu") == torch.device("cpu")
     if not torch.cuda.is_available():
-        assert local_device(None) == local_device(dtp.mesh.default_device_type())
+        assert local_device(None) == local_device(dtp.policy.default_device_type())
 
 
 def test_device_of_another_type_than_the_mesh(mesh):

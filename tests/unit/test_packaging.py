@@ -1,7 +1,8 @@
 """A plain (non-editable) install must ship every subpackage: pyproject lists them by hand."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,8 +5,8 @@ from diffusers import Flux2Transformer2DModel, FluxTransformer2DModel, QwenImage
 
 import dtp
 from dtp.plan import Style
-from dtp.plan_io import bundled_plan_names
-from dtp.tiny import PLAN_CLASSES, tiny_model
+from dtp.plan.io import bundled_plan_names
+from dtp.testing.tiny import PLAN_CLASSES, tiny_model
 
 
 def test_bundled_plans_are_found_by_name():

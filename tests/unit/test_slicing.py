@@ -8,7 +8,7 @@ from torch import nn
 
 import dtp
 from dtp.resolve import resolve
-from dtp.slicing import assemble, block_sizes, indivisible_blocks, local_slice, rank_ranges
+from dtp.resolve.layout import assemble, block_sizes, indivisible_blocks, local_slice, rank_ranges
 
 TP = st.sampled_from([1, 2, 3, 4, 8])
 
@@ -61,10 +61,12 @@ def test_any_indivisible_block_is_rejected_by_name(tp, blocks):
     if not bad:
         return
     model = _PackedPair(blocks)
-    plan = dtp.Plan.from_dict({
-        "up": {"style": "packed_colwise", "blocks": list(blocks)},
-        "down": {"style": "packed_rowwise", "blocks": list(blocks)},
-    })
+    plan = dtp.Plan.from_dict(
+        {
+            "up": {"style": "packed_colwise", "blocks": list(blocks)},
+            "down": {"style": "packed_rowwise", "blocks": list(blocks)},
+        }
+    )
     resolved = resolve(plan, model)
     index, size = bad[0]
     with pytest.raises(dtp.PlanError, match=rf"packed block {index} .*={size}"):
@@ -74,10 +76,12 @@ def test_any_indivisible_block_is_rejected_by_name(tp, blocks):
 
 def test_sum_divides_but_a_block_does_not():
     """[2, 6] at tp=4: the sum 8 divides, block 0 (size 2) does not."""
-    plan = dtp.Plan.from_dict({
-        "up": {"style": "packed_colwise", "blocks": [2, 6]},
-        "down": {"style": "packed_rowwise", "blocks": [2, 6]},
-    })
+    plan = dtp.Plan.from_dict(
+        {
+            "up": {"style": "packed_colwise", "blocks": [2, 6]},
+            "down": {"style": "packed_rowwise", "blocks": [2, 6]},
+        }
+    )
     resolved = resolve(plan, _PackedPair([2, 6]))
     with pytest.raises(dtp.PlanError, match=r"tp=4 does not divide packed block 0 .*=2 \(key .up.\)"):
         resolved.check_tp(4)

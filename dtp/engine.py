@@ -1,0 +1,109 @@
+"""The one engine: `prepare` runs every check and mutates nothing; `apply` mutates.
+
+`parallelize`, `from_pretrained`, `dtp check` (and every later entry point: pipelines, adapters)
+call these two, so a check added to `prepare` guards all of them and they all fail the same way.
+
+`prepare` checks, in this order (the first failure raises PlanError, the model untouched):
+  1. options: `cp_mode` is a known mode;
+  2. the mesh: it has a `tp` axis (and maybe `cp`); the degrees are read from it;
+  3. the plan: given, or `plan_for(model)`;
+  4. the plan against the model (`resolve`): paths, globs, Linear targets, packed blocks, attention
+     modules and their head bookkeeping, colwise/rowwise pairs;
+  5. the TP degree: it divides every constraint (widths, blocks, heads);
+  6. the `cp` section, when the mesh's `cp` axis is > 1: sites, pluggable attention, Ulysses heads;
+  7. the device: of the mesh's device type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
+
+from .plan import Plan, plan_for
+from .policy import check_cp_mode
+from .resolve import CpResolved, Resolved, resolve, resolve_cp
+from .runtime.cp import apply_cp
+from .runtime.heads import set_local_heads
+from .runtime.mesh import CP_AXIS, cp_degree, tp_submesh
+from .runtime.placement import check_device, local_device
+from .runtime.styles import style_for
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything `apply` needs, all of it checked: the plan bound to the model, the mesh axes, options."""
+
+    resolved: Resolved
+    cp_resolved: CpResolved | None  # None when the mesh's cp axis is 1
+    mesh: object  # the ("cp", "tp") DeviceMesh (or a 1-D "tp" mesh)
+    tp_mesh: object
+    cp_mode: str
+    device: torch.device | None  # where slices (and then everything else) go; None: leave in place
+
+    @property
+    def tp(self) -> int:
+        return self.tp_mesh.size()
+
+    @property
+    def plan(self) -> Plan:
+        return self.resolved.plan
+
+
+def prepare(model: nn.Module, mesh, plan: Plan | None = None, *, cp_mode: str = "ulysses", device=None) -> Prepared:
+    """Run every check (see the module docstring for the order); mutate nothing; return what `apply` needs."""
+    check_cp_mode(cp_mode)
+    tp_mesh = tp_submesh(mesh)
+    resolved = resolve(plan if plan is not None else plan_for(model), model)
+    resolved.check_tp(tp_mesh.size())
+    cp_resolved = None
+    if cp_degree(mesh) > 1:
+        cp_resolved = resolve_cp(resolved, model)
+        cp_resolved.check(tp_mesh.size(), cp_degree(mesh), cp_mode)
+    if device is not None:
+        device = local_device(device)
+        check_device(device, tp_mesh)
+    return Prepared(resolved, cp_resolved, mesh, tp_mesh, cp_mode, device)
+
+
+def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) -> nn.Module:
+    """Shard `model` in place as `prepared` says; returns it. Only ever called on a `prepare`d model.
+
+    weights_local: the planned parameters are already this rank's DTensors (the loader placed
+        them); only the forward hooks are installed and nothing is moved.
+    Otherwise each planned parameter is cut from the full tensor on this rank, and with
+    `prepared.device` only the slice moves there, then everything else (replicated parameters, buffers).
+    """
+    device = None if weights_local else prepared.device
+    for spec in prepared.resolved.linears:
+        style = style_for(spec, device=device, weights_local=weights_local)
+        parallelize_module(model.get_submodule(spec.path), prepared.tp_mesh, style)
+    set_local_heads(model, prepared.resolved.attention, prepared.tp)
+    if device is not None:
+        move_unsharded(model, device)
+    if prepared.cp_resolved is not None:
+        apply_cp(model, prepared.cp_resolved, prepared.mesh[CP_AXIS], prepared.cp_mode)
+    return model
+
+
+def move_unsharded(model: nn.Module, device) -> None:
+    """Move every plain (non-DTensor) parameter and buffer of `model` to `device`, in place."""
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None and not isinstance(param.data, DTensor) and param.device != device:
+                module._parameters[name] = nn.Parameter(param.data.to(device), requires_grad=param.requires_grad)
+        for name, buffer in module._buffers.items():
+            if buffer is not None and buffer.device != device:
+                module._buffers[name] = buffer.to(device)
+
+
+def supported_tp(model: nn.Module, resolved: Resolved, cp: int, cp_mode: str) -> list[int]:
+    """`resolved.candidates()` narrowed to the degrees that also work with `cp` ranks in `cp_mode`."""
+    if cp == 1:
+        return resolved.candidates()
+    check_cp_mode(cp_mode)
+    cp_resolved = resolve_cp(resolved, model)
+    return [t for t in resolved.candidates() if cp_resolved.allows(t, cp, cp_mode)]

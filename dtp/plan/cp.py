@@ -1,0 +1,177 @@
+"""The `cp` section of a plan: which tensors are split along the sequence, and where they are gathered.
+
+Context parallelism (CP) cuts the sequence into `cp` contiguous chunks, one per rank of the mesh's
+`cp` axis. Everything per-token (linears, norms, MLPs, RoPE) then runs on the local chunk; only
+attention needs the other chunks, and gets them through Ulysses or ring attention (see
+`attention.py`). A `cp` section says where chunks are cut and where the result is put back::
+
+    cp:
+      split:                                   # module path ("" = the model) -> its tensors
+        "":
+          hidden_states: {dim: 1, expected_dims: 3}
+          img_ids: {dim: 0, expected_dims: 2}
+        pos_embed:
+          0: {dim: 0, expected_dims: 2, output: true}   # int key: element 0 of the module's OUTPUT
+      gather:                                  # module path -> its output is all-gathered on `cp`
+        proj_out: {dim: 1, expected_dims: 3}
+
+Rank r of `cp` keeps elements `[r * n / cp, (r + 1) * n / cp)` of a length-`n` dim, so a gather
+concatenating the chunks in rank order restores the original order. A diffusers `_cp_plan`
+(`ContextParallelInput` / `ContextParallelOutput` objects, matched by class name) reads into the
+same types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import PlanError
+from ..policy import check_degree, is_int
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """Cut one tensor of the module(s) at `key` into `cp` contiguous chunks along `dim`.
+
+    key: module path, `*` over a ModuleList allowed, `""` for the model itself.
+    name: a forward() parameter name (an input), or an int index into the module's output tuple.
+    dim: the sequence dim of that tensor.
+    expected_dims: if set, the tensor's ndim must equal it (catches a plan written for another layout).
+    output: split the module's output (`name` is then an output index, or 0 for a bare tensor)
+        instead of its input; for outputs computed from the whole sequence, such as RoPE tables.
+    """
+
+    key: str
+    name: str | int
+    dim: int
+    expected_dims: int | None = None
+    output: bool = False
+
+
+@dataclass(frozen=True)
+class GatherRule:
+    """All-gather the output of the module(s) at `key` on the `cp` axis, along `dim`, in rank order."""
+
+    key: str
+    dim: int
+    expected_dims: int | None = None
+
+
+@dataclass(frozen=True)
+class CpPlan:
+    """A parsed `cp` section: the splits and the gathers, in file order."""
+
+    splits: tuple[SplitRule, ...]
+    gathers: tuple[GatherRule, ...]
+
+
+_DIFFUSERS_INPUT = "ContextParallelInput"
+_DIFFUSERS_OUTPUT = "ContextParallelOutput"
+
+
+def cp_plan_from_mapping(data, name: str) -> CpPlan:
+    """Parse a dtp `cp` mapping (`{split: ..., gather: ...}`) or a diffusers `_cp_plan` dict."""
+    if not isinstance(data, dict) or not data:
+        raise PlanError(f"plan {name}: `cp` must be a non-empty mapping, got {data!r}.")
+    if set(data) <= {"split", "gather"} and all(isinstance(v, dict) for v in data.values()):
+        return _from_dtp(data, name)
+    return _from_diffusers(data, name)
+
+
+def _from_dtp(data: dict, name: str) -> CpPlan:
+    splits = []
+    for key, entries in data.get("split", {}).items():
+        if not isinstance(entries, dict) or not entries:
+            raise PlanError(f"plan {name}: cp.split['{key}'] must map tensor names to {{dim: ...}}, got {entries!r}.")
+        for tensor, spec in entries.items():
+            splits.append(_split_rule(key, tensor, spec, name))
+    gathers = [_gather_rule(key, spec, name) for key, spec in data.get("gather", {}).items()]
+    return _checked(CpPlan(splits=tuple(splits), gathers=tuple(gathers)), name)
+
+
+def _split_rule(key, tensor, spec, name: str) -> SplitRule:
+    where = f"plan {name}: cp.split['{key}']['{tensor}']"
+    _check_key(key, name)
+    if not isinstance(spec, dict) or "dim" not in spec or set(spec) - {"dim", "expected_dims", "output"}:
+        raise PlanError(f"{where}: expected {{dim: int, expected_dims: int?, output: bool?}}, got {spec!r}.")
+    output = spec.get("output", False)
+    if not isinstance(output, bool):
+        raise PlanError(f"{where}: `output` must be true or false, got {output!r}.")
+    _check_tensor_key(tensor, output, where)
+    return SplitRule(key, tensor, _int(spec["dim"], where, "dim"), _opt_int(spec.get("expected_dims"), where), output)
+
+
+def _gather_rule(key, spec, name: str) -> GatherRule:
+    where = f"plan {name}: cp.gather['{key}']"
+    _check_key(key, name)
+    if not isinstance(spec, dict) or "dim" not in spec or set(spec) - {"dim", "expected_dims"}:
+        raise PlanError(f"{where}: expected {{dim: int, expected_dims: int?}}, got {spec!r}.")
+    return GatherRule(key, _int(spec["dim"], where, "dim"), _opt_int(spec.get("expected_dims"), where))
+
+
+def _from_diffusers(data: dict, name: str) -> CpPlan:
+    """`{module: {input name or output index: ContextParallelInput}}` and `{module: ContextParallelOutput}`."""
+    splits, gathers = [], []
+    for key, value in data.items():
+        _check_key(key, name)
+        if type(value).__name__ == _DIFFUSERS_OUTPUT:
+            gathers.append(GatherRule(key, value.gather_dim, value.expected_dims))
+            continue
+        if not isinstance(value, dict):
+            raise PlanError(
+                f"plan {name}: cp key '{key}': expected a mapping of inputs or a ContextParallelOutput, "
+                f"got {type(value).__name__}."
+            )
+        for tensor, spec in value.items():
+            if type(spec).__name__ != _DIFFUSERS_INPUT:
+                raise PlanError(
+                    f"plan {name}: cp key '{key}', '{tensor}': expected a ContextParallelInput, got {spec!r} "
+                    f"(lists of inputs per tensor are not supported)."
+                )
+            where = f"plan {name}: cp key '{key}', '{tensor}'"
+            _check_tensor_key(tensor, spec.split_output, where)
+            splits.append(SplitRule(key, tensor, spec.split_dim, spec.expected_dims, spec.split_output))
+    return _checked(CpPlan(splits=tuple(splits), gathers=tuple(gathers)), name)
+
+
+def _checked(plan: CpPlan, name: str) -> CpPlan:
+    if not plan.splits:
+        raise PlanError(f"plan {name}: the `cp` section splits nothing; name the inputs to cut along the sequence.")
+    if not plan.gathers:
+        raise PlanError(
+            f"plan {name}: the `cp` section gathers nothing, so the output would stay split; add a `gather` entry."
+        )
+    seen = set()
+    for rule in plan.splits:
+        ident = (rule.key, rule.name, rule.output)
+        if ident in seen:
+            raise PlanError(f"plan {name}: cp split of '{rule.name}' at '{rule.key}' is listed twice.")
+        seen.add(ident)
+    return plan
+
+
+def _check_key(key, name: str) -> None:
+    if not isinstance(key, str):
+        raise PlanError(f"plan {name}: cp key {key!r} must be a module path string ('' for the model).")
+    if key.count("*") > 1 or ("*" in key and "*" not in key.split(".")):
+        raise PlanError(f"plan {name}: cp key '{key}': at most one `*`, as a whole path atom.")
+
+
+def _check_tensor_key(tensor, output: bool, where: str) -> None:
+    if not (isinstance(tensor, str) or is_int(tensor)):
+        raise PlanError(f"{where}: the tensor key must be a parameter name or an output index.")
+    if isinstance(tensor, int) != output:
+        raise PlanError(
+            f"{where}: an input is named by its forward() parameter; an output element (`output: true`) by "
+            f"its integer index (0 for a module returning one tensor)."
+        )
+
+
+def _int(value, where: str, field: str) -> int:
+    if not is_int(value):
+        raise PlanError(f"{where}: `{field}` must be an integer, got {value!r}.")
+    return value
+
+
+def _opt_int(value, where: str) -> int | None:
+    return None if value is None else check_degree(value, f"{where}: `expected_dims`")

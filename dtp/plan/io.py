@@ -1,0 +1,68 @@
+"""Where plans come from: YAML files, the bundled `plans/` folder, and a model's class (`plan_for`)."""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+import yaml
+
+from ..errors import PlanError
+from .plan import Plan
+
+
+def bundled_plan_names() -> list[str]:
+    """Names of the plans shipped with dtp (`plans/*.yaml`)."""
+    return sorted(p.name[: -len(".yaml")] for p in _bundled_dir().iterdir() if p.name.endswith(".yaml"))
+
+
+def _bundled_dir():
+    # Installed: `plans/` is mapped to the package `dtp.plans` (see pyproject.toml).
+    try:
+        return importlib.resources.files("dtp.plans")
+    except ModuleNotFoundError:  # running from a source tree that was never installed
+        return Path(__file__).resolve().parents[2] / "plans"
+
+
+def load_plan(name_or_path) -> Plan:
+    """A bundled plan by name (`"flux"`) or a YAML file by path."""
+    path = Path(str(name_or_path))
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise PlanError(f"plan file {path} does not exist.")
+        return _plan_from_yaml(path.read_text(), str(path))
+    resource = _bundled_dir() / f"{name_or_path}.yaml"
+    if not resource.is_file():
+        raise PlanError(
+            f"no bundled plan named '{name_or_path}'; bundled: {', '.join(bundled_plan_names())}. "
+            f"Pass a path to a YAML file for your own plan."
+        )
+    return _plan_from_yaml(resource.read_text(), str(name_or_path))
+
+
+def _plan_from_yaml(text: str, name: str) -> Plan:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PlanError(f"plan {name}: malformed YAML: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tp"), dict):
+        raise PlanError(f"plan {name}: a YAML plan must be a mapping with a `tp` mapping of rules.")
+    return Plan.from_dict(data, name=name)
+
+
+def plan_for(model) -> Plan:
+    """The bundled plan whose `models` names the model's class, else its diffusers `_tp_plan`."""
+    cls_name = type(model).__name__
+    for plan_name in bundled_plan_names():
+        plan = load_plan(plan_name)
+        if cls_name in plan.models:
+            return plan
+    tp_plan = getattr(type(model), "_tp_plan", None)
+    if tp_plan:
+        # The class's `_cp_plan` (ContextParallelInput/Output objects) comes along as the `cp` section.
+        cp_plan = getattr(type(model), "_cp_plan", None)
+        return Plan.from_dict({"tp": tp_plan, "cp": cp_plan or None}, name=f"{cls_name}._tp_plan")
+    raise PlanError(
+        f"no plan for {cls_name}: no bundled plan lists it ({', '.join(bundled_plan_names())}) and the class "
+        f"has no `_tp_plan`. Write a YAML plan and pass it as `plan=`."
+    )

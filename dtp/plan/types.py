@@ -1,0 +1,66 @@
+"""The plan vocabulary: the style enum and one rule. Typed, frozen data, no torch.
+
+A plan (`plan.py`) is a flat map from module globs to these styles. YAML files and diffusers
+`_tp_plan` dicts are only serializations of it (`parse.py`, `io.py`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Style(str, enum.Enum):
+    """How one `nn.Linear` is split across the `tp` axis (`y = x W^T + b`, `W` is `[out, in]`)."""
+
+    COLWISE = "colwise"  # W rows (output features) split; bias split; output stays sharded
+    ROWWISE = "rowwise"  # W columns (input features) split; bias whole, added after the all-reduce
+    PACKED_COLWISE = "packed_colwise"  # colwise, each fused output block split on its own
+    PACKED_ROWWISE = "packed_rowwise"  # rowwise, each fused input block split on its own
+    # colwise, then the output is all-gathered back to the full feature order on every rank. For
+    # large Linears whose output every rank needs whole and that are applied to few rows: AdaLN
+    # modulation (`norm1.linear`, `img_mod.1`: batch x k*dim per-sample vectors that downstream code
+    # chunks into shift/scale/gate) and big embedders. Needs no rowwise partner.
+    COLWISE_GATHERED = "colwise_gathered"
+
+    @property
+    def is_packed(self) -> bool:
+        return self in (Style.PACKED_COLWISE, Style.PACKED_ROWWISE)
+
+    @property
+    def shard_dim(self) -> int:
+        """The weight dim that is split: 0 for colwise kinds, 1 for rowwise kinds."""
+        return 0 if self in (Style.COLWISE, Style.PACKED_COLWISE, Style.COLWISE_GATHERED) else 1
+
+    @property
+    def gathers_output(self) -> bool:
+        """The output leaves the layer whole (all-gathered), so it pairs with no rowwise layer."""
+        return self is Style.COLWISE_GATHERED
+
+    @property
+    def splits_bias(self) -> bool:
+        """Colwise biases follow the output features; rowwise biases are added once, after the reduce."""
+        return self.shard_dim == 0
+
+
+# Per-Linear attribute that diffusers uses to store absolute packed block sizes at __init__.
+PACKED_BLOCKS_ATTR = {
+    Style.PACKED_COLWISE: "_tp_packed_col_blocks",
+    Style.PACKED_ROWWISE: "_tp_packed_row_blocks",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One plan entry.
+
+    key: module path relative to the model, with at most one `*` standing for every element of an
+        `nn.ModuleList` (e.g. `transformer_blocks.*.attn.to_q`).
+    style: how the Linear at `key` is split.
+    blocks: for packed styles, proportional integers (`[1, 1]`) or absolute sizes; `None` reads
+        them from the Linear's `_tp_packed_col_blocks` / `_tp_packed_row_blocks`.
+    """
+
+    key: str
+    style: Style
+    blocks: tuple[int, ...] | None = None

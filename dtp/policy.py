@@ -1,0 +1,75 @@
+"""One home for each policy: what counts as a degree, dtype names, device and backend choice, CP modes.
+
+Every caller (the engine, the loader, the CLI tools, the test launcher) asks here, so a rule is
+written once and cannot drift between two copies.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from .errors import PlanError
+
+# Context-parallel attention: Ulysses (all-to-all over heads) or ring (K/V passed around the cp ranks).
+CP_MODES = ("ulysses", "ring")
+
+# Dtype names accepted anywhere a dtype is spelled out (CLI flags, configs). Short and long forms.
+DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+# The process-group backend for each device type a mesh can live on.
+BACKENDS = {"cuda": "nccl", "neuron": "xla", "cpu": "gloo"}
+
+
+def is_int(value) -> bool:
+    """A Python int that is not a bool (`True` is an int to Python, never a count to us)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_degree(value, what: str) -> int:
+    """`value` if it is a positive integer, else PlanError naming `what` (e.g. "tp", "cp", "--nproc")."""
+    if not is_int(value) or value < 1:
+        raise PlanError(f"{what} must be a positive integer, got {value!r}.")
+    return value
+
+
+def check_cp_mode(mode) -> str:
+    """`mode` if it is one of CP_MODES, else PlanError listing them."""
+    if mode not in CP_MODES:
+        raise PlanError(f"cp_mode must be one of {', '.join(CP_MODES)}, got {mode!r}.")
+    return mode
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """The torch dtype for a name in DTYPES; PlanError listing the names otherwise."""
+    if name not in DTYPES:
+        raise PlanError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}.")
+    return DTYPES[name]
+
+
+def check_float_dtype(dtype) -> None:
+    """None or a floating torch.dtype (the only casts a checkpoint load makes)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise PlanError(f"torch_dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}.")
+
+
+def default_device_type() -> str:
+    """cuda if a GPU is visible, neuron if torch-neuronx is importable, else cpu."""
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return "cuda"
+    if importlib.util.find_spec("torch_neuronx") is not None:
+        return "neuron"
+    return "cpu"
+
+
+def default_backend(device_type: str | None = None) -> str:
+    """The process-group backend for `device_type` (default: `default_device_type()`)."""
+    return BACKENDS.get(device_type or default_device_type(), "gloo")

@@ -1,0 +1,149 @@
+"""Bind a plan's `cp` section to a model and check it together with the TP degree. Mutates nothing.
+
+Checked before anything is hooked: every `cp` key addresses modules; split inputs are forward()
+parameters of those modules; every attention module's processor can be plugged (it calls
+`dispatch_attention_fn`); and, for Ulysses, every attention module's per-rank head count is
+divisible by cp: `(heads / tp) % cp == 0` for modules that TP shards, `heads % cp == 0` otherwise.
+Sequence lengths are only known at call time: a length cp does not divide is refused then, with
+the length and the degree in the message (see `runtime/cp/sequence.py`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..errors import PlanError
+from ..plan.cp import GatherRule, SplitRule
+from ..policy import check_cp_mode, check_degree, is_int
+from .globs import expand
+from .resolved import Resolved
+
+# diffusers processors compute attention through this name imported into their own module; CP
+# replaces it there (runtime/cp/attention.py). A processor module without it cannot be plugged.
+DISPATCH_NAME = "dispatch_attention_fn"
+
+
+@dataclass(frozen=True)
+class CpAttentionSpec:
+    path: str
+    heads: int
+    tp_sharded: bool  # True: TP leaves heads / tp per rank
+
+    def local_heads(self, tp: int) -> int:
+        return self.heads // tp if self.tp_sharded else self.heads
+
+
+@dataclass(frozen=True)
+class CpResolved:
+    """The `cp` section bound to one model: hook sites and the attention modules to plug."""
+
+    plan_name: str
+    splits: tuple[tuple[str, SplitRule], ...]  # (module path, rule)
+    gathers: tuple[tuple[str, GatherRule], ...]
+    attention: tuple[CpAttentionSpec, ...]
+
+    def check(self, tp: int, cp: int, mode: str) -> None:
+        """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp)."""
+        check_cp_mode(mode)
+        check_degree(cp, f"plan {self.plan_name}: cp")
+        if mode != "ulysses":
+            return
+        for spec in self.attention:
+            local = spec.local_heads(tp)
+            if local % cp:
+                raise PlanError(
+                    f"plan {self.plan_name}: Ulysses needs (heads / tp) % cp == 0, but '{spec.path}' has "
+                    f"{spec.heads} heads, {local} per rank at tp={tp}, and cp={cp} does not divide {local}. "
+                    f"Use cp_mode='ring', or cp/tp with ({spec.heads} / tp) % cp == 0."
+                )
+
+    def allows(self, tp: int, cp: int, mode: str) -> bool:
+        try:
+            self.check(tp, cp, mode)
+        except PlanError:
+            return False
+        return True
+
+
+def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
+    """Bind `resolved.plan.cp` to `model`; PlanError when the plan has no `cp` section or does not fit."""
+    plan = resolved.plan
+    if plan.cp is None:
+        raise PlanError(
+            f"plan {plan.name}: the mesh has a cp axis > 1 but the plan has no `cp` section saying which inputs "
+            f"to split along the sequence; add one (see dtp/plan/cp.py) or build the mesh with cp=1."
+        )
+    splits = []
+    for rule in plan.cp.splits:
+        for path, module in _expand(model, rule.key, plan.name):
+            _check_input(plan.name, rule, path, module)
+            splits.append((path, rule))
+    _check_unique(plan.name, splits)
+    gathers = [(path, rule) for rule in plan.cp.gathers for path, _ in _expand(model, rule.key, plan.name)]
+    tp_paths = {spec.path for spec in resolved.attention}
+    attention = tuple(
+        CpAttentionSpec(path, module.heads, path in tp_paths) for path, module in _attention_modules(plan.name, model)
+    )
+    return CpResolved(plan.name, tuple(splits), tuple(gathers), attention)
+
+
+def _expand(model: nn.Module, key: str, plan_name: str):
+    return [("", model)] if key == "" else expand(model, key, plan_name)
+
+
+def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module) -> None:
+    """An input split must name a forward() parameter (outputs are checked when the module returns)."""
+    if rule.output:
+        return
+    params = inspect.signature(module.forward).parameters
+    if rule.name not in params:
+        raise PlanError(
+            f"plan {plan_name}, cp key '{rule.key}': '{path or '<model>'}' ({type(module).__name__}) has no forward() "
+            f"parameter '{rule.name}'; parameters: {', '.join(params)}."
+        )
+
+
+def _check_unique(plan_name: str, splits) -> None:
+    seen = {}
+    for path, rule in splits:
+        ident = (path, rule.name, rule.output)
+        if ident in seen:
+            raise PlanError(
+                f"plan {plan_name}: '{rule.name}' of '{path or '<model>'}' is split by both cp keys "
+                f"'{seen[ident]}' and '{rule.key}'; it would be cut twice."
+            )
+        seen[ident] = rule.key
+
+
+def _attention_modules(plan_name: str, model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every module with a diffusers processor; each must be pluggable, or its attention would stay local."""
+    found = []
+    for path, module in model.named_modules():
+        if getattr(module, "processor", None) is None:
+            continue
+        if processor_module(module) is None:
+            raise PlanError(
+                f"plan {plan_name}: attention '{path}' uses {type(module.processor).__name__}, which does not call "
+                f"dispatch_attention_fn; dtp context parallelism cannot plug into it (its attention would see "
+                f"only local tokens). Set a processor that does, or use cp=1."
+            )
+        if not is_int(getattr(module, "heads", None)):
+            raise PlanError(f"plan {plan_name}: attention '{path}' has no integer `heads`; cannot check cp.")
+        found.append((path, module))
+    if not found:
+        raise PlanError(
+            f"plan {plan_name}: {type(model).__name__} has no attention module with a processor; "
+            f"nothing for context parallelism to plug into."
+        )
+    return found
+
+
+def processor_module(attn: nn.Module):
+    """The Python module of `attn`'s processor if it calls `dispatch_attention_fn`, else None."""
+    processor = getattr(attn, "processor", None)
+    module = sys.modules.get(type(processor).__module__) if processor is not None else None
+    return module if module is not None and callable(getattr(module, DISPATCH_NAME, None)) else None

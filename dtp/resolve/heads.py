@@ -1,0 +1,89 @@
+"""Head bookkeeping: which attention modules' counts and widths become per-rank values, and their constraints.
+
+After q/k/v are split colwise each rank computes `heads / tp` heads, but diffusers' processors read
+the head layout from the module: 20 of 25 reshape with `attn.heads`, Qwen-Image computes
+`attn.inner_dim // attn.heads`, Flux2's fused single-stream processor splits by the ratio of
+`inner_dim` to `mlp_hidden_dim`. So every count and width below is rewritten to its local value
+together (`head_dim` is per head and stays). Without QK-norm a missed rewrite is silently wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..errors import PlanError
+from ..plan import Plan
+from ..policy import is_int
+from .constraints import Constraint
+from .globs import expand
+from .linears import LinearSpec
+
+# Head counts (must divide by tp) and the widths derived from them, when the module has them.
+HEAD_ATTRS = ("heads", "kv_heads", "num_heads", "num_kv_heads")
+WIDTH_ATTRS = ("inner_dim", "inner_kv_dim", "mlp_hidden_dim")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """An attention module and the global values of the attributes that become per-rank."""
+
+    path: str
+    key: str  # the `attention` glob (or "<inferred>") that selected it
+    values: tuple[tuple[str, int], ...]  # (attribute, global value)
+
+    def constraints(self) -> list[Constraint]:
+        return [Constraint(value, f"{attr} of {self.path}", self.key) for attr, value in self.values]
+
+    def local_values(self, tp: int) -> dict[str, int]:
+        return {attr: value // tp for attr, value in self.values}
+
+
+def attention_spec(path: str, module: nn.Module, key: str) -> AttentionSpec | None:
+    """The spec for `module`, or None when it has no integer `heads` (not an attention module)."""
+    if not is_int(getattr(module, "heads", None)):
+        return None
+    values = tuple(
+        (attr, getattr(module, attr)) for attr in HEAD_ATTRS + WIDTH_ATTRS if is_int(getattr(module, attr, None))
+    )
+    return AttentionSpec(path=path, key=key, values=values)
+
+
+def resolve_attention(plan: Plan, model: nn.Module, linears: list[LinearSpec]) -> list[AttentionSpec]:
+    """The attention modules whose head bookkeeping must follow the sharded projections."""
+    owners = _attention_owners(model, linears)
+    if plan.attention is None:
+        return [attention_spec(path, model.get_submodule(path), "<inferred>") for path in owners]
+    listed: dict[str, AttentionSpec] = {}
+    for key in plan.attention:
+        for path, module in expand(model, key, plan.name):
+            spec = attention_spec(path, module, key)
+            if spec is None:
+                raise PlanError(
+                    f"plan {plan.name}, attention '{key}': '{path}' ({type(module).__name__}) has no integer "
+                    f"`heads` attribute; list attention modules only."
+                )
+            listed[path] = spec
+    missing = [path for path in owners if path not in listed]
+    if missing:
+        raise PlanError(
+            f"plan {plan.name}: attention module '{missing[0]}' owns sharded projections but is not listed under "
+            f"`attention`, so its head count would stay global (silently wrong output). Add its glob to `attention`."
+        )
+    return list(listed.values())
+
+
+def _attention_owners(model: nn.Module, linears: list[LinearSpec]) -> list[str]:
+    """Paths of the nearest ancestors with an integer `heads` attribute of every sharded Linear."""
+    owners: dict[str, None] = {}
+    for spec in linears:
+        if spec.style.gathers_output:  # its output is whole: the head layout downstream is unchanged
+            continue
+        atoms = spec.path.split(".")
+        for depth in range(len(atoms) - 1, 0, -1):
+            path = ".".join(atoms[:depth])
+            if attention_spec(path, model.get_submodule(path), "") is not None:
+                owners[path] = None
+                break
+    return list(owners)

@@ -1,0 +1,92 @@
+"""Planned Linears: which rule matched each one, and the `Layout` of its weight and bias.
+
+The bias rule lives here and only here: a colwise bias follows the output features (split like the
+weight's rows); a rowwise bias is added once, after the all-reduce, so every rank holds it whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..errors import PlanError
+from ..plan import PACKED_BLOCKS_ATTR, Plan, Rule, Style
+from .constraints import Constraint
+from .globs import expand
+from .layout import Layout, block_sizes
+
+
+@dataclass(frozen=True)
+class LinearSpec:
+    """One planned Linear: its path, the rule that matched it, and its blocks along the split dim."""
+
+    path: str
+    rule: Rule
+    sizes: tuple[int, ...]  # absolute block sizes along `rule.style.shard_dim`
+    has_bias: bool
+
+    @property
+    def style(self) -> Style:
+        return self.rule.style
+
+    @property
+    def weight_layout(self) -> Layout:
+        return Layout(self.style.shard_dim, self.sizes)
+
+    def param_layouts(self) -> dict[str, Layout | None]:
+        """`{param name: Layout}`, `None` for a parameter every rank holds whole (a rowwise bias)."""
+        layouts = {"weight": self.weight_layout}
+        if self.has_bias:
+            layouts["bias"] = Layout(0, self.sizes) if self.style.splits_bias else None
+        return layouts
+
+    def constraints(self) -> list[Constraint]:
+        if len(self.sizes) == 1:
+            return [Constraint(self.sizes[0], f"dim {self.style.shard_dim} of {self.path}", self.rule.key)]
+        # Every block on its own: a sum that divides is not enough (the ranks would cut across blocks).
+        return [
+            Constraint(size, f"packed block {i} (of {list(self.sizes)}) of {self.path}", self.rule.key)
+            for i, size in enumerate(self.sizes)
+        ]
+
+
+def resolve_linears(plan: Plan, model: nn.Module) -> list[LinearSpec]:
+    """One LinearSpec per Linear the plan's rules address; PlanError for non-Linears and double matches."""
+    specs: dict[str, LinearSpec] = {}
+    for rule in plan.rules:
+        for path, module in expand(model, rule.key, plan.name):
+            if not isinstance(module, nn.Linear):
+                raise PlanError(
+                    f"plan {plan.name}, key '{rule.key}': '{path}' is a {type(module).__name__}, not an nn.Linear; "
+                    f"'{rule.style.value}' applies to Linear layers only."
+                )
+            if path in specs:
+                raise PlanError(
+                    f"plan {plan.name}: '{path}' is matched by both '{specs[path].rule.key}' and '{rule.key}'."
+                )
+            specs[path] = LinearSpec(path, rule, _sizes(plan, rule, path, module), module.bias is not None)
+    return list(specs.values())
+
+
+def _sizes(plan: Plan, rule: Rule, path: str, linear: nn.Linear) -> tuple[int, ...]:
+    dim_size = linear.weight.shape[rule.style.shard_dim]
+    if not rule.style.is_packed:
+        return (dim_size,)
+    blocks = rule.blocks
+    if blocks is None:
+        attr = PACKED_BLOCKS_ATTR[rule.style]
+        blocks = getattr(linear, attr, None)
+        if not blocks:
+            raise PlanError(
+                f"plan {plan.name}, key '{rule.key}': '{path}' is '{rule.style.value}' but has no blocks; give "
+                f"`blocks:` in the plan or set `{attr}` on the Linear."
+            )
+    try:
+        return block_sizes(dim_size, blocks)
+    except ValueError:
+        raise PlanError(
+            f"plan {plan.name}, key '{rule.key}': blocks {list(blocks)} (sum {sum(blocks)}) do not divide "
+            f"dim {rule.style.shard_dim} of '{path}' (size {dim_size}); blocks are proportions whose sum divides "
+            f"the dim, or absolute sizes that add up to it."
+        ) from None

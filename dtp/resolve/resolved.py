@@ -1,0 +1,52 @@
+"""plan + model -> `Resolved`: what to shard, what to rewrite, which numbers tp must divide. Mutates nothing.
+
+`resolve(plan, model)` expands the globs, reads every target Linear's shape and packed blocks, finds
+the attention modules whose head counts need rewriting and checks the colwise/rowwise pairing.
+`Resolved.check_tp(tp)` then checks one TP degree; `Resolved.candidates()` lists the degrees that
+pass. Only shapes and attributes are read, so a model on the meta device resolves as well.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..plan import Plan
+from .constraints import Constraint, candidates, check_divides
+from .heads import AttentionSpec, resolve_attention
+from .layout import Layout
+from .linears import LinearSpec, resolve_linears
+from .pairs import check_pairs
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A plan bound to one model: what to shard, what to rewrite, which numbers `tp` must divide."""
+
+    plan: Plan
+    linears: tuple[LinearSpec, ...]
+    attention: tuple[AttentionSpec, ...]
+    constraints: tuple[Constraint, ...]
+
+    def candidates(self) -> list[int]:
+        """Every TP degree that divides all constraints: the divisors of their gcd."""
+        return candidates(self.constraints)
+
+    def check_tp(self, tp: int) -> None:
+        """Raise PlanError naming the numbers `tp` does not divide (the first few, with their keys)."""
+        check_divides(self.constraints, tp, self.plan.name)
+
+    def param_layouts(self) -> dict[str, Layout | None]:
+        """`{qualified param name: Layout or None}` for every parameter of every planned Linear."""
+        return {f"{spec.path}.{name}": layout for spec in self.linears for name, layout in spec.param_layouts().items()}
+
+
+def resolve(plan: Plan, model: nn.Module) -> Resolved:
+    """Bind `plan` to `model` and run every check that does not depend on the TP degree."""
+    linears = resolve_linears(plan, model)
+    attention = resolve_attention(plan, model, linears)
+    check_pairs(plan, linears, [spec.path for spec in attention])
+    constraints = [c for spec in linears for c in spec.constraints()]
+    constraints += [c for spec in attention for c in spec.constraints()]
+    return Resolved(plan=plan, linears=tuple(linears), attention=tuple(attention), constraints=tuple(constraints))

@@ -1,0 +1,1 @@
+"""Runtime: the mesh, device placement, the ParallelStyles, head rewriting, context parallelism."""

@@ -1,0 +1,115 @@
+"""Plugging CP attention into diffusers' processors without editing diffusers.
+
+Every bundled processor (Flux, Flux2, Qwen-Image, Z-Image) computes attention through the name
+`dispatch_attention_fn` imported into its own module (`transformer_flux.dispatch_attention_fn`, ...).
+We replace that module-level name, once per processor module, with a thin dispatcher that reads a
+ContextVar: unset, it calls the original function with the original arguments (so models that were
+never parallelized, in the same process, are untouched); set, it runs Ulysses or ring attention on
+the `cp` group stored in it. The ContextVar is set only while a CP-enabled attention module runs:
+a forward pre-hook on that module sets it, a forward hook registered with `always_call=True` resets
+it even when the forward raises. So the effect is contained to the attention modules of the model
+that `parallelize` was called on, and `remove_cp` (removing the hooks) undoes it.
+
+Why not diffusers' own `_parallel_config` route: its ring/Ulysses templates need a backend that
+returns the log-sum-exp (none on CPU), build their own 1-D mesh, and diffusers refuses CP with TP.
+Why not wrap the processor object: diffusers filters processor kwargs by
+`inspect.signature(processor.__call__)`, so a generic wrapper would silently drop arguments.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from dataclasses import dataclass
+
+from torch import nn
+
+from ...errors import ForwardError
+from ...resolve.cp import DISPATCH_NAME, processor_module
+from .masks import key_mask
+from .ring import ring_attention
+from .ulysses import ulysses_attention
+
+_ACTIVE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("dtp_cp_attention", default=None)
+
+
+@dataclass(frozen=True)
+class CpAttention:
+    """Attention over the `cp` process group in one mode; called by the patched dispatcher."""
+
+    mode: str
+    group: object  # the process group of this rank's `cp` axis
+
+    def __call__(self, original, args: dict):
+        query, key, value = args["query"], args["key"], args["value"]
+        if args.get("dropout_p", 0.0) or args.get("is_causal", False) or args.get("enable_gqa", False):
+            raise ForwardError(
+                "context-parallel attention supports dropout_p=0, is_causal=False, enable_gqa=False only."
+            )
+        if args.get("parallel_config") is not None:
+            raise ForwardError("this model also has a diffusers parallel_config; use either dtp CP or diffusers CP.")
+        mask = key_mask(args.get("attn_mask"), query.shape[0], key.shape[1])
+        if self.mode == "ring":
+            return ring_attention(query, key, value, mask, group=self.group, scale=args.get("scale"))
+
+        def attend(q, k, v, attn_mask):
+            return original(q, k, v, attn_mask=attn_mask, scale=args.get("scale"), backend=args.get("backend"))
+
+        return ulysses_attention(query, key, value, mask, group=self.group, attend=attend)
+
+
+def patch_dispatch(module) -> None:
+    """Replace `module.dispatch_attention_fn` by the ContextVar dispatcher (idempotent)."""
+    original = getattr(module, DISPATCH_NAME)
+    if getattr(original, "_dtp_cp_original", None) is not None:
+        return
+    signature = inspect.signature(original)
+
+    def dispatch(*args, **kwargs):
+        scope = _ACTIVE.get()
+        if scope is None:
+            return original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        scope.calls += 1
+        return scope.attention(original, dict(bound.arguments))
+
+    dispatch._dtp_cp_original = original
+    dispatch.__doc__ = original.__doc__
+    setattr(module, DISPATCH_NAME, dispatch)
+
+
+class _Scope:
+    """Forward hooks that make `attention` the active CP attention while one module runs.
+
+    A module that finishes without calling the dispatcher (a processor that calls SDPA directly)
+    attended over its local tokens only, a silently wrong result: that is a ForwardError.
+    """
+
+    def __init__(self, path: str, attention):
+        self.path, self.attention = path, attention
+        self.calls = 0
+        self.tokens = []  # a stack: tolerate re-entrant calls
+
+    def enter(self, module, args):
+        self.calls = 0
+        self.tokens.append(_ACTIVE.set(self))
+
+    def exit(self, module, args, output):
+        _ACTIVE.reset(self.tokens.pop())
+        if self.calls == 0 and output is not None:  # output None: the forward raised; keep its error
+            raise ForwardError(
+                f"attention '{self.path}' ({type(module.processor).__name__}) ran without calling "
+                f"dispatch_attention_fn, so it attended over this rank's tokens only; use a processor that "
+                f"calls it, or cp=1."
+            )
+
+
+def install_attention(path: str, attn: nn.Module, attention: CpAttention) -> list:
+    """Patch `attn`'s processor module and scope CP attention to `attn`'s forward; returns hook handles."""
+    patch_dispatch(processor_module(attn))
+    scope = _Scope(path, attention)
+    return [
+        attn.register_forward_pre_hook(scope.enter),
+        attn.register_forward_hook(scope.exit, always_call=True),
+    ]

@@ -1,0 +1,41 @@
+"""Key masks under context parallelism.
+
+diffusers processors hand `dispatch_attention_fn` either no mask or a per-key mask: `[B, S_k]` or
+`[B, 1, 1, S_k]`, bool (True = attend) or additive float (Qwen-Image's joint text+image mask, Z-Image's
+padding mask). Under CP each rank holds the mask of its own key chunk; attention over all keys needs
+the mask of all chunks, concatenated in the same rank order as the keys. Masks that vary per query
+or per head are not per-key and are refused.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ...errors import ForwardError
+
+
+def key_mask(attn_mask: torch.Tensor | None, batch: int, keys: int) -> torch.Tensor | None:
+    """The mask as `[B, S_k]` (bool or float), or None."""
+    if attn_mask is None:
+        return None
+    if attn_mask.ndim == 4 and attn_mask.shape[1] == 1 and attn_mask.shape[2] == 1:
+        attn_mask = attn_mask[:, 0, 0]
+    if attn_mask.ndim != 2 or attn_mask.shape[-1] != keys or attn_mask.shape[0] not in (1, batch):
+        raise ForwardError(
+            f"context-parallel attention supports per-key masks of shape [B, S_k] or [B, 1, 1, S_k] "
+            f"(S_k = {keys} local keys), got {tuple(attn_mask.shape)}."
+        )
+    return attn_mask.expand(batch, keys)
+
+
+def gather_key_mask(mask: torch.Tensor | None, group) -> torch.Tensor | None:
+    """Concatenate every rank's `[B, S_local]` mask along keys, in rank order (bool travels as uint8)."""
+    if mask is None:
+        return None
+    wire = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
+    wire = wire.contiguous()
+    chunks = [torch.empty_like(wire) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(chunks, wire, group=group)
+    full = torch.cat(chunks, dim=1)
+    return full.bool() if mask.dtype == torch.bool else full

@@ -1,0 +1,41 @@
+"""Cutting a tensor into its `cp` sequence chunk, and putting the chunks back together.
+
+Rank r of a `cp`-rank group keeps `x.narrow(dim, r * n // cp, n // cp)`: contiguous chunks in rank
+order, so `cat([chunk_0, ..., chunk_{cp-1}], dim)` is `x` again. Example: n = 24 image tokens,
+cp = 4 -> rank 2 holds tokens 12..17. A length `cp` does not divide is refused (ForwardError naming
+the length and the degree) rather than padded: padding would add tokens every attention sees.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ...errors import ForwardError
+
+
+def local_chunk(x: torch.Tensor, dim: int, rank: int, cp: int, what: str, expected_dims: int | None = None):
+    """This rank's chunk of `x` along `dim`; `what` names the tensor in errors."""
+    if expected_dims is not None and x.ndim != expected_dims:
+        raise ForwardError(
+            f"cp split of {what}: expected a {expected_dims}-D tensor, got shape {tuple(x.shape)}; the plan's "
+            f"`expected_dims` does not match how this model is called."
+        )
+    n = x.shape[dim]
+    if n % cp:
+        raise ForwardError(
+            f"cp split of {what}: sequence length {n} (dim {dim}) is not divisible by the cp degree {cp}; "
+            f"use a length that is a multiple of {cp} (e.g. {n + (-n) % cp}) or a smaller cp."
+        )
+    size = n // cp
+    return x.narrow(dim, rank * size, size)
+
+
+def gather_chunks(x: torch.Tensor, dim: int, group, what: str, expected_dims: int | None = None) -> torch.Tensor:
+    """All-gather every rank's chunk of `x` on `group` and concatenate them along `dim`, in rank order."""
+    if expected_dims is not None and x.ndim != expected_dims:
+        raise ForwardError(f"cp gather of {what}: expected a {expected_dims}-D tensor, got shape {tuple(x.shape)}.")
+    x = x.contiguous()
+    chunks = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(chunks, x, group=group)
+    return torch.cat(chunks, dim=dim)

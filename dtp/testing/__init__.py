@@ -1,0 +1,1 @@
+"""Test fixtures: tiny configs and pipelines, a local multi-process launcher, parity helpers."""

@@ -1,0 +1,305 @@
+"""`dtp check MODEL_OR_PLAN --tp N`: a plan at full size, without GPUs or memory.
+
+Builds the model at full size on the meta device, joins torch's fake process group of `cp * tp`
+ranks (see `fakepg.py`), resolves and applies the plan exactly as `parallelize` does on rank 0, and
+reports what one rank would hold and send:
+
+    total        = sum of every parameter's bytes
+    per rank     = sum of this rank's local shards (replicated parameters whole)
+    ideal        = total / tp            (the physical limit: nothing replicated)
+    ratio        = per rank / ideal      (1.00 is perfect; diffusers' FLUX.1-dev plan: 2.93 at tp 8)
+
+and the collectives of one forward, counted while a meta forward runs at a stated resolution (one
+denoising step without CFG; true CFG runs two). Weights are replicated along `cp`, so the memory
+figures do not depend on `cp`; the collectives listed are the tensor-parallel ones on the `tp` axis.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from ..engine import apply, prepare, supported_tp
+from ..errors import PlanError
+from ..models import INPUT_BUILDERS
+from ..plan import Plan, bundled_plan_names, load_plan
+from ..policy import CP_MODES, check_degree, parse_dtype
+from ..resolve import Resolved
+from ..runtime.memory import local_param_bytes
+from ..runtime.mesh import make_mesh
+from .collectives import CollectiveCounter, implied_collectives
+from .fakepg import default_config, fake_world, meta_inputs, meta_model, read_config
+
+CHECK_DTYPES = ("fp32", "bf16", "fp16")
+TOP_REPLICATED = 6
+LATENT_PIXELS_PER_TOKEN = 16  # VAE downsampling 8 x patch 2, for all four bundled architectures
+DEFAULT_TEXT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL prompt length the pipelines pad or cap to
+
+
+def register(sub) -> None:
+    p = sub.add_parser("check", help="check a plan at full size on the meta device with a fake process group")
+    p.add_argument(
+        "target",
+        metavar="MODEL_OR_PLAN",
+        help=f"bundled plan ({', '.join(bundled_plan_names())}), plan YAML path, or diffusers class name",
+    )
+    p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel degree (fake world size is cp * tp)")
+    p.add_argument(
+        "--cp-mode",
+        choices=CP_MODES,
+        default="ulysses",
+        help="context-parallel attention whose head constraint applies with --cp > 1 (default ulysses)",
+    )
+    p.add_argument("--plan", help="plan to use with a class name (default: plan_for the class)")
+    p.add_argument("--config", help="diffusers config.json (default: the class defaults, see dtp.fakepg)")
+    p.add_argument("--dtype", choices=CHECK_DTYPES, default="bf16", help="parameter dtype (default bf16)")
+    p.add_argument("--resolution", type=int, default=1024, help="square image side in pixels for the forward")
+    p.add_argument("--text-tokens", type=int, default=DEFAULT_TEXT_TOKENS, help="prompt length for the forward")
+    p.add_argument(
+        "--no-forward",
+        dest="forward",
+        action="store_false",
+        help="skip the meta forward that counts the collectives (memory figures only)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    try:
+        report = check(
+            args.target,
+            tp=args.tp,
+            cp=args.cp,
+            cp_mode=args.cp_mode,
+            plan=args.plan,
+            config=args.config,
+            dtype=args.dtype,
+            resolution=args.resolution,
+            text_tokens=args.text_tokens,
+            forward=args.forward,
+        )
+    except PlanError as exc:
+        print(json.dumps({"error": str(exc)}) if args.json else f"dtp check: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+
+
+def check(
+    target: str,
+    *,
+    tp: int,
+    cp: int = 1,
+    cp_mode: str = "ulysses",
+    plan: str | None = None,
+    config: str | None = None,
+    dtype: str = "bf16",
+    resolution: int = 1024,
+    text_tokens: int = DEFAULT_TEXT_TOKENS,
+    forward: bool = True,
+) -> dict:
+    """The `dtp check` report as a dict; PlanError on a bad target, config, degree or plan."""
+    _check_degrees(tp, cp)
+    class_name, the_plan = _target(target, plan)
+    cfg = read_config(config) if config else None
+    report = measure(
+        class_name,
+        the_plan,
+        tp=tp,
+        cp=cp,
+        cp_mode=cp_mode,
+        config=cfg,
+        dtype=dtype,
+        resolution=resolution,
+        text_tokens=text_tokens,
+        forward=forward,
+    )
+    report["config"] = config or report["config"]
+    return report
+
+
+def measure(
+    class_name: str,
+    plan: Plan | None,
+    *,
+    tp: int,
+    cp: int = 1,
+    cp_mode: str = "ulysses",
+    config: dict | None = None,
+    dtype: str = "bf16",
+    resolution: int = 1024,
+    text_tokens: int = DEFAULT_TEXT_TOKENS,
+    forward: bool = True,
+) -> dict:
+    """Build `class_name` on meta, shard it with `plan` (None: `plan_for`) on rank 0 of a fake world.
+
+    `forward=False` skips the meta forward (and the measured collectives), for callers after memory only.
+    """
+    model = meta_model(class_name, config, parse_dtype(dtype))
+    with fake_world(tp * cp):
+        prepared = prepare(model, make_mesh(tp=tp, cp=cp, device_type="cpu"), plan, cp_mode=cp_mode)
+        report = _layout_report(model, prepared.resolved, class_name, config, dtype, tp, cp, cp_mode)
+        # Weights only: the cp hooks are left out, so the meta forward counts the tensor-parallel collectives.
+        apply(model, replace(prepared, cp_resolved=None))
+        report["per_rank_bytes"] = local_param_bytes(model)
+        if forward:
+            report["collectives"] = _collectives(
+                model, prepared.resolved, class_name, parse_dtype(dtype), resolution, text_tokens
+            )
+    report["ratio"] = report["per_rank_bytes"] / (report["total_bytes"] / tp)
+    return report
+
+
+def _layout_report(model, resolved: Resolved, class_name, config, dtype, tp, cp, cp_mode) -> dict:
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {
+        "model": class_name,
+        "plan": resolved.plan.name,
+        "config": "given" if config is not None else _default_label(class_name),
+        "dtype": dtype,
+        "tp": tp,
+        "cp": cp,
+        "world_size": tp * cp,
+        "params": sum(p.numel() for p in model.parameters()),
+        "total_bytes": total,
+        "ideal_bytes": total // tp,
+        "cp_mode": cp_mode if cp > 1 else None,
+        "candidates": supported_tp(model, resolved, cp, cp_mode),
+        "replicated": replicated_modules(model, resolved)[:TOP_REPLICATED],
+    }
+
+
+def _default_label(class_name: str) -> str:
+    overrides = default_config(class_name)
+    return f"class defaults + {json.dumps(overrides)}" if overrides else "class defaults"
+
+
+def _check_degrees(tp, cp) -> None:
+    for name, value in (("tp", tp), ("cp", cp)):
+        check_degree(value, f"dtp check: --{name}")
+
+
+def _target(target: str, plan: str | None) -> tuple[str, Plan | None]:
+    """(class name, plan or None for `plan_for`) from a bundled plan name, a YAML path or a class name."""
+    if target in bundled_plan_names() or target.endswith((".yaml", ".yml")) or Path(target).is_file():
+        if plan is not None:
+            raise PlanError(f"dtp check: '{target}' is a plan already; --plan applies to a class name only.")
+        the_plan = load_plan(target)
+        if not the_plan.models:
+            raise PlanError(f"plan {the_plan.name} lists no `models`; run `dtp check CLASS --plan {target}`.")
+        return the_plan.models[0], the_plan
+    import diffusers
+
+    cls = getattr(diffusers, target, None)
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise PlanError(
+            f"dtp check: '{target}' is neither a bundled plan ({', '.join(bundled_plan_names())}), a plan file, "
+            f"nor a diffusers model class (e.g. FluxTransformer2DModel)."
+        )
+    return target, load_plan(plan) if plan else None
+
+
+def replicated_modules(model: torch.nn.Module, resolved: Resolved) -> list[dict]:
+    """Every rank's whole-held parameters, by module with block indices folded to `*`, largest first."""
+    layouts = resolved.param_layouts()
+    bytes_by, paths_by = Counter(), {}
+    for name, param in model.named_parameters():
+        if layouts.get(name) is not None:
+            continue
+        module = name.rpartition(".")[0]
+        pattern = re.sub(r"\.\d+(?=\.|$)", ".*", module, count=1)
+        bytes_by[pattern] += param.numel() * param.element_size()
+        paths_by.setdefault(pattern, set()).add(module)
+    return [{"module": m, "count": len(paths_by[m]), "bytes": b} for m, b in bytes_by.most_common()]
+
+
+def _collectives(model, resolved, class_name, dtype, resolution, text_tokens) -> dict:
+    """Collectives of one meta forward (measured), next to what the plan implies."""
+    implied = Counter()
+    for counts in implied_collectives(resolved, model).values():
+        implied.update(counts)
+    result = {"implied": dict(implied)}
+    if resolution % LATENT_PIXELS_PER_TOKEN:
+        raise PlanError(f"dtp check: --resolution {resolution} must be a multiple of {LATENT_PIXELS_PER_TOKEN}.")
+    img_tokens = (resolution // LATENT_PIXELS_PER_TOKEN) ** 2
+    if class_name not in INPUT_BUILDERS:
+        result["measured"] = None
+        result["note"] = f"no input builder for {class_name}: counts implied by the plan only"
+        return result
+    inputs = meta_inputs(class_name, model.config, dtype, img_tokens=img_tokens, txt_tokens=text_tokens)
+    with torch.no_grad(), CollectiveCounter(model) as counter:
+        model(**inputs)
+    by_op = {}
+    for record in counter.records:
+        entry = by_op.setdefault(record.op, {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += record.bytes
+    result.update(
+        batch=1,
+        resolution=resolution,
+        img_tokens=img_tokens,
+        txt_tokens=text_tokens,
+        measured=by_op,
+        count=len(counter.records),
+        bytes=counter.total_bytes(),
+    )
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+
+def format_report(r: dict) -> str:
+    lines = [
+        f"dtp check: {r['model']}, plan {r['plan']}, tp={r['tp']} cp={r['cp']} "
+        f"(meta device, fake process group of {r['world_size']} ranks)",
+        f"config: {r['config']}; parameters in {r['dtype']}",
+        f"  total parameters     {r['params'] / 1e9:10.3f} B  {_gb(r['total_bytes'])}",
+        f"  per-rank bytes       {'':12} {_gb(r['per_rank_bytes'])}",
+        f"  ideal total/tp       {'':12} {_gb(r['ideal_bytes'])}",
+        f"  ratio per-rank/ideal {r['ratio']:10.3f}",
+        f"  supported tp         {', '.join(map(str, r['candidates']))}"
+        + (f" (with cp={r['cp']}, {r['cp_mode']})" if r["cp"] > 1 else ""),
+        "largest replicated modules (held whole by every rank):",
+    ]
+    lines += [f"  {m['module']:<52} x{m['count']:<3} {_gb(m['bytes'])}" for m in r["replicated"]]
+    if "collectives" in r:
+        lines += _format_collectives(r["collectives"])
+    if r["cp"] > 1:
+        lines.append(
+            f"cp={r['cp']}: weights are replicated along cp, so the memory figures are per tp group; "
+            f"context-parallel collectives are not counted here."
+        )
+    return "\n".join(lines)
+
+
+def _format_collectives(c: dict) -> list[str]:
+    if c.get("measured") is None:
+        return [f"collectives per forward ({c['note']}):"] + [f"  {op:<24} {n:6d}" for op, n in c["implied"].items()]
+    lines = [
+        f"collectives per forward = one denoising step without CFG (batch {c['batch']}, "
+        f"{c['resolution']}x{c['resolution']} px = {c['img_tokens']} image + {c['txt_tokens']} text tokens; "
+        f"bytes = size of each full result):"
+    ]
+    lines += [f"  {op:<24} {e['count']:6d}  {_gb(e['bytes'])}" for op, e in c["measured"].items()]
+    lines.append(f"  {'total':<24} {c['count']:6d}  {_gb(c['bytes'])}")
+    if {op: e["count"] for op, e in c["measured"].items()} != c["implied"]:
+        lines.append(f"  note: the plan implies {c['implied']} (one per rowwise / gathered Linear call)")
+    return lines
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:10.3f} GB" if n >= 1e8 else f"{n / 1e6:10.3f} MB"

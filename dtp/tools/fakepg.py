@@ -1,0 +1,107 @@
+"""Full-size models without memory or GPUs: the meta device plus torch's fake process group.
+
+A model built under `torch.device("meta")` has every parameter's shape and dtype but no storage,
+so FLUX.2-dev (32 B parameters) builds in well under a second. torch's fake process group
+(backend "fake") answers every collective without communicating, for any world size, in one
+process: it lets `make_mesh` and `parallelize` run exactly as they would on rank 0 of `cp * tp`
+ranks. Together they show the per-rank layout of a plan at full size on a laptop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..errors import PlanError
+from ..models import example_inputs, model_class
+
+# Where a released checkpoint's config differs from the diffusers class defaults. FLUX.1-dev is
+# FluxTransformer2DModel's defaults with guidance distillation on (FLUX.1-schnell has it off).
+# Flux2Transformer2DModel, QwenImageTransformer2DModel and ZImageTransformer2DModel defaults are
+# FLUX.2-dev, Qwen-Image and Z-Image(-Turbo) 6B respectively.
+RELEASED_OVERRIDES = {
+    "FluxTransformer2DModel": {"guidance_embeds": True},
+}
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int):
+    """Initialize torch's fake process group of `world_size` ranks (this process is rank 0).
+
+    Refuses to replace a process group that is already initialized (it is not ours to destroy).
+    """
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
+
+    if dist.is_initialized():
+        raise RuntimeError("fake_world: a process group is already initialized in this process.")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def default_config(class_name: str) -> dict:
+    """The full-size config used when none is given: the class defaults plus `RELEASED_OVERRIDES`."""
+    return dict(RELEASED_OVERRIDES.get(class_name, {}))
+
+
+def read_config(path) -> dict:
+    """A diffusers `config.json` (private `_` keys dropped); PlanError when it cannot be read."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"config {path}: cannot read it as JSON ({exc}).") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"config {path}: expected a JSON object, got {type(data).__name__}.")
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def meta_model(class_name: str, config: dict | None = None, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """A diffusers model of class `class_name` on the meta device (`config=None`: `default_config`)."""
+    cls = model_class(class_name)
+    kwargs = default_config(class_name) if config is None else config
+    with torch.device("meta"):
+        model = cls.from_config(kwargs)
+    if dtype is not None:
+        with _quiet_diffusers():  # its "modules to keep in float32" advice is about loading real weights
+            model = model.to(dtype)
+    return model.eval()
+
+
+@contextlib.contextmanager
+def _quiet_diffusers():
+    from diffusers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def meta_inputs(
+    class_name: str, config, dtype: torch.dtype, *, img_tokens: int, txt_tokens: int, batch: int = 1
+) -> dict:
+    """Forward kwargs for a full-size model of a bundled architecture, as meta tensors.
+
+    The shapes come from the same builders as the tiny inputs (`models.py`), fed the full config; the
+    values are never read. Floating tensors take the model's dtype. PlanError for other classes.
+    """
+    kwargs = example_inputs(class_name, dict(config), seed=0, batch=batch, img_tokens=img_tokens, txt_tokens=txt_tokens)
+    if config.get("guidance_embeds") and "guidance" not in kwargs:
+        kwargs["guidance"] = torch.full((batch,), 3.5)
+    return {name: _to_meta(value, dtype) for name, value in kwargs.items()}
+
+
+def _to_meta(value, dtype: torch.dtype):
+    if isinstance(value, list):
+        return [_to_meta(v, dtype) for v in value]
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.to(device="meta", dtype=dtype if value.is_floating_point() else value.dtype)

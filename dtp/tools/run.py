@@ -1,0 +1,279 @@
+"""`dtp run`: generate one image with a diffusers pipeline whose transformer is sharded by dtp.
+
+Under torchrun every process is one rank of the TP group (tp = world size):
+
+    torchrun --nproc-per-node 4 -m dtp run --model-dir ./FLUX.2-dev --prompt "a cat" --output cat.png
+
+Each rank loads the pipeline's transformer sharded (only its slice reaches the accelerator), the other
+components (text encoders, VAE) whole, and runs the same denoising loop from the same seeded latents;
+the transformer's collectives keep the ranks in lock step, and rank 0 saves the image. Started
+without torchrun, `dtp run` runs the unsharded pipeline in one process: the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..errors import PlanError
+from ..loading import from_pretrained
+from ..plan import load_plan
+from ..policy import CP_MODES, DTYPES, default_backend, default_device_type, parse_dtype
+from ..runtime.memory import local_param_bytes
+from ..runtime.mesh import make_mesh
+from ..runtime.placement import local_device
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="generate an image with a sharded pipeline (launch with torchrun)")
+    p.add_argument("--model-dir", required=True, help="a diffusers pipeline directory (model_index.json)")
+    p.add_argument(
+        "--plan",
+        default=None,
+        help="bundled plan name or YAML path (default: the model's bundled plan); used under torchrun",
+    )
+    p.add_argument(
+        "--cp", type=int, default=1, help="context-parallel degree under torchrun: tp = world size / cp (default 1)"
+    )
+    p.add_argument("--cp-mode", choices=CP_MODES, default="ulysses", help="CP attention (default ulysses)")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's)")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--seed", type=int, default=42, help="latents seed, the same on every rank (default 42)")
+    p.add_argument(
+        "--dtype", choices=["auto", *DTYPES], default="auto", help="auto: bfloat16 on accelerators, float32 on CPU"
+    )
+    p.add_argument("--output", default="output.png", help="image path, written by rank 0 (default output.png)")
+    p.add_argument("--report", default=None, help="also write per-rank weight bytes and step times as JSON (rank 0)")
+    p.add_argument("--save-pixels", default=None, help="also save the float [0, 1] pixels as .npy (rank 0)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Entry point of `dtp run`: sharded under torchrun (WORLD_SIZE set), else the one-process reference."""
+    quiet_libraries()
+    if "WORLD_SIZE" not in os.environ:
+        device = local_device(default_device_type())
+        pipe = load_pipeline(args.model_dir, device=device, dtype=_dtype(args.dtype, device))
+        _generate_and_save(pipe, args, distributed=False)
+        return 0
+    device = init_distributed()
+    try:
+        mesh = make_mesh(tp=_tp_degree(dist.get_world_size(), args.cp), cp=args.cp, device_type=device.type)
+        pipe = load_pipeline(
+            args.model_dir,
+            device=device,
+            dtype=_dtype(args.dtype, device),
+            mesh=mesh,
+            plan=args.plan,
+            cp_mode=args.cp_mode,
+        )
+        pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
+        _generate_and_save(pipe, args, distributed=True)
+        dist.barrier()  # tear down together, not while rank 0 still writes the image
+    finally:
+        dist.destroy_process_group()
+    _exit_now()
+    return 0
+
+
+def _exit_now() -> None:
+    """End a finished rank without interpreter finalization.
+
+    Rarely (once in a full CI run here; not in 24 launches since) a gloo rank aborted after its
+    work was done and its group destroyed: "terminate called without an active exception"
+    (exit -6), which makes torchrun, and so `dtp demo`, fail. Gloo worker threads that still hold
+    tensors crash while the interpreter tears down (pytorch/pytorch#179291 describes it). Every
+    output is written and closed by now, so flush the streams and leave without finalizing.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _tp_degree(world_size: int, cp: int) -> int:
+    if cp < 1 or world_size % cp:
+        raise PlanError(f"dtp run: --cp {cp} must divide the number of processes ({world_size}).")
+    return world_size // cp
+
+
+def _generate_and_save(pipe, args, *, distributed: bool) -> None:
+    """Generate on every rank; rank 0 saves the image and, if asked, the pixels and every rank's report."""
+    pixels, step_s = generate(pipe, args.prompt, steps=args.steps, height=args.height, width=args.width, seed=args.seed)
+    reports = [rank_report(pipe, step_s)]
+    if distributed:
+        reports = [None] * dist.get_world_size()
+        dist.all_gather_object(reports, rank_report(pipe, step_s))
+        if dist.get_rank() != 0:
+            return
+    save_image(pixels, args.output)
+    if args.save_pixels:
+        np.save(args.save_pixels, pixels)
+    if args.report:
+        Path(args.report).write_text(json.dumps({"ranks": reports}, indent=1))
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+
+def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None, cp_mode="ulysses"):
+    """The pipeline in `model_dir` on `device`; its transformer sharded on `mesh` when one is given.
+
+    The transformer is loaded first and handed to `from_pretrained`, so the full transformer is
+    never materialized next to the sharded one.
+    """
+    from diffusers import DiffusionPipeline
+
+    if mesh is None:
+        transformer = transformer_class(model_dir).from_pretrained(
+            model_dir, subfolder="transformer", torch_dtype=dtype
+        )
+    else:
+        transformer = load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode)
+    pipe = DiffusionPipeline.from_pretrained(model_dir, transformer=transformer, torch_dtype=dtype)
+    return pipe.to(device)  # moves the replicated components; the sharded ones are already there
+
+
+def load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode="ulysses"):
+    """The pipeline's transformer, sharded with `plan` (name, path, Plan or None = bundled) on `mesh`
+    (TP on its `tp` axis; the plan's context parallelism in `cp_mode` when its `cp` axis is > 1).
+
+    Shard-on-load: each rank reads only its own slice of every sharded tensor from the safetensors
+    files and moves only that slice to `device` (no full copy of the transformer on any rank).
+    """
+    plan = load_plan(plan) if isinstance(plan, (str, Path)) else plan
+    return from_pretrained(
+        transformer_class(model_dir),
+        model_dir,
+        mesh,
+        plan,
+        subfolder="transformer",
+        torch_dtype=dtype,
+        device=device,
+        cp_mode=cp_mode,
+    )
+
+
+def transformer_class(model_dir):
+    """The diffusers class of the pipeline's transformer, as named in model_index.json."""
+    import diffusers
+
+    index_path = Path(model_dir) / "model_index.json"
+    if not index_path.exists():
+        raise FileNotFoundError(f"{model_dir} is not a diffusers pipeline directory: {index_path} is missing.")
+    entry = json.loads(index_path.read_text()).get("transformer")
+    if not entry or entry[1] is None:
+        raise ValueError(f"{index_path} names no transformer component; dtp shards a pipeline's transformer.")
+    return getattr(diffusers, entry[1])
+
+
+# ---- generating ------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def generate(pipe, prompt=None, *, steps=None, height=None, width=None, seed=42, **pipe_kwargs):
+    """Run the pipeline once; returns (float pixels H x W x 3 in [0, 1], wall seconds of each step).
+
+    The generator lives on the CPU so every rank, whatever its device, draws the same latents.
+    """
+    options = {k: v for k, v in dict(num_inference_steps=steps, height=height, width=width).items() if v is not None}
+    timer = StepTimer(pipe)
+    with timer:
+        out = pipe(
+            prompt=prompt,
+            generator=torch.Generator("cpu").manual_seed(seed),
+            output_type="np",
+            callback_on_step_end=timer.end_step,
+            **options,
+            **pipe_kwargs,
+        )
+    return out.images[0], timer.seconds
+
+
+class StepTimer:
+    """Wall time of each denoising step: from the step's first transformer call to its end-of-step callback."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+        self.seconds: list[float] = []
+        self._start = None
+        self._cuda = pipe.device.type == "cuda"
+
+    def __enter__(self):
+        self._hook = self.pipe.transformer.register_forward_pre_hook(self._begin)
+        return self
+
+    def __exit__(self, *exc):
+        self._hook.remove()
+
+    def _now(self) -> float:
+        if self._cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _begin(self, module, args):
+        if self._start is None:  # classifier-free guidance calls the transformer twice per step
+            self._start = self._now()
+
+    def end_step(self, pipe, step, timestep, callback_kwargs):
+        self.seconds.append(self._now() - self._start)
+        self._start = None
+        return callback_kwargs
+
+
+def rank_report(pipe, step_seconds: list[float]) -> dict:
+    return {
+        "transformer_bytes": local_param_bytes(pipe.transformer),
+        "step_s": statistics.median(step_seconds),
+        "steps": len(step_seconds),
+    }
+
+
+def save_image(pixels: np.ndarray, path) -> None:
+    from PIL import Image
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray((pixels * 255).round().clip(0, 255).astype(np.uint8)).save(path)
+
+
+# ---- process setup ---------------------------------------------------------------------------
+
+
+def init_distributed() -> torch.device:
+    """Join torchrun's process group (the backend of this rank's device type); returns this rank's device."""
+    device = local_device(default_device_type())  # cuda:<local rank>, the local Neuron core, or cpu
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(default_backend(device.type))
+    return device
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return parse_dtype(name)
+
+
+def quiet_libraries() -> None:
+    """Silence loading bars and info logs of diffusers and transformers (denoising bars stay)."""
+    import diffusers
+    import transformers
+
+    for lib in (diffusers, transformers):
+        lib.utils.logging.set_verbosity_error()
+        lib.utils.logging.disable_progress_bar()
+    # diffusers 0.42 renamed torch_dtype to dtype; the old name still works and is what older releases take.
+    warnings.filterwarnings("ignore", message="`torch_dtype` is deprecated")
