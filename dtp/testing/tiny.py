@@ -105,8 +105,14 @@ def tiny_inputs(
 
 
 def output_tensor(output) -> torch.Tensor:
-    """The sample tensor of a diffusers model output (tuple, list of per-image tensors, or tensor)."""
+    """The sample of a diffusers model output as one fp32 tensor.
+
+    A tuple's first element, or the tensor itself; a list of per-image tensors (Z-Image) is stacked
+    when the images have one shape, else flattened and concatenated (images of different sizes).
+    """
     out = output[0] if isinstance(output, (tuple, list)) else output
-    if isinstance(out, (list, tuple)):
-        out = torch.stack([o.float() for o in out])
-    return out
+    if not isinstance(out, (list, tuple)):
+        return out.float()
+    if len({tuple(o.shape) for o in out}) == 1:
+        return torch.stack([o.float() for o in out])
+    return torch.cat([o.float().flatten() for o in out])

@@ -15,7 +15,7 @@ import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.runtime.cp import remove_cp
 from dtp.testing.launch import spawn
-from dtp.testing.tiny import tiny_inputs, tiny_model
+from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
 
 TOL = 1e-4
 MODES = ("ulysses", "ring")
@@ -26,14 +26,6 @@ FLUX, FLUX2, QWEN, ZIMAGE = (
     "QwenImageTransformer2DModel",
     "ZImageTransformer2DModel",
 )
-
-
-def output_tensor(output) -> torch.Tensor:
-    """The sample as one flat fp32 tensor (Z-Image returns one tensor per image, of different sizes)."""
-    out = output[0] if isinstance(output, (tuple, list)) else output
-    if isinstance(out, (list, tuple)):
-        return torch.cat([o.float().flatten() for o in out])
-    return out.float()
 
 
 def _inputs(cls: str) -> dict:

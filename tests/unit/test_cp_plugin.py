@@ -41,12 +41,10 @@ def test_patched_dispatch_is_inert_without_scope_and_active_inside_it():
     assert torch.equal(output_tensor(model(**inputs)), before)
 
     recorder = _Recorder()
-    attn = model.transformer_blocks[0].attn
-    scope = plugin._Scope("transformer_blocks.0.attn", recorder)
-    handles = [attn.register_forward_pre_hook(scope.enter), attn.register_forward_hook(scope.exit, always_call=True)]
+    handles = plugin.install_attention("transformer_blocks.0.attn", model.transformer_blocks[0].attn, recorder)
     assert torch.equal(output_tensor(model(**inputs)), before)
     assert recorder.calls == 1  # only the scoped module's attention, once per forward
-    assert plugin._ACTIVE.get() is None  # reset after the forward
+    assert plugin.active_attention() is None  # reset after the forward
     for handle in handles:
         handle.remove()
     model(**inputs)
@@ -57,9 +55,7 @@ def test_attention_that_bypasses_the_dispatcher_is_an_error():
     """A scoped module whose processor never calls dispatch_attention_fn raises instead of going local."""
     model, inputs = tiny_model(FLUX), tiny_inputs(FLUX)
     attn = model.transformer_blocks[0].attn
-    scope = plugin._Scope("transformer_blocks.0.attn", _Recorder())
-    attn.register_forward_hook(scope.exit, always_call=True)
-    attn.register_forward_pre_hook(scope.enter)
+    plugin.install_attention("transformer_blocks.0.attn", attn, _Recorder())
     original_processor = attn.processor
 
     class Bypass(type(original_processor)):
@@ -69,4 +65,4 @@ def test_attention_that_bypasses_the_dispatcher_is_an_error():
     attn.set_processor(Bypass())
     with pytest.raises(ForwardError, match="ran without calling dispatch_attention_fn"):
         model(**inputs)
-    assert plugin._ACTIVE.get() is None
+    assert plugin.active_attention() is None

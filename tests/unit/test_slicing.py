@@ -2,13 +2,13 @@
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 import dtp
 from dtp.resolve import resolve
-from dtp.resolve.layout import assemble, block_sizes, indivisible_blocks, local_slice, rank_ranges
+from dtp.resolve.layout import block_sizes, rank_ranges
 
 TP = st.sampled_from([1, 2, 3, 4, 8])
 
@@ -32,9 +32,15 @@ def test_proportional_blocks_become_absolute_sizes(blocks, unit):
 
 @given(blocks=st.lists(st.integers(1, 6), min_size=1, max_size=6), total=st.integers(1, 500))
 def test_sum_not_dividing_is_rejected(blocks, total):
-    if total % sum(blocks):
-        with pytest.raises(ValueError, match="do not divide"):
-            block_sizes(total, blocks)
+    assume(total % sum(blocks))
+    with pytest.raises(ValueError, match="do not divide"):
+        block_sizes(total, blocks)
+
+
+def oracle_slice(full: torch.Tensor, dim: int, sizes, tp: int, rank: int) -> torch.Tensor:
+    """Rank `rank`'s piece written independently of dtp: per block, `chunk(tp)[rank]`, concatenated."""
+    blocks = torch.split(full, list(sizes), dim=dim)
+    return torch.cat([block.chunk(tp, dim=dim)[rank] for block in blocks], dim=dim)
 
 
 @settings(max_examples=60)
@@ -44,45 +50,69 @@ def test_sum_not_dividing_is_rejected(blocks, total):
     other=st.integers(1, 5),
     dim=st.sampled_from([0, 1]),
 )
-def test_gathered_rank_slices_reassemble_exactly(tp, per_rank, other, dim):
-    sizes = [n * tp for n in per_rank]  # every block divides by tp
+def test_rank_slices_match_an_independent_construction_and_reassemble(tp, per_rank, other, dim):
+    sizes = tuple(n * tp for n in per_rank)  # every block divides by tp
     shape = [other, other]
     shape[dim] = sum(sizes)
     full = torch.randn(shape)
-    locals_ = [local_slice(full, dim, sizes, tp, rank) for rank in range(tp)]
-    assert all(local.shape[dim] == sum(sizes) // tp for local in locals_)
-    assert torch.equal(assemble(locals_, dim, sizes), full)
+    layout = dtp.Layout(dim, sizes)
+    locals_ = [layout.local_slice(full, tp, rank) for rank in range(tp)]
+    for rank, local in enumerate(locals_):
+        assert torch.equal(local, oracle_slice(full, dim, sizes, tp, rank)), rank
+        assert local.shape == layout.local_shape(full.shape, tp)
+    assert torch.equal(layout.assemble(locals_), full)
 
 
-@settings(max_examples=60)
-@given(tp=st.sampled_from([2, 3, 4]), blocks=st.lists(st.integers(1, 24), min_size=2, max_size=5))
-def test_any_indivisible_block_is_rejected_by_name(tp, blocks):
-    bad = indivisible_blocks(blocks, tp)
-    if not bad:
-        return
-    model = _PackedPair(blocks)
+def test_layout_worked_example():
+    """[a0 a1 | b0 b1 b2 b3] at tp=2: rank 0 holds [a0 | b0 b1], rank 1 [a1 | b2 b3]."""
+    full = torch.arange(6.0).reshape(6, 1)
+    layout = dtp.Layout(0, (2, 4))
+    assert layout.local_slice(full, 2, 0).flatten().tolist() == [0.0, 2.0, 3.0]
+    assert layout.local_slice(full, 2, 1).flatten().tolist() == [1.0, 4.0, 5.0]
+
+
+def packed_pair_resolved(blocks):
     plan = dtp.Plan.from_dict(
         {
             "up": {"style": "packed_colwise", "blocks": list(blocks)},
             "down": {"style": "packed_rowwise", "blocks": list(blocks)},
         }
     )
-    resolved = resolve(plan, model)
-    index, size = bad[0]
-    with pytest.raises(dtp.PlanError, match=rf"packed block {index} .*={size}"):
+    return resolve(plan, _PackedPair(blocks))
+
+
+@settings(max_examples=80)
+@given(tp=st.integers(1, 8), blocks=st.lists(st.integers(1, 24), min_size=2, max_size=5))
+def test_packed_blocks_accepted_exactly_when_tp_divides_every_block(tp, blocks):
+    """Both directions against the oracle "every block % tp == 0": accepted and listed, or refused by name."""
+    resolved = packed_pair_resolved(blocks)
+    valid = all(b % tp == 0 for b in blocks)  # the oracle
+    assert (tp in resolved.candidates()) == valid
+    if valid:
         resolved.check_tp(tp)
+    else:
+        index = next(i for i, b in enumerate(blocks) if b % tp)
+        with pytest.raises(dtp.PlanError, match=rf"tp={tp} does not divide packed block {index} .*={blocks[index]}"):
+            resolved.check_tp(tp)
+
+
+@settings(max_examples=60)
+@given(tp=st.integers(2, 6), k=st.integers(1, 4), data=st.data())
+def test_sum_divides_but_one_block_does_not_is_refused(tp, k, data):
+    """Built explicitly: the blocks add up to a multiple of tp, yet one block is not a multiple of tp."""
+    bad = data.draw(st.integers(1, 6 * tp).filter(lambda b: b % tp), label="bad block")
+    fill = tp - bad % tp + tp * data.draw(st.integers(0, 3), label="fill multiple")  # sum back to a multiple of tp
+    blocks = [bad, fill] + [tp * k]
+    assume(sum(blocks) % tp == 0)
+    resolved = packed_pair_resolved(blocks)
     assert tp not in resolved.candidates()
+    with pytest.raises(dtp.PlanError, match=rf"tp={tp} does not divide packed block 0 .*={bad}"):
+        resolved.check_tp(tp)
 
 
 def test_sum_divides_but_a_block_does_not():
     """[2, 6] at tp=4: the sum 8 divides, block 0 (size 2) does not."""
-    plan = dtp.Plan.from_dict(
-        {
-            "up": {"style": "packed_colwise", "blocks": [2, 6]},
-            "down": {"style": "packed_rowwise", "blocks": [2, 6]},
-        }
-    )
-    resolved = resolve(plan, _PackedPair([2, 6]))
+    resolved = packed_pair_resolved([2, 6])
     with pytest.raises(dtp.PlanError, match=r"tp=4 does not divide packed block 0 .*=2 \(key .up.\)"):
         resolved.check_tp(4)
     assert resolved.candidates() == [1, 2]

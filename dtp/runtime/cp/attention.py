@@ -105,8 +105,18 @@ class _Scope:
             )
 
 
-def install_attention(path: str, attn: nn.Module, attention: CpAttention) -> list:
-    """Patch `attn`'s processor module and scope CP attention to `attn`'s forward; returns hook handles."""
+def active_attention():
+    """The attention callable the dispatcher routes to right now, or None outside a hooked module's forward."""
+    scope = _ACTIVE.get()
+    return None if scope is None else scope.attention
+
+
+def install_attention(path: str, attn: nn.Module, attention) -> list:
+    """Patch `attn`'s processor module and scope `attention` to `attn`'s forward; returns hook handles.
+
+    `attention(original, args)` is called instead of `dispatch_attention_fn(**args)` while `attn`
+    runs (`CpAttention` in production; anything with that signature, e.g. a recorder in tests).
+    """
     patch_dispatch(processor_module(attn))
     scope = _Scope(path, attention)
     return [
