@@ -39,7 +39,9 @@ def test_a_raising_rank_is_reported_with_its_traceback():
 
 
 def test_a_rank_that_dies_silently_fails_the_call_quickly():
+    """Reported as soon as the death is seen, not at spawn's 600 s timeout (the bound leaves room for a loaded
+    machine: it took 28 s once with 6 test jobs on 2 cores, ~3 s alone)."""
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="rank 1 died with exit code 3"):
         spawn(_rank1_dies, 2)
-    assert time.monotonic() - start < 25
+    assert time.monotonic() - start < 120
