@@ -85,13 +85,22 @@ class Padding:
         return {h.path: h.padded_heads for h in self.heads}
 
 
-def head_padding(spec: AttentionSpec, module: nn.Module, multiple: int, plan_name: str) -> HeadPadding:
-    """Pad `spec`'s heads (and kv heads) to multiples of `multiple`; PlanError when the head layout is unknown."""
+def head_padding(
+    spec: AttentionSpec, module: nn.Module, multiple: int, plan_name: str, widths: tuple[int, ...] = ()
+) -> HeadPadding:
+    """Pad `spec`'s heads (and kv heads) to multiples of `multiple`; PlanError when the head layout is unknown.
+
+    The head width is the module's `head_dim`, else `inner_dim / heads`, else (a bare module whose
+    processor reshapes with `heads` only) the widest of `widths` (its colwise children's blocks:
+    q is the widest of q/k/v) that the heads divide, over the heads.
+    """
     values = dict(spec.values)
     heads = next(values[a] for a in HEAD_COUNT_ATTRS if a in values)
     head_dim = getattr(module, "head_dim", None)
     if not is_int(head_dim):
         head_dim = values["inner_dim"] // heads if "inner_dim" in values else None
+    if not head_dim:
+        head_dim = max((w for w in widths if w % heads == 0), default=0) // heads
     if not head_dim:
         raise PlanError(
             f"plan {plan_name}: pad=True needs the head width of '{spec.path}', but it has neither `head_dim` nor "
@@ -120,7 +129,10 @@ def pad_resolved(resolved: Resolved, model: nn.Module, tp: int, head_multiple: i
     check_degree(tp, f"plan {resolved.plan.name}: tp")
     multiple = head_multiple or tp
     name = resolved.plan.name
-    heads = {s.path: head_padding(s, model.get_submodule(s.path), multiple, name) for s in resolved.attention}
+    heads = {
+        s.path: head_padding(s, model.get_submodule(s.path), multiple, name, _child_widths(resolved, s.path))
+        for s in resolved.attention
+    }
     col = [_pad_colwise(spec, heads, tp) for spec in resolved.linears if spec.style.shard_dim == 0]
     pairs = [s for s in col if not s.style.gathers_output]
     padded = {s.path: s for s in col}
@@ -134,6 +146,12 @@ def pad_resolved(resolved: Resolved, model: nn.Module, tp: int, head_multiple: i
     out = replace(resolved, linears=linears, attention=attention, constraints=tuple(constraints))
     assert not [c for c in out.constraints if c.value % tp], "padding left a width tp does not divide"
     return Padding(tp, resolved, out, tuple(heads.values()))
+
+
+def _child_widths(resolved: Resolved, path: str) -> tuple[int, ...]:
+    """The blocks of the colwise Linears directly under `path` (q/k/v of an attention module)."""
+    children = [s for s in resolved.linears if s.style.shard_dim == 0 and s.path.rpartition(".")[0] == path]
+    return tuple(b for s in children for b in s.sizes)
 
 
 def _pad_colwise(spec: LinearSpec, heads: dict[str, HeadPadding], tp: int) -> LinearSpec:
@@ -226,3 +244,47 @@ def check_unpadded(resolved: Resolved, model: nn.Module, tp: int, padded_candida
                 f"{', '.join(map(str, options))}."
             )
     check_divides(resolved.constraints, tp, resolved.plan.name, hint=hint)
+
+
+# ---------------------------------------------------------------------------------------------
+# cost
+
+
+def overhead(padding: Padding, model: nn.Module) -> dict:
+    """What padding costs, read from the unsharded `model`'s shapes (call before `apply`).
+
+    padded_params / padded_bytes: zero elements added to the sharded parameters, all ranks together
+        (each rank holds 1/tp of them);
+    linear_flops_ratio: padded / unpadded multiply-adds per token of every Linear in the model
+        (a Linear costs in * out per token; unplanned ones are unchanged);
+    attention_flops_ratio: padded / unpadded heads x head_dim summed over the padded attention
+        modules (attention costs seq^2 x heads x head_dim, whatever the sequence length).
+    """
+    added = added_bytes = 0
+    for spec in padding.resolved.linears:
+        linear = model.get_submodule(spec.path)
+        for name, layout in spec.param_layouts().items():
+            if layout is None:
+                continue
+            param = getattr(linear, name)
+            count = (sum(layout.split_sizes) - sum(layout.block_sizes)) * (param.numel() // param.shape[layout.dim])
+            added += count
+            added_bytes += count * param.element_size()
+    weights = {spec.path: spec for spec in padding.resolved.linears}
+    flops = padded_flops = 0
+    for path, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            flops += module.weight.numel()
+            spec = weights.get(path)
+            scale = sum(spec.weight_layout.split_sizes) / sum(spec.sizes) if spec else 1
+            padded_flops += module.weight.numel() * scale
+    widths = sum(h.heads * h.head_dim for h in padding.heads)
+    padded_widths = sum(h.padded_heads * h.head_dim for h in padding.heads)
+    return {
+        "padded_params": added,
+        "padded_bytes": added_bytes,
+        "padded_bytes_per_rank": added_bytes // padding.tp,
+        "linear_flops_ratio": padded_flops / flops if flops else 1.0,
+        "attention_flops_ratio": padded_widths / widths if widths else 1.0,
+        "heads": sorted({f"{h.heads}->{h.padded_heads}" for h in padding.heads}),
+    }

@@ -5,6 +5,8 @@ from __future__ import annotations
 from functools import partial
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import dtp
 from dtp.loading.load import load
@@ -51,13 +53,14 @@ def run_cases(rank, world_size, dirs):
     tp4 = dtp.make_mesh(tp=4, cp=1, device_type="cpu")
     cp2tp2 = dtp.make_mesh(tp=2, cp=2, device_type="cpu")
     results = {}
-    for name, (cls, plan_name, _) in PADDED.items():
+    for name, (_, plan_name, _) in PADDED.items():
         plan = dtp.load_plan(plan_name)
         results[f"{name}/tp4"] = forward_parity(make(name), inputs(name), tp4, plan, pad=True).relative
         results[f"{name}/load_tp4"] = load_parity(name, dirs[name], tp4)
     # Ulysses: 6 heads at tp=2 would leave 3 per rank, which cp=2 does not divide; padded to 8: 4, then 2.
     results["flux6/cp2tp2"] = forward_parity(make("flux6"), inputs("flux6"), cp2tp2, dtp.load_plan("flux"), pad=True)
     results["flux6/cp2tp2"] = results["flux6/cp2tp2"].relative
+    results["gqa/tp4"] = forward_parity(GqaModel, gqa_inputs(), tp4, dtp.Plan.from_dict(GQA_PLAN), pad=True).relative
     results.update(layout_facts())
     results["zimage30/nonzero_padding"] = nonzero_padding(tp4)
     return results
@@ -73,7 +76,8 @@ def load_parity(name: str, path: str, mesh) -> dict:
     return dict(
         relative=float((out - reference).abs().max() / reference.abs().max()),
         bytes_read=stats.bytes_read,
-        share=stats.share_bytes,
+        sharded=stats.sharded_bytes,
+        replicated=stats.replicated_bytes,
     )
 
 
@@ -103,3 +107,51 @@ def nonzero_padding(mesh) -> float:
             attn.to_out[0].weight.to_local()[:, pad_rows] = 1.0
     out = output_tensor(model(**inputs("zimage30"))).float()
     return float((out - ref).abs().max() / ref.abs().max())
+
+
+class GqaAttention(nn.Module):
+    """diffusers-style GQA attention: 6 query heads share 2 kv heads (3 each), per-head QK RMSNorm, RoPE-free."""
+
+    def __init__(self, dim=24, heads=6, kv_heads=2, head_dim=4):
+        super().__init__()
+        self.heads, self.kv_heads = heads, kv_heads
+        self.to_q = nn.Linear(dim, heads * head_dim)
+        self.to_k = nn.Linear(dim, kv_heads * head_dim)
+        self.to_v = nn.Linear(dim, kv_heads * head_dim)
+        self.norm_q = nn.RMSNorm(head_dim, eps=1e-6)
+        self.norm_k = nn.RMSNorm(head_dim, eps=1e-6)
+        self.to_out = nn.ModuleList([nn.Linear(heads * head_dim, dim)])
+
+    def forward(self, x, mask):
+        q = self.norm_q(self.to_q(x).unflatten(-1, (self.heads, -1))).transpose(1, 2)
+        k = self.norm_k(self.to_k(x).unflatten(-1, (self.kv_heads, -1))).transpose(1, 2)
+        v = self.to_v(x).unflatten(-1, (self.kv_heads, -1)).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], enable_gqa=True)
+        return self.to_out[0](out.transpose(1, 2).flatten(2))
+
+
+class GqaModel(nn.Module):
+    def __init__(self):
+        torch.manual_seed(0)
+        super().__init__()
+        self.blocks = nn.ModuleList([GqaAttention(), GqaAttention()])
+
+    def forward(self, x, mask):
+        for block in self.blocks:
+            x = x + block(x, mask)
+        return x
+
+
+GQA_PLAN = {
+    "blocks.*.to_q": "colwise",
+    "blocks.*.to_k": "colwise",
+    "blocks.*.to_v": "colwise",
+    "blocks.*.to_out.0": "rowwise",
+}
+
+
+def gqa_inputs() -> dict:
+    g = torch.Generator().manual_seed(3)
+    mask = torch.ones(BATCH, 10, dtype=torch.bool)
+    mask[1, 7:] = False  # the second sample's last 3 keys are masked out
+    return dict(x=torch.randn(BATCH, 10, 24, generator=g), mask=mask)
