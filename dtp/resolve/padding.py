@@ -34,7 +34,7 @@ from .constraints import Constraint, check_divides
 from .cp import CpResolved
 from .heads import AttentionSpec
 from .linears import LinearSpec
-from .pairs import _nearest_scope
+from .pairs import nearest_scope
 from .resolved import Resolved
 
 HEAD_COUNT_ATTRS = ("heads", "num_heads")
@@ -162,7 +162,7 @@ def _pad_colwise(spec: LinearSpec, heads: dict[str, HeadPadding], tp: int) -> Li
 
 def _pad_rowwise(spec: LinearSpec, colwise: list[LinearSpec], tp: int, plan_name: str) -> LinearSpec:
     """Each input block takes the padded width of the colwise blocks of its width in the nearest scope."""
-    _, partners = _nearest_scope(spec.path, colwise)
+    _, partners = nearest_scope(spec.path, colwise)
     sizes = []
     for size in spec.sizes:
         options = {p for s in partners for b, p in zip(s.sizes, s.padded_sizes) if b == size}
