@@ -236,7 +236,10 @@ def check_unpadded(resolved: Resolved, model: nn.Module, tp: int, padded_candida
     check_degree(tp, f"plan {resolved.plan.name}: tp")
     hint = ""
     if any(c.value % tp for c in resolved.constraints):
-        options = padded_candidates() if padded_candidates else pad_candidates(resolved, model)
+        try:
+            options = padded_candidates() if padded_candidates else pad_candidates(resolved, model)
+        except PlanError:  # e.g. a cp problem: reported by its own check, after this one
+            options = []
         if tp in options:
             hint = (
                 f" Or pass pad=True (`dtp check --pad`): heads and widths are zero-padded to multiples of tp, "

@@ -286,7 +286,7 @@ def format_report(r: dict) -> str:
         f"  per-rank bytes       {'':12} {_gb(r['per_rank_bytes'])}",
         f"  ideal total/tp       {'':12} {_gb(r['ideal_bytes'])}",
         f"  ratio per-rank/ideal {r['ratio']:10.3f}",
-        f"  supported tp         {', '.join(map(str, r['candidates']))}"
+        f"  supported tp         {_degrees(r['candidates'])}"
         + (f" (with cp={r['cp']}, {r['cp_mode']})" if r["cp"] > 1 else "")
         + (" (pad=True)" if r["pad"] else ""),
     ]
@@ -302,6 +302,13 @@ def format_report(r: dict) -> str:
             f"context-parallel collectives are not counted here."
         )
     return "\n".join(lines)
+
+
+def _degrees(degrees: list[int]) -> str:
+    """`1, 2, 5, 10`; a run of consecutive degrees as `1-30` (pad=True lists every degree)."""
+    if len(degrees) > 3 and degrees == list(range(degrees[0], degrees[-1] + 1)):
+        return f"{degrees[0]}-{degrees[-1]}"
+    return ", ".join(map(str, degrees))
 
 
 def _format_padding(p: dict) -> list[str]:

@@ -10,8 +10,9 @@ from torch import nn
 import dtp
 from dtp.engine import prepare
 from dtp.resolve import resolve
+from dtp.resolve.heads import AttentionSpec
 from dtp.resolve.layout import Layout, rank_pieces
-from dtp.resolve.padding import pad_resolved, round_up
+from dtp.resolve.padding import head_padding, pad_resolved, round_up
 from dtp.testing.tiny import tiny_model
 
 ZIMAGE30 = dict(dim=240, n_heads=30, n_kv_heads=30, axes_dims=[4, 2, 2])
@@ -214,3 +215,24 @@ def test_ulysses_pads_heads_to_tp_times_cp(fake_world):
     assert {s.local_heads(2) for s in prepared.cp_resolved.attention} == {4}
     # ring attention has no head constraint: padding to a multiple of tp (6 heads, tp=2) is none.
     assert prepare(model, mesh, dtp.load_plan("flux"), cp_mode="ring", pad=True).padding.is_noop
+
+
+@settings(max_examples=200, deadline=None)
+@given(kv=st.integers(1, 40), group=st.integers(1, 4), head_dim=st.integers(1, 16), tp=st.integers(1, 16))
+def test_head_padding_is_minimal_and_keeps_groups(kv, group, head_dim, tp):
+    """kv' is the least multiple of tp >= kv; q' = kv' x group; widths follow the heads (GQA and MHA, group 1)."""
+    heads = kv * group
+    spec = AttentionSpec("attn", "attn", (("heads", heads), ("kv_heads", kv), ("inner_dim", heads * head_dim)))
+    padding = head_padding(spec, nn.Module(), tp, "p")
+    assert padding.padded_kv_heads % tp == 0 and 0 <= padding.padded_kv_heads - kv < tp
+    assert padding.padded_heads == padding.padded_kv_heads * group
+    assert padding.pad_width(heads * head_dim, tp) == padding.padded_heads * head_dim
+    assert padding.pad_width(kv * head_dim, tp) == padding.padded_kv_heads * head_dim
+    assert padding.head_dim == head_dim
+
+
+def test_head_padding_without_kv_heads_is_plain():
+    """MHA (no kv count): heads pad to the least multiple of tp, kv heads with them."""
+    spec = AttentionSpec("attn", "attn", (("heads", 30), ("inner_dim", 3840)))
+    padding = head_padding(spec, nn.Module(), 8, "p")
+    assert (padding.heads, padding.padded_heads, padding.padded_kv_heads, padding.head_dim) == (30, 32, 32, 128)
