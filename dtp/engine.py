@@ -9,8 +9,11 @@ call these two, so a check added to `prepare` guards all of them and they all fa
   3. the plan: given, or `plan_for(model)`;
   4. the plan against the model (`resolve`): paths, globs, Linear targets, packed blocks, attention
      modules and their head bookkeeping, colwise/rowwise pairs;
-  5. the TP degree: it divides every constraint (widths, blocks, heads);
-  6. the `cp` section, when the mesh's `cp` axis is > 1: sites, pluggable attention, Ulysses heads;
+  5. the TP degree: it divides every constraint (widths, blocks, heads); with `pad=True` instead,
+     heads and widths are zero-padded to multiples of tp (`resolve/padding.py`; exact), and
+     `Prepared.resolved` is the padded binding (the refusal without it suggests pad=True);
+  6. the `cp` section, when the mesh's `cp` axis is > 1: sites, pluggable attention, Ulysses heads
+     (padded heads are multiples of tp * cp under Ulysses, so they divide);
   7. the device: of the mesh's device type.
 """
 
@@ -26,6 +29,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 from .plan import Plan, plan_for
 from .policy import check_cp_mode
 from .resolve import CpResolved, Resolved, resolve, resolve_cp
+from .resolve.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
 from .runtime.cp import apply_cp
 from .runtime.heads import set_local_heads
 from .runtime.mesh import CP_AXIS, cp_degree, tp_submesh
@@ -37,12 +41,13 @@ from .runtime.styles import style_for
 class Prepared:
     """Everything `apply` needs, all of it checked: the plan bound to the model, the mesh axes, options."""
 
-    resolved: Resolved
+    resolved: Resolved  # padded for this tp when `padding` is set
     cp_resolved: CpResolved | None  # None when the mesh's cp axis is 1
     mesh: object  # the ("cp", "tp") DeviceMesh (or a 1-D "tp" mesh)
     tp_mesh: object
     cp_mode: str
     device: torch.device | None  # where slices (and then everything else) go; None: leave in place
+    padding: Padding | None = None  # pad=True: the unpadded binding and the padded head counts
 
     @property
     def tp(self) -> int:
@@ -53,20 +58,34 @@ class Prepared:
         return self.resolved.plan
 
 
-def prepare(model: nn.Module, mesh, plan: Plan | None = None, *, cp_mode: str = "ulysses", device=None) -> Prepared:
+def prepare(
+    model: nn.Module, mesh, plan: Plan | None = None, *, cp_mode: str = "ulysses", device=None, pad: bool = False
+) -> Prepared:
     """Run every check (see the module docstring for the order); mutate nothing; return what `apply` needs."""
     check_cp_mode(cp_mode)
     tp_mesh = tp_submesh(mesh)
+    tp, cp = tp_mesh.size(), cp_degree(mesh)
     resolved = resolve(plan if plan is not None else plan_for(model), model)
-    resolved.check_tp(tp_mesh.size())
+    padding = None
+    if pad:
+        padding = pad_resolved(resolved, model, tp, tp * _head_factor(cp, cp_mode))
+        resolved = padding.resolved
+    else:
+        check_unpadded(resolved, model, tp, lambda: supported_tp(model, resolved, cp, cp_mode, pad=True))
     cp_resolved = None
-    if cp_degree(mesh) > 1:
+    if cp > 1:
         cp_resolved = resolve_cp(resolved, model)
-        cp_resolved.check(tp_mesh.size(), cp_degree(mesh), cp_mode)
+        cp_resolved = pad_cp(cp_resolved, padding) if padding is not None else cp_resolved
+        cp_resolved.check(tp, cp, cp_mode)
     if device is not None:
         device = local_device(device)
         check_device(device, tp_mesh)
-    return Prepared(resolved, cp_resolved, mesh, tp_mesh, cp_mode, device)
+    return Prepared(resolved, cp_resolved, mesh, tp_mesh, cp_mode, device, padding)
+
+
+def _head_factor(cp: int, cp_mode: str) -> int:
+    """Padded heads are multiples of tp * this: cp under Ulysses (each rank's heads are split over cp)."""
+    return cp if cp > 1 and cp_mode == "ulysses" else 1
 
 
 def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) -> nn.Module:
@@ -100,10 +119,23 @@ def move_unsharded(model: nn.Module, device) -> None:
                 module._buffers[name] = buffer.to(device)
 
 
-def supported_tp(model: nn.Module, resolved: Resolved, cp: int, cp_mode: str) -> list[int]:
-    """`resolved.candidates()` narrowed to the degrees that also work with `cp` ranks in `cp_mode`."""
-    if cp == 1:
+def supported_tp(model: nn.Module, resolved: Resolved, cp: int, cp_mode: str, pad: bool = False) -> list[int]:
+    """`resolved.candidates()` narrowed to the degrees that also work with `cp` ranks in `cp_mode`.
+
+    pad=True: every degree from 1 to the smallest head count that padding serves (`padding.pad_candidates`).
+    """
+    if cp > 1:
+        check_cp_mode(cp_mode)
+    cp_resolved = resolve_cp(resolved, model) if cp > 1 else None
+    if pad:
+        if cp_resolved is None:
+            return pad_candidates(resolved, model)
+        return pad_candidates(
+            resolved,
+            model,
+            _head_factor(cp, cp_mode),
+            lambda t, padding: pad_cp(cp_resolved, padding).allows(t, cp, cp_mode),
+        )
+    if cp_resolved is None:
         return resolved.candidates()
-    check_cp_mode(cp_mode)
-    cp_resolved = resolve_cp(resolved, model)
     return [t for t in resolved.candidates() if cp_resolved.allows(t, cp, cp_mode)]

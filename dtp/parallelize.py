@@ -11,7 +11,7 @@ from .resolve import resolve
 
 
 def parallelize(
-    model: nn.Module, mesh, plan: Plan | None = None, *, cp_mode: str = "ulysses", device=None
+    model: nn.Module, mesh, plan: Plan | None = None, *, cp_mode: str = "ulysses", device=None, pad: bool = False
 ) -> nn.Module:
     """Shard `model` in place with `plan` (default: `plan_for(model)`) on `mesh`'s `tp` axis; returns it.
 
@@ -23,16 +23,23 @@ def parallelize(
     `device` (a device, or a type such as "cuda" meaning cuda:<local rank>, see
     `placement.local_device`) is for a model loaded whole on CPU: each sharded parameter's slice is
     cut on CPU and only the slice is moved; replicated parameters and buffers are moved whole.
+
+    `pad=True` accepts a tp that does not divide the heads or widths: they are zero-padded to the
+    next multiple of tp (zero q/k/v rows and output-projection columns; zero FFN units), which is
+    exact and costs the padded compute, e.g. Z-Image's 30 heads run at tp=4 as 32 (8 per rank).
     """
-    return apply(model, prepare(model, mesh, plan, cp_mode=cp_mode, device=device))
+    return apply(model, prepare(model, mesh, plan, cp_mode=cp_mode, device=device, pad=pad))
 
 
-def tp_candidates(model: nn.Module, plan: Plan | None = None, *, cp: int = 1, cp_mode: str = "ulysses") -> list[int]:
+def tp_candidates(
+    model: nn.Module, plan: Plan | None = None, *, cp: int = 1, cp_mode: str = "ulysses", pad: bool = False
+) -> list[int]:
     """The TP degrees `model` supports under `plan` (default: `plan_for(model)`), e.g. [1, 2, 4, 8].
 
     With `cp > 1`, only the degrees that also work with that many context-parallel ranks in
     `cp_mode` (Ulysses: (heads / tp) % cp == 0; the plan needs a `cp` section).
+    With `pad=True`, every degree from 1 up to the smallest head count the plan touches (Z-Image: 1..30).
     """
     check_degree(cp, "cp")
     resolved = resolve(plan if plan is not None else plan_for(model), model)
-    return supported_tp(model, resolved, cp, cp_mode)
+    return supported_tp(model, resolved, cp, cp_mode, pad=pad)

@@ -65,6 +65,7 @@ def from_pretrained(
     torch_dtype: torch.dtype | None = None,
     device=None,
     cp_mode: str = "ulysses",
+    pad: bool = False,
 ) -> nn.Module:
     """Build `model_class` from a diffusers folder, sharded on `mesh`'s `tp` axis, reading only this rank's slices.
 
@@ -74,22 +75,33 @@ def from_pretrained(
     (plan, TP degree, missing/unexpected keys, shapes, non-safetensors, truncated or corrupt
     files) raises `PlanError` (`checkpoint.CheckpointError` for the files) before a byte is read.
     On a mesh whose `cp` axis is > 1 the plan's cp section is applied as in `parallelize`
-    (`cp_mode` "ulysses" or "ring"). Returns the model in eval mode.
+    (`cp_mode` "ulysses" or "ring"). `pad=True` zero-pads heads and widths tp does not divide (as in
+    `parallelize`): each rank reads its real rows and makes its padded ones as zeros. Returns the model in eval mode.
     """
     model, _ = load(
-        model_class, path, mesh, plan, subfolder=subfolder, torch_dtype=torch_dtype, device=device, cp_mode=cp_mode
+        model_class,
+        path,
+        mesh,
+        plan,
+        subfolder=subfolder,
+        torch_dtype=torch_dtype,
+        device=device,
+        cp_mode=cp_mode,
+        pad=pad,
     )
     return model
 
 
-def load(model_class, path, mesh, plan=None, *, subfolder=None, torch_dtype=None, device=None, cp_mode="ulysses"):
+def load(
+    model_class, path, mesh, plan=None, *, subfolder=None, torch_dtype=None, device=None, cp_mode="ulysses", pad=False
+):
     """`from_pretrained`, also returning this rank's `LoadStats`."""
     start = time.perf_counter()
     directory = os.path.join(path, subfolder) if subfolder else path
     check_float_dtype(torch_dtype)
     model = build_on_meta(model_class, directory, torch_dtype)
     target = local_device(device if device is not None else tp_submesh(mesh).device_type)
-    prepared = prepare(model, mesh, plan, cp_mode=cp_mode, device=target)
+    prepared = prepare(model, mesh, plan, cp_mode=cp_mode, device=target, pad=pad)
     checkpoint = open_checkpoint(directory)
     check_keys(checkpoint, {k: tuple(v.shape) for k, v in model.state_dict().items()}, model_class.__name__)
 

@@ -28,8 +28,11 @@ def candidates(constraints) -> list[int]:
     return [d for d in range(1, g + 1) if g % d == 0] if g else [1]
 
 
-def check_divides(constraints, tp, plan_name: str) -> None:
-    """PlanError naming the numbers `tp` does not divide (the first few, with their keys) and the supported degrees."""
+def check_divides(constraints, tp, plan_name: str, hint: str = "") -> None:
+    """PlanError naming the numbers `tp` does not divide (the first few, with their keys) and the supported degrees.
+
+    `hint` ends the message (e.g. "Or pass pad=True ...", see `padding.check_unpadded`).
+    """
     check_degree(tp, f"plan {plan_name}: tp")
     failed = [c for c in constraints if c.value % tp]
     if not failed:
@@ -37,4 +40,4 @@ def check_divides(constraints, tp, plan_name: str) -> None:
     shown = "; ".join(f"{c.what}={c.value} (key '{c.key}')" for c in failed[:_SHOWN])
     more = f"; and {len(failed) - _SHOWN} more" if len(failed) > _SHOWN else ""
     supported = ", ".join(map(str, candidates(constraints)))
-    raise PlanError(f"plan {plan_name}: tp={tp} does not divide {shown}{more}. Supported tp: {supported}.")
+    raise PlanError(f"plan {plan_name}: tp={tp} does not divide {shown}{more}. Supported tp: {supported}.{hint}")

@@ -25,6 +25,7 @@ class LinearSpec:
     rule: Rule
     sizes: tuple[int, ...]  # absolute block sizes along `rule.style.shard_dim`
     has_bias: bool
+    padded_sizes: tuple[int, ...] | None = None  # set by `padding.pad_resolved` (pad=True); None: unpadded
 
     @property
     def style(self) -> Style:
@@ -32,13 +33,13 @@ class LinearSpec:
 
     @property
     def weight_layout(self) -> Layout:
-        return Layout(self.style.shard_dim, self.sizes)
+        return Layout(self.style.shard_dim, self.sizes, self.padded_sizes)
 
     def param_layouts(self) -> dict[str, Layout | None]:
         """`{param name: Layout}`, `None` for a parameter every rank holds whole (a rowwise bias)."""
         layouts = {"weight": self.weight_layout}
         if self.has_bias:
-            layouts["bias"] = Layout(0, self.sizes) if self.style.splits_bias else None
+            layouts["bias"] = Layout(0, self.sizes, self.padded_sizes) if self.style.splits_bias else None
         return layouts
 
     def constraints(self) -> list[Constraint]:

@@ -38,7 +38,7 @@ def check_pairs(plan: Plan, linears: list[LinearSpec], attention_paths=()) -> No
 def _require_partner(
     plan: Plan, spec: LinearSpec, others: list[LinearSpec], kind: str, side: str, *, match_width: bool = True
 ) -> None:
-    scope, partners = _nearest_scope(spec.path, others)
+    scope, partners = nearest_scope(spec.path, others)
     if not partners:
         raise PlanError(
             f"plan {plan.name}, key '{spec.rule.key}': '{spec.path}' is {spec.style.value} but no {kind} layer in "
@@ -53,7 +53,7 @@ def _require_partner(
             )
 
 
-def _nearest_scope(path: str, others: list[LinearSpec]) -> tuple[str, list[LinearSpec]]:
+def nearest_scope(path: str, others: list[LinearSpec]) -> tuple[str, list[LinearSpec]]:
     atoms = path.split(".")
     for depth in range(len(atoms) - 1, -1, -1):
         scope = ".".join(atoms[:depth])

@@ -8,6 +8,10 @@ of torch's Colwise/RowwiseParallel. The math is theirs:
     rowwise  y   = sum_r x_r W_r^T + b       (W split by input columns; one all-reduce; b added once)
     gathered y   = all_gather_r(x W_r^T + b_r)   (colwise, then the full feature order on every rank)
 
+With pad=True a layout's padded rows/columns are zeros made on this rank (`Layout.padded_sizes`):
+a padded colwise output unit is 0 and meets a zero rowwise column, so the sums are unchanged; a
+gathered output drops its trailing padded features after the all-gather.
+
 Parameters are built from this rank's slice only (`Layout.local_slice`): no weight collective is
 issued and no full copy is made, so every rank must start with identical weights (loaded from one
 checkpoint, or created under the same seed). With `weights_local=True` the parameters were already
@@ -118,6 +122,10 @@ class GatheredColwise(LinearStyle):
     def __init__(self, spec: LinearSpec, **kwargs):
         assert len(spec.sizes) == 1, "a gathered output is only in full order for a single block"
         super().__init__(spec, **kwargs)
+        self.width = spec.sizes[0]  # with pad=True the gathered rows end in zero padding, dropped here
+
+    def _output(self, module, output, mesh):
+        return super()._output(module, output, mesh)[..., : self.width]
 
 
 STYLE_CLASSES = {

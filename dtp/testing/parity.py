@@ -25,9 +25,10 @@ class Parity:
 
 
 @torch.no_grad()
-def forward_parity(make_model, inputs: dict, mesh, plan=None) -> Parity:
-    """Build two identical models with `make_model()`, shard one with `plan`, compare one forward."""
+def forward_parity(make_model, inputs: dict, mesh, plan=None, **options) -> Parity:
+    """Build two identical models with `make_model()`, shard one with `plan` (and `parallelize`'s
+    keyword `options`, e.g. pad=True), compare one forward."""
     ref = output_tensor(make_model()(**inputs)).float()
-    sharded_model = parallelize(make_model(), mesh, plan)
+    sharded_model = parallelize(make_model(), mesh, plan, **options)
     out = output_tensor(sharded_model(**inputs)).float()
     return Parity(float((out - ref).abs().max()), float(ref.abs().max()))

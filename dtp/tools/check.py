@@ -31,6 +31,7 @@ from ..models import INPUT_BUILDERS
 from ..plan import Plan, bundled_plan_names, load_plan
 from ..policy import CP_MODES, check_degree, parse_dtype
 from ..resolve import Resolved
+from ..resolve.padding import overhead
 from ..runtime.memory import local_param_bytes
 from ..runtime.mesh import make_mesh
 from .collectives import CollectiveCounter, implied_collectives
@@ -56,6 +57,11 @@ def register(sub) -> None:
         choices=CP_MODES,
         default="ulysses",
         help="context-parallel attention whose head constraint applies with --cp > 1 (default ulysses)",
+    )
+    p.add_argument(
+        "--pad",
+        action="store_true",
+        help="zero-pad heads and widths tp does not divide (exact; reports the padding overhead)",
     )
     p.add_argument("--plan", help="plan to use with a class name (default: plan_for the class)")
     p.add_argument("--config", help="diffusers config.json (default: the class defaults, see dtp.fakepg)")
@@ -85,6 +91,7 @@ def run(args) -> int:
             resolution=args.resolution,
             text_tokens=args.text_tokens,
             forward=args.forward,
+            pad=args.pad,
         )
     except PlanError as exc:
         print(json.dumps({"error": str(exc)}) if args.json else f"dtp check: {exc}", file=sys.stderr)
@@ -109,6 +116,7 @@ def check(
     resolution: int = 1024,
     text_tokens: int = DEFAULT_TEXT_TOKENS,
     forward: bool = True,
+    pad: bool = False,
 ) -> dict:
     """The `dtp check` report as a dict; PlanError on a bad target, config, degree or plan."""
     _check_degrees(tp, cp)
@@ -125,6 +133,7 @@ def check(
         resolution=resolution,
         text_tokens=text_tokens,
         forward=forward,
+        pad=pad,
     )
     report["config"] = config or report["config"]
     return report
@@ -142,15 +151,20 @@ def measure(
     resolution: int = 1024,
     text_tokens: int = DEFAULT_TEXT_TOKENS,
     forward: bool = True,
+    pad: bool = False,
 ) -> dict:
     """Build `class_name` on meta, shard it with `plan` (None: `plan_for`) on rank 0 of a fake world.
 
     `forward=False` skips the meta forward (and the measured collectives), for callers after memory only.
+    `pad=True` zero-pads heads and widths tp does not divide; `report["padding"]` says what that costs
+    (`padding.overhead`); `total_bytes` and `ideal_bytes` stay the unpadded model's.
     """
     model = meta_model(class_name, config, parse_dtype(dtype))
     with fake_world(tp * cp):
-        prepared = prepare(model, make_mesh(tp=tp, cp=cp, device_type="cpu"), plan, cp_mode=cp_mode)
-        report = _layout_report(model, prepared.resolved, class_name, config, dtype, tp, cp, cp_mode)
+        prepared = prepare(model, make_mesh(tp=tp, cp=cp, device_type="cpu"), plan, cp_mode=cp_mode, pad=pad)
+        unpadded = prepared.padding.unpadded if prepared.padding is not None else prepared.resolved
+        report = _layout_report(model, unpadded, class_name, config, dtype, tp, cp, cp_mode, pad)
+        report["padding"] = overhead(prepared.padding, model) if prepared.padding is not None else None
         # Weights only: the cp hooks are left out, so the meta forward counts the tensor-parallel collectives.
         apply(model, replace(prepared, cp_resolved=None))
         report["per_rank_bytes"] = local_param_bytes(model)
@@ -162,7 +176,7 @@ def measure(
     return report
 
 
-def _layout_report(model, resolved: Resolved, class_name, config, dtype, tp, cp, cp_mode) -> dict:
+def _layout_report(model, resolved: Resolved, class_name, config, dtype, tp, cp, cp_mode, pad) -> dict:
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     return {
         "model": class_name,
@@ -176,7 +190,8 @@ def _layout_report(model, resolved: Resolved, class_name, config, dtype, tp, cp,
         "total_bytes": total,
         "ideal_bytes": total // tp,
         "cp_mode": cp_mode if cp > 1 else None,
-        "candidates": supported_tp(model, resolved, cp, cp_mode),
+        "pad": pad,
+        "candidates": supported_tp(model, resolved, cp, cp_mode, pad=pad),
         "replicated": replicated_modules(model, resolved)[:TOP_REPLICATED],
     }
 
@@ -271,10 +286,13 @@ def format_report(r: dict) -> str:
         f"  per-rank bytes       {'':12} {_gb(r['per_rank_bytes'])}",
         f"  ideal total/tp       {'':12} {_gb(r['ideal_bytes'])}",
         f"  ratio per-rank/ideal {r['ratio']:10.3f}",
-        f"  supported tp         {', '.join(map(str, r['candidates']))}"
-        + (f" (with cp={r['cp']}, {r['cp_mode']})" if r["cp"] > 1 else ""),
-        "largest replicated modules (held whole by every rank):",
+        f"  supported tp         {_degrees(r['candidates'])}"
+        + (f" (with cp={r['cp']}, {r['cp_mode']})" if r["cp"] > 1 else "")
+        + (" (pad=True)" if r["pad"] else ""),
     ]
+    if r.get("padding"):
+        lines += _format_padding(r["padding"])
+    lines += ["largest replicated modules (held whole by every rank):"]
     lines += [f"  {m['module']:<52} x{m['count']:<3} {_gb(m['bytes'])}" for m in r["replicated"]]
     if "collectives" in r:
         lines += _format_collectives(r["collectives"])
@@ -284,6 +302,23 @@ def format_report(r: dict) -> str:
             f"context-parallel collectives are not counted here."
         )
     return "\n".join(lines)
+
+
+def _degrees(degrees: list[int]) -> str:
+    """`1, 2, 5, 10`; a run of consecutive degrees as `1-30` (pad=True lists every degree)."""
+    if len(degrees) > 3 and degrees == list(range(degrees[0], degrees[-1] + 1)):
+        return f"{degrees[0]}-{degrees[-1]}"
+    return ", ".join(map(str, degrees))
+
+
+def _format_padding(p: dict) -> list[str]:
+    return [
+        f"padding (zero heads/widths; heads {', '.join(p['heads']) or 'unchanged'}):",
+        f"  padded parameters    {p['padded_params'] / 1e6:10.3f} M  {_gb(p['padded_bytes'])} "
+        f"(per rank {_gb(p['padded_bytes_per_rank']).strip()})",
+        f"  Linear FLOPs         x{p['linear_flops_ratio']:.4f} of unpadded",
+        f"  attention FLOPs      x{p['attention_flops_ratio']:.4f} of unpadded",
+    ]
 
 
 def _format_collectives(c: dict) -> list[str]:

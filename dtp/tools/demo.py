@@ -45,6 +45,9 @@ def register(sub) -> None:
         "--size", type=int, default=64, help="image height and width in pixels, a multiple of 4 (default 64)"
     )
     p.add_argument("--seed", type=int, default=0, help="latents seed (default 0)")
+    p.add_argument(
+        "--pad", action="store_true", help="zero-pad heads and widths tp does not divide (e.g. --nproc 3: 4 heads -> 6)"
+    )
     p.add_argument("--output", default="output.png", help="where to save the sharded run's image (default output.png)")
     p.set_defaults(func=run)
 
@@ -55,7 +58,7 @@ def run(args) -> int:
     quiet_libraries()
     model_dir = tiny_checkpoint(args.model)
     print(f"checkpoint: {model_dir}", flush=True)
-    _check_tp(model_dir, args.plan, args.nproc)
+    _check_tp(model_dir, args.plan, args.nproc, args.pad)
     with tempfile.TemporaryDirectory(prefix="dtp-demo-") as tmp:
         work = Path(tmp)
         sharded = _generate(model_dir, args, work / "tp", nproc=args.nproc, output=args.output)
@@ -83,16 +86,18 @@ def _check_args(args) -> None:
         raise SystemExit(f"dtp demo: --size {args.size} is not a multiple of 4; try {args.size + 4 - args.size % 4}.")
 
 
-def _check_tp(model_dir: Path, plan_name: str, tp: int) -> None:
+def _check_tp(model_dir: Path, plan_name: str, tp: int, pad: bool = False) -> None:
     """Refuse a TP degree the plan cannot take before launching anything (a meta-device model, no weights)."""
     cls = transformer_class(model_dir)
     with torch.device("meta"):
         model = cls.from_config(cls.load_config(model_dir, subfolder="transformer"))
-    supported = tp_candidates(model, load_plan(plan_name))
+    plan = load_plan(plan_name)
+    supported = tp_candidates(model, plan, pad=pad)
     if tp not in supported:
+        padded = "" if pad else f"; with --pad: {', '.join(map(str, tp_candidates(model, plan, pad=True)))}"
         raise SystemExit(
             f"dtp demo: --nproc {tp} is not a TP degree plan '{plan_name}' supports for this model; "
-            f"supported: {', '.join(map(str, supported))}."
+            f"supported: {', '.join(map(str, supported))}{padded}."
         )
 
 
@@ -132,6 +137,7 @@ def _generate(model_dir: Path, args, prefix: Path, *, nproc: int | None, output)
             *command,
             "--plan",
             args.plan,
+            *(["--pad"] if args.pad else []),
         ]
     # One thread per rank: N processes on a few cores would otherwise oversubscribe them.
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -152,7 +158,8 @@ def _table(args, sharded: dict, single: dict, mean: float, p99: float, ok: bool)
         "",
         f"dtp demo: tiny random-weight {_TITLES[args.model]} pipeline, plan '{args.plan}'",
         f"{args.size}x{args.size} pixels, {args.steps} steps, seed {args.seed}, fp32, "
-        f"tp={args.nproc} ({_backend(args.nproc)}) vs 1 process; image: {args.output}",
+        f"tp={args.nproc}{' (pad=True)' if args.pad else ''} ({_backend(args.nproc)}) vs 1 process; "
+        f"image: {args.output}",
         "",
         f"| {'run':<9} | {'rank':>4} | {'transformer bytes':>17} | {'share of 1 process':>18} | {'ms / step':>9} |",
         f"|{'-' * 11}|{'-' * 5}:|{'-' * 18}:|{'-' * 19}:|{'-' * 10}:|",

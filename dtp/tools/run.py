@@ -46,6 +46,7 @@ def register(sub) -> None:
         "--cp", type=int, default=1, help="context-parallel degree under torchrun: tp = world size / cp (default 1)"
     )
     p.add_argument("--cp-mode", choices=CP_MODES, default="ulysses", help="CP attention (default ulysses)")
+    p.add_argument("--pad", action="store_true", help="zero-pad heads and widths tp does not divide (exact)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's)")
     p.add_argument("--height", type=int, default=None)
@@ -78,6 +79,7 @@ def run(args) -> int:
             mesh=mesh,
             plan=args.plan,
             cp_mode=args.cp_mode,
+            pad=args.pad,
         )
         pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
         _generate_and_save(pipe, args, distributed=True)
@@ -128,7 +130,7 @@ def _generate_and_save(pipe, args, *, distributed: bool) -> None:
 # ---- loading ---------------------------------------------------------------------------------
 
 
-def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None, cp_mode="ulysses"):
+def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None, cp_mode="ulysses", pad=False):
     """The pipeline in `model_dir` on `device`; its transformer sharded on `mesh` when one is given.
 
     The transformer is loaded first and handed to `from_pretrained`, so the full transformer is
@@ -141,14 +143,15 @@ def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None, cp_mode="ul
             model_dir, subfolder="transformer", torch_dtype=dtype
         )
     else:
-        transformer = load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode)
+        transformer = load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode, pad)
     pipe = DiffusionPipeline.from_pretrained(model_dir, transformer=transformer, torch_dtype=dtype)
     return pipe.to(device)  # moves the replicated components; the sharded ones are already there
 
 
-def load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode="ulysses"):
+def load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode="ulysses", pad=False):
     """The pipeline's transformer, sharded with `plan` (name, path, Plan or None = bundled) on `mesh`
-    (TP on its `tp` axis; the plan's context parallelism in `cp_mode` when its `cp` axis is > 1).
+    (TP on its `tp` axis; the plan's context parallelism in `cp_mode` when its `cp` axis is > 1;
+    `pad=True` zero-pads heads and widths tp does not divide).
 
     Shard-on-load: each rank reads only its own slice of every sharded tensor from the safetensors
     files and moves only that slice to `device` (no full copy of the transformer on any rank).
@@ -163,6 +166,7 @@ def load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode="ulys
         torch_dtype=dtype,
         device=device,
         cp_mode=cp_mode,
+        pad=pad,
     )
 
 
