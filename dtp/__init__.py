@@ -2,7 +2,7 @@
 
 Layers, each importing only those before it (tests/unit/test_layers.py holds it):
 errors, policy -> plan (data, parsing) -> resolve (layouts, checks) -> runtime (mesh, styles, CP)
--> engine (prepare/apply), parallelize -> loading -> models (known classes, example inputs)
+-> engine (prepare/apply), parallelize -> loading -> adapters (LoRA) -> models (known classes, example inputs)
 -> testing (tiny configs and pipelines, local launch, parity) -> tools (cli, check, run, demo).
 """
 

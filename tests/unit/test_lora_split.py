@@ -29,7 +29,7 @@ def merged_piece(spec: LinearSpec, a: torch.Tensor, b: torch.Tensor, tp: int, ra
     return local_tensor(spec, "lora_B", "weight", b, tp, rank) @ local_tensor(spec, "lora_A", "weight", a, tp, rank)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     style=st.sampled_from(list(Style)),
     units=st.lists(st.integers(1, 3), min_size=1, max_size=4),
