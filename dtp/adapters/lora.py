@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import dataclass
+from importlib.metadata import version
 
 import torch
 from diffusers.utils.peft_utils import get_adapter_name
@@ -68,6 +69,7 @@ def load_lora(
     targets = check_lora(model, peft_sd, adapter_name, prefix)
     specs = {t.path: planned_spec(base_linear(model, t.path)) for t in targets}
     mesh = _tp_mesh(model, specs)
+    _check_peft_sizes_locally(model, specs)
     tp, rank = (1, 0) if mesh is None else (mesh.size(), mesh.get_local_rank())
 
     local_sd = {key: _local(key, tensor, specs, tp, rank) for key, tensor in peft_sd.items()}
@@ -136,6 +138,23 @@ def _tp_mesh(model: nn.Module, specs: dict):
         if spec is not None:
             return base_linear(model, path).weight.device_mesh
     return None
+
+
+def _check_peft_sizes_locally(model: nn.Module, specs: dict) -> None:
+    """PlanError unless peft sizes an adapter on a sharded base from its local weight (peft 0.21 does;
+    an older peft would size it from the full features and fail on the local pieces mid-load)."""
+    from peft.tuners.tuners_utils import _get_in_out_features  # here: peft pulls in transformers, LoRA users only
+
+    for path, spec in specs.items():
+        if spec is not None:
+            linear = base_linear(model, path)
+            local_out, local_in = linear.weight.to_local().shape
+            if tuple(_get_in_out_features(linear)) != (local_in, local_out):
+                raise PlanError(
+                    f"peft {version('peft')} sizes LoRA layers on sharded '{path}' from its full features; "
+                    f"dtp.load_lora needs a peft that sizes them from the local shard (>= 0.21)."
+                )
+            return
 
 
 def _local(key: str, tensor: torch.Tensor, specs: dict, tp: int, rank: int) -> torch.Tensor:
