@@ -106,3 +106,22 @@ def test_good_lora_names_its_targets_and_rank():
 def test_old_diffusers_names_are_converted_by_diffusers():
     old = {"transformer.proj.lora.down.weight": torch.zeros(2, 8), "transformer.proj.lora.up.weight": torch.zeros(6, 2)}
     assert sorted(peft_view(old, "transformer")) == ["proj.lora_A.weight", "proj.lora_B.weight"]
+
+
+def test_a_peft_that_sizes_from_full_features_is_refused_before_loading(monkeypatch):
+    """On a (fake) tp=2 FLUX.1, a peft that would size adapters from full features: PlanError, no adapter."""
+    import peft.tuners.tuners_utils
+
+    import dtp
+    from dtp.testing.tiny import tiny_model
+    from dtp.tools.fakepg import fake_world
+
+    monkeypatch.setattr(peft.tuners.tuners_utils, "_get_in_out_features", lambda m: (m.in_features, m.out_features))
+    with fake_world(2):
+        model = dtp.parallelize(tiny_model("FluxTransformer2DModel"), dtp.make_mesh(tp=2, device_type="cpu"))
+        q = model.transformer_blocks[0].attn.to_q
+        lora = {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight": torch.zeros(2, q.in_features)}
+        lora["transformer.transformer_blocks.0.attn.to_q.lora_B.weight"] = torch.zeros(q.out_features, 2)
+        with pytest.raises(PlanError, match="local shard"):
+            dtp.load_lora(model, lora, adapter_name="x")
+        assert not hasattr(model, "peft_config") and type(model.transformer_blocks[0].attn.to_q) is nn.Linear
