@@ -2,10 +2,11 @@
 
 Layers, each importing only those before it (tests/unit/test_layers.py holds it):
 errors, policy -> plan (data, parsing) -> resolve (layouts, checks) -> runtime (mesh, styles, CP)
--> engine (prepare/apply), parallelize -> loading -> models (known classes, example inputs)
+-> engine (prepare/apply), parallelize -> loading -> adapters (LoRA) -> models (known classes, example inputs)
 -> testing (tiny configs and pipelines, local launch, parity) -> tools (cli, check, run, demo).
 """
 
+from .adapters import load_lora, load_lora_weights
 from .engine import Prepared, apply, prepare
 from .errors import ForwardError, PlanError
 from .loading import from_pretrained
@@ -24,6 +25,8 @@ __all__ = [
     "Style",
     "apply",
     "from_pretrained",
+    "load_lora",
+    "load_lora_weights",
     "load_plan",
     "make_mesh",
     "parallelize",

@@ -36,6 +36,8 @@ from .runtime.mesh import CP_AXIS, cp_degree, tp_submesh
 from .runtime.placement import check_device, local_device
 from .runtime.styles import style_for
 
+SPEC_ATTR = "_dtp_spec"  # on every planned Linear after `apply`: its LinearSpec (LoRA adapters split like it)
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -99,7 +101,9 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
     device = None if weights_local else prepared.device
     for spec in prepared.resolved.linears:
         style = style_for(spec, device=device, weights_local=weights_local)
-        parallelize_module(model.get_submodule(spec.path), prepared.tp_mesh, style)
+        linear = model.get_submodule(spec.path)
+        parallelize_module(linear, prepared.tp_mesh, style)
+        setattr(linear, SPEC_ATTR, spec)
     set_local_heads(model, prepared.resolved.attention, prepared.tp)
     if device is not None:
         move_unsharded(model, device)

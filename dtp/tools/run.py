@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..adapters import load_lora_weights
 from ..errors import PlanError
 from ..loading import from_pretrained
 from ..plan import load_plan
@@ -32,6 +33,8 @@ from ..policy import CP_MODES, DTYPES, default_backend, default_device_type, par
 from ..runtime.memory import local_param_bytes
 from ..runtime.mesh import make_mesh
 from ..runtime.placement import local_device
+
+LORA_ADAPTER = "lora"  # the adapter name `--lora` loads under
 
 
 def register(sub) -> None:
@@ -48,6 +51,8 @@ def register(sub) -> None:
     p.add_argument("--cp-mode", choices=CP_MODES, default="ulysses", help="CP attention (default ulysses)")
     p.add_argument("--pad", action="store_true", help="zero-pad heads and widths tp does not divide (exact)")
     p.add_argument("--prompt", required=True)
+    p.add_argument("--lora", default=None, help="a diffusers LoRA file or folder for the transformer (default: none)")
+    p.add_argument("--lora-scale", type=float, default=1.0, help="the LoRA's adapter weight (default 1.0)")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's)")
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)
@@ -67,6 +72,7 @@ def run(args) -> int:
     if "WORLD_SIZE" not in os.environ:
         device = local_device(default_device_type())
         pipe = load_pipeline(args.model_dir, device=device, dtype=_dtype(args.dtype, device))
+        add_lora(pipe, args.lora, args.lora_scale, sharded=False)
         _generate_and_save(pipe, args, distributed=False)
         return 0
     device = init_distributed()
@@ -81,6 +87,7 @@ def run(args) -> int:
             cp_mode=args.cp_mode,
             pad=args.pad,
         )
+        add_lora(pipe, args.lora, args.lora_scale, sharded=True)
         pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
         _generate_and_save(pipe, args, distributed=True)
         dist.barrier()  # tear down together, not while rank 0 still writes the image
@@ -168,6 +175,18 @@ def load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode="ulys
         cp_mode=cp_mode,
         pad=pad,
     )
+
+
+def add_lora(pipe, lora, scale: float, *, sharded: bool) -> None:
+    """The LoRA at `lora` (None: nothing) on the transformer at weight `scale`: dtp's loader when the
+    transformer is sharded, diffusers' own for the one-process reference."""
+    if lora is None:
+        return
+    if sharded:
+        load_lora_weights(pipe, lora, adapter_name=LORA_ADAPTER)
+    else:
+        pipe.load_lora_weights(lora, adapter_name=LORA_ADAPTER)
+    pipe.transformer.set_adapters(LORA_ADAPTER, weights=scale)
 
 
 def transformer_class(model_dir):

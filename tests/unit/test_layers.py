@@ -15,6 +15,7 @@ LAYERS = [
     "engine",
     "parallelize",
     "loading",
+    "adapters",
     "models",
     "testing",
     "tools",

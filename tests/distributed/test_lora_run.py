@@ -1,0 +1,61 @@
+"""`dtp run --lora` as a user runs it: torch's launcher, 2 gloo ranks, the tiny FLUX checkpoint and a LoRA file,
+against the one-process run with diffusers' own `load_lora_weights`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from lora_cases import random_lora
+from safetensors.torch import save_file
+
+from dtp.testing.pipelines import tiny_checkpoint
+from dtp.testing.tiny import tiny_model
+from dtp.tools.demo import compare
+
+SMALL = ["--steps", "2", "--height", "32", "--width", "32", "--seed", "0", "--prompt", "a cat"]
+
+
+def dtp_run(checkpoint, pixels, *extra, nproc: int = 1) -> subprocess.CompletedProcess:
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
+    command = [sys.executable, *launcher, "-m", "dtp", "run", "--model-dir", str(checkpoint), *SMALL, *extra]
+    command += ["--output", str(pixels.with_suffix(".png")), "--save-pixels", str(pixels)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lora_run")
+    checkpoint = tiny_checkpoint("flux", root=tmp / "cache")
+    lora = tmp / "lora.safetensors"
+    save_file(random_lora(tiny_model("FluxTransformer2DModel"), seed=10), str(lora))
+    lora_args = ["--lora", str(lora), "--lora-scale", "0.8"]
+    runs = {
+        "sharded": dtp_run(checkpoint, tmp / "sharded.npy", *lora_args, nproc=2),
+        "reference": dtp_run(checkpoint, tmp / "reference.npy", *lora_args),
+        "no lora": dtp_run(checkpoint, tmp / "base.npy"),
+    }
+    for name, done in runs.items():
+        assert done.returncode == 0, (name, done.stderr[-3000:])
+    return {
+        name: np.load(tmp / f"{file}.npy")
+        for name, file in (("sharded", "sharded"), ("reference", "reference"), ("no lora", "base"))
+    }
+
+
+def test_sharded_lora_image_matches_one_process(images):
+    """tp=2 with --lora (scale 0.8) vs one process with diffusers' loader: within the demo's pixel tolerance."""
+    mean, p99, ok = compare(images["sharded"], images["reference"])
+    print(f"tp=2 --lora vs 1 process: mean {mean:.2e}, p99 {p99:.2e}")
+    assert ok, (mean, p99)
+
+
+def test_the_lora_changes_the_image(images):
+    """The comparison means something: the LoRA moves the one-process image well past the tolerance."""
+    mean, p99, ok = compare(images["reference"], images["no lora"])
+    print(f"1 process, --lora vs none: mean {mean:.2e}, p99 {p99:.2e}")
+    assert not ok and mean > 1e-2, (mean, p99)
