@@ -27,10 +27,12 @@ from .plan import Plan, plan_for
 from .policy import check_cp_mode
 from .resolve import CpResolved, Resolved, resolve, resolve_cp
 from .runtime.cp import apply_cp
+from .runtime.embedding import embedding_style_for
 from .runtime.heads import set_local_heads
 from .runtime.mesh import CP_AXIS, cp_degree, tp_submesh
 from .runtime.placement import check_device, local_device
 from .runtime.styles import style_for
+from .runtime.ties import retie
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,10 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
     """
     device = None if weights_local else prepared.device
     for spec in prepared.resolved.linears:
-        style = style_for(spec, device=device, weights_local=weights_local)
+        make_style = embedding_style_for if spec.style.is_embedding else style_for
+        style = make_style(spec, device=device, weights_local=weights_local)
         parallelize_module(model.get_submodule(spec.path), prepared.tp_mesh, style)
+    retie(model, prepared.resolved.ties)
     set_local_heads(model, prepared.resolved.attention, prepared.tp)
     if device is not None:
         move_unsharded(model, device)

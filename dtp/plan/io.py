@@ -9,6 +9,7 @@ import yaml
 
 from ..errors import PlanError
 from .plan import Plan
+from .transformers import is_diffusers_model, is_transformers_model, transformers_plan
 
 
 def bundled_plan_names() -> list[str]:
@@ -51,18 +52,25 @@ def _plan_from_yaml(text: str, name: str) -> Plan:
 
 
 def plan_for(model) -> Plan:
-    """The bundled plan whose `models` names the model's class, else its diffusers `_tp_plan`."""
+    """The bundled plan whose `models` names the model's class, else the model's own plan.
+
+    The model's own plan depends on its library, read from its class: a transformers PreTrainedModel's
+    `_tp_plan` / `base_model_tp_plan` are translated from transformers' vocabulary (`transformers.py`);
+    a diffusers model's `_tp_plan` (and `_cp_plan`) is read as is. Any other class has no plan of its own.
+    """
     cls_name = type(model).__name__
     for plan_name in bundled_plan_names():
         plan = load_plan(plan_name)
         if cls_name in plan.models:
             return plan
-    tp_plan = getattr(type(model), "_tp_plan", None)
+    if is_transformers_model(model):
+        return transformers_plan(model)
+    tp_plan = getattr(type(model), "_tp_plan", None) if is_diffusers_model(model) else None
     if tp_plan:
         # The class's `_cp_plan` (ContextParallelInput/Output objects) comes along as the `cp` section.
         cp_plan = getattr(type(model), "_cp_plan", None)
         return Plan.from_dict({"tp": tp_plan, "cp": cp_plan or None}, name=f"{cls_name}._tp_plan")
     raise PlanError(
-        f"no plan for {cls_name}: no bundled plan lists it ({', '.join(bundled_plan_names())}) and the class "
-        f"has no `_tp_plan`. Write a YAML plan and pass it as `plan=`."
+        f"no plan for {cls_name}: no bundled plan lists it ({', '.join(bundled_plan_names())}) and it is no "
+        f"diffusers model with a `_tp_plan`. Write a YAML plan and pass it as `plan=`."
     )
