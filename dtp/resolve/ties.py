@@ -32,14 +32,15 @@ def find_ties(model: nn.Module, specs: list[LinearSpec], plan_name: str) -> tupl
         whole = [n for n in names if n not in layouts]
         if whole:
             raise PlanError(
-                f"plan {plan_name}: '{planned[0]}' is tied to '{whole[0]}' (one Parameter), which the plan leaves whole, "
-                f"so every rank would keep the full tensor and sharding it saves nothing; add "
+                f"plan {plan_name}: '{planned[0]}' is tied to '{whole[0]}' (one Parameter), which the plan leaves "
+                f"whole, so every rank would keep the full tensor and sharding it saves nothing; add "
                 f"'{whole[0].rpartition('.')[0]}' to the plan with the same style."
             )
         if len({layouts[n] for n in planned}) > 1:
             raise PlanError(
                 f"plan {plan_name}: '{planned[0]}' and '{planned[1]}' are one tied Parameter but the plan cuts them "
-                f"differently ({layouts[planned[0]]} vs {layouts[planned[1]]}); give them styles that split the same dim."
+                f"differently ({layouts[planned[0]]} vs {layouts[planned[1]]}); give them styles that split the same "
+                f"dim."
             )
         ties.append(tuple(planned))
     return tuple(ties)
