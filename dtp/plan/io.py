@@ -52,11 +52,24 @@ def _plan_from_yaml(text: str, name: str) -> Plan:
 
 
 def plan_for(model) -> Plan:
-    """The bundled plan whose `models` names the model's class, else the model's own plan.
+    """The bundled plan whose `models` names the model's class, else the model's own plan (see `find_plan`);
+    PlanError when there is none."""
+    plan = find_plan(model)
+    if plan is None:
+        raise PlanError(
+            f"no plan for {type(model).__name__}: no bundled plan lists it ({', '.join(bundled_plan_names())}) and it "
+            f"is no diffusers or transformers model with a plan of its own. Write a YAML plan and pass it as `plan=`."
+        )
+    return plan
+
+
+def find_plan(model) -> Plan | None:
+    """The bundled plan whose `models` names the model's class, else the model's own plan, else None.
 
     The model's own plan depends on its library, read from its class: a transformers PreTrainedModel's
-    `_tp_plan` / `base_model_tp_plan` are translated from transformers' vocabulary (`transformers.py`);
-    a diffusers model's `_tp_plan` (and `_cp_plan`) is read as is. Any other class has no plan of its own.
+    `_tp_plan` / `base_model_tp_plan` are translated from transformers' vocabulary (`transformers.py`;
+    PlanError for a style dtp cannot do exactly); a diffusers model's `_tp_plan` (and `_cp_plan`) is
+    read as is. Any other class has no plan of its own, whatever its attributes.
     """
     cls_name = type(model).__name__
     for plan_name in bundled_plan_names():
@@ -66,11 +79,8 @@ def plan_for(model) -> Plan:
     if is_transformers_model(model):
         return transformers_plan(model)
     tp_plan = getattr(type(model), "_tp_plan", None) if is_diffusers_model(model) else None
-    if tp_plan:
-        # The class's `_cp_plan` (ContextParallelInput/Output objects) comes along as the `cp` section.
-        cp_plan = getattr(type(model), "_cp_plan", None)
-        return Plan.from_dict({"tp": tp_plan, "cp": cp_plan or None}, name=f"{cls_name}._tp_plan")
-    raise PlanError(
-        f"no plan for {cls_name}: no bundled plan lists it ({', '.join(bundled_plan_names())}) and it is no "
-        f"diffusers model with a `_tp_plan`. Write a YAML plan and pass it as `plan=`."
-    )
+    if not tp_plan:
+        return None
+    # The class's `_cp_plan` (ContextParallelInput/Output objects) comes along as the `cp` section.
+    cp_plan = getattr(type(model), "_cp_plan", None)
+    return Plan.from_dict({"tp": tp_plan, "cp": cp_plan or None}, name=f"{cls_name}._tp_plan")

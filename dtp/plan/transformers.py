@@ -71,16 +71,10 @@ def translate(tp_plan: dict, name: str) -> Plan:
     return Plan.from_dict({"tp": rules}, name=name)
 
 
-def transformers_plan(model) -> Plan:
-    """The model's own transformers plan (instance `_tp_plan`, merged by post_init), translated."""
-    cls_name = type(model).__name__
+def transformers_plan(model) -> Plan | None:
+    """The model's own transformers plan (instance `_tp_plan`, merged by post_init), translated; None if it has none."""
     tp_plan = getattr(model, "_tp_plan", None) or {}
     if not tp_plan:
         base = getattr(model, "base_model", model)
         tp_plan = dict(getattr(getattr(base, "config", None), "base_model_tp_plan", None) or {})
-    if not tp_plan:
-        raise PlanError(
-            f"no plan for {cls_name}: no bundled plan lists it and the transformers model has no tensor-parallel plan "
-            f"(`base_model_tp_plan`). Write a YAML plan and pass it as `plan=`."
-        )
-    return translate(tp_plan, f"{cls_name}._tp_plan (transformers)")
+    return translate(tp_plan, f"{type(model).__name__}._tp_plan (transformers)") if tp_plan else None

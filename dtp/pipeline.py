@@ -1,0 +1,115 @@
+"""`parallelize_pipeline`: every component of a diffusers pipeline that has a plan, sharded by the one engine.
+
+A pipeline's weights are mostly not the transformer's: FLUX.1-dev carries T5-XXL (4.8 B) and CLIP-L
+next to its 11.9 B transformer, FLUX.2-dev a 24 B Mistral. So the text encoders are sharded too, by
+the same planner (bundled plans for transformers classes, `plan/transformers.py` for the rest).
+
+All components are prepared (every check, nothing mutated) before the first one is applied, so a
+plan that does not fit the second component leaves the first one untouched.
+
+Meshes: a diffusers model gets the whole ("cp", "tp") mesh (its plan's `cp` section splits the
+sequence); a text encoder has no `cp` section and runs on the `tp` axis only, the same on every cp rank.
+A component without any plan (VAE, ...) stays whole and is reported as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from torch import nn
+
+from .engine import apply, prepare
+from .plan import Plan, find_plan
+from .plan.transformers import is_transformers_model
+from .runtime.memory import local_param_bytes
+from .runtime.mesh import tp_submesh
+
+WHOLE = None  # `plans={"vae": dtp.pipeline.WHOLE}`: leave that component whole
+
+
+@dataclass(frozen=True)
+class ComponentReport:
+    """One pipeline component: its parameter bytes whole and as this rank holds them."""
+
+    name: str
+    class_name: str
+    plan: str | None  # the plan's name, None when it stayed whole
+    whole_bytes: int
+    local_bytes: int
+
+
+@dataclass(frozen=True)
+class PipelineReport:
+    """What `parallelize_pipeline` sharded and what stayed whole, with this rank's bytes."""
+
+    tp: int
+    components: tuple[ComponentReport, ...]
+
+    @property
+    def whole_bytes(self) -> int:
+        return sum(c.whole_bytes for c in self.components)
+
+    @property
+    def local_bytes(self) -> int:
+        return sum(c.local_bytes for c in self.components)
+
+    def __str__(self) -> str:
+        rows = [f"{'component':<16} {'class':<36} {'plan':<18} {'whole MB':>10} {'this rank MB':>13}"]
+        for c in self.components:
+            rows.append(
+                f"{c.name:<16} {c.class_name:<36} {c.plan or 'whole':<18} "
+                f"{c.whole_bytes / 1e6:>10.2f} {c.local_bytes / 1e6:>13.2f}"
+            )
+        total = f"{'total':<16} {'':<36} {f'tp={self.tp}':<18}"
+        rows.append(f"{total} {self.whole_bytes / 1e6:>10.2f} {self.local_bytes / 1e6:>13.2f}")
+        return "\n".join(rows)
+
+
+def parallelize_pipeline(
+    pipe,
+    mesh,
+    plans: Mapping[str, Plan | None] | None = None,
+    *,
+    exclude: Iterable[str] = (),
+    cp_mode: str = "ulysses",
+    device=None,
+) -> PipelineReport:
+    """Shard every component of `pipe` that has a plan, in place; returns what was sharded, with bytes.
+
+    plans: per component name, a Plan or `WHOLE` (None) to leave it whole; components not named get
+        `find_plan` (their bundled plan or their own), and stay whole when there is none.
+    exclude: component names not to touch at all (e.g. a transformer already sharded on load).
+    device: as in `dtp.parallelize`: slices (and the rest of each sharded component) go there.
+    Every component is prepared before any is applied: a PlanError leaves the whole pipeline as it was.
+    """
+    plans = dict(plans or {})
+    skipped = set(exclude)
+    modules = {n: m for n, m in pipe.components.items() if isinstance(m, nn.Module) and n not in skipped}
+    unknown = set(plans) - set(modules)
+    if unknown:
+        raise ValueError(f"parallelize_pipeline: no module components {sorted(unknown)}; have {sorted(modules)}.")
+    whole = {name: local_param_bytes(module) for name, module in modules.items()}
+    prepared = {}
+    for name, module in modules.items():
+        plan = plans[name] if name in plans else find_plan(module)
+        if plan is not None:
+            prepared[name] = prepare(module, component_mesh(module, mesh), plan, cp_mode=cp_mode, device=device)
+    for name, ready in prepared.items():
+        apply(modules[name], ready)
+    reports = tuple(
+        ComponentReport(
+            name,
+            type(module).__name__,
+            prepared[name].plan.name if name in prepared else None,
+            whole[name],
+            local_param_bytes(module),
+        )
+        for name, module in modules.items()
+    )
+    return PipelineReport(tp_submesh(mesh).size(), reports)
+
+
+def component_mesh(module: nn.Module, mesh):
+    """The whole mesh for a diffusers model; the `tp` axis for a text encoder (no sequence split)."""
+    return tp_submesh(mesh) if is_transformers_model(module) else mesh
