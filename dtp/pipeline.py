@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from .engine import apply, prepare
-from .plan import Plan, find_plan
+from .errors import PlanError
+from .plan import Plan, bundled_plans_for, find_plan
 from .plan.transformers import is_transformers_model
 from .runtime.memory import local_param_bytes
 from .runtime.mesh import tp_submesh
@@ -77,8 +78,9 @@ def parallelize_pipeline(
 ) -> PipelineReport:
     """Shard every component of `pipe` that has a plan, in place; returns what was sharded, with bytes.
 
-    plans: per component name, a Plan or `WHOLE` (None) to leave it whole; components not named get
-        `find_plan` (their bundled plan or their own), and stay whole when there is none.
+    plans: per component name, a Plan or `WHOLE` (None) to leave it whole. A component not named gets
+        the first of its bundled plans that fits the mesh (`bundled_plans_for`: e.g. CLIP's `clip`,
+        else `clip-mlp` at tp=8), else its own plan (`find_plan`), and stays whole when it has none.
     exclude: component names not to touch at all (e.g. a transformer already sharded on load).
     device: as in `dtp.parallelize`: slices (and the rest of each sharded component) go there.
     Every component is prepared before any is applied: a PlanError leaves the whole pipeline as it was.
@@ -92,9 +94,10 @@ def parallelize_pipeline(
     whole = {name: local_param_bytes(module) for name, module in modules.items()}
     prepared = {}
     for name, module in modules.items():
-        plan = plans[name] if name in plans else find_plan(module)
-        if plan is not None:
-            prepared[name] = prepare(module, component_mesh(module, mesh), plan, cp_mode=cp_mode, device=device)
+        candidates = [plans[name]] if name in plans else bundled_plans_for(module) or [find_plan(module)]
+        candidates = [plan for plan in candidates if plan is not None]
+        if candidates:
+            prepared[name] = _prepare_first(name, module, component_mesh(module, mesh), candidates, cp_mode, device)
     for name, ready in prepared.items():
         apply(modules[name], ready)
     reports = tuple(
@@ -108,6 +111,22 @@ def parallelize_pipeline(
         for name, module in modules.items()
     )
     return PipelineReport(tp_submesh(mesh).size(), reports)
+
+
+def _prepare_first(name: str, module: nn.Module, mesh, plans: list[Plan], cp_mode: str, device):
+    """`engine.prepare` with the first of `plans` that fits (a class's bundled variants, in order); else the
+    first plan's PlanError, naming the component and how to leave it whole."""
+    errors = []
+    for plan in plans:
+        try:
+            return prepare(module, mesh, plan, cp_mode=cp_mode, device=device)
+        except PlanError as exc:
+            errors.append(exc)
+    tried = f" (also tried: {', '.join(p.name for p in plans[1:])})" if len(plans) > 1 else ""
+    raise PlanError(
+        f"pipeline component '{name}' ({type(module).__name__}): {errors[0]}{tried} To keep it whole on every "
+        f"rank, pass plans={{'{name}': dtp.pipeline.WHOLE}} (dtp run: --whole-text-encoders)."
+    ) from errors[0]
 
 
 def component_mesh(module: nn.Module, mesh):

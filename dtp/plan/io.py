@@ -63,6 +63,17 @@ def plan_for(model) -> Plan:
     return plan
 
 
+def bundled_plans_for(model) -> list[Plan]:
+    """Every bundled plan whose `models` names the model's class, in name order.
+
+    A class may have variants for degrees its first plan cannot do: `clip` shards CLIP's attention
+    (12 heads: tp in {1, 2, 4}), `clip-mlp` keeps it whole (any tp dividing 1024). A variant is named
+    `<first>-<suffix>` so that it sorts after the first plan, which `plan_for` returns.
+    """
+    plans = (load_plan(name) for name in bundled_plan_names())
+    return [plan for plan in plans if type(model).__name__ in plan.models]
+
+
 def find_plan(model) -> Plan | None:
     """The bundled plan whose `models` names the model's class, else the model's own plan, else None.
 
@@ -72,10 +83,9 @@ def find_plan(model) -> Plan | None:
     read as is. Any other class has no plan of its own, whatever its attributes.
     """
     cls_name = type(model).__name__
-    for plan_name in bundled_plan_names():
-        plan = load_plan(plan_name)
-        if cls_name in plan.models:
-            return plan
+    bundled = bundled_plans_for(model)
+    if bundled:
+        return bundled[0]
     if is_transformers_model(model):
         return transformers_plan(model)
     tp_plan = getattr(type(model), "_tp_plan", None) if is_diffusers_model(model) else None

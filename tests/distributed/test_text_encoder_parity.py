@@ -1,7 +1,7 @@
 """Text encoders sharded by their bundled plans at tp=2 on 2 gloo processes, against one process."""
 
 import pytest
-from text_cases import run_text_cases
+from text_cases import CASES, case_id, run_text_cases
 
 from dtp.testing.launch import spawn
 from dtp.testing.tiny_text import TEXT_CLASSES
@@ -15,7 +15,7 @@ def results():
     return spawn(run_text_cases, 2, 2)
 
 
-@pytest.mark.parametrize("cls", TEXT_CLASSES)
+@pytest.mark.parametrize("cls", [case_id(*case) for case in CASES])
 def test_hidden_states_match(results, cls):
     """Tiny config (4 heads, 2 kv heads, right-padded prompt), tp=2: every hidden state within 1e-5 relative."""
     for rank in results:

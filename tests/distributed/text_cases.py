@@ -6,21 +6,32 @@ import dtp
 from dtp.runtime.memory import local_param_bytes
 from dtp.testing.tiny_text import TEXT_CLASSES, hidden_states, tiny_text_inputs, tiny_text_model
 
+# (class, plan): the bundled plan plan_for picks (None), and the variants parallelize_pipeline falls back to.
+CASES = [(cls, None) for cls in TEXT_CLASSES] + [
+    ("CLIPTextModel", "clip-mlp"),
+    ("CLIPTextModelWithProjection", "clip-projection-mlp"),
+]
+
+
+def case_id(cls, plan):
+    return cls if plan is None else f"{cls}/{plan}"
+
 
 @torch.no_grad()
 def run_text_cases(rank, world_size, tp):
-    """Per class: (max over hidden states of max |sharded - ref| / max |ref|, local bytes / whole bytes)."""
+    """Per case: (max over hidden states of max |sharded - ref| / max |ref|, local bytes / whole bytes)."""
     mesh = dtp.make_mesh(tp=tp)
     inputs = tiny_text_inputs()
     results = {}
-    for cls in TEXT_CLASSES:
+    for cls, plan in CASES:
         reference = tiny_text_model(cls)
         ref = hidden_states(reference, inputs)
-        sharded = dtp.parallelize(tiny_text_model(cls), mesh)  # the bundled plan, via plan_for
+        sharded = dtp.parallelize(tiny_text_model(cls), mesh, plan and dtp.load_plan(plan))  # None: plan_for
         out = hidden_states(sharded, inputs)
         assert len(out) == len(ref), cls
         relative = max(float((o - r).abs().max() / r.abs().max()) for o, r in zip(out, ref))
-        results[cls] = (relative, local_param_bytes(text_part(sharded)) / local_param_bytes(text_part(reference)))
+        share = local_param_bytes(text_part(sharded)) / local_param_bytes(text_part(reference))
+        results[case_id(cls, plan)] = (relative, share)
     return results
 
 
