@@ -7,8 +7,9 @@ fake process group of `tp` ranks, as `dtp check` does for one model:
     after   `dtp.parallelize_pipeline`: the text encoders sharded by their bundled plans as well
 
 The VAE stays whole in both (no plan). Configs are the released checkpoints' (config.json values
-written out below: no model hub here). A text encoder whose plan does not fit the degree (tp must
-divide its kv heads) stays whole, and the table says so.
+written out below: no model hub here). Each text encoder gets the first of its bundled plans that fits
+the degree (CLIP-L at tp=8: clip-mlp); one whose plans do not fit (tp must divide its heads and kv
+heads) stays whole, and the table says why.
 
     python benchmarks/pipeline_memory.py      # prints the table, writes benchmarks/results/pipeline_memory.md
 """
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 import dtp
 from dtp.errors import PlanError
-from dtp.runtime.memory import local_param_bytes
+from dtp.pipeline import WHOLE, parallelize_pipeline
 from dtp.tools.fakepg import fake_world, meta_model
 
 DEGREES = (2, 4, 8)
@@ -142,29 +144,26 @@ def build(library: str, class_name: str, config) -> torch.nn.Module:
     return model.to(torch.bfloat16).eval()
 
 
-def shard(model: torch.nn.Module, mesh) -> str:
-    """Shard `model` by its bundled plan; '' when done, else why it stayed whole."""
-    try:
-        dtp.parallelize(model, mesh)
-    except PlanError as exc:
-        return str(exc).split(" does not divide ")[-1].split(";")[0]
-    return ""
-
-
 def measure(pipeline: str, tp: int, text_encoders: bool) -> dict:
-    """{component: (whole bytes, this rank's bytes, note)} on rank 0 of a fake group of `tp` ranks."""
-    out = {}
+    """{component: (whole bytes, this rank's bytes, plan or note)} on rank 0 of a fake group of `tp` ranks.
+
+    `dtp.parallelize_pipeline` on the pipeline's components; text encoders left whole with
+    `text_encoders=False`, or when their plans do not fit `tp` (the PlanError's reason is the note).
+    """
     with fake_world(tp):
         mesh = dtp.make_mesh(tp=tp, device_type="cpu")
-        for name, (library, class_name, config) in PIPELINES[pipeline].items():
-            model = build(library, class_name, config)
-            whole = local_param_bytes(model)
-            note = "whole (no plan)" if name == "vae" else ""
-            if name == "transformer" or (text_encoders and name.startswith("text_encoder")):
-                note = shard(model, mesh)
-                note = f"whole: tp does not divide {note}" if note else ""
-            out[name] = (whole, local_param_bytes(model), note)
-    return out
+        pipe = SimpleNamespace(components={n: build(*spec) for n, spec in PIPELINES[pipeline].items()})
+        whole = {name: WHOLE for name in pipe.components if name.startswith("text_encoder")}
+        note = ""
+        try:
+            report = parallelize_pipeline(pipe, mesh, None if text_encoders else whole)
+        except PlanError as exc:  # nothing was mutated: run again with the text encoders whole
+            note = "whole: " + str(exc).split(": ", 2)[-1].split(";")[0]  # the first number tp does not divide
+            report = parallelize_pipeline(pipe, mesh, whole)
+    return {
+        c.name: (c.whole_bytes, c.local_bytes, c.plan or (note if c.name.startswith("text_encoder") else "whole"))
+        for c in report.components
+    }
 
 
 def ratio(components: dict, tp: int) -> float:
@@ -176,19 +175,19 @@ def ratio(components: dict, tp: int) -> float:
 def tables() -> list[str]:
     summary = ["| pipeline | total (bf16) | " + " | ".join(f"tp={tp} before | tp={tp} after" for tp in DEGREES) + " |"]
     summary.append("|" + "---|" * (2 + 2 * len(DEGREES)))
-    details = ["| pipeline | tp | component | class | whole GB | per rank before GB | per rank after GB | note |"]
+    details = ["| pipeline | tp | component | class | whole GB | per rank before GB | per rank after GB | plan after |"]
     details.append("|---|---|---|---|---|---|---|---|")
     for pipeline in PIPELINES:
         cells, total = [], 0
         for tp in DEGREES:
             before, after = measure(pipeline, tp, False), measure(pipeline, tp, True)
             total = sum(w for w, _, _ in after.values())
-            cells += [f"{ratio(before, tp):.3f}", f"{ratio(after, tp):.3f}"]
-            for name, (whole, local, note) in after.items():
+            cells += [f"{ratio(before, tp):.4f}", f"{ratio(after, tp):.4f}"]
+            for name, (whole, local, plan) in after.items():
                 class_name = PIPELINES[pipeline][name][1]
                 details.append(
                     f"| {pipeline} | {tp} | {name} | {class_name} | {whole / 1e9:.3f} | {before[name][1] / 1e9:.3f} | "
-                    f"{local / 1e9:.3f} | {note} |"
+                    f"{local / 1e9:.3f} | {plan} |"
                 )
         summary.append(f"| {pipeline} | {total / 1e9:.2f} GB | " + " | ".join(cells) + " |")
     return summary + ["", "Per component:", ""] + details

@@ -29,7 +29,7 @@ def check_embeddings(plan: Plan, specs: list[LinearSpec], attention: list[Attent
                 f"'{owner or '<model>'}' is no attention module with sharded heads; embedding_colwise is for per-head "
                 f"bias tables (T5's relative_attention_bias) only."
             )
-        num_heads = counts.get("heads", counts.get("n_heads"))
+        num_heads = counts.get("heads", counts.get("n_heads", counts.get("num_heads")))
         if sum(spec.sizes) != num_heads:
             raise PlanError(
                 f"plan {plan.name}, key '{spec.rule.key}': '{spec.path}' has {sum(spec.sizes)} columns but '{owner}' "

@@ -25,8 +25,8 @@ REWRITTEN_ATTRS = ("num_heads", "n_heads", "num_key_value_heads", "inner_dim")
 def transformers_attention_counts(module: nn.Module):
     """`(values, checked)` for an AttentionSpec of a transformers attention module, else None.
 
-    values: `(attribute, global value)` the module has and that become per-rank values.
-    checked: `("heads", n)` and `("kv_heads", n)`, the numbers tp must divide.
+    values: `(attribute, global value)` the module has and that become per-rank values (tp must divide them).
+    checked: `("heads", n)` and `("kv_heads", n)` read from the config, for the counts the module does not keep.
     A transformers attention module is a class from the `transformers` package whose name ends in
     "Attention" and that has a head count (as an attribute or in its config).
     """
@@ -38,7 +38,11 @@ def transformers_attention_counts(module: nn.Module):
         return None
     kv_heads = _count(module, ("num_key_value_heads",), "num_key_value_heads") or heads
     values = tuple((attr, getattr(module, attr)) for attr in REWRITTEN_ATTRS if is_int(getattr(module, attr, None)))
-    return values, (("heads", heads), ("kv_heads", kv_heads))
+    # A count the module keeps is already a constraint through `values`; name each number once.
+    kept = {attr for attr, _ in values}
+    checked = (("heads", heads),) if not kept & {"num_heads", "n_heads"} else ()
+    checked += (("kv_heads", kv_heads),) if "num_key_value_heads" not in kept and kv_heads != heads else ()
+    return values, checked
 
 
 def _count(module: nn.Module, attrs: tuple[str, ...], config_key: str) -> int | None:
