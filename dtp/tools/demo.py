@@ -4,8 +4,8 @@ once on one process; the two images must match.
 Steps: create the tiny pipeline checkpoint on first use (dtp.pipeline), launch `dtp run` on N local
 processes with torch's launcher (torch.distributed.run: NCCL with one GPU per rank, else gloo on CPU), run
 `dtp run` again without the launcher (one process, unsharded: the reference), then print a table of
-per-rank weight bytes (transformer, text encoders, total) and wall time per step, and the pixel difference. Exits 1 when the
-images differ beyond the tolerance.
+per-rank weight bytes (transformer, text encoders, total) and wall time per step, and the pixel
+difference. Exits 1 when the images differ beyond the tolerance.
 """
 
 from __future__ import annotations
