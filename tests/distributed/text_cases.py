@@ -18,12 +18,12 @@ def case_id(cls, plan):
 
 
 @torch.no_grad()
-def run_text_cases(rank, world_size, tp):
+def run_text_cases(rank, world_size, tp, cases=CASES):
     """Per case: (max over hidden states of max |sharded - ref| / max |ref|, local bytes / whole bytes)."""
     mesh = dtp.make_mesh(tp=tp)
     inputs = tiny_text_inputs()
     results = {}
-    for cls, plan in CASES:
+    for cls, plan in cases:
         reference = tiny_text_model(cls)
         ref = hidden_states(reference, inputs)
         sharded = dtp.parallelize(tiny_text_model(cls), mesh, plan and dtp.load_plan(plan))  # None: plan_for
