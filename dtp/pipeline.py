@@ -86,31 +86,33 @@ def parallelize_pipeline(
     Every component is prepared before any is applied: a PlanError leaves the whole pipeline as it was.
     """
     plans = dict(plans or {})
-    skipped = set(exclude)
-    modules = {n: m for n, m in pipe.components.items() if isinstance(m, nn.Module) and n not in skipped}
+    modules = {n: m for n, m in pipe.components.items() if isinstance(m, nn.Module) and n not in set(exclude)}
     unknown = set(plans) - set(modules)
     if unknown:
         raise ValueError(f"parallelize_pipeline: no module components {sorted(unknown)}; have {sorted(modules)}.")
     whole = {name: local_param_bytes(module) for name, module in modules.items()}
     prepared = {}
-    for name, module in modules.items():
-        candidates = [plans[name]] if name in plans else bundled_plans_for(module) or [find_plan(module)]
+    for name, module in modules.items():  # every check of every component first ...
+        candidates = [plans[name]] if name in plans else _own_plans(module)
         candidates = [plan for plan in candidates if plan is not None]
         if candidates:
             prepared[name] = _prepare_first(name, module, component_mesh(module, mesh), candidates, cp_mode, device)
-    for name, ready in prepared.items():
+    for name, ready in prepared.items():  # ... then the mutations
         apply(modules[name], ready)
-    reports = tuple(
-        ComponentReport(
-            name,
-            type(module).__name__,
-            prepared[name].plan.name if name in prepared else None,
-            whole[name],
-            local_param_bytes(module),
-        )
-        for name, module in modules.items()
+    return PipelineReport(
+        tp_submesh(mesh).size(),
+        tuple(_report(name, module, prepared.get(name), whole[name]) for name, module in modules.items()),
     )
-    return PipelineReport(tp_submesh(mesh).size(), reports)
+
+
+def _own_plans(module: nn.Module) -> list[Plan | None]:
+    """The module's bundled plans (variants in order), else its own plan (None when it has none)."""
+    return bundled_plans_for(module) or [find_plan(module)]
+
+
+def _report(name: str, module: nn.Module, prepared, whole_bytes: int) -> ComponentReport:
+    plan = prepared.plan.name if prepared is not None else None
+    return ComponentReport(name, type(module).__name__, plan, whole_bytes, local_param_bytes(module))
 
 
 def _prepare_first(name: str, module: nn.Module, mesh, plans: list[Plan], cp_mode: str, device):
