@@ -2,7 +2,8 @@
 
 Layers, each importing only those before it (tests/unit/test_layers.py holds it):
 errors, policy -> plan (data, parsing) -> resolve (layouts, checks) -> runtime (mesh, styles, CP)
--> engine (prepare/apply), parallelize -> loading -> adapters (LoRA) -> models (known classes, example inputs)
+-> engine (prepare/apply), parallelize -> loading -> pipeline -> adapters (LoRA) -> models (known classes,
+example inputs)
 -> testing (tiny configs and pipelines, local launch, parity) -> tools (cli, check, run, demo).
 """
 
@@ -11,6 +12,7 @@ from .engine import Prepared, apply, prepare
 from .errors import ForwardError, PlanError
 from .loading import from_pretrained
 from .parallelize import parallelize, tp_candidates
+from .pipeline import parallelize_pipeline
 from .plan import Plan, Rule, Style, load_plan, plan_for
 from .resolve import Layout
 from .runtime.mesh import make_mesh
@@ -30,6 +32,7 @@ __all__ = [
     "load_plan",
     "make_mesh",
     "parallelize",
+    "parallelize_pipeline",
     "plan_for",
     "prepare",
     "tp_candidates",

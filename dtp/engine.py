@@ -31,10 +31,12 @@ from .policy import check_cp_mode
 from .resolve import CpResolved, Resolved, resolve, resolve_cp
 from .resolve.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
 from .runtime.cp import apply_cp
+from .runtime.embedding import embedding_style_for
 from .runtime.heads import set_local_heads
 from .runtime.mesh import CP_AXIS, cp_degree, tp_submesh
 from .runtime.placement import check_device, local_device
 from .runtime.styles import style_for
+from .runtime.ties import retie
 
 SPEC_ATTR = "_dtp_spec"  # on every planned Linear after `apply`: its LinearSpec (LoRA adapters split like it)
 
@@ -100,10 +102,12 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
     """
     device = None if weights_local else prepared.device
     for spec in prepared.resolved.linears:
-        style = style_for(spec, device=device, weights_local=weights_local)
-        linear = model.get_submodule(spec.path)
-        parallelize_module(linear, prepared.tp_mesh, style)
-        setattr(linear, SPEC_ATTR, spec)
+        make_style = embedding_style_for if spec.style.is_embedding else style_for
+        style = make_style(spec, device=device, weights_local=weights_local)
+        module = model.get_submodule(spec.path)
+        parallelize_module(module, prepared.tp_mesh, style)
+        setattr(module, SPEC_ATTR, spec)
+    retie(model, prepared.resolved.ties)
     set_local_heads(model, prepared.resolved.attention, prepared.tp)
     if device is not None:
         move_unsharded(model, device)

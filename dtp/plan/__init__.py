@@ -1,7 +1,17 @@
 """Planning data: the plan vocabulary, its parsing, and where plans come from. No torch.distributed."""
 
-from .io import bundled_plan_names, load_plan, plan_for
+from .io import bundled_plan_names, bundled_plans_for, find_plan, load_plan, plan_for
 from .plan import Plan
 from .types import PACKED_BLOCKS_ATTR, Rule, Style
 
-__all__ = ["PACKED_BLOCKS_ATTR", "Plan", "Rule", "Style", "bundled_plan_names", "load_plan", "plan_for"]
+__all__ = [
+    "PACKED_BLOCKS_ATTR",
+    "Plan",
+    "Rule",
+    "Style",
+    "bundled_plan_names",
+    "bundled_plans_for",
+    "find_plan",
+    "load_plan",
+    "plan_for",
+]

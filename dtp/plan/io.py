@@ -9,6 +9,7 @@ import yaml
 
 from ..errors import PlanError
 from .plan import Plan
+from .transformers import is_diffusers_model, is_transformers_model, transformers_plan
 
 
 def bundled_plan_names() -> list[str]:
@@ -51,18 +52,45 @@ def _plan_from_yaml(text: str, name: str) -> Plan:
 
 
 def plan_for(model) -> Plan:
-    """The bundled plan whose `models` names the model's class, else its diffusers `_tp_plan`."""
+    """The bundled plan whose `models` names the model's class, else the model's own plan (see `find_plan`);
+    PlanError when there is none."""
+    plan = find_plan(model)
+    if plan is None:
+        raise PlanError(
+            f"no plan for {type(model).__name__}: no bundled plan lists it ({', '.join(bundled_plan_names())}) and it "
+            f"is no diffusers or transformers model with a plan of its own. Write a YAML plan and pass it as `plan=`."
+        )
+    return plan
+
+
+def bundled_plans_for(model) -> list[Plan]:
+    """Every bundled plan whose `models` names the model's class, in name order.
+
+    A class may have variants for degrees its first plan cannot do: `clip` shards CLIP's attention
+    (12 heads: tp in {1, 2, 4}), `clip-mlp` keeps it whole (any tp dividing 1024). A variant is named
+    `<first>-<suffix>` so that it sorts after the first plan, which `plan_for` returns.
+    """
+    plans = (load_plan(name) for name in bundled_plan_names())
+    return [plan for plan in plans if type(model).__name__ in plan.models]
+
+
+def find_plan(model) -> Plan | None:
+    """The bundled plan whose `models` names the model's class, else the model's own plan, else None.
+
+    The model's own plan depends on its library, read from its class: a transformers PreTrainedModel's
+    `_tp_plan` / `base_model_tp_plan` are translated from transformers' vocabulary (`transformers.py`;
+    PlanError for a style dtp cannot do exactly); a diffusers model's `_tp_plan` (and `_cp_plan`) is
+    read as is. Any other class has no plan of its own, whatever its attributes.
+    """
     cls_name = type(model).__name__
-    for plan_name in bundled_plan_names():
-        plan = load_plan(plan_name)
-        if cls_name in plan.models:
-            return plan
-    tp_plan = getattr(type(model), "_tp_plan", None)
-    if tp_plan:
-        # The class's `_cp_plan` (ContextParallelInput/Output objects) comes along as the `cp` section.
-        cp_plan = getattr(type(model), "_cp_plan", None)
-        return Plan.from_dict({"tp": tp_plan, "cp": cp_plan or None}, name=f"{cls_name}._tp_plan")
-    raise PlanError(
-        f"no plan for {cls_name}: no bundled plan lists it ({', '.join(bundled_plan_names())}) and the class "
-        f"has no `_tp_plan`. Write a YAML plan and pass it as `plan=`."
-    )
+    bundled = bundled_plans_for(model)
+    if bundled:
+        return bundled[0]
+    if is_transformers_model(model):
+        return transformers_plan(model)
+    tp_plan = getattr(type(model), "_tp_plan", None) if is_diffusers_model(model) else None
+    if not tp_plan:
+        return None
+    # The class's `_cp_plan` (ContextParallelInput/Output objects) comes along as the `cp` section.
+    cp_plan = getattr(type(model), "_cp_plan", None)
+    return Plan.from_dict({"tp": tp_plan, "cp": cp_plan or None}, name=f"{cls_name}._tp_plan")

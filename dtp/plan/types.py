@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 
 class Style(str, enum.Enum):
-    """How one `nn.Linear` is split across the `tp` axis (`y = x W^T + b`, `W` is `[out, in]`)."""
+    """How one `nn.Linear` (`y = x W^T + b`, `W` is `[out, in]`) or `nn.Embedding` (`y = W[ids]`, `W` is
+    `[num_embeddings, dim]`) is split across the `tp` axis."""
 
     COLWISE = "colwise"  # W rows (output features) split; bias split; output stays sharded
     ROWWISE = "rowwise"  # W columns (input features) split; bias whole, added after the all-reduce
@@ -22,20 +23,33 @@ class Style(str, enum.Enum):
     # modulation (`norm1.linear`, `img_mod.1`: batch x k*dim per-sample vectors that downstream code
     # chunks into shift/scale/gate) and big embedders. Needs no rowwise partner.
     COLWISE_GATHERED = "colwise_gathered"
+    # nn.Embedding styles (text encoders). vocab_parallel: W rows (the vocabulary) split; each rank
+    # looks up the ids in its rows, ids outside them give zeros, and the partial lookups are
+    # all-reduced, so the output is whole (embed_tokens, T5's `shared`).
+    VOCAB_PARALLEL = "vocab_parallel"
+    # embedding_colwise: W columns (the embedding dim) split; the output stays sharded like a colwise
+    # Linear's. For T5's relative_attention_bias, an Embedding over heads: each rank keeps its heads' biases.
+    EMBEDDING_COLWISE = "embedding_colwise"
 
     @property
     def is_packed(self) -> bool:
         return self in (Style.PACKED_COLWISE, Style.PACKED_ROWWISE)
 
     @property
+    def is_embedding(self) -> bool:
+        """The target is an nn.Embedding (else an nn.Linear)."""
+        return self in (Style.VOCAB_PARALLEL, Style.EMBEDDING_COLWISE)
+
+    @property
     def shard_dim(self) -> int:
-        """The weight dim that is split: 0 for colwise kinds, 1 for rowwise kinds."""
-        return 0 if self in (Style.COLWISE, Style.PACKED_COLWISE, Style.COLWISE_GATHERED) else 1
+        """The weight dim that is split: 0 for colwise kinds and the vocabulary, 1 for rowwise kinds and
+        an embedding's dim."""
+        return 0 if self in (Style.COLWISE, Style.PACKED_COLWISE, Style.COLWISE_GATHERED, Style.VOCAB_PARALLEL) else 1
 
     @property
     def gathers_output(self) -> bool:
-        """The output leaves the layer whole (all-gathered), so it pairs with no rowwise layer."""
-        return self is Style.COLWISE_GATHERED
+        """The output leaves the layer whole (all-gathered or all-reduced), so it pairs with no rowwise layer."""
+        return self in (Style.COLWISE_GATHERED, Style.VOCAB_PARALLEL)
 
     @property
     def splits_bias(self) -> bool:

@@ -19,6 +19,7 @@ from ..policy import is_int
 from .constraints import Constraint
 from .globs import expand
 from .linears import LinearSpec
+from .text_attention import transformers_attention_counts
 
 # Head counts (must divide by tp) and the widths derived from them, when the module has them.
 HEAD_ATTRS = ("heads", "kv_heads", "num_heads", "num_kv_heads")
@@ -32,18 +33,20 @@ class AttentionSpec:
     path: str
     key: str  # the `attention` glob (or "<inferred>") that selected it
     values: tuple[tuple[str, int], ...]  # (attribute, global value)
+    checked: tuple[tuple[str, int], ...] = ()  # counts tp must divide that are not rewritten (read from a config)
 
     def constraints(self) -> list[Constraint]:
-        return [Constraint(value, f"{attr} of {self.path}", self.key) for attr, value in self.values]
+        return [Constraint(value, f"{attr} of {self.path}", self.key) for attr, value in self.values + self.checked]
 
     def local_values(self, tp: int) -> dict[str, int]:
         return {attr: value // tp for attr, value in self.values}
 
 
 def attention_spec(path: str, module: nn.Module, key: str) -> AttentionSpec | None:
-    """The spec for `module`, or None when it has no integer `heads` (not an attention module)."""
+    """The spec for `module`, or None when it has no integer `heads` and is no transformers attention module."""
     if not is_int(getattr(module, "heads", None)):
-        return None
+        counts = transformers_attention_counts(module)
+        return None if counts is None else AttentionSpec(path, key, *counts)
     values = tuple(
         (attr, getattr(module, attr)) for attr in HEAD_ATTRS + WIDTH_ATTRS if is_int(getattr(module, attr, None))
     )

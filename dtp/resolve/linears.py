@@ -1,4 +1,4 @@
-"""Planned Linears: which rule matched each one, and the `Layout` of its weight and bias.
+"""Planned Linears (and Embeddings): which rule matched each one, and the `Layout` of its weight and bias.
 
 The bias rule lives here and only here: a colwise bias follows the output features (split like the
 weight's rows); a rowwise bias is added once, after the all-reduce, so every rank holds it whole.
@@ -19,7 +19,8 @@ from .layout import Layout, block_sizes
 
 @dataclass(frozen=True)
 class LinearSpec:
-    """One planned Linear: its path, the rule that matched it, and its blocks along the split dim."""
+    """One planned Linear (or Embedding, for the embedding styles): its path, the rule that matched it, and its
+    blocks along the split dim."""
 
     path: str
     rule: Rule
@@ -57,17 +58,30 @@ def resolve_linears(plan: Plan, model: nn.Module) -> list[LinearSpec]:
     specs: dict[str, LinearSpec] = {}
     for rule in plan.rules:
         for path, module in expand(model, rule.key, plan.name):
-            if not isinstance(module, nn.Linear):
-                raise PlanError(
-                    f"plan {plan.name}, key '{rule.key}': '{path}' is a {type(module).__name__}, not an nn.Linear; "
-                    f"'{rule.style.value}' applies to Linear layers only."
-                )
+            _check_target(plan, rule, path, module)
             if path in specs:
                 raise PlanError(
                     f"plan {plan.name}: '{path}' is matched by both '{specs[path].rule.key}' and '{rule.key}'."
                 )
-            specs[path] = LinearSpec(path, rule, _sizes(plan, rule, path, module), module.bias is not None)
+            has_bias = getattr(module, "bias", None) is not None  # an Embedding has none
+            specs[path] = LinearSpec(path, rule, _sizes(plan, rule, path, module), has_bias)
     return list(specs.values())
+
+
+def _check_target(plan: Plan, rule: Rule, path: str, module: nn.Module) -> None:
+    """Linear styles take an nn.Linear, embedding styles an nn.Embedding without max_norm (which renormalizes
+    the looked-up rows in place, so a rank would rewrite only its own rows)."""
+    expected = nn.Embedding if rule.style.is_embedding else nn.Linear
+    if not isinstance(module, expected):
+        raise PlanError(
+            f"plan {plan.name}, key '{rule.key}': '{path}' is a {type(module).__name__}, not an "
+            f"nn.{expected.__name__}; '{rule.style.value}' applies to {expected.__name__} layers only."
+        )
+    if rule.style.is_embedding and module.max_norm is not None:
+        raise PlanError(
+            f"plan {plan.name}, key '{rule.key}': '{path}' has max_norm={module.max_norm}, which dtp cannot shard "
+            f"exactly (each rank would renormalize only its own rows); leave it out of the plan."
+        )
 
 
 def _sizes(plan: Plan, rule: Rule, path: str, linear: nn.Linear) -> tuple[int, ...]:

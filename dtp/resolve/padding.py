@@ -95,7 +95,12 @@ def head_padding(
     q is the widest of q/k/v) that the heads divide, over the heads.
     """
     values = dict(spec.values)
-    heads = next(values[a] for a in HEAD_COUNT_ATTRS if a in values)
+    heads = next((values[a] for a in HEAD_COUNT_ATTRS if a in values), None)
+    if heads is None:  # a transformers attention module (resolve/text_attention.py): counts in its config
+        raise PlanError(
+            f"plan {plan_name}: pad=True pads diffusers attention modules only; '{spec.path}' "
+            f"({type(module).__name__}) keeps no head count to pad. Use a tp that divides its heads."
+        )
     head_dim = getattr(module, "head_dim", None)
     if not is_int(head_dim):
         head_dim = values["inner_dim"] // heads if "inner_dim" in values else None

@@ -14,10 +14,12 @@ from torch import nn
 
 from ..plan import Plan
 from .constraints import Constraint, candidates, check_divides
+from .embeddings import check_embeddings
 from .heads import AttentionSpec, resolve_attention
 from .layout import Layout
 from .linears import LinearSpec, resolve_linears
 from .pairs import check_pairs
+from .ties import find_ties
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class Resolved:
     linears: tuple[LinearSpec, ...]
     attention: tuple[AttentionSpec, ...]
     constraints: tuple[Constraint, ...]
+    ties: tuple[tuple[str, ...], ...] = ()  # planned parameter names that are one tied Parameter (resolve/ties.py)
 
     def candidates(self) -> list[int]:
         """Every TP degree that divides all constraints: the divisors of their gcd."""
@@ -46,7 +49,12 @@ def resolve(plan: Plan, model: nn.Module) -> Resolved:
     """Bind `plan` to `model` and run every check that does not depend on the TP degree."""
     linears = resolve_linears(plan, model)
     attention = resolve_attention(plan, model, linears)
-    check_pairs(plan, linears, [spec.path for spec in attention])
+    # The pair rule is about Linears; the embedding styles have their own check.
+    check_pairs(plan, [s for s in linears if not s.style.is_embedding], [spec.path for spec in attention])
+    check_embeddings(plan, linears, attention)
     constraints = [c for spec in linears for c in spec.constraints()]
     constraints += [c for spec in attention for c in spec.constraints()]
-    return Resolved(plan=plan, linears=tuple(linears), attention=tuple(attention), constraints=tuple(constraints))
+    ties = find_ties(model, linears, plan.name)
+    return Resolved(
+        plan=plan, linears=tuple(linears), attention=tuple(attention), constraints=tuple(constraints), ties=ties
+    )

@@ -7,12 +7,13 @@ per component, safetensors weights) without a model hub. This module builds one 
     vae             AutoencoderKL, 2 levels (8, 16 channels): 32 x 32 pixels <-> 4 x 16 x 16 latents
     scheduler       FlowMatchEulerDiscreteScheduler with FLUX.1-dev's shift settings
     text_encoder    CLIPTextModel, 1 layer, width 16 (= the transformer's pooled_projection_dim)
-    text_encoder_2  T5EncoderModel, 1 layer, width 32 (= the transformer's joint_attention_dim)
+    text_encoder_2  T5EncoderModel (v1.1, gated GELU), 1 layer, width 32 (= the transformer's joint_attention_dim)
     tokenizer(_2)   CLIP byte-level BPE and T5 unigram tokenizers over a vocabulary of single
                     characters, built in memory with transformers (no vocabulary files to download)
 
 The Qwen-Image one (tiny_qwenimage_pipeline) has the same transformer size and a 1-layer Qwen2.5-VL
-text encoder. Prompts therefore go through real (random) text encoders, so `dtp run --prompt ...`
+text encoder (4 heads, 2 kv heads); the text encoders' plans split them at tp=2. Prompts therefore go
+through real (random) text encoders, so `dtp run --prompt ...`
 exercises the same path as a real checkpoint. Every weight is drawn from a fixed seed per component, so the
 checkpoint is the same on every machine and every first use.
 """
@@ -161,6 +162,7 @@ def _t5_encoder(width: int, seed: int):
         num_layers=1,
         num_heads=4,
         relative_attention_num_buckets=8,
+        feed_forward_proj="gated-gelu",  # T5 v1.1, as FLUX.1's T5-XXL (wi_0, wi_1 -> wo)
         pad_token_id=0,
         eos_token_id=1,
     )
@@ -221,18 +223,20 @@ def _qwen_text_encoder(vocab_size: int, width: int, seed: int):
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     torch.manual_seed(seed)
-    head_dim = width // 2
+    head_dim = width // 4
     config = Qwen2_5_VLConfig(
         text_config=dict(
-            vocab_size=vocab_size,
+            # The embedding table is padded to a multiple of 8 rows (as the real one is, 152064 for a
+            # 151665-token vocabulary), so that it splits over tp in {1, 2, 4, 8}.
+            vocab_size=-(-vocab_size // 8) * 8,
             hidden_size=width,
             intermediate_size=2 * width,
             num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
             max_position_embeddings=2048,
             # multimodal RoPE: the sections split head_dim / 2 rotary frequencies over (t, h, w)
-            rope_scaling={"type": "mrope", "mrope_section": [2, 3, head_dim // 2 - 5]},
+            rope_scaling={"type": "mrope", "mrope_section": [1, 1, head_dim // 2 - 2]},
         ),
         # Never called for text-only prompts, but part of the model class: the smallest one.
         vision_config=dict(
@@ -244,6 +248,6 @@ def _qwen_text_encoder(vocab_size: int, width: int, seed: int):
 
 # model name -> (directory name, builder); bump a directory's suffix when its recipe changes.
 CHECKPOINTS = {
-    "flux": ("tiny-flux-pipeline-v1", tiny_flux_pipeline),
-    "qwenimage": ("tiny-qwenimage-pipeline-v1", tiny_qwenimage_pipeline),
+    "flux": ("tiny-flux-pipeline-v2", tiny_flux_pipeline),
+    "qwenimage": ("tiny-qwenimage-pipeline-v2", tiny_qwenimage_pipeline),
 }

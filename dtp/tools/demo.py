@@ -4,8 +4,8 @@ once on one process; the two images must match.
 Steps: create the tiny pipeline checkpoint on first use (dtp.pipeline), launch `dtp run` on N local
 processes with torch's launcher (torch.distributed.run: NCCL with one GPU per rank, else gloo on CPU), run
 `dtp run` again without the launcher (one process, unsharded: the reference), then print a table of
-per-rank transformer weight bytes and wall time per step, and the pixel difference. Exits 1 when the
-images differ beyond the tolerance.
+per-rank weight bytes (transformer, text encoders, total) and wall time per step, and the pixel
+difference. Exits 1 when the images differ beyond the tolerance.
 """
 
 from __future__ import annotations
@@ -161,14 +161,15 @@ def _table(args, sharded: dict, single: dict, mean: float, p99: float, ok: bool)
         f"tp={args.nproc}{' (pad=True)' if args.pad else ''} ({_backend(args.nproc)}) vs 1 process; "
         f"image: {args.output}",
         "",
-        f"| {'run':<9} | {'rank':>4} | {'transformer bytes':>17} | {'share of 1 process':>18} | {'ms / step':>9} |",
-        f"|{'-' * 11}|{'-' * 5}:|{'-' * 18}:|{'-' * 19}:|{'-' * 10}:|",
+        f"| {'run':<9} | {'rank':>4} | {'transformer bytes':>17} | {'text encoder bytes':>18} | {'total bytes':>11} "
+        f"| {'share of 1 process':>18} | {'ms / step':>9} |",
+        f"|{'-' * 11}|{'-' * 5}:|{'-' * 18}:|{'-' * 19}:|{'-' * 12}:|{'-' * 19}:|{'-' * 10}:|",
     ]
     for run_name, rank, r in rows:
-        share = r["transformer_bytes"] / ref["transformer_bytes"]
+        share = r["total_bytes"] / ref["total_bytes"]  # every weight of the pipeline (the VAE stays whole)
         lines.append(
-            f"| {run_name:<9} | {rank:>4} | {r['transformer_bytes']:>17,} | {share:>18.3f} "
-            f"| {1e3 * r['step_s']:>9.1f} |"
+            f"| {run_name:<9} | {rank:>4} | {r['transformer_bytes']:>17,} | {r['text_encoder_bytes']:>18,} "
+            f"| {r['total_bytes']:>11,} | {share:>18.3f} | {1e3 * r['step_s']:>9.1f} |"
         )
     lines += [
         "",

@@ -4,8 +4,9 @@ Under torchrun every process is one rank of the TP group (tp = world size):
 
     torchrun --nproc-per-node 4 -m dtp run --model-dir ./FLUX.2-dev --prompt "a cat" --output cat.png
 
-Each rank loads the pipeline's transformer sharded (only its slice reaches the accelerator), the other
-components (text encoders, VAE) whole, and runs the same denoising loop from the same seeded latents;
+Each rank loads the pipeline's transformer sharded (only its slice reaches the accelerator), then
+shards the other components that have a plan (the text encoders, `dtp.parallelize_pipeline`; loaded
+whole first, then cut), keeps the VAE whole, and runs the same denoising loop from the same seeded latents;
 the transformer's collectives keep the ranks in lock step, and rank 0 saves the image. Started
 without torchrun, `dtp run` runs the unsharded pipeline in one process: the reference.
 """
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from ..adapters import load_lora_weights
 from ..errors import PlanError
 from ..loading import from_pretrained
+from ..pipeline import parallelize_pipeline
 from ..plan import load_plan
 from ..policy import CP_MODES, DTYPES, default_backend, default_device_type, parse_dtype
 from ..runtime.memory import local_param_bytes
@@ -50,6 +52,11 @@ def register(sub) -> None:
     )
     p.add_argument("--cp-mode", choices=CP_MODES, default="ulysses", help="CP attention (default ulysses)")
     p.add_argument("--pad", action="store_true", help="zero-pad heads and widths tp does not divide (exact)")
+    p.add_argument(
+        "--whole-text-encoders",
+        action="store_true",
+        help="under torchrun, keep the text encoders whole on every rank (default: sharded by their plans)",
+    )
     p.add_argument("--prompt", required=True)
     p.add_argument("--lora", default=None, help="a diffusers LoRA file or folder for the transformer (default: none)")
     p.add_argument("--lora-scale", type=float, default=1.0, help="the LoRA's adapter weight (default 1.0)")
@@ -86,6 +93,7 @@ def run(args) -> int:
             plan=args.plan,
             cp_mode=args.cp_mode,
             pad=args.pad,
+            text_encoders=not args.whole_text_encoders,
         )
         add_lora(pipe, args.lora, args.lora_scale, sharded=True)
         pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
@@ -137,11 +145,13 @@ def _generate_and_save(pipe, args, *, distributed: bool) -> None:
 # ---- loading ---------------------------------------------------------------------------------
 
 
-def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None, cp_mode="ulysses", pad=False):
-    """The pipeline in `model_dir` on `device`; its transformer sharded on `mesh` when one is given.
+def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None, cp_mode="ulysses", pad=False, text_encoders=True):
+    """The pipeline in `model_dir` on `device`; with a `mesh`, its transformer sharded by `plan` and (unless
+    `text_encoders` is False, or with `pad`: padding covers diffusers attention only) every other component
+    that has a plan (`dtp.parallelize_pipeline`).
 
     The transformer is loaded first and handed to `from_pretrained`, so the full transformer is
-    never materialized next to the sharded one.
+    never materialized next to the sharded one. The text encoders are loaded whole, then cut.
     """
     from diffusers import DiffusionPipeline
 
@@ -152,6 +162,8 @@ def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None, cp_mode="ul
     else:
         transformer = load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode, pad)
     pipe = DiffusionPipeline.from_pretrained(model_dir, transformer=transformer, torch_dtype=dtype)
+    if mesh is not None and text_encoders and not pad:
+        parallelize_pipeline(pipe, mesh, exclude=("transformer",), cp_mode=cp_mode, device=device)
     return pipe.to(device)  # moves the replicated components; the sharded ones are already there
 
 
@@ -257,8 +269,12 @@ class StepTimer:
 
 
 def rank_report(pipe, step_seconds: list[float]) -> dict:
+    """This rank's weight bytes (transformer, text encoders, every module component) and step times."""
+    modules = {name: c for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
     return {
         "transformer_bytes": local_param_bytes(pipe.transformer),
+        "text_encoder_bytes": sum(local_param_bytes(m) for n, m in modules.items() if n.startswith("text_encoder")),
+        "total_bytes": sum(local_param_bytes(m) for m in modules.values()),
         "step_s": statistics.median(step_seconds),
         "steps": len(step_seconds),
     }

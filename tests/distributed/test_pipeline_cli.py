@@ -65,7 +65,7 @@ def test_example_script_draws_the_demo_image(demo):
         "--nproc-per-node=2",
         str(EXAMPLE),
         "--model",
-        str(tmp / "cache" / "tiny-flux-pipeline-v1"),
+        str(tmp / "cache" / "tiny-flux-pipeline-v2"),
         *SMALL,
         "--output",
         str(tmp / "example.png"),
@@ -89,7 +89,7 @@ def test_demo_exits_zero_and_prints_the_table(demo):
 def test_demo_writes_the_image_and_caches_the_checkpoint(demo):
     _, tmp = demo
     assert Image.open(tmp / "out.png").size == (32, 32)
-    assert (tmp / "cache" / "tiny-flux-pipeline-v1" / "model_index.json").exists()
+    assert (tmp / "cache" / "tiny-flux-pipeline-v2" / "model_index.json").exists()
 
 
 def test_progress_bar_on_rank_zero_only(demo):

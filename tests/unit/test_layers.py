@@ -15,6 +15,7 @@ LAYERS = [
     "engine",
     "parallelize",
     "loading",
+    "pipeline",
     "adapters",
     "models",
     "testing",

@@ -1,0 +1,136 @@
+"""`parallelize_pipeline`: every component of a diffusers pipeline that has a plan, sharded by the one engine.
+
+A pipeline's weights are mostly not the transformer's: FLUX.1-dev carries T5-XXL (4.8 B) and CLIP-L
+next to its 11.9 B transformer, FLUX.2-dev a 24 B Mistral. So the text encoders are sharded too, by
+the same planner (bundled plans for transformers classes, `plan/transformers.py` for the rest).
+
+All components are prepared (every check, nothing mutated) before the first one is applied, so a
+plan that does not fit the second component leaves the first one untouched.
+
+Meshes: a diffusers model gets the whole ("cp", "tp") mesh (its plan's `cp` section splits the
+sequence); a text encoder has no `cp` section and runs on the `tp` axis only, the same on every cp rank.
+A component without any plan (VAE, ...) stays whole and is reported as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from torch import nn
+
+from .engine import apply, prepare
+from .errors import PlanError
+from .plan import Plan, bundled_plans_for, find_plan
+from .plan.transformers import is_transformers_model
+from .runtime.memory import local_param_bytes
+from .runtime.mesh import tp_submesh
+
+WHOLE = None  # `plans={"vae": dtp.pipeline.WHOLE}`: leave that component whole
+
+
+@dataclass(frozen=True)
+class ComponentReport:
+    """One pipeline component: its parameter bytes whole and as this rank holds them."""
+
+    name: str
+    class_name: str
+    plan: str | None  # the plan's name, None when it stayed whole
+    whole_bytes: int
+    local_bytes: int
+
+
+@dataclass(frozen=True)
+class PipelineReport:
+    """What `parallelize_pipeline` sharded and what stayed whole, with this rank's bytes."""
+
+    tp: int
+    components: tuple[ComponentReport, ...]
+
+    @property
+    def whole_bytes(self) -> int:
+        return sum(c.whole_bytes for c in self.components)
+
+    @property
+    def local_bytes(self) -> int:
+        return sum(c.local_bytes for c in self.components)
+
+    def __str__(self) -> str:
+        rows = [f"{'component':<16} {'class':<36} {'plan':<18} {'whole MB':>10} {'this rank MB':>13}"]
+        for c in self.components:
+            rows.append(
+                f"{c.name:<16} {c.class_name:<36} {c.plan or 'whole':<18} "
+                f"{c.whole_bytes / 1e6:>10.2f} {c.local_bytes / 1e6:>13.2f}"
+            )
+        total = f"{'total':<16} {'':<36} {f'tp={self.tp}':<18}"
+        rows.append(f"{total} {self.whole_bytes / 1e6:>10.2f} {self.local_bytes / 1e6:>13.2f}")
+        return "\n".join(rows)
+
+
+def parallelize_pipeline(
+    pipe,
+    mesh,
+    plans: Mapping[str, Plan | None] | None = None,
+    *,
+    exclude: Iterable[str] = (),
+    cp_mode: str = "ulysses",
+    device=None,
+) -> PipelineReport:
+    """Shard every component of `pipe` that has a plan, in place; returns what was sharded, with bytes.
+
+    plans: per component name, a Plan or `WHOLE` (None) to leave it whole. A component not named gets
+        the first of its bundled plans that fits the mesh (`bundled_plans_for`: e.g. CLIP's `clip`,
+        else `clip-mlp` at tp=8), else its own plan (`find_plan`), and stays whole when it has none.
+    exclude: component names not to touch at all (e.g. a transformer already sharded on load).
+    device: as in `dtp.parallelize`: slices (and the rest of each sharded component) go there.
+    Every component is prepared before any is applied: a PlanError leaves the whole pipeline as it was.
+    """
+    plans = dict(plans or {})
+    modules = {n: m for n, m in pipe.components.items() if isinstance(m, nn.Module) and n not in set(exclude)}
+    unknown = set(plans) - set(modules)
+    if unknown:
+        raise ValueError(f"parallelize_pipeline: no module components {sorted(unknown)}; have {sorted(modules)}.")
+    whole = {name: local_param_bytes(module) for name, module in modules.items()}
+    prepared = {}
+    for name, module in modules.items():  # every check of every component first ...
+        candidates = [plans[name]] if name in plans else _own_plans(module)
+        candidates = [plan for plan in candidates if plan is not None]
+        if candidates:
+            prepared[name] = _prepare_first(name, module, component_mesh(module, mesh), candidates, cp_mode, device)
+    for name, ready in prepared.items():  # ... then the mutations
+        apply(modules[name], ready)
+    return PipelineReport(
+        tp_submesh(mesh).size(),
+        tuple(_report(name, module, prepared.get(name), whole[name]) for name, module in modules.items()),
+    )
+
+
+def _own_plans(module: nn.Module) -> list[Plan | None]:
+    """The module's bundled plans (variants in order), else its own plan (None when it has none)."""
+    return bundled_plans_for(module) or [find_plan(module)]
+
+
+def _report(name: str, module: nn.Module, prepared, whole_bytes: int) -> ComponentReport:
+    plan = prepared.plan.name if prepared is not None else None
+    return ComponentReport(name, type(module).__name__, plan, whole_bytes, local_param_bytes(module))
+
+
+def _prepare_first(name: str, module: nn.Module, mesh, plans: list[Plan], cp_mode: str, device):
+    """`engine.prepare` with the first of `plans` that fits (a class's bundled variants, in order); else the
+    first plan's PlanError, naming the component and how to leave it whole."""
+    errors = []
+    for plan in plans:
+        try:
+            return prepare(module, mesh, plan, cp_mode=cp_mode, device=device)
+        except PlanError as exc:
+            errors.append(exc)
+    tried = f" (also tried: {', '.join(p.name for p in plans[1:])})" if len(plans) > 1 else ""
+    raise PlanError(
+        f"pipeline component '{name}' ({type(module).__name__}): {errors[0]}{tried} To keep it whole on every "
+        f"rank, pass plans={{'{name}': dtp.pipeline.WHOLE}} (dtp run: --whole-text-encoders)."
+    ) from errors[0]
+
+
+def component_mesh(module: nn.Module, mesh):
+    """The whole mesh for a diffusers model; the `tp` axis for a text encoder (no sequence split)."""
+    return tp_submesh(mesh) if is_transformers_model(module) else mesh

@@ -1,0 +1,119 @@
+"""Tiny random-weight transformers text encoders, one per bundled text-encoder plan, and their inputs.
+
+Every config has 4 query heads and, where the class has GQA, 2 kv heads (so tp=4 would need kv heads
+replicated, which dtp refuses, and tp=2 gives each rank 2 query heads over 1 kv head), a width of 32,
+2 layers and a vocabulary of 64 rows. Inputs are 2 prompts of 8 tokens, the second right-padded by 3
+(attention mask 0), as pipelines pad prompts to a fixed length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+WIDTH, HEADS, KV_HEADS, LAYERS, VOCAB = 32, 4, 2, 2, 64
+_DECODER = dict(
+    vocab_size=VOCAB,
+    hidden_size=WIDTH,
+    intermediate_size=2 * WIDTH,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    num_key_value_heads=KV_HEADS,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+_T5 = dict(
+    vocab_size=VOCAB,
+    d_model=WIDTH,
+    d_kv=WIDTH // HEADS,
+    d_ff=2 * WIDTH,
+    num_layers=LAYERS,
+    num_heads=HEADS,
+    relative_attention_num_buckets=8,
+    feed_forward_proj="gated-gelu",
+    pad_token_id=0,
+    eos_token_id=1,
+)
+
+
+def _config(class_name: str):
+    import transformers as tf
+
+    if class_name in ("T5EncoderModel", "UMT5EncoderModel"):
+        return (tf.T5Config if class_name == "T5EncoderModel" else tf.UMT5Config)(**_T5)
+    if class_name in ("CLIPTextModel", "CLIPTextModelWithProjection"):
+        return tf.CLIPTextConfig(
+            vocab_size=VOCAB,
+            hidden_size=WIDTH,
+            intermediate_size=2 * WIDTH,
+            projection_dim=16,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            max_position_embeddings=16,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+    if class_name in ("LlamaModel", "LlamaForCausalLM"):
+        return tf.LlamaConfig(**_DECODER)
+    if class_name == "Qwen3Model":
+        return tf.Qwen3Config(**_DECODER, head_dim=WIDTH // HEADS)
+    if class_name == "Gemma2Model":
+        return tf.Gemma2Config(**_DECODER, head_dim=WIDTH // HEADS, sliding_window=4)
+    if class_name == "GlmModel":
+        return tf.GlmConfig(**_DECODER, head_dim=WIDTH // HEADS)
+    if class_name == "Qwen2_5_VLForConditionalGeneration":
+        half = WIDTH // HEADS // 2  # rotary frequencies per head, split over (t, h, w)
+        text = dict(_DECODER, rope_scaling={"type": "mrope", "mrope_section": [1, 1, half - 2]})
+        vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=WIDTH)
+        return tf.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, fullatt_block_indexes=[0]))
+    if class_name == "Mistral3ForConditionalGeneration":
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=8)
+        return tf.Mistral3Config(text_config=dict(_DECODER, model_type="mistral"), vision_config=vision)
+    raise KeyError(f"no tiny text encoder config for {class_name}")
+
+
+TEXT_CLASSES = (
+    "T5EncoderModel",
+    "UMT5EncoderModel",
+    "CLIPTextModel",
+    "CLIPTextModelWithProjection",
+    "LlamaModel",
+    "LlamaForCausalLM",
+    "Qwen3Model",
+    "Gemma2Model",
+    "GlmModel",
+    "Qwen2_5_VLForConditionalGeneration",
+    "Mistral3ForConditionalGeneration",
+)
+
+
+def tiny_text_model(class_name: str, seed: int = 0) -> torch.nn.Module:
+    """The tiny `class_name` with weights drawn from `seed`, in eval mode, eager attention."""
+    import transformers as tf
+
+    config = _config(class_name)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    return getattr(tf, class_name)(config).eval()
+
+
+def tiny_text_inputs(seed: int = 0) -> dict:
+    """2 prompts x 8 token ids (never the pad id 0), the second right-padded by 3."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, VOCAB, (2, 8), generator=generator)
+    attention_mask = torch.ones(2, 8, dtype=torch.long)
+    attention_mask[1, 5:] = 0
+    input_ids[1, 5:] = 0
+    return dict(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def hidden_states(model, inputs: dict) -> list[torch.Tensor]:
+    """Every hidden state the model returns (embeddings, each layer, the last), and its logits if any."""
+    out = model(**inputs, output_hidden_states=True)
+    states = list(out.hidden_states) + [out.last_hidden_state] if hasattr(out, "last_hidden_state") else []
+    states = states or list(out.hidden_states)
+    if getattr(out, "logits", None) is not None:
+        states.append(out.logits)
+    return states

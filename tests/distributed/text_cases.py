@@ -1,0 +1,41 @@
+"""Worker side of the text-encoder parity tests: one spawned group runs every tiny text encoder."""
+
+import torch
+
+import dtp
+from dtp.runtime.memory import local_param_bytes
+from dtp.testing.tiny_text import TEXT_CLASSES, hidden_states, tiny_text_inputs, tiny_text_model
+
+# (class, plan): the bundled plan plan_for picks (None), and the variants parallelize_pipeline falls back to.
+CASES = [(cls, None) for cls in TEXT_CLASSES] + [
+    ("CLIPTextModel", "clip-mlp"),
+    ("CLIPTextModelWithProjection", "clip-projection-mlp"),
+]
+
+
+def case_id(cls, plan):
+    return cls if plan is None else f"{cls}/{plan}"
+
+
+@torch.no_grad()
+def run_text_cases(rank, world_size, tp, cases=CASES):
+    """Per case: (max over hidden states of max |sharded - ref| / max |ref|, local bytes / whole bytes)."""
+    mesh = dtp.make_mesh(tp=tp)
+    inputs = tiny_text_inputs()
+    results = {}
+    for cls, plan in cases:
+        reference = tiny_text_model(cls)
+        ref = hidden_states(reference, inputs)
+        sharded = dtp.parallelize(tiny_text_model(cls), mesh, plan and dtp.load_plan(plan))  # None: plan_for
+        out = hidden_states(sharded, inputs)
+        assert len(out) == len(ref), cls
+        relative = max(float((o - r).abs().max() / r.abs().max()) for o, r in zip(out, ref))
+        share = local_param_bytes(text_part(sharded)) / local_param_bytes(text_part(reference))
+        results[case_id(cls, plan)] = (relative, share)
+    return results
+
+
+def text_part(model):
+    """What a text-to-image pipeline runs: a vision-language class's language model (its vision tower stays whole)."""
+    inner = getattr(model, "model", None)
+    return getattr(inner, "language_model", model)

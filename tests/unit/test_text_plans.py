@@ -1,0 +1,167 @@
+"""Text-encoder plans: transformers' vocabulary translated or refused, plan_for by library, checks before mutation."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from test_bad_plans import assert_unchanged, snapshot
+from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
+from transformers.distributed.tensor_parallel import is_torch_distributed_available
+
+import dtp
+from dtp.plan import Style
+from dtp.plan.transformers import DROPPED, TRANSLATED, translate
+from dtp.resolve import resolve
+from dtp.testing.tiny_text import TEXT_CLASSES, tiny_text_model
+
+assert is_torch_distributed_available()  # transformers registers its TP styles only then
+TRANSFORMERS_STYLES = sorted(ALL_PARALLEL_STYLES.keys())
+BUNDLED = {
+    "T5EncoderModel": "t5",
+    "UMT5EncoderModel": "umt5",
+    "CLIPTextModel": "clip",
+    "CLIPTextModelWithProjection": "clip-projection",
+    "LlamaModel": "llama",
+    "LlamaForCausalLM": "llama-causal-lm",
+    "Qwen3Model": "qwen3",
+    "Gemma2Model": "gemma2",
+    "GlmModel": "glm",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "Mistral3ForConditionalGeneration": "mistral3",
+}
+
+
+@pytest.fixture(scope="module")
+def mesh2(fake_world):
+    return dtp.make_mesh(tp=2, cp=2, device_type="cpu")
+
+
+@pytest.fixture(scope="module")
+def mesh4(fake_world):
+    return dtp.make_mesh(tp=4, device_type="cpu")
+
+
+def test_the_translation_table_knows_transformers_styles():
+    """Every name in the table is one transformers registers (a renamed style would silently never match)."""
+    assert set(TRANSLATED) | DROPPED <= set(TRANSFORMERS_STYLES)
+
+
+@given(st.sampled_from(TRANSFORMERS_STYLES), st.from_regex(r"layers\.\*\.[a-z_]{1,8}", fullmatch=True))
+def test_every_transformers_style_is_translated_dropped_or_refused_by_key(style, key):
+    plan_dict = {"layers.*.q_proj": "colwise", key: style}
+    if style in TRANSLATED or style in DROPPED:
+        plan = translate(plan_dict, "p")
+        assert [r.key for r in plan.rules] == ["layers.*.q_proj"] + ([key] if style in TRANSLATED else [])
+    else:
+        with pytest.raises(dtp.PlanError, match=rf"key '{key.replace('.', '[.]').replace('*', '[*]')}'.*{style}"):
+            translate(plan_dict, "p")
+
+
+def test_translation_of_the_exact_styles():
+    plan = translate(
+        {
+            "embed_tokens": "embedding_rowwise",
+            "lm_head": "colwise_gather_output",
+            "layers.*.mlp.gate_up_proj": "packed_colwise",
+            "layers.*.self_attn.q_norm": "replicated_with_grad_allreduce",
+        },
+        "p",
+    )
+    styles = {r.key: (r.style, r.blocks) for r in plan.rules}
+    assert styles == {
+        "embed_tokens": (Style.VOCAB_PARALLEL, None),
+        "lm_head": (Style.COLWISE_GATHERED, None),
+        "layers.*.mlp.gate_up_proj": (Style.PACKED_COLWISE, (1, 1)),
+    }
+
+
+@pytest.mark.parametrize("cls", TEXT_CLASSES)
+def test_plan_for_picks_the_bundled_text_plan(cls):
+    assert dtp.plan_for(tiny_text_model(cls)) == dtp.load_plan(BUNDLED[cls])
+
+
+def test_plan_for_translates_a_transformers_class_plan(monkeypatch):
+    """The issue's report: Qwen2.5-VL's class `_tp_plan` (`colwise_gather_output`) is no diffusers plan."""
+    model = tiny_text_model("Qwen2_5_VLForConditionalGeneration")
+    monkeypatch.setattr("dtp.plan.io.bundled_plan_names", lambda: ["flux"])  # no bundled text plan
+    plan = dtp.plan_for(model)
+    styles = {r.key: r.style for r in plan.rules}
+    assert styles["lm_head"] is Style.COLWISE_GATHERED
+    assert styles["model.language_model.embed_tokens"] is Style.VOCAB_PARALLEL
+    assert resolve(plan, model).candidates() == [1, 2]
+
+
+def test_plan_for_reads_no_plan_from_an_attribute_alone():
+    """A `_tp_plan` on a class that is neither a diffusers nor a transformers model is not trusted."""
+
+    class Custom(torch.nn.Module):
+        _tp_plan = {"proj": "colwise"}
+
+    with pytest.raises(dtp.PlanError, match="no plan for Custom"):
+        dtp.plan_for(Custom())
+
+
+def test_glm_transformers_plan_refuses_rowwise_split_input():
+    model = tiny_text_model("GlmModel")
+    with pytest.raises(dtp.PlanError, match=r"key 'layers\.\*\.mlp\.down_proj'.*'rowwise_split_input'"):
+        translate(model._tp_plan, "glm")
+
+
+def raises_and_unchanged(model, mesh, plan, match):
+    before = snapshot(model)
+    with pytest.raises(dtp.PlanError, match=match):
+        dtp.parallelize(model, mesh, plan)
+    assert_unchanged(model, before)
+
+
+def test_tp_must_divide_kv_heads(mesh4):
+    """4 query heads, 2 kv heads: tp=4 would need kv heads replicated, which dtp refuses."""
+    model = tiny_text_model("LlamaModel")
+    raises_and_unchanged(
+        model, mesh4, None, r"tp=4 does not divide kv_heads of layers\.0\.self_attn=2.*Supported tp: 1, 2"
+    )
+
+
+def test_vocab_parallel_needs_an_embedding(mesh2):
+    plan = dtp.Plan.from_dict({"layers.*.self_attn.q_proj": "vocab_parallel"})
+    raises_and_unchanged(tiny_text_model("LlamaModel"), mesh2, plan, r"'layers\.0\.self_attn\.q_proj' is a Linear")
+
+
+def test_colwise_needs_a_linear(mesh2):
+    plan = dtp.Plan.from_dict({"embed_tokens": "colwise"})
+    raises_and_unchanged(
+        tiny_text_model("LlamaModel"), mesh2, plan, r"'embed_tokens' is a Embedding, not an nn\.Linear"
+    )
+
+
+def test_embedding_colwise_only_for_per_head_tables(mesh2):
+    plan = dtp.Plan.from_dict({"embed_tokens": "embedding_colwise"})
+    raises_and_unchanged(tiny_text_model("LlamaModel"), mesh2, plan, r"'<model>' is no attention module")
+
+
+def test_embedding_with_max_norm_is_refused(mesh2):
+    model = tiny_text_model("LlamaModel")
+    model.embed_tokens.max_norm = 1.0
+    plan = dtp.Plan.from_dict({"embed_tokens": "vocab_parallel"})
+    raises_and_unchanged(model, mesh2, plan, r"max_norm=1\.0")
+
+
+def test_a_tied_weight_left_whole_is_refused(mesh2):
+    """T5's `shared` and `encoder.embed_tokens` are one Parameter: sharding one alone saves nothing."""
+    plan = dtp.Plan.from_dict({"shared": "vocab_parallel"})
+    raises_and_unchanged(
+        tiny_text_model("T5EncoderModel"), mesh2, plan, r"'shared\.weight' is tied to 'encoder\.embed_tokens\.weight'"
+    )
+
+
+def test_tied_weights_stay_one_parameter(mesh2):
+    model = dtp.parallelize(tiny_text_model("T5EncoderModel"), mesh2["tp"])
+    assert model.shared.weight is model.encoder.embed_tokens.weight
+    assert model.shared.weight.to_local().shape == (32, 32)  # 64 vocabulary rows / 2
+
+
+def test_t5_heads_become_local(mesh2):
+    model = dtp.parallelize(tiny_text_model("T5EncoderModel"), mesh2["tp"])
+    attn = model.encoder.block[0].layer[0].SelfAttention
+    assert (attn.n_heads, attn.inner_dim) == (2, 16)
+    assert attn.relative_attention_bias.weight.to_local().shape == (8, 2)  # 8 buckets x this rank's 2 heads
