@@ -13,6 +13,7 @@ from .parallelize import parallelize, tp_candidates
 from .plan import Plan, Rule, Style, load_plan, plan_for
 from .resolve import Layout
 from .runtime.mesh import make_mesh
+from .tools.verify import verify
 
 __all__ = [
     "ForwardError",
@@ -30,4 +31,5 @@ __all__ = [
     "plan_for",
     "prepare",
     "tp_candidates",
+    "verify",
 ]
