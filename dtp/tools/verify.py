@@ -28,7 +28,7 @@ import io
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import torch
@@ -39,16 +39,15 @@ from ..engine import Prepared, apply, prepare
 from ..errors import PlanError
 from ..models import example_inputs as known_inputs
 from ..models import model_class
-from ..plan import Plan, load_plan, plan_for
+from ..plan import Plan, load_plan
 from ..policy import check_degree
-from ..resolve import Layout, Resolved, resolve
-from ..resolve.globs import expand
-from ..resolve.heads import attention_spec, resolve_attention
-from ..resolve.linears import resolve_linears
+from ..resolve import Layout, Resolved
+from ..resolve.heads import attention_spec
 from ..runtime.mesh import make_mesh, tp_submesh
 from ..testing.launch import spawn
 from ..testing.tiny import TINY_CONFIGS
 from .fakepg import read_config
+from .lint import Finding, bind, lint
 
 DEFAULT_TOL = 1e-5  # fp32: the house parity bound for a whole tiny model
 ATTENTION = "attention"  # the `kind` of an attention module's site
@@ -82,6 +81,7 @@ class VerifyReport:
     entries: dict = field(default_factory=dict)  # path -> what the plan says about it
     error: str | None = None  # the sharded forward raised (first line), with the modules running:
     error_stack: tuple[str, ...] = ()
+    lint: tuple[Finding, ...] = ()  # the static findings for the same plan (`dtp.tools.lint`)
 
     @property
     def first(self) -> Site | None:
@@ -142,12 +142,14 @@ class VerifyReport:
             "first": None if first is None else {**first.__dict__, "entry": self.entries.get(first.path)},
             "suspects": [{"path": p, "entry": self.entries.get(p)} for p in self.suspects()],
             "sites": [s.__dict__ for s in self.sites],
+            "lint": [f.__dict__ for f in self.lint],
         }
 
     def format(self) -> str:
         lines = [f"dtp verify: {self.model}, plan {self.plan}, tp={self.tp} (tolerance {self.tol:g} relative)"]
         for s in self.sites:
             lines.append(f"  {s.rel:10.3e} {' ' if s.rel <= self.tol else '!'} {s.label()}  [{s.kind}]")
+        lines += [f"lint: {finding}" for finding in self.lint]
         if self.ok:
             lines.append(f"OK: every site within {self.tol:g} (model output {self.output_rel:.3e}).")
             return "\n".join(lines)
@@ -244,8 +246,9 @@ def verify(
     sample = build()
     check_degree(tp, "verify: tp")
     bind(sample, plan, checks).check_tp(tp)  # PlanError here, before any process starts
+    findings = tuple(lint(sample, plan, example_inputs))
     results = spawn(compare_worker, tp, build, plan, example_inputs, checks)
-    return merge(results, model=name, tol=tol)
+    return replace(merge(results, model=name, tol=tol), lint=findings)
 
 
 def _builder(model, config: dict | None, seed: int):
@@ -332,23 +335,6 @@ def compare_sharded(build, plan: Plan | None, inputs: dict, mesh, *, checks: boo
         "error": error,
         "stack": stack,
     }
-
-
-def bind(model: nn.Module, plan: Plan | None, checks: bool = True) -> Resolved:
-    """`resolve(plan, model)`, or with `checks=False` without the pair rule and the attention checks:
-    then only the listed attention modules get head bookkeeping. The unchecked form is for seeing
-    what a plan the checks refuse would compute; never for serving."""
-    plan = plan if plan is not None else plan_for(model)
-    if checks:
-        return resolve(plan, model)
-    linears = resolve_linears(plan, model)
-    if plan.attention is None:
-        attention = resolve_attention(plan, model, linears)
-    else:
-        found = [attention_spec(p, m, key) for key in plan.attention for p, m in expand(model, key, plan.name)]
-        attention = [spec for spec in found if spec is not None]
-    constraints = [c for spec in linears for c in spec.constraints()] + [c for s in attention for c in s.constraints()]
-    return Resolved(plan, tuple(linears), tuple(attention), tuple(constraints))
 
 
 def site_layouts(model: nn.Module, resolved: Resolved) -> dict[str, tuple[str, Layout | None, Layout | None]]:
