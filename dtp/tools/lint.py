@@ -38,11 +38,13 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
+from ..errors import PlanError
 from ..plan import Plan, plan_for
 from ..resolve import Resolved, resolve
 from ..resolve.globs import expand
 from ..resolve.heads import attention_spec, resolve_attention
 from ..resolve.linears import resolve_linears
+from ..testing.tiny import TINY_CONFIGS, tiny_inputs, tiny_model
 
 RULES = (
     "unpaired_colwise",
@@ -359,3 +361,27 @@ def _block(path: str) -> str:
         if atom.isdigit():
             return ".".join(atoms[: i + 1])
     return ".".join(atoms[:-1])
+
+
+def lint_report(class_name: str, plan: Plan | None) -> dict:
+    """`{"findings": [...], "note": ...}` for `dtp check`: the lint of `plan` on the class's tiny model.
+
+    The lint needs one real forward, so it runs on the tiny config (`dtp.testing.tiny`) with random
+    weights; a class without one, or a plan whose keys address blocks the tiny model lacks, is noted.
+    """
+    if class_name not in TINY_CONFIGS:
+        return {"findings": None, "note": f"no tiny config for {class_name}: not linted"}
+    try:
+        found = lint(tiny_model(class_name), plan, tiny_inputs(class_name))
+    except PlanError as exc:
+        return {"findings": None, "note": f"not linted on the tiny model: {exc}"}
+    return {"findings": [f.__dict__ for f in found], "note": None}
+
+
+def format_lint(report: dict) -> list[str]:
+    if report["findings"] is None:
+        return [f"lint: {report['note']}"]
+    if not report["findings"]:
+        return ["lint (one traced forward of the tiny model): clean"]
+    lines = [f"lint (one traced forward of the tiny model): {len(report['findings'])} finding(s)"]
+    return lines + [f"  [{f['rule']}] {f['path']}: {f['message']}" for f in report["findings"]]

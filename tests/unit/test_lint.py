@@ -1,14 +1,18 @@
 """dtp lint: each classic mistake, built on purpose, is found at its module; the bundled plans lint clean."""
 
+from pathlib import Path
+
 import diffusers
 import pytest
 import torch
+import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 import dtp
 from dtp.testing.tiny import PLAN_CLASSES, model_class, tiny_inputs, tiny_model
+from dtp.tools.check import check, format_report
 from dtp.tools.lint import lint
 
 
@@ -185,3 +189,18 @@ def test_split_property_has_both_outcomes():
         {"up": {"style": "packed_colwise", "blocks": [4, 4]}, "down": {"style": "packed_rowwise", "blocks": [2, 6]}}
     )
     assert [f.rule for f in lint(Fused([2, 6]), inside, {"x": torch.randn(2, 4)})] == ["split_across_blocks"]
+
+
+def test_dtp_check_reports_the_lint(tmp_path):
+    """`dtp check` lints on the tiny model: bundled plan clean; a wrong packed split (passes the checks) found."""
+    assert check("flux2", tp=2, forward=False)["lint"] == {"findings": [], "note": None}
+    data = yaml.safe_load((Path(dtp.__file__).parents[1] / "plans" / "flux2.yaml").read_text())
+    data["tp"]["single_transformer_blocks.*.attn.to_qkv_mlp_proj"] = {
+        "style": "packed_colwise",
+        "blocks": [3, 1, 1, 1, 3],
+    }
+    path = tmp_path / "wrong.yaml"
+    path.write_text(yaml.safe_dump(data))
+    report = check(str(path), tp=2, forward=False)
+    assert [f["rule"] for f in report["lint"]["findings"]] == ["split_across_blocks"] * 2
+    assert "[split_across_blocks] single_transformer_blocks.0.attn.to_qkv_mlp_proj" in format_report(report)
