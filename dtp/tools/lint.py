@@ -144,7 +144,7 @@ class Tracer:
             self._check_rowwise(spec, x)
         elif spec is None and isinstance(module, nn.Linear) and tag_of(x):
             self._leak(tag_of(x), f"the replicated Linear '{path}'")
-        elif _is_norm(module) and tag_of(x):
+        elif is_norm(module) and tag_of(x):
             self._check_norm(path, x)
 
     def _leave(self, path: str, module: nn.Module, output) -> None:
@@ -185,7 +185,7 @@ class Tracer:
         width = x.shape[-1]
         for source, span in tag_of(x).items():
             owner = self._attention_of(source)
-            head_dim = (_head_dim(self.model, owner) if owner else None) or 0
+            head_dim = (head_dim_of(self.model, owner) if owner else None) or 0
             if span is not None and width > head_dim:
                 self._add(
                     "norm_across_heads",
@@ -201,21 +201,21 @@ class Tracer:
     def on_function(self, func, args, kwargs, out) -> None:
         """Move the tags from `args`/`kwargs` to `out`, checking splits and attention on the way."""
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        tag = _union([tag_of(t) for t in inputs])
+        tag = union([tag_of(t) for t in inputs])
         if not tag:
             return
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        if getattr(func, "__name__", "") in SPLITS and len(outputs) > 1 and _on_last_dim(args, kwargs, 2):
+        if getattr(func, "__name__", "") in SPLITS and len(outputs) > 1 and on_last_dim(args, kwargs, 2):
             offsets = [sum(t.shape[-1] for t in outputs[:i]) for i in range(len(outputs))]
             self._cut(tag, list(zip(outputs, offsets)))
             return
-        start = _feature_slice_start(func, args)
+        start = feature_slice_start(func, args)
         if start is not None and isinstance(out, torch.Tensor):
             self._cut(tag, [(out, start)])
             return
         if func is F.scaled_dot_product_attention:
             self._check_attention(tag)
-        if func is torch.cat and _on_last_dim((args[0][0], *args[1:]), kwargs, 1):
+        if func is torch.cat and on_last_dim((args[0][0], *args[1:]), kwargs, 1):
             for t in outputs:
                 set_tag(t, {s: None for s in tag})
                 t._dtp_lint_cat = [int(x.shape[-1]) for x in args[0] if isinstance(x, torch.Tensor)]
@@ -307,7 +307,7 @@ class TagMode(TorchFunctionMode):
         return out
 
 
-def _union(tags: list[dict]) -> dict:
+def union(tags: list[dict]) -> dict:
     merged: dict = {}
     for tag in tags:
         for source, span in tag.items():
@@ -315,7 +315,7 @@ def _union(tags: list[dict]) -> dict:
     return merged
 
 
-def _feature_slice_start(func, args) -> int | None:
+def feature_slice_start(func, args) -> int | None:
     """For `x[..., a:b]` (a step-1 slice of the last dim, everything else whole), `a`; else None."""
     if getattr(func, "__name__", "") != "__getitem__" or len(args) != 2 or not isinstance(args[0], torch.Tensor):
         return None
@@ -330,21 +330,21 @@ def _feature_slice_start(func, args) -> int | None:
     return last.indices(x.shape[-1])[0]
 
 
-def _on_last_dim(args, kwargs, position: int) -> bool:
+def on_last_dim(args, kwargs, position: int) -> bool:
     """Whether the `dim` argument (keyword, or positional at `position`, default 0) is the last dim of args[0]."""
     x = args[0]
     dim = kwargs.get("dim", args[position] if len(args) > position else 0)
     return isinstance(x, torch.Tensor) and x.dim() > 0 and isinstance(dim, int) and dim % x.dim() == x.dim() - 1
 
 
-def _is_norm(module: nn.Module) -> bool:
+def is_norm(module: nn.Module) -> bool:
     name = type(module).__name__
     return isinstance(module, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or (
         name.endswith(("RMSNorm", "LayerNorm")) and not name.startswith("Ada")
     )
 
 
-def _head_dim(model: nn.Module, path: str) -> int | None:
+def head_dim_of(model: nn.Module, path: str) -> int | None:
     module = model.get_submodule(path)
     for attr in ("head_dim", "dim_head", "attention_head_dim"):
         value = getattr(module, attr, None)
