@@ -13,6 +13,7 @@ from .parallelize import parallelize, tp_candidates
 from .plan import Plan, Rule, Style, load_plan, plan_for
 from .resolve import Layout
 from .runtime.mesh import make_mesh
+from .tools.suggest import suggest_plan
 from .tools.verify import verify
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "parallelize",
     "plan_for",
     "prepare",
+    "suggest_plan",
     "tp_candidates",
     "verify",
 ]

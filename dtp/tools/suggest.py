@@ -24,10 +24,14 @@ and where they go that a sharded activation must not go. From that:
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from functools import reduce
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +45,10 @@ from ..plan import Plan
 from ..policy import check_degree
 from ..resolve import resolve
 from ..resolve.heads import attention_spec
+from ..testing.tiny import TINY_CONFIGS
+from .fakepg import read_config
 from .lint import TAG, TagMode, feature_slice_start, head_dim_of, is_norm, on_last_dim, set_tag, tag_of, union
+from .verify import random_model
 
 SPLITS = {"chunk", "split", "tensor_split", "split_with_sizes"}
 # Functions that mix the features of their input: exact on a sharded activation only inside a planned Linear.
@@ -83,7 +90,7 @@ class Suggestion:
         lines = [f"# Suggested by `dtp suggest` for {self.model} from one traced forward; check it with `dtp verify`."]
         lines += [f"# {note}" for note in self.notes]
         data = {"models": [self.model], "tp": {r.key: _rule_value(r) for r in self.plan.rules}}
-        return "\n".join(lines) + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
+        return "\n".join(lines) + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
 def _rule_value(rule):
@@ -128,7 +135,7 @@ class FlowTracer:
         elif x is not None and is_norm(module) and tag_of(x):
             for source, span in tag_of(x).items():
                 if span is not None and x.shape[-1] > (self._head_dim_around(source) or 0):
-                    self._unsafe({source: span}, f"'{path}' normalizes over its features (across heads)")
+                    self._unsafe({source: span}, f"its output reaches '{path}', a norm over all its features")
 
     def _consume(self, flow: Flow, x: torch.Tensor) -> None:
         flow.rows = max(flow.rows, x.numel() // max(x.shape[-1], 1))
@@ -174,7 +181,7 @@ class FlowTracer:
         if func is F.scaled_dot_product_attention:
             self._attention(tag, args[:3])
         elif (func in MIXING or name in MIXING_NAMES) and any(span is not None for span in tag.values()):
-            self._unsafe(tag, f"'{name}' mixes its features outside a Linear")
+            self._unsafe(tag, f"its features are mixed by '{name}' outside a Linear")
         self._check_width(tag, inputs, outputs, name)
 
     def _check_width(self, tag, inputs, outputs, name) -> None:
@@ -184,10 +191,10 @@ class FlowTracer:
         if known:
             width = known[0].shape[-1]
             if any(not tag_of(t) and t.dim() and t.shape[-1] == width > 1 for t in inputs):
-                self._unsafe(tag, f"'{name}' combines it with a replicated tensor of the same width")
+                self._unsafe(tag, f"its output meets a replicated tensor of the same width in '{name}'")
             for t in outputs:
                 if t.dim() == 0 or t.shape[-1] != width and not self._is_head_view(t, width):
-                    self._unsafe(tag, f"'{name}' reshapes or reduces its features")
+                    self._unsafe(tag, f"its features are reshaped or reduced by '{name}' (not into heads)")
         width = inputs[0].shape[-1] if inputs[0].dim() else None
         for t in outputs:
             keep = t.dim() and width is not None and t.shape[-1] == width
@@ -202,9 +209,9 @@ class FlowTracer:
     def _attention(self, tag, qkv) -> None:
         owner = next((p for p, m in reversed(self.stack) if attention_spec(p, m, "") is not None), None)
         if owner is None:
-            self._unsafe(tag, "it reaches attention outside a module with `heads` (no head bookkeeping)")
+            self._unsafe(tag, "its output reaches attention outside a module with `heads` (no head bookkeeping)")
         elif not all(isinstance(t, torch.Tensor) and tag_of(t) for t in qkv):
-            self._unsafe(tag, f"attention in '{owner}' mixes it with replicated q/k/v")
+            self._unsafe(tag, f"its output meets replicated q/k/v in the attention of '{owner}'")
 
     def _cut(self, tag, pieces) -> None:
         for source, span in tag.items():
@@ -238,7 +245,7 @@ class FlowTracer:
 # from the trace to a plan
 
 
-def trace(model: nn.Module, inputs: dict) -> dict[str, Flow]:
+def trace(model: nn.Module, inputs: dict) -> tuple[dict[str, Flow], dict[str, str]]:
     """Flows where every Linear whose output is tagged could be colwise: unsafe ones and Linears that both
     consume and produce are dropped from the tagged set and the forward traced again, until none is left.
 
@@ -246,15 +253,22 @@ def trace(model: nn.Module, inputs: dict) -> dict[str, Flow]:
     the residual stream (unsafe): they are dropped, and in round 2 the residual stream carries no
     tags. Only when nothing is unsafe are the Linears that both consume and produce dropped (the time
     embedder's `linear_2` consumes `linear_1` and feeds the modulations).
+    Returns the last round's flows and {dropped Linear: why}.
     """
-    starts = None
+    starts, dropped = None, {}
     while True:
         flows = FlowTracer(model, starts).run(inputs)
         started = set(flows) if starts is None else starts & set(flows)
         # Unsafe outputs first: their tags are what make other Linears look like consumers.
         bad = {p for p in started if flows[p].unsafe} or {p for p in started if flows[p].consumers and flows[p].sources}
         if not bad:
-            return flows
+            return flows, dropped
+        for path in bad:
+            dropped[path] = (
+                flows[path].unsafe[0]
+                if flows[path].unsafe
+                else "it would both consume and produce a sharded activation (a chain of Linears)"
+            )
         starts = started - bad
 
 
@@ -365,7 +379,7 @@ def suggest(model: nn.Module, example_inputs: dict | None = None, *, tp: int = 2
     name = type(model).__name__
     if example_inputs is None:
         example_inputs = known_inputs(name, dict(getattr(model, "config", {})))
-    flows = trace(model, example_inputs)
+    flows, dropped = trace(model, example_inputs)
     accepted, notes = {}, []
     for group in components(flows):
         rules, reason = pair_rules(group, flows)
@@ -376,6 +390,7 @@ def suggest(model: nn.Module, example_inputs: dict | None = None, *, tp: int = 2
         else:
             accepted.update(rules)
     accepted.update(gathered_rules(flows, set(accepted), tp))
+    notes += _dropped_notes(model, {p: why for p, why in dropped.items() if p not in accepted})
     if not accepted:
         raise PlanError(
             f"suggest: nothing in {name} can be sharded safely at tp={tp}: "
@@ -400,5 +415,73 @@ def _refusal(model: nn.Module, rules: dict[str, tuple], tp: int, name: str) -> s
     return None
 
 
+def _dropped_notes(model: nn.Module, dropped: dict[str, str]) -> list[str]:
+    """One line per plan key (globs folded) of the Linears left replicated because of their outputs."""
+    by_key: dict[str, str] = {}
+    for key in fold(model, {p: ("-", None) for p in dropped}):
+        member = next(p for p in dropped if re.fullmatch(re.escape(key).replace(r"\*", r"\d+"), p))
+        by_key[key] = dropped[member]
+    return [f"replicated: {key}: {why}" for key, why in by_key.items()]
+
+
 def _folded(model: nn.Module, paths: list[str]) -> list[str]:
     return sorted(fold(model, {p: ("-", None) for p in paths}))
+
+
+def rank_fraction(model: nn.Module, plan: Plan, tp: int) -> float:
+    """The share of all parameter bytes one rank holds under `plan` at `tp` (1.0: nothing sharded)."""
+    layouts = resolve(plan, model).param_layouts()
+    total = local = 0
+    for name, param in model.named_parameters():
+        size = param.numel() * param.element_size()
+        total += size
+        local += size // tp if layouts.get(name) is not None else size
+    return local / max(total, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line
+
+
+def register(sub) -> None:
+    p = sub.add_parser("suggest", help="propose a plan for a model from one traced forward of a small instance")
+    p.add_argument("model", metavar="MODEL", help="diffusers class name (e.g. Flux2Transformer2DModel)")
+    p.add_argument(
+        "--config", help="config.json path or an inline JSON object (default: the tiny config of a known class)"
+    )
+    p.add_argument("--tp", type=int, default=2, help="TP degree the suggestion must divide (default 2)")
+    p.add_argument("-o", "--output", help="write the plan YAML here (default: print it)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.config is None and args.model not in TINY_CONFIGS:
+            raise PlanError(f"dtp suggest: no tiny config for {args.model}; pass --config (a small one).")
+        config = _config(args.config) if args.config else dict(TINY_CONFIGS[args.model])
+        model = random_model(args.model, config)
+        suggestion = suggest(model, known_inputs(args.model, config), tp=args.tp)
+    except PlanError as exc:
+        print(f"dtp suggest: {exc}", file=sys.stderr)
+        return 1
+    text = suggestion.to_yaml()
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        print(text, end="")
+    share = rank_fraction(model, suggestion.plan, args.tp)
+    print(
+        f"dtp suggest: {len(suggestion.plan.rules)} rules; at tp={args.tp} a rank holds {share:.0%} of the weights; "
+        f"check it with `dtp verify {args.model} --plan PLAN --tp {args.tp}`.",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _config(text: str) -> dict:
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise PlanError(f"dtp suggest: --config is not valid JSON ({exc}).") from None
+    return read_config(text)
