@@ -179,7 +179,8 @@ class FlowTracer:
                 setattr(t, CAT_PIECES, [(int(p.shape[-1]), tag_of(p)) for p in args[0]])
             return
         if func is F.scaled_dot_product_attention:
-            self._attention(tag, args[:3])
+            named = [kwargs.get(k) for k in ("query", "key", "value")[len(args[:3]) :]]
+            self._attention(tag, [*args[:3], *named])
         elif (func in MIXING or name in MIXING_NAMES) and any(span is not None for span in tag.values()):
             self._unsafe(tag, f"its features are mixed by '{name}' outside a Linear")
         self._check_width(tag, inputs, outputs, name)
@@ -421,7 +422,7 @@ def _dropped_notes(model: nn.Module, dropped: dict[str, str]) -> list[str]:
     for key in fold(model, {p: ("-", None) for p in dropped}):
         member = next(p for p in dropped if re.fullmatch(re.escape(key).replace(r"\*", r"\d+"), p))
         by_key[key] = dropped[member]
-    return [f"replicated: {key}: {why}" for key, why in by_key.items()]
+    return [f"replicated: {key}: {why}" for key, why in sorted(by_key.items())]
 
 
 def _folded(model: nn.Module, paths: list[str]) -> list[str]:

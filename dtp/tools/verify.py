@@ -8,7 +8,8 @@ same inputs, and compares, at every planned Linear (input and output) and every 
     colwise / packed_colwise   input whole,                 output = Layout(-1, blocks).local_slice(ref)
     rowwise / packed_rowwise   input = Layout(-1, blocks).local_slice(ref),  output whole
     colwise_gathered           input whole,                 output whole
-    attention module / model   output whole
+    attention module / model   output whole (an attention module without its output projection,
+                               e.g. FLUX.1 single-stream: this rank's heads, Layout(-1, [width]))
 
     rel = max |sharded - expected| / max |expected|     (per site, the max over ranks)
 
@@ -52,6 +53,7 @@ from .lint import Finding, bind, lint
 DEFAULT_TOL = 1e-5  # fp32: the house parity bound for a whole tiny model
 ATTENTION = "attention"  # the `kind` of an attention module's site
 MODEL = "model"  # the `kind` of the model's own output (path "")
+HEADS = "heads"  # expected layout of an attention output that stays sharded: this rank's heads
 
 
 @dataclass(frozen=True)
@@ -345,7 +347,12 @@ def site_layouts(model: nn.Module, resolved: Resolved) -> dict[str, tuple[str, L
     sites: dict[str, tuple] = {"": (MODEL, None, None)}
     for path, module in model.named_modules():
         if path and attention_spec(path, module, "") is not None:
-            sites[path] = (ATTENTION, None, None)
+            inside = [spec for spec in resolved.linears if spec.path.startswith(f"{path}.")]
+            sharded = any(spec.style.shard_dim == 0 and not spec.style.gathers_output for spec in inside)
+            projected = any(spec.style.shard_dim == 1 for spec in inside)
+            # Without an output projection inside (FLUX.1's single-stream attention), the output is this
+            # rank's heads, in head order: one contiguous block of the features.
+            sites[path] = (ATTENTION, None, HEADS if sharded and not projected else None)
     for spec in resolved.linears:
         layout = Layout(-1, spec.sizes)
         if spec.style.gathers_output:
@@ -445,13 +452,14 @@ def _compare(model, expected, inputs, reference, tp, rank) -> tuple[list[Site], 
     return sites, (stack if error else []), error
 
 
-def _relative(got: list[torch.Tensor], ref: list[torch.Tensor], layout: Layout | None, tp: int, rank: int) -> float:
+def _relative(got: list[torch.Tensor], ref: list[torch.Tensor], layout, tp: int, rank: int) -> float:
     """max |got - expected| / max |expected| over the tensors; inf when the shapes do not match."""
     if len(got) != len(ref):
         return math.inf
     diff, scale = 0.0, 0.0
     for g, r in zip(got, ref):
-        want = r if layout is None else layout.local_slice(r, tp, rank)
+        block = Layout(-1, (r.shape[-1],)) if layout == HEADS else layout
+        want = r if block is None else block.local_slice(r, tp, rank)
         if g.shape != want.shape:
             return math.inf
         diff = max(diff, float((g.float() - want).abs().max()) if g.numel() else 0.0)

@@ -13,7 +13,7 @@ def reports():
     return {name: merge([r[name] for r in results], model=CASES[name][0]) for name in CASES}
 
 
-@pytest.mark.parametrize("case", ["flux2/bundled", "zimage/bundled"])
+@pytest.mark.parametrize("case", ["flux2/bundled", "zimage/bundled", "flux/bundled"])
 def test_bundled_plan_passes(reports, case):
     """Tiny config, tp=2: every planned Linear's input and output, every attention output and the model
     output within 1e-5 relative of the single-process reference (per rank, after the plan's slicing)."""

@@ -36,6 +36,8 @@ CASES = {
     # name: (class, plan, checks)
     "flux2/bundled": ("Flux2Transformer2DModel", lambda: dtp.load_plan("flux2"), True),
     "zimage/bundled": ("ZImageTransformer2DModel", lambda: dtp.load_plan("zimage"), True),
+    # FLUX.1's single-stream attention has no output projection: its output stays sharded (this rank's heads).
+    "flux/bundled": ("FluxTransformer2DModel", lambda: dtp.load_plan("flux"), True),
     # SwiGLU [gate | up] split as one block: refused by the pair rule, so verified unchecked.
     "flux2/plain_colwise_swiglu": (
         "Flux2Transformer2DModel",
