@@ -280,8 +280,8 @@ class Tracer:
 
     def findings(self) -> list[Finding]:
         for path in self.ran:
-            block = _block(path)
-            paired = [r for r in self.consumers.get(path, ()) if _block(r) == block]
+            block = block_of(self.model, path)
+            paired = [r for r in self.consumers.get(path, ()) if block_of(self.model, r) == block]
             if not paired or path in self.leaks:
                 went = self.leaks.get(path, "none")
                 self._add(
@@ -354,13 +354,16 @@ def head_dim_of(model: nn.Module, path: str) -> int | None:
     return inner // heads if isinstance(inner, int) and isinstance(heads, int) and heads else None
 
 
-def _block(path: str) -> str:
-    """The repeated block a module belongs to: the path up to its first numeric atom (else its parent)."""
+def block_of(model: nn.Module, path: str) -> str:
+    """The repeated block a module belongs to: its path up to the first element of an `nn.ModuleList`
+    (`transformer_blocks.3`); "" (the model) outside any ModuleList."""
     atoms = path.split(".")
+    module = model
     for i, atom in enumerate(atoms):
-        if atom.isdigit():
+        if isinstance(module, nn.ModuleList):
             return ".".join(atoms[: i + 1])
-    return ".".join(atoms[:-1])
+        module = module._modules.get(atom) if module is not None else None
+    return ""
 
 
 def lint_report(class_name: str, plan: Plan | None) -> dict:
