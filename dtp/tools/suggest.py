@@ -196,10 +196,30 @@ class FlowTracer:
             for t in outputs:
                 if t.dim() == 0 or t.shape[-1] != width and not self._is_head_view(t, width):
                     self._unsafe(tag, f"its features are reshaped or reduced by '{name}' (not into heads)")
+        if self._meets_replicated_heads(inputs):
+            self._unsafe(tag, f"its heads meet a replicated per-head tensor in '{name}' (e.g. RoPE tables per head)")
         width = inputs[0].shape[-1] if inputs[0].dim() else None
         for t in outputs:
             keep = t.dim() and width is not None and t.shape[-1] == width
             set_tag(t, tag if keep else {s: None for s in tag})
+
+    def _meets_replicated_heads(self, inputs: list[torch.Tensor]) -> bool:
+        """Inside an attention module: an untagged operand with a dim of the module's head count (> 1), aligned
+        (from the right, as broadcasting does) with a dim of that size of a tagged operand. Each rank would
+        hold its own heads of one and all heads of the other."""
+        owner = next((m for p, m in reversed(self.stack) if attention_spec(p, m, "") is not None), None)
+        if owner is None:
+            return False
+        counts = {getattr(owner, a, None) for a in ("heads", "kv_heads", "num_heads", "num_kv_heads")}
+        counts = {c for c in counts if isinstance(c, int) and c > 1}
+        tagged = [t for t in inputs if tag_of(t) and t.dim() >= 2]
+        replicated = [u for u in inputs if not tag_of(u) and u.dim() >= 2]
+        return any(
+            t.shape[-i] == u.shape[-i] and u.shape[-i] in counts
+            for t in tagged
+            for u in replicated
+            for i in range(1, min(t.dim(), u.dim()) + 1)
+        )
 
     def _is_head_view(self, t: torch.Tensor, width: int) -> bool:
         """`t` ends in [heads, head_dim] of `width` features, with head_dim that of the attention module running."""

@@ -8,8 +8,9 @@ same inputs, and compares, at every planned Linear (input and output) and every 
     colwise / packed_colwise   input whole,                 output = Layout(-1, blocks).local_slice(ref)
     rowwise / packed_rowwise   input = Layout(-1, blocks).local_slice(ref),  output whole
     colwise_gathered           input whole,                 output whole
-    attention module / model   output whole (an attention module without its output projection,
-                               e.g. FLUX.1 single-stream: this rank's heads, Layout(-1, [width]))
+    attention module           each output whole, or, where the module has no output projection
+                               (FLUX.1 single-stream), this rank's heads: Layout(-1, [width])
+    model                      output whole
 
     rel = max |sharded - expected| / max |expected|     (per site, the max over ranks)
 
@@ -347,12 +348,9 @@ def site_layouts(model: nn.Module, resolved: Resolved) -> dict[str, tuple[str, L
     sites: dict[str, tuple] = {"": (MODEL, None, None)}
     for path, module in model.named_modules():
         if path and attention_spec(path, module, "") is not None:
-            inside = [spec for spec in resolved.linears if spec.path.startswith(f"{path}.")]
-            sharded = any(spec.style.shard_dim == 0 and not spec.style.gathers_output for spec in inside)
-            projected = any(spec.style.shard_dim == 1 for spec in inside)
-            # Without an output projection inside (FLUX.1's single-stream attention), the output is this
-            # rank's heads, in head order: one contiguous block of the features.
-            sites[path] = (ATTENTION, None, HEADS if sharded and not projected else None)
+            # Whole when the module ends in its output projection, this rank's heads where it does not
+            # (FLUX.1 single-stream, SD3's context-only last block): told apart by shape (see `_relative`).
+            sites[path] = (ATTENTION, None, HEADS)
     for spec in resolved.linears:
         layout = Layout(-1, spec.sizes)
         if spec.style.gathers_output:
@@ -458,7 +456,9 @@ def _relative(got: list[torch.Tensor], ref: list[torch.Tensor], layout, tp: int,
         return math.inf
     diff, scale = 0.0, 0.0
     for g, r in zip(got, ref):
-        block = Layout(-1, (r.shape[-1],)) if layout == HEADS else layout
+        block = layout
+        if layout == HEADS:  # whole, or one contiguous block of this rank's heads: the shape says which
+            block = None if g.shape == r.shape else Layout(-1, (r.shape[-1],))
         want = r if block is None else block.local_slice(r, tp, rank)
         if g.shape != want.shape:
             return math.inf

@@ -57,3 +57,11 @@ def test_swapped_pair_is_named(reports):
     report = reports["flux/swapped_pair"]
     assert not report.ok
     assert report.suspects() == ["transformer_blocks.0.ff.net.0.proj"], report.format()
+
+
+def test_qk_norm_across_heads_left_replicated_is_named(reports):
+    """Wan's norm_q/norm_k over all 64 features see 32 per rank: the attention of block 0 and its q/k/v are named."""
+    report = reports["wan/qk_norm_replicated"]
+    assert not report.ok
+    suspects = report.suspects()
+    assert suspects[0] == "blocks.0.attn1", report.format()

@@ -2,6 +2,8 @@
 
 from functools import partial
 
+from suggest_cases import wan_inputs, wan_model
+
 import dtp
 from dtp.testing.tiny import tiny_inputs, tiny_model
 from dtp.tools.verify import compare_sharded
@@ -62,7 +64,24 @@ CASES = {
         False,
     ),
     "flux/swapped_pair": ("FluxTransformer2DModel", swapped_pair, True),
+    # Wan's QK-norm runs over all heads (inner_dim): q/k sharded with the norm left replicated.
+    "wan/qk_norm_replicated": ("WanTransformer3DModel", lambda: WAN_ATTENTION_PLAN, True),
 }
+
+WAN_ATTENTION_PLAN = dtp.Plan.from_dict(
+    {
+        "attention": ["blocks.*.attn1"],
+        "tp": {f"blocks.*.attn1.{name}": "colwise" for name in ("to_q", "to_k", "to_v")}
+        | {"blocks.*.attn1.to_out.0": "rowwise"},
+    },
+    name="wan attention, QK-norm replicated",
+)
+
+
+def model_and_inputs(cls: str):
+    if cls == "WanTransformer3DModel":
+        return wan_model, wan_inputs()
+    return partial(tiny_model, cls), tiny_inputs(cls)
 
 
 def run_cases(rank, world_size):
@@ -70,5 +89,6 @@ def run_cases(rank, world_size):
     mesh = dtp.make_mesh(tp=world_size)
     results = {}
     for name, (cls, make_plan, checks) in CASES.items():
-        results[name] = compare_sharded(partial(tiny_model, cls), make_plan(), tiny_inputs(cls), mesh, checks=checks)
+        make, inputs = model_and_inputs(cls)
+        results[name] = compare_sharded(make, make_plan(), inputs, mesh, checks=checks)
     return results
