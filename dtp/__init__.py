@@ -16,6 +16,8 @@ from .pipeline import parallelize_pipeline
 from .plan import Plan, Rule, Style, load_plan, plan_for
 from .resolve import Layout
 from .runtime.mesh import make_mesh
+from .tools.suggest import suggest_plan
+from .tools.verify import verify
 
 __all__ = [
     "ForwardError",
@@ -35,5 +37,7 @@ __all__ = [
     "parallelize_pipeline",
     "plan_for",
     "prepare",
+    "suggest_plan",
     "tp_candidates",
+    "verify",
 ]

@@ -36,6 +36,7 @@ from ..runtime.memory import local_param_bytes
 from ..runtime.mesh import make_mesh
 from .collectives import CollectiveCounter, implied_collectives
 from .fakepg import default_config, fake_world, meta_inputs, meta_model, read_config
+from .lint import format_lint, lint_report
 
 CHECK_DTYPES = ("fp32", "bf16", "fp16")
 TOP_REPLICATED = 6
@@ -136,6 +137,7 @@ def check(
         pad=pad,
     )
     report["config"] = config or report["config"]
+    report["lint"] = lint_report(class_name, the_plan)
     return report
 
 
@@ -296,6 +298,8 @@ def format_report(r: dict) -> str:
     lines += [f"  {m['module']:<52} x{m['count']:<3} {_gb(m['bytes'])}" for m in r["replicated"]]
     if "collectives" in r:
         lines += _format_collectives(r["collectives"])
+    if "lint" in r:
+        lines += format_lint(r["lint"])
     if r["cp"] > 1:
         lines.append(
             f"cp={r['cp']}: weights are replicated along cp, so the memory figures are per tp group; "

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import check, demo, run
+from . import check, demo, run, suggest, verify
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `func(args) -> int`.
-COMMANDS = [demo, run, check]
+COMMANDS = [demo, run, check, verify, suggest]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,65 @@
+"""Worker side of the suggest parity test: each class's suggested plan compared site by site with one device."""
+
+from functools import partial
+
+import diffusers
+import torch
+
+import dtp
+from dtp.testing.tiny import TINY_CONFIGS, tiny_inputs, tiny_model
+from dtp.tools.suggest import rank_fraction
+from dtp.tools.verify import compare_sharded
+
+WAN = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=4,
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=4,
+    text_dim=32,
+    freq_dim=32,
+    ffn_dim=64,
+    num_layers=2,
+    rope_max_seq_len=32,
+)
+
+
+def wan_model() -> torch.nn.Module:
+    """Wan 2.x, tiny: QK-norm over all heads (the norm_across_heads hazard), random weights."""
+    torch.manual_seed(0)
+    model = diffusers.WanTransformer3DModel(**WAN)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.2)
+    return model.eval()
+
+
+def wan_inputs() -> dict:
+    g = torch.Generator().manual_seed(1)
+    return dict(
+        hidden_states=torch.randn(1, 4, 1, 8, 8, generator=g),
+        timestep=torch.rand(1, generator=g),
+        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
+        return_dict=False,
+    )
+
+
+def cases() -> dict:
+    """name -> (factory, inputs): the tiny configs of the bundled classes, and Wan."""
+    found = {cls: (partial(tiny_model, cls), tiny_inputs(cls)) for cls in TINY_CONFIGS}
+    found["WanTransformer3DModel"] = (wan_model, wan_inputs())
+    return found
+
+
+def run_cases(rank, world_size):
+    """Per class: the suggested plan (no bundled plan consulted), this rank's comparison, the rank's share."""
+    mesh = dtp.make_mesh(tp=world_size)
+    results = {}
+    for name, (make, inputs) in cases().items():
+        plan = dtp.suggest_plan(make(), inputs, tp=world_size)
+        results[name] = {
+            "compare": compare_sharded(make, plan, inputs, mesh),
+            "share": rank_fraction(make(), plan, world_size),
+            "rules": {r.key: (r.style.value, r.blocks) for r in plan.rules},
+        }
+    return results
