@@ -22,6 +22,16 @@ class Style(str, enum.Enum):
     # modulation (`norm1.linear`, `img_mod.1`: batch x k*dim per-sample vectors that downstream code
     # chunks into shift/scale/gate) and big embedders. Needs no rowwise partner.
     COLWISE_GATHERED = "colwise_gathered"
+    # Not a Linear: an RMSNorm over the whole q or k width (all heads), applied right after a colwise
+    # q/k projection (Wan, SkyReels-V2, LTX, HiDream QK-norm). Its weight is split like the heads
+    # (dim 0, contiguous per rank) and the sum of squares is all-reduced over `tp`, then divided by
+    # the TRUE (global) width, so `y = x / sqrt(sum_r |x_r|^2 / D + eps) * w_r` is exact per rank.
+    RMSNORM_ACROSS_HEADS = "rmsnorm_across_heads"
+
+    @property
+    def is_norm(self) -> bool:
+        """The rule addresses a norm module, not an nn.Linear."""
+        return self is Style.RMSNORM_ACROSS_HEADS
 
     @property
     def is_packed(self) -> bool:
@@ -30,7 +40,8 @@ class Style(str, enum.Enum):
     @property
     def shard_dim(self) -> int:
         """The weight dim that is split: 0 for colwise kinds, 1 for rowwise kinds."""
-        return 0 if self in (Style.COLWISE, Style.PACKED_COLWISE, Style.COLWISE_GATHERED) else 1
+        sharded_rows = (Style.COLWISE, Style.PACKED_COLWISE, Style.COLWISE_GATHERED, Style.RMSNORM_ACROSS_HEADS)
+        return 0 if self in sharded_rows else 1
 
     @property
     def gathers_output(self) -> bool:
@@ -56,11 +67,16 @@ class Rule:
 
     key: module path relative to the model, with at most one `*` standing for every element of an
         `nn.ModuleList` (e.g. `transformer_blocks.*.attn.to_q`).
-    style: how the Linear at `key` is split.
+    style: how the Linear (or, for `rmsnorm_across_heads`, the RMSNorm) at `key` is split.
     blocks: for packed styles, proportional integers (`[1, 1]`) or absolute sizes; `None` reads
         them from the Linear's `_tp_packed_col_blocks` / `_tp_packed_row_blocks`.
+    optional: only with `*`: elements of the list whose member on the path is None are skipped
+        (SD3's and Mochi's context-only last block has `to_add_out = None`, `ff_context = None`).
+        A member that does not exist at all is still an error, and so is a glob that skips every
+        element: the flag says "some blocks lack this", never "the key may be wrong".
     """
 
     key: str
     style: Style
     blocks: tuple[int, ...] | None = None
+    optional: bool = False

@@ -55,7 +55,9 @@ def resolve_linears(plan: Plan, model: nn.Module) -> list[LinearSpec]:
     """One LinearSpec per Linear the plan's rules address; PlanError for non-Linears and double matches."""
     specs: dict[str, LinearSpec] = {}
     for rule in plan.rules:
-        for path, module in expand(model, rule.key, plan.name):
+        if rule.style.is_norm:  # norms resolve in norms.py
+            continue
+        for path, module in expand(model, rule.key, plan.name, optional=rule.optional):
             if not isinstance(module, nn.Linear):
                 raise PlanError(
                     f"plan {plan.name}, key '{rule.key}': '{path}' is a {type(module).__name__}, not an nn.Linear; "

@@ -17,6 +17,7 @@ from .constraints import Constraint, candidates, check_divides
 from .heads import AttentionSpec, resolve_attention
 from .layout import Layout
 from .linears import LinearSpec, resolve_linears
+from .norms import NormSpec, resolve_norms
 from .pairs import check_pairs
 
 
@@ -28,6 +29,7 @@ class Resolved:
     linears: tuple[LinearSpec, ...]
     attention: tuple[AttentionSpec, ...]
     constraints: tuple[Constraint, ...]
+    norms: tuple[NormSpec, ...] = ()  # rmsnorm_across_heads modules (runtime/norms.py)
 
     def candidates(self) -> list[int]:
         """Every TP degree that divides all constraints: the divisors of their gcd."""
@@ -38,8 +40,12 @@ class Resolved:
         check_divides(self.constraints, tp, self.plan.name)
 
     def param_layouts(self) -> dict[str, Layout | None]:
-        """`{qualified param name: Layout or None}` for every parameter of every planned Linear."""
-        return {f"{spec.path}.{name}": layout for spec in self.linears for name, layout in spec.param_layouts().items()}
+        """`{qualified param name: Layout or None}` for every parameter of every planned Linear and norm."""
+        return {
+            f"{spec.path}.{name}": layout
+            for spec in (*self.linears, *self.norms)
+            for name, layout in spec.param_layouts().items()
+        }
 
 
 def resolve(plan: Plan, model: nn.Module) -> Resolved:
@@ -47,6 +53,12 @@ def resolve(plan: Plan, model: nn.Module) -> Resolved:
     linears = resolve_linears(plan, model)
     attention = resolve_attention(plan, model, linears)
     check_pairs(plan, linears, [spec.path for spec in attention])
-    constraints = [c for spec in linears for c in spec.constraints()]
-    constraints += [c for spec in attention for c in spec.constraints()]
-    return Resolved(plan=plan, linears=tuple(linears), attention=tuple(attention), constraints=tuple(constraints))
+    norms = resolve_norms(plan, model, linears)
+    constraints = [c for spec in (*linears, *attention, *norms) for c in spec.constraints()]
+    return Resolved(
+        plan=plan,
+        linears=tuple(linears),
+        attention=tuple(attention),
+        constraints=tuple(constraints),
+        norms=tuple(norms),
+    )
