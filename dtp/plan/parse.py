@@ -22,9 +22,10 @@ and `optional` (a boolean, keys with `*` only). The styles:
   4 * 16 = 64 at tp = 2: rank r holds weight[32 r : 32 (r + 1)] and computes
   `x_r / sqrt((|x_0|^2 + |x_1|^2) / 64 + eps) * w_r`. Replicating or slicing such a norm runs
   and is silently wrong; a per-head norm (width head_dim) stays replicated and is not planned.
-- `optional: true` skips the list elements whose member on the key's path is None (SD3's and
-  Mochi's context-only last block); a member that does not exist, or a glob that skips every
-  element, is still a PlanError.
+- `optional: true` skips the list elements that lack the member on the key's path (None, as in
+  SD3's and Mochi's context-only last block, or not there, as Mochi's last `norm1_context.linear`).
+  A path that no element has, while some element lacks it outright (not None), is still a
+  PlanError: a typo. A member that is None in every element is fine (SD3.5-Large has no `attn2`).
 
 Attention modules (`attention:` globs, or inferred) get their head counts and widths rewritten
 to per-rank values; kv heads (GQA, e.g. Lumina2's 24 q / 8 kv heads) are counted from the k width

@@ -70,10 +70,10 @@ class Rule:
     style: how the Linear (or, for `rmsnorm_across_heads`, the RMSNorm) at `key` is split.
     blocks: for packed styles, proportional integers (`[1, 1]`) or absolute sizes; `None` reads
         them from the Linear's `_tp_packed_col_blocks` / `_tp_packed_row_blocks`.
-    optional: only with `*`: elements of the list whose member on the path is None are skipped
-        (SD3's and Mochi's context-only last block has `to_add_out = None`, `ff_context = None`).
-        A member that does not exist at all is still an error, and so is a glob that skips every
-        element: the flag says "some blocks lack this", never "the key may be wrong".
+    optional: only with `*`: elements of the list that lack the member (None, or not there) are
+        skipped (SD3's and Mochi's context-only last block has `to_add_out = None`, `ff_context =
+        None`). A path that no element has, where some element lacks it outright, is still an
+        error: the flag says "some blocks lack this", never "the key may be wrong" (`globs.py`).
     """
 
     key: str
