@@ -9,7 +9,7 @@ call these two, so a check added to `prepare` guards all of them and they all fa
   3. the plan: given, or `plan_for(model)`;
   4. the plan against the model (`resolve`): paths, globs (optional members), Linear targets, packed
      blocks, attention modules and their head bookkeeping (kv heads too), colwise/rowwise pairs,
-     `rmsnorm_across_heads` norms and the colwise projections they follow;
+     `rmsnorm_across_heads` norms and the colwise projections they follow, `shard_output` modules;
   5. the TP degree: it divides every constraint (widths, blocks, heads);
   6. the `cp` section, when the mesh's `cp` axis is > 1: sites, pluggable attention, Ulysses heads;
   7. the device: of the mesh's device type.
@@ -31,6 +31,7 @@ from .runtime.cp import apply_cp
 from .runtime.heads import set_local_heads
 from .runtime.mesh import CP_AXIS, cp_degree, tp_submesh
 from .runtime.norms import install_sharded_norms
+from .runtime.outputs import install_output_cuts
 from .runtime.placement import check_device, local_device
 from .runtime.styles import style_for
 
@@ -84,6 +85,7 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
         style = style_for(spec, device=device, weights_local=weights_local)
         parallelize_module(model.get_submodule(spec.path), prepared.tp_mesh, style)
     install_sharded_norms(model, prepared.resolved.norms, prepared.tp_mesh, device=device, weights_local=weights_local)
+    install_output_cuts(model, prepared.resolved.outputs, prepared.tp_mesh)
     set_local_heads(model, prepared.resolved.attention, prepared.tp)
     if device is not None:
         move_unsharded(model, device)

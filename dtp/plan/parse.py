@@ -22,6 +22,11 @@ and `optional` (a boolean, keys with `*` only). The styles:
   4 * 16 = 64 at tp = 2: rank r holds weight[32 r : 32 (r + 1)] and computes
   `x_r / sqrt((|x_0|^2 + |x_1|^2) / 64 + eps) * w_r`. Replicating or slicing such a norm runs
   and is silently wrong; a per-head norm (width head_dim) stays replicated and is not planned.
+- `shard_output` (with `dim`): a module without parameters whose output tensors are tables over
+  the sharded features, cut along `dim` to this rank's contiguous piece by a forward hook: LTX's
+  RoPE `rope: {style: shard_output, dim: -1}` (cos/sin over heads x head_dim), Mochi's per-head
+  `rope: {style: shard_output, dim: -2}` ([S, heads, head_dim / 2]). Width 64 at tp = 2: rank r
+  keeps columns 32 r : 32 (r + 1), the features of its heads.
 - `optional: true` skips the list elements that lack the member on the key's path (None, as in
   SD3's and Mochi's context-only last block, or not there, as Mochi's last `norm1_context.linear`).
   A path that no element has, while some element lacks it outright (not None), is still a
@@ -95,33 +100,39 @@ def _parse_rule(key, value, name: str) -> Rule:
         )
     if "*" in key and not _is_whole_atom_wildcard(key):
         raise PlanError(f"plan {name}: key '{key}': `*` must be a whole path atom, e.g. 'blocks.*.attn.to_q'.")
-    style, blocks, optional = _parse_value(key, value, name)
-    return Rule(key=key, style=style, blocks=blocks, optional=optional)
+    style, blocks, optional, dim = _parse_value(key, value, name)
+    return Rule(key=key, style=style, blocks=blocks, optional=optional, dim=dim)
 
 
 def _is_whole_atom_wildcard(key: str) -> bool:
     return "*" in key.split(".")
 
 
-def _parse_value(key: str, value, name: str) -> tuple[Style, tuple[int, ...] | None, bool]:
+def _parse_value(key: str, value, name: str) -> tuple[Style, tuple[int, ...] | None, bool, int | None]:
     marker = _DIFFUSERS_MARKERS.get(type(value).__name__)
     if marker is not None:
-        return marker, _parse_blocks(key, getattr(value, "blocks", None), name), False
+        return marker, _parse_blocks(key, getattr(value, "blocks", None), name), False, None
     if isinstance(value, dict):
-        unknown = set(value) - {"style", "blocks", "optional"}
+        unknown = set(value) - {"style", "blocks", "optional", "dim"}
         if unknown or "style" not in value:
             raise PlanError(
-                f"plan {name}: key '{key}': a rule mapping takes `style` and optional `blocks` / `optional`, "
+                f"plan {name}: key '{key}': a rule mapping takes `style` and optional `blocks` / `optional` / `dim`, "
                 f"got {value!r}."
             )
         style = _parse_style(key, value["style"], name)
         blocks = _parse_blocks(key, value.get("blocks"), name)
         optional = _parse_optional(key, value.get("optional", False), name)
+        dim = value.get("dim")
     else:
-        style, blocks, optional = _parse_style(key, value, name), None, False
+        style, blocks, optional, dim = _parse_style(key, value, name), None, False, None
     if blocks is not None and not style.is_packed:
         raise PlanError(f"plan {name}: key '{key}': `blocks` only applies to packed styles, not '{style.value}'.")
-    return style, blocks, optional
+    if (dim is not None) != (style is Style.SHARD_OUTPUT) or (dim is not None and not is_int(dim)):
+        raise PlanError(
+            f"plan {name}: key '{key}': '{Style.SHARD_OUTPUT.value}' needs an integer `dim` (the output dim to cut) "
+            f"and no other style takes one; got style '{style.value}', dim {dim!r}."
+        )
+    return style, blocks, optional, dim
 
 
 def _parse_optional(key: str, optional, name: str) -> bool:

@@ -27,11 +27,21 @@ class Style(str, enum.Enum):
     # (dim 0, contiguous per rank) and the sum of squares is all-reduced over `tp`, then divided by
     # the TRUE (global) width, so `y = x / sqrt(sum_r |x_r|^2 / D + eps) * w_r` is exact per rank.
     RMSNORM_ACROSS_HEADS = "rmsnorm_across_heads"
+    # Not a Linear, no parameters: any module whose output tensors are per-feature tables that a
+    # sharded consumer reads, e.g. RoPE tables over the full inner dim (LTX: cos/sin [B, S, heads *
+    # head_dim]) or per head (Mochi: [S, heads, head_dim / 2]). Each output tensor is cut along the
+    # rule's `dim` to this rank's contiguous piece, the same piece its q/k heads are.
+    SHARD_OUTPUT = "shard_output"
 
     @property
     def is_norm(self) -> bool:
         """The rule addresses a norm module, not an nn.Linear."""
         return self is Style.RMSNORM_ACROSS_HEADS
+
+    @property
+    def is_linear(self) -> bool:
+        """The rule addresses an nn.Linear (every style but the norm and output ones)."""
+        return self not in (Style.RMSNORM_ACROSS_HEADS, Style.SHARD_OUTPUT)
 
     @property
     def is_packed(self) -> bool:
@@ -80,3 +90,4 @@ class Rule:
     style: Style
     blocks: tuple[int, ...] | None = None
     optional: bool = False
+    dim: int | None = None  # for `shard_output`: the output dim that is cut (negative counts from the end)

@@ -55,7 +55,7 @@ def resolve_linears(plan: Plan, model: nn.Module) -> list[LinearSpec]:
     """One LinearSpec per Linear the plan's rules address; PlanError for non-Linears and double matches."""
     specs: dict[str, LinearSpec] = {}
     for rule in plan.rules:
-        if rule.style.is_norm:  # norms resolve in norms.py
+        if not rule.style.is_linear:  # norms resolve in norms.py, shard_output modules in outputs.py
             continue
         for path, module in expand(model, rule.key, plan.name, optional=rule.optional):
             if not isinstance(module, nn.Linear):

@@ -18,6 +18,7 @@ from .heads import AttentionSpec, resolve_attention
 from .layout import Layout
 from .linears import LinearSpec, resolve_linears
 from .norms import NormSpec, resolve_norms
+from .outputs import OutputSpec, resolve_outputs
 from .pairs import check_pairs
 
 
@@ -30,6 +31,7 @@ class Resolved:
     attention: tuple[AttentionSpec, ...]
     constraints: tuple[Constraint, ...]
     norms: tuple[NormSpec, ...] = ()  # rmsnorm_across_heads modules (runtime/norms.py)
+    outputs: tuple[OutputSpec, ...] = ()  # shard_output modules (runtime/outputs.py)
 
     def candidates(self) -> list[int]:
         """Every TP degree that divides all constraints: the divisors of their gcd."""
@@ -54,6 +56,7 @@ def resolve(plan: Plan, model: nn.Module) -> Resolved:
     attention = resolve_attention(plan, model, linears)
     check_pairs(plan, linears, [spec.path for spec in attention])
     norms = resolve_norms(plan, model, linears)
+    outputs = resolve_outputs(plan, model)
     constraints = [c for spec in (*linears, *attention, *norms) for c in spec.constraints()]
     return Resolved(
         plan=plan,
@@ -61,4 +64,5 @@ def resolve(plan: Plan, model: nn.Module) -> Resolved:
         attention=tuple(attention),
         constraints=tuple(constraints),
         norms=tuple(norms),
+        outputs=tuple(outputs),
     )
