@@ -9,7 +9,11 @@ per-rank sums and divides by the true width `D`. Example: Wan 14B `attn1.norm_q`
 
 Checked here, before anything mutates: the target is an RMSNorm with one normalized dim; its width
 equals the width of a colwise Linear in the same parent module (the projection it normalizes), so
-a norm over something that is not sharded is refused; tp must divide the width.
+a norm over something that is not sharded is refused; tp must divide the width. And the other way
+round: a norm module directly under a sharded attention module whose width is a colwise sibling's
+full output width (a QK-norm across heads) but that the plan does not name is refused, because
+left replicated it would meet a `D / tp` wide input (a shape error at best; a norm that slices its
+weight to fit would be silently wrong). Per-head norms (width head_dim) are not affected.
 """
 
 from __future__ import annotations
@@ -46,8 +50,11 @@ class NormSpec:
         return [Constraint(self.width, f"normalized width of {self.path}", self.rule.key)]
 
 
-def resolve_norms(plan: Plan, model: nn.Module, linears: list[LinearSpec]) -> list[NormSpec]:
-    """One NormSpec per module an `rmsnorm_across_heads` rule addresses; PlanError for wrong targets."""
+def resolve_norms(
+    plan: Plan, model: nn.Module, linears: list[LinearSpec], attention_paths: list[str] = ()
+) -> list[NormSpec]:
+    """One NormSpec per module an `rmsnorm_across_heads` rule addresses; PlanError for wrong targets
+    and for unplanned norms across the heads of a sharded attention module in `attention_paths`."""
     colwise = [s for s in linears if s.style.shard_dim == 0 and not s.style.gathers_output]
     specs = []
     for rule in (r for r in plan.rules if r.style.is_norm):
@@ -55,7 +62,35 @@ def resolve_norms(plan: Plan, model: nn.Module, linears: list[LinearSpec]) -> li
             spec = _norm_spec(plan, rule, path, module)
             _check_follows_colwise(plan, spec, colwise)
             specs.append(spec)
+    _check_no_unplanned_norm(plan, model, colwise, attention_paths, {spec.path for spec in specs})
     return specs
+
+
+def _check_no_unplanned_norm(plan: Plan, model: nn.Module, colwise, attention_paths, planned: set[str]) -> None:
+    for parent in attention_paths:
+        widths = {sum(s.sizes) for s in colwise if s.path.rpartition(".")[0] == parent}
+        for name, child in model.get_submodule(parent).named_children():
+            width = _normalized_width(child)
+            path = f"{parent}.{name}"
+            if width in widths and path not in planned:
+                raise PlanError(
+                    f"plan {plan.name}: '{path}' ({type(child).__name__}) normalizes {width} features, the full width "
+                    f"of a colwise projection in '{parent}' (a QK-norm across heads), but the plan does not shard it; "
+                    f"replicated it cannot normalize a sharded input. Add '{path}' (or its glob) as "
+                    f"rmsnorm_across_heads."
+                )
+
+
+def _normalized_width(module: nn.Module) -> int | None:
+    """The one normalized dim of a norm-like module (`normalized_shape` or diffusers' `dim`), else None."""
+    if "Norm" not in type(module).__name__:
+        return None
+    shape = getattr(module, "normalized_shape", None) or getattr(module, "dim", None)
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        return None
+    return int(shape[0]) if len(shape) == 1 else None
 
 
 def _norm_spec(plan: Plan, rule: Rule, path: str, module: nn.Module) -> NormSpec:

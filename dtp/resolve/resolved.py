@@ -55,7 +55,7 @@ def resolve(plan: Plan, model: nn.Module) -> Resolved:
     linears = resolve_linears(plan, model)
     attention = resolve_attention(plan, model, linears)
     check_pairs(plan, linears, [spec.path for spec in attention])
-    norms = resolve_norms(plan, model, linears)
+    norms = resolve_norms(plan, model, linears, [spec.path for spec in attention])
     outputs = resolve_outputs(plan, model)
     constraints = [c for spec in (*linears, *attention, *norms) for c in spec.constraints()]
     return Resolved(
