@@ -14,9 +14,8 @@ half-precision weight's dtype before the multiply, or back to the input dtype wi
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from ..resolve.norms import NormSpec
 from .styles import shard_parameter
@@ -35,8 +34,10 @@ class ShardedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         squares = x.float().pow(2).sum(-1, keepdim=True)
-        # Synchronous, in place on a fresh tensor: see styles._overlap for why not async on gloo.
-        dist.all_reduce(squares, group=self.mesh.get_group())
+        # Partial -> Replicate is the all-reduce, through DTensor like the rowwise output (synchronous:
+        # see styles._overlap for why not asynchronous on gloo).
+        partial = DTensor.from_local(squares, self.mesh, [Partial()], run_check=False)
+        squares = partial.redistribute(placements=[Replicate()], async_op=False).to_local()
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
         y = x * torch.rsqrt(squares / self.width + eps)
         if self.weight is None:

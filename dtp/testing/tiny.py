@@ -63,8 +63,10 @@ TINY_CONFIGS = {
     ),
     # Issue 10 coverage: 4 heads of 16 (tp 1, 2, 4), two blocks of each kind, so that heterogeneous
     # blocks (SD3's and Mochi's context-only last block, SD3.5-M's dual attention) are present.
-    # Lumina2: 4 q / 2 kv heads (GQA; tp 1, 2). Cosmos: no padding-mask channel (its resize needs
-    # torchvision). HiDream: 4 routed experts, top-2, as HiDream-I1.
+    # Lumina2: 8 q / 4 kv heads of 8 (GQA; tp 1, 2, 4: at tp 8 every width divides, the kv heads
+    # do not). Mochi: heads of 24 so that both SwiGLU halves (256 and 64 wide) divide by 4.
+    # Cosmos: no padding-mask channel (its resize needs torchvision). HiDream: 4 routed experts,
+    # top-2, as HiDream-I1.
     "PixArtTransformer2DModel": dict(
         num_attention_heads=4,
         attention_head_dim=16,
@@ -180,10 +182,10 @@ TINY_CONFIGS = {
         hidden_size=64,
         num_layers=2,
         num_refiner_layers=1,
-        num_attention_heads=4,
-        num_kv_heads=2,
+        num_attention_heads=8,
+        num_kv_heads=4,
         multiple_of=16,
-        axes_dim_rope=(4, 6, 6),
+        axes_dim_rope=(2, 2, 4),
         axes_lens=(32, 32, 32),
         cap_feat_dim=32,
     ),
@@ -238,9 +240,9 @@ TINY_CONFIGS = {
     "MochiTransformer3DModel": dict(
         patch_size=2,
         num_attention_heads=4,
-        attention_head_dim=16,
+        attention_head_dim=24,
         num_layers=2,
-        pooled_projection_dim=16,
+        pooled_projection_dim=24,
         in_channels=4,
         text_embed_dim=32,
         time_embed_dim=16,
