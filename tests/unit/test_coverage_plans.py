@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import dtp
 from dtp.errors import ForwardError
-from dtp.plan import Style
+from dtp.plan import Style, bundled_plan_names
 from dtp.resolve import resolve
 from dtp.resolve.heads import derived_kv_heads
 from dtp.runtime.outputs import _cut
@@ -231,3 +231,23 @@ def test_full_size_tp_candidates(name):
     plan = dtp.load_plan(name)
     (class_name,) = plan.models
     assert dtp.tp_candidates(meta_model(class_name), plan) == FULL_SIZE_TP[name]
+
+
+def test_every_bundled_plan_has_a_parity_test_and_a_table_row():
+    """Each bundled plan is run by a gloo parity module (earlier four: test_tp_parity_*; the rest:
+    test_coverage_parity*) and listed in the generated coverage table (rerun benchmarks/coverage_table.py)."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "tests" / "distributed"))
+    try:
+        from coverage_cases import COVERAGE_PLANS, EARLIER_PLANS
+        from tp_cases import PLANS
+    finally:
+        sys.path.pop(0)
+    names = set(bundled_plan_names())
+    assert set(EARLIER_PLANS) == set(PLANS)
+    assert names == set(COVERAGE_PLANS) | set(PLANS)
+    table = (root / "benchmarks" / "results" / "coverage.md").read_text()
+    assert [n for n in sorted(names) if f"plans/{n}.yaml" not in table] == []
