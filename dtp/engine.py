@@ -7,8 +7,10 @@ call these two, so a check added to `prepare` guards all of them and they all fa
   1. options: `cp_mode` is a known mode;
   2. the mesh: it has a `tp` axis (and maybe `cp`); the degrees are read from it;
   3. the plan: given, or `plan_for(model)`;
-  4. the plan against the model (`resolve`): paths, globs, Linear targets, packed blocks, attention
-     modules and their head bookkeeping, colwise/rowwise pairs;
+  4. the plan against the model (`resolve`): paths, globs (optional members), Linear and Embedding
+     targets, packed blocks, attention modules and their head bookkeeping (kv heads too),
+     colwise/rowwise pairs, `rmsnorm_across_heads` norms and the colwise projections they follow,
+     `shard_output` modules, tied parameters;
   5. the TP degree: it divides every constraint (widths, blocks, heads); with `pad=True` instead,
      heads and widths are zero-padded to multiples of tp (`resolve/padding.py`; exact), and
      `Prepared.resolved` is the padded binding (the refusal without it suggests pad=True);
@@ -34,6 +36,8 @@ from .runtime.cp import apply_cp
 from .runtime.embedding import embedding_style_for
 from .runtime.heads import set_local_heads
 from .runtime.mesh import CP_AXIS, cp_degree, tp_submesh
+from .runtime.norms import install_sharded_norms
+from .runtime.outputs import install_output_cuts
 from .runtime.placement import check_device, local_device
 from .runtime.styles import style_for
 from .runtime.ties import retie
@@ -108,6 +112,8 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
         parallelize_module(module, prepared.tp_mesh, style)
         setattr(module, SPEC_ATTR, spec)
     retie(model, prepared.resolved.ties)
+    install_sharded_norms(model, prepared.resolved.norms, prepared.tp_mesh, device=device, weights_local=weights_local)
+    install_output_cuts(model, prepared.resolved.outputs, prepared.tp_mesh)
     set_local_heads(model, prepared.resolved.attention, prepared.tp)
     if device is not None:
         move_unsharded(model, device)

@@ -8,6 +8,33 @@ A dtp plan dict (a YAML file reads into one) looks like::
       transformer_blocks.*.attn.to_q: colwise
       transformer_blocks.*.ff.linear_in: {style: packed_colwise, blocks: [1, 1]}
       single_transformer_blocks.*.proj_out: packed_rowwise   # blocks from _tp_packed_row_blocks
+      transformer_blocks.*.attn.norm_q: rmsnorm_across_heads   # QK-norm over all heads (Wan, LTX)
+      transformer_blocks.*.attn.to_add_out: {style: rowwise, optional: true}   # None in the last block
+
+Rule values: a style name, or a mapping with `style` and optionally `blocks` (packed styles only)
+and `optional` (a boolean, keys with `*` only). The styles:
+
+- `colwise` / `rowwise` / `packed_*` / `colwise_gathered`: nn.Linear splits (see `types.Style`).
+- `rmsnorm_across_heads`: an RMSNorm (torch `nn.RMSNorm` or diffusers `RMSNorm`) whose width is a
+  colwise q/k projection's full output (all heads), as in Wan, SkyReels-V2, LTX and HiDream. Its
+  weight is split like the heads and the engine swaps the module for a distributed RMSNorm
+  (`runtime/norms.py`): sum of squares all-reduced over `tp`, divided by the true width. Width
+  4 * 16 = 64 at tp = 2: rank r holds weight[32 r : 32 (r + 1)] and computes
+  `x_r / sqrt((|x_0|^2 + |x_1|^2) / 64 + eps) * w_r`. Replicating or slicing such a norm runs
+  and is silently wrong; a per-head norm (width head_dim) stays replicated and is not planned.
+- `shard_output` (with `dim`): a module without parameters whose output tensors are tables over
+  the sharded features, cut along `dim` to this rank's contiguous piece by a forward hook: LTX's
+  RoPE `rope: {style: shard_output, dim: -1}` (cos/sin over heads x head_dim), Mochi's per-head
+  `rope: {style: shard_output, dim: -2}` ([S, heads, head_dim / 2]). Width 64 at tp = 2: rank r
+  keeps columns 32 r : 32 (r + 1), the features of its heads.
+- `optional: true` skips the list elements that lack the member on the key's path (None, as in
+  SD3's and Mochi's context-only last block, or not there, as Mochi's last `norm1_context.linear`).
+  A path that no element has, while some element lacks it outright (not None), is still a
+  PlanError: a typo. A member that is None in every element is fine (SD3.5-Large has no `attn2`).
+
+Attention modules (`attention:` globs, or inferred) get their head counts and widths rewritten
+to per-rank values; kv heads (GQA, e.g. Lumina2's 24 q / 8 kv heads) are counted from the k width
+and tp must divide them too (`resolve/heads.py`).
 
 A diffusers `_tp_plan` is the bare `tp` mapping whose values are "colwise" / "rowwise" strings or
 `PackedColwiseParallel` / `PackedRowwiseParallel` objects. An optional `cp` section (dtp form or a
@@ -73,31 +100,50 @@ def _parse_rule(key, value, name: str) -> Rule:
         )
     if "*" in key and not _is_whole_atom_wildcard(key):
         raise PlanError(f"plan {name}: key '{key}': `*` must be a whole path atom, e.g. 'blocks.*.attn.to_q'.")
-    style, blocks = _parse_value(key, value, name)
-    return Rule(key=key, style=style, blocks=blocks)
+    style, blocks, optional, dim = _parse_value(key, value, name)
+    return Rule(key=key, style=style, blocks=blocks, optional=optional, dim=dim)
 
 
 def _is_whole_atom_wildcard(key: str) -> bool:
     return "*" in key.split(".")
 
 
-def _parse_value(key: str, value, name: str) -> tuple[Style, tuple[int, ...] | None]:
+def _parse_value(key: str, value, name: str) -> tuple[Style, tuple[int, ...] | None, bool, int | None]:
     marker = _DIFFUSERS_MARKERS.get(type(value).__name__)
     if marker is not None:
-        return marker, _parse_blocks(key, getattr(value, "blocks", None), name)
+        return marker, _parse_blocks(key, getattr(value, "blocks", None), name), False, None
     if isinstance(value, dict):
-        unknown = set(value) - {"style", "blocks"}
+        unknown = set(value) - {"style", "blocks", "optional", "dim"}
         if unknown or "style" not in value:
             raise PlanError(
-                f"plan {name}: key '{key}': a rule mapping takes `style` and optional `blocks`, got {value!r}."
+                f"plan {name}: key '{key}': a rule mapping takes `style` and optional `blocks` / `optional` / `dim`, "
+                f"got {value!r}."
             )
         style = _parse_style(key, value["style"], name)
         blocks = _parse_blocks(key, value.get("blocks"), name)
+        optional = _parse_optional(key, value.get("optional", False), name)
+        dim = value.get("dim")
     else:
-        style, blocks = _parse_style(key, value, name), None
+        style, blocks, optional, dim = _parse_style(key, value, name), None, False, None
     if blocks is not None and not style.is_packed:
         raise PlanError(f"plan {name}: key '{key}': `blocks` only applies to packed styles, not '{style.value}'.")
-    return style, blocks
+    if (dim is not None) != (style is Style.SHARD_OUTPUT) or (dim is not None and not is_int(dim)):
+        raise PlanError(
+            f"plan {name}: key '{key}': '{Style.SHARD_OUTPUT.value}' needs an integer `dim` (the output dim to cut) "
+            f"and no other style takes one; got style '{style.value}', dim {dim!r}."
+        )
+    return style, blocks, optional, dim
+
+
+def _parse_optional(key: str, optional, name: str) -> bool:
+    if not isinstance(optional, bool):
+        raise PlanError(f"plan {name}: key '{key}': `optional` must be true or false, got {optional!r}.")
+    if optional and "*" not in key:
+        raise PlanError(
+            f"plan {name}: key '{key}': `optional: true` needs a `*` key (it skips list elements whose member is "
+            f"None); a key naming one module either exists or is a mistake."
+        )
+    return optional
 
 
 def _parse_style(key: str, value, name: str) -> Style:

@@ -30,6 +30,27 @@ class Style(str, enum.Enum):
     # embedding_colwise: W columns (the embedding dim) split; the output stays sharded like a colwise
     # Linear's. For T5's relative_attention_bias, an Embedding over heads: each rank keeps its heads' biases.
     EMBEDDING_COLWISE = "embedding_colwise"
+    # Not a Linear: an RMSNorm over the whole q or k width (all heads), applied right after a colwise
+    # q/k projection (Wan, SkyReels-V2, LTX, HiDream QK-norm). Its weight is split like the heads
+    # (dim 0, contiguous per rank) and the sum of squares is all-reduced over `tp`, then divided by
+    # the TRUE (global) width, so `y = x / sqrt(sum_r |x_r|^2 / D + eps) * w_r` is exact per rank.
+    RMSNORM_ACROSS_HEADS = "rmsnorm_across_heads"
+    # Not a Linear, no parameters: any module whose output tensors are per-feature tables that a
+    # sharded consumer reads, e.g. RoPE tables over the full inner dim (LTX: cos/sin [B, S, heads *
+    # head_dim]) or per head (Mochi: [S, heads, head_dim / 2]). Each output tensor is cut along the
+    # rule's `dim` to this rank's contiguous piece, the same piece its q/k heads are.
+    SHARD_OUTPUT = "shard_output"
+
+    @property
+    def is_norm(self) -> bool:
+        """The rule addresses a norm module, not an nn.Linear."""
+        return self is Style.RMSNORM_ACROSS_HEADS
+
+    @property
+    def is_linear(self) -> bool:
+        """The rule becomes a LinearSpec: an nn.Linear, or an nn.Embedding for the embedding styles
+        (every style but the norm and output ones)."""
+        return self not in (Style.RMSNORM_ACROSS_HEADS, Style.SHARD_OUTPUT)
 
     @property
     def is_packed(self) -> bool:
@@ -42,9 +63,16 @@ class Style(str, enum.Enum):
 
     @property
     def shard_dim(self) -> int:
-        """The weight dim that is split: 0 for colwise kinds and the vocabulary, 1 for rowwise kinds and
-        an embedding's dim."""
-        return 0 if self in (Style.COLWISE, Style.PACKED_COLWISE, Style.COLWISE_GATHERED, Style.VOCAB_PARALLEL) else 1
+        """The weight dim that is split: 0 for colwise kinds, the vocabulary and norms across heads; 1 for
+        rowwise kinds and an embedding's dim."""
+        sharded_rows = (
+            Style.COLWISE,
+            Style.PACKED_COLWISE,
+            Style.COLWISE_GATHERED,
+            Style.VOCAB_PARALLEL,
+            Style.RMSNORM_ACROSS_HEADS,
+        )
+        return 0 if self in sharded_rows else 1
 
     @property
     def gathers_output(self) -> bool:
@@ -70,11 +98,17 @@ class Rule:
 
     key: module path relative to the model, with at most one `*` standing for every element of an
         `nn.ModuleList` (e.g. `transformer_blocks.*.attn.to_q`).
-    style: how the Linear at `key` is split.
+    style: how the Linear (or, for `rmsnorm_across_heads`, the RMSNorm) at `key` is split.
     blocks: for packed styles, proportional integers (`[1, 1]`) or absolute sizes; `None` reads
         them from the Linear's `_tp_packed_col_blocks` / `_tp_packed_row_blocks`.
+    optional: only with `*`: elements of the list that lack the member (None, or not there) are
+        skipped (SD3's and Mochi's context-only last block has `to_add_out = None`, `ff_context =
+        None`). A path that no element has, where some element lacks it outright, is still an
+        error: the flag says "some blocks lack this", never "the key may be wrong" (`globs.py`).
     """
 
     key: str
     style: Style
     blocks: tuple[int, ...] | None = None
+    optional: bool = False
+    dim: int | None = None  # for `shard_output`: the output dim that is cut (negative counts from the end)

@@ -6,6 +6,7 @@ from .globs import expand
 from .heads import AttentionSpec
 from .layout import Layout
 from .linears import LinearSpec
+from .norms import NormSpec
 from .resolved import Resolved, resolve
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "CpResolved",
     "Layout",
     "LinearSpec",
+    "NormSpec",
     "Resolved",
     "expand",
     "resolve",

@@ -5,6 +5,12 @@ the head layout from the module: 20 of 25 reshape with `attn.heads`, Qwen-Image 
 `attn.inner_dim // attn.heads`, Flux2's fused single-stream processor splits by the ratio of
 `inner_dim` to `mlp_hidden_dim`. So every count and width below is rewritten to its local value
 together (`head_dim` is per head and stays). Without QK-norm a missed rewrite is silently wrong.
+
+kv heads (GQA) are part of the bookkeeping even where the module stores no count: Lumina2's
+processor derives `kv_heads = to_k width // (q width // heads)`, and contiguous colwise k/v
+shards hold whole kv heads, grouped with their q heads, only when tp divides the kv head count.
+Lumina2-2B: 24 q / 8 kv heads of 96; `to_k` is 768 wide, which tp = 16 divides (48 per rank),
+but 48 is half a head: the kv constraint (8) refuses it. A width tp divides is not enough.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from .text_attention import transformers_attention_counts
 
 # Head counts (must divide by tp) and the widths derived from them, when the module has them.
 HEAD_ATTRS = ("heads", "kv_heads", "num_heads", "num_kv_heads")
-WIDTH_ATTRS = ("inner_dim", "inner_kv_dim", "mlp_hidden_dim")
+WIDTH_ATTRS = ("inner_dim", "inner_kv_dim", "kv_inner_dim", "mlp_hidden_dim")
+KV_WIDTH_ATTRS = ("inner_kv_dim", "kv_inner_dim")  # k/v projection width, where the module stores it
 
 
 @dataclass(frozen=True)
@@ -34,9 +41,13 @@ class AttentionSpec:
     key: str  # the `attention` glob (or "<inferred>") that selected it
     values: tuple[tuple[str, int], ...]  # (attribute, global value)
     checked: tuple[tuple[str, int], ...] = ()  # counts tp must divide that are not rewritten (read from a config)
+    kv_heads: int | None = None  # derived kv head count when k/v are narrower than q (GQA); not an attribute
 
     def constraints(self) -> list[Constraint]:
-        return [Constraint(value, f"{attr} of {self.path}", self.key) for attr, value in self.values + self.checked]
+        found = [Constraint(value, f"{attr} of {self.path}", self.key) for attr, value in self.values + self.checked]
+        if self.kv_heads is not None:
+            found.append(Constraint(self.kv_heads, f"kv heads (k width / head_dim) of {self.path}", self.key))
+        return found
 
     def local_values(self, tp: int) -> dict[str, int]:
         return {attr: value // tp for attr, value in self.values}
@@ -50,7 +61,27 @@ def attention_spec(path: str, module: nn.Module, key: str) -> AttentionSpec | No
     values = tuple(
         (attr, getattr(module, attr)) for attr in HEAD_ATTRS + WIDTH_ATTRS if is_int(getattr(module, attr, None))
     )
-    return AttentionSpec(path=path, key=key, values=values)
+    return AttentionSpec(path=path, key=key, values=values, kv_heads=derived_kv_heads(module))
+
+
+def derived_kv_heads(module: nn.Module) -> int | None:
+    """kv heads from widths when k/v are narrower than q: `k width // (q width // heads)`, else None.
+
+    The q width is `inner_dim` or `to_q`'s outputs; the k width `inner_kv_dim` / `kv_inner_dim` or
+    `to_k`'s outputs. Example: Lumina2 tiny (4 q heads of 16, to_k 32 wide): 32 // (64 // 4) = 2.
+    """
+    q_width = _width(module, ("inner_dim",), "to_q")
+    k_width = _width(module, KV_WIDTH_ATTRS, "to_k")
+    if q_width is None or k_width is None or k_width == q_width or q_width % module.heads:
+        return None
+    return k_width // (q_width // module.heads)
+
+
+def _width(module: nn.Module, attrs: tuple[str, ...], linear_name: str) -> int | None:
+    linear = getattr(module, linear_name, None)
+    if isinstance(linear, nn.Linear):
+        return linear.out_features
+    return next((getattr(module, a) for a in attrs if is_int(getattr(module, a, None))), None)
 
 
 def resolve_attention(plan: Plan, model: nn.Module, linears: list[LinearSpec]) -> list[AttentionSpec]:

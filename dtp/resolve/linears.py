@@ -57,7 +57,9 @@ def resolve_linears(plan: Plan, model: nn.Module) -> list[LinearSpec]:
     """One LinearSpec per Linear the plan's rules address; PlanError for non-Linears and double matches."""
     specs: dict[str, LinearSpec] = {}
     for rule in plan.rules:
-        for path, module in expand(model, rule.key, plan.name):
+        if not rule.style.is_linear:  # norms resolve in norms.py, shard_output modules in outputs.py
+            continue
+        for path, module in expand(model, rule.key, plan.name, optional=rule.optional):
             _check_target(plan, rule, path, module)
             if path in specs:
                 raise PlanError(

@@ -113,6 +113,8 @@ def head_padding(
         )
     kv_heads = next((values[a] for a in KV_COUNT_ATTRS if a in values), None)
     if kv_heads is None:
+        kv_heads = spec.kv_heads  # derived from the k width (resolve/heads.py), when narrower than q
+    if kv_heads is None:
         kv_heads = values["inner_kv_dim"] // head_dim if "inner_kv_dim" in values else heads
     if kv_heads == heads:
         padded = round_up(heads, multiple)
@@ -134,6 +136,7 @@ def pad_resolved(resolved: Resolved, model: nn.Module, tp: int, head_multiple: i
     check_degree(tp, f"plan {resolved.plan.name}: tp")
     multiple = head_multiple or tp
     name = resolved.plan.name
+    _check_norms_unpadded(resolved, tp)
     heads = {
         s.path: head_padding(s, model.get_submodule(s.path), multiple, name, _child_widths(resolved, s.path))
         for s in resolved.attention
@@ -151,6 +154,21 @@ def pad_resolved(resolved: Resolved, model: nn.Module, tp: int, head_multiple: i
     out = replace(resolved, linears=linears, attention=attention, constraints=tuple(constraints))
     assert not [c for c in out.constraints if c.value % tp], "padding left a width tp does not divide"
     return Padding(tp, resolved, out, tuple(heads.values()))
+
+
+def _check_norms_unpadded(resolved: Resolved, tp: int) -> None:
+    """A distributed norm across heads is not padded (yet): its width must already divide by tp.
+
+    Padding it would be exact too (zero features add nothing to the sum of squares) if the all-reduced
+    sum were divided by the true width; that is not wired through `runtime/norms.py`, so refuse.
+    """
+    for norm in resolved.norms:
+        if norm.width % tp:
+            raise PlanError(
+                f"plan {resolved.plan.name}, key '{norm.rule.key}': pad=True does not pad rmsnorm_across_heads "
+                f"norms yet; '{norm.path}' normalizes {norm.width} features, which tp={tp} does not divide. "
+                f"Use a tp that divides it."
+            )
 
 
 def _child_widths(resolved: Resolved, path: str) -> tuple[int, ...]:
@@ -191,7 +209,8 @@ def _pad_attention(spec: AttentionSpec, padding: HeadPadding, tp: int) -> Attent
         else:
             value = padding.pad_width(value, tp)
         values.append((attr, value))
-    return replace(spec, values=tuple(values))
+    kv_heads = padding.padded_kv_heads if spec.kv_heads is not None else None
+    return replace(spec, values=tuple(values), kv_heads=kv_heads)
 
 
 def _padded_constraints(spec: LinearSpec) -> list[Constraint]:

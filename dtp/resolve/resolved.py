@@ -18,6 +18,8 @@ from .embeddings import check_embeddings
 from .heads import AttentionSpec, resolve_attention
 from .layout import Layout
 from .linears import LinearSpec, resolve_linears
+from .norms import NormSpec, resolve_norms
+from .outputs import OutputSpec, resolve_outputs
 from .pairs import check_pairs
 from .ties import find_ties
 
@@ -31,6 +33,8 @@ class Resolved:
     attention: tuple[AttentionSpec, ...]
     constraints: tuple[Constraint, ...]
     ties: tuple[tuple[str, ...], ...] = ()  # planned parameter names that are one tied Parameter (resolve/ties.py)
+    norms: tuple[NormSpec, ...] = ()  # rmsnorm_across_heads modules (runtime/norms.py)
+    outputs: tuple[OutputSpec, ...] = ()  # shard_output modules (runtime/outputs.py)
 
     def candidates(self) -> list[int]:
         """Every TP degree that divides all constraints: the divisors of their gcd."""
@@ -41,8 +45,12 @@ class Resolved:
         check_divides(self.constraints, tp, self.plan.name)
 
     def param_layouts(self) -> dict[str, Layout | None]:
-        """`{qualified param name: Layout or None}` for every parameter of every planned Linear."""
-        return {f"{spec.path}.{name}": layout for spec in self.linears for name, layout in spec.param_layouts().items()}
+        """`{qualified param name: Layout or None}` for every parameter of every planned Linear and norm."""
+        return {
+            f"{spec.path}.{name}": layout
+            for spec in (*self.linears, *self.norms)
+            for name, layout in spec.param_layouts().items()
+        }
 
 
 def resolve(plan: Plan, model: nn.Module) -> Resolved:
@@ -52,9 +60,16 @@ def resolve(plan: Plan, model: nn.Module) -> Resolved:
     # The pair rule is about Linears; the embedding styles have their own check.
     check_pairs(plan, [s for s in linears if not s.style.is_embedding], [spec.path for spec in attention])
     check_embeddings(plan, linears, attention)
-    constraints = [c for spec in linears for c in spec.constraints()]
-    constraints += [c for spec in attention for c in spec.constraints()]
+    norms = resolve_norms(plan, model, linears, [spec.path for spec in attention])
+    outputs = resolve_outputs(plan, model)
+    constraints = [c for spec in (*linears, *attention, *norms) for c in spec.constraints()]
     ties = find_ties(model, linears, plan.name)
     return Resolved(
-        plan=plan, linears=tuple(linears), attention=tuple(attention), constraints=tuple(constraints), ties=ties
+        plan=plan,
+        linears=tuple(linears),
+        attention=tuple(attention),
+        constraints=tuple(constraints),
+        ties=ties,
+        norms=tuple(norms),
+        outputs=tuple(outputs),
     )

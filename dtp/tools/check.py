@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..engine import apply, prepare, supported_tp
-from ..errors import PlanError
+from ..errors import ForwardError, PlanError
 from ..models import INPUT_BUILDERS
 from ..plan import Plan, bundled_plan_names, load_plan
 from ..policy import CP_MODES, check_degree, parse_dtype
@@ -255,9 +255,18 @@ def _collectives(model, resolved, class_name, dtype, resolution, text_tokens) ->
         result["measured"] = None
         result["note"] = f"no input builder for {class_name}: counts implied by the plan only"
         return result
-    inputs = meta_inputs(class_name, model.config, dtype, img_tokens=img_tokens, txt_tokens=text_tokens)
-    with torch.no_grad(), CollectiveCounter(model) as counter:
-        model(**inputs)
+    try:
+        inputs = meta_inputs(class_name, model.config, dtype, img_tokens=img_tokens, txt_tokens=text_tokens)
+        with torch.no_grad(), CollectiveCounter(model) as counter:
+            model(**inputs)
+    except (PlanError, ForwardError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - data-dependent ops (MoE bincount, masks) have no meta kernel
+        result["measured"] = None
+        result["note"] = (
+            f"the meta forward cannot run {class_name} ({type(exc).__name__}): counts implied by the plan only"
+        )
+        return result
     by_op = {}
     for record in counter.records:
         entry = by_op.setdefault(record.op, {"count": 0, "bytes": 0})

@@ -101,16 +101,17 @@ def implied_collectives(resolved, model: nn.Module) -> dict[str, Counter]:
     """`{scope: {op: count}}` that a plan implies for one forward, as `CollectiveCounter` names them.
 
     Each rowwise / packed_rowwise Linear ends in one all-reduce (its partial sums), each
-    colwise_gathered Linear in one all-gather (its output shards); colwise outputs stay sharded and
-    cost nothing. Assumes each planned Linear runs once per forward, which holds for the bundled
+    colwise_gathered Linear in one all-gather (its output shards), each rmsnorm_across_heads norm in
+    one all-reduce (its sums of squares); colwise outputs stay sharded and cost nothing. Assumes
+    each planned Linear runs once per forward, which holds for the bundled
     architectures; a measured count above this points at a Linear that runs more than once.
     """
     blocks = block_paths(model)
     implied: dict[str, Counter] = {}
-    for spec in resolved.linears:
-        if spec.style.gathers_output:
+    for spec in (*resolved.linears, *resolved.norms):
+        if spec.rule.style.gathers_output:
             op = "all_gather_into_tensor"
-        elif spec.style.shard_dim == 1:
+        elif spec.rule.style.shard_dim == 1 or spec.rule.style.is_norm:
             op = "all_reduce"
         else:
             continue

@@ -25,6 +25,19 @@ from ..models import example_inputs, model_class
 # FLUX.2-dev, Qwen-Image and Z-Image(-Turbo) 6B respectively.
 RELEASED_OVERRIDES = {
     "FluxTransformer2DModel": {"guidance_embeds": True},
+    # PixArt-Sigma XL 1024: T5-XXL captions (the class default leaves caption_channels unset), no
+    # resolution / aspect-ratio conditioning.
+    "PixArtTransformer2DModel": {"caption_channels": 4096, "use_additional_conditions": False},
+    # HiDream-I1: the class defaults leave the patch size and text widths unset (it cannot be built
+    # without them) and pair two RoPE axes with three position columns: patch 2; T5-XXL and
+    # Llama-3.1-8B states are both 4096 wide. llama_layers only picks which stacked Llama state
+    # each of the 48 blocks reads; any 48 indices below 32 give the same shapes.
+    "HiDreamImageTransformer2DModel": {
+        "patch_size": 2,
+        "caption_channels": [4096, 4096],
+        "llama_layers": [i % 32 for i in range(48)],
+        "axes_dims_rope": [64, 32, 32],  # 3 position axes (the default pair does not match its 3-column ids)
+    },
 }
 
 

@@ -44,6 +44,7 @@ from ..resolve import Resolved, resolve
 from ..resolve.globs import expand
 from ..resolve.heads import attention_spec, resolve_attention
 from ..resolve.linears import resolve_linears
+from ..resolve.norms import resolve_norms
 from ..testing.tiny import TINY_CONFIGS, tiny_inputs, tiny_model
 
 RULES = (
@@ -85,8 +86,12 @@ def bind(model: nn.Module, plan: Plan | None, checks: bool = True) -> Resolved:
     else:
         found = [attention_spec(p, m, key) for key in plan.attention for p, m in expand(model, key, plan.name)]
         attention = [spec for spec in found if spec is not None]
-    constraints = [c for spec in linears for c in spec.constraints()] + [c for s in attention for c in s.constraints()]
-    return Resolved(plan, tuple(linears), tuple(attention), tuple(constraints))
+    try:
+        norms = resolve_norms(plan, model, linears, [spec.path for spec in attention])
+    except PlanError:  # a norm across heads the plan leaves out: the trace reports it (norm_across_heads)
+        norms = ()
+    constraints = [c for spec in (*linears, *attention, *norms) for c in spec.constraints()]
+    return Resolved(plan, tuple(linears), tuple(attention), tuple(constraints), norms=tuple(norms))
 
 
 @torch.no_grad()
@@ -112,6 +117,7 @@ class Tracer:
         self.model = model
         self.specs = {spec.path: spec for spec in resolved.linears}
         self.attention = {spec.path for spec in resolved.attention}
+        self.norms = {spec.path for spec in resolved.norms}  # distributed norms (rmsnorm_across_heads): exact
         self.stack: list[str] = []
         self.consumers: dict[str, set[str]] = {}  # colwise path -> rowwise paths its output reached
         self.leaks: dict[str, str] = {}  # colwise path -> first place its output went instead
@@ -144,7 +150,7 @@ class Tracer:
             self._check_rowwise(spec, x)
         elif spec is None and isinstance(module, nn.Linear) and tag_of(x):
             self._leak(tag_of(x), f"the replicated Linear '{path}'")
-        elif is_norm(module) and tag_of(x):
+        elif is_norm(module) and tag_of(x) and path not in self.norms:
             self._check_norm(path, x)
 
     def _leave(self, path: str, module: nn.Module, output) -> None:

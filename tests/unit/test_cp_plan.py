@@ -8,15 +8,26 @@ from diffusers.models._modeling_parallel import ContextParallelInput, ContextPar
 
 import dtp
 from dtp.plan.cp import GatherRule, SplitRule, cp_plan_from_mapping
+from dtp.plan.io import _bundled_dir
 from dtp.resolve import resolve, resolve_cp
 from dtp.testing.tiny import PLAN_CLASSES, model_class, tiny_model
 
 FLUX, QWEN, ZIMAGE = "FluxTransformer2DModel", "QwenImageTransformer2DModel", "ZImageTransformer2DModel"
+CP_PLANS = sorted(name for name in PLAN_CLASSES if dtp.load_plan(name).cp is not None)
+NO_CP_REASON = "# No `cp` section:"  # the header line a plan without one must carry
 
 
-@pytest.mark.parametrize("name", sorted(PLAN_CLASSES))
+def test_plans_without_cp_say_why():
+    """A bundled plan either has a `cp` section or a header line saying why not (e.g. the processor
+    calls F.scaled_dot_product_attention directly, or CP is not verified for it yet)."""
+    assert {"flux", "flux2", "qwenimage", "zimage"} <= set(CP_PLANS)
+    for name in sorted(set(PLAN_CLASSES) - set(CP_PLANS)):
+        assert NO_CP_REASON in (_bundled_dir() / f"{name}.yaml").read_text(), name
+
+
+@pytest.mark.parametrize("name", CP_PLANS)
 def test_bundled_plans_have_cp_sections_that_resolve(name):
-    """Every bundled plan has a `cp` section whose keys and input names fit the tiny model."""
+    """Every bundled plan with a `cp` section: its keys and input names fit the tiny model."""
     plan = dtp.load_plan(name)
     assert plan.cp is not None and plan.cp.splits and plan.cp.gathers
     model = tiny_model(PLAN_CLASSES[name])
@@ -149,7 +160,7 @@ def test_zimage_heads_limit_ulysses_at_full_size():
     assert dtp.tp_candidates(model, cp=2, cp_mode="ring") == base
 
 
-@pytest.mark.parametrize("name", sorted(PLAN_CLASSES))
+@pytest.mark.parametrize("name", CP_PLANS)
 def test_full_size_models_resolve_cp_on_meta(name):
     """Default (full-size) configs on the meta device: the cp section fits, and Ulysses candidates follow
     (heads / tp) % cp == 0 with the model's real head count."""
