@@ -41,13 +41,17 @@ class NormSpec:
     width: int  # the true (global) number of normalized features, D
     eps: float | None  # None: torch's default (finfo(dtype).eps), as nn.RMSNorm does
     param_names: tuple[str, ...]  # "weight" and/or "bias", each of shape [D]
+    padded_width: int | None = None  # pad=True: D' >= D, zero features like the q/k projection's padded rows
 
     def param_layouts(self) -> dict[str, Layout]:
-        """Every parameter is split along its only dim, contiguously per rank, like the heads."""
-        return {name: Layout(0, (self.width,)) for name in self.param_names}
+        """Every parameter is split along its only dim, contiguously per rank, like the heads (zero-padded
+        to `padded_width` like them under pad=True: zero weight on zero features, the mean still over D)."""
+        padded = (self.padded_width,) if self.padded_width is not None else None
+        return {name: Layout(0, (self.width,), padded) for name in self.param_names}
 
     def constraints(self) -> list[Constraint]:
-        return [Constraint(self.width, f"normalized width of {self.path}", self.rule.key)]
+        width = self.padded_width if self.padded_width is not None else self.width
+        return [Constraint(width, f"normalized width of {self.path}", self.rule.key)]
 
 
 def resolve_norms(

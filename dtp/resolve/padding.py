@@ -34,6 +34,7 @@ from .constraints import Constraint, check_divides
 from .cp import CpResolved
 from .heads import AttentionSpec
 from .linears import LinearSpec
+from .norms import NormSpec
 from .pairs import nearest_scope
 from .resolved import Resolved
 
@@ -136,7 +137,6 @@ def pad_resolved(resolved: Resolved, model: nn.Module, tp: int, head_multiple: i
     check_degree(tp, f"plan {resolved.plan.name}: tp")
     multiple = head_multiple or tp
     name = resolved.plan.name
-    _check_norms_unpadded(resolved, tp)
     heads = {
         s.path: head_padding(s, model.get_submodule(s.path), multiple, name, _child_widths(resolved, s.path))
         for s in resolved.attention
@@ -149,26 +149,34 @@ def pad_resolved(resolved: Resolved, model: nn.Module, tp: int, head_multiple: i
             padded[spec.path] = _pad_rowwise(spec, pairs, tp, name)
     linears = tuple(padded[spec.path] for spec in resolved.linears)
     attention = tuple(_pad_attention(spec, heads[spec.path], tp) for spec in resolved.attention)
+    _check_outputs_unpadded(resolved, heads.values())
+    norms = tuple(_pad_norm(spec, heads, tp) for spec in resolved.norms)
     constraints = [c for spec in linears for c in _padded_constraints(spec)]
-    constraints += [c for spec in attention for c in spec.constraints()]
-    out = replace(resolved, linears=linears, attention=attention, constraints=tuple(constraints))
+    constraints += [c for spec in (*attention, *norms) for c in spec.constraints()]
+    out = replace(resolved, linears=linears, attention=attention, norms=norms, constraints=tuple(constraints))
     assert not [c for c in out.constraints if c.value % tp], "padding left a width tp does not divide"
     return Padding(tp, resolved, out, tuple(heads.values()))
 
 
-def _check_norms_unpadded(resolved: Resolved, tp: int) -> None:
-    """A distributed norm across heads is not padded (yet): its width must already divide by tp.
+def _check_outputs_unpadded(resolved: Resolved, heads) -> None:
+    """`shard_output` tables (RoPE over the full inner dim, per-head RoPE) are cut, not padded (yet)."""
+    padded = [h.path for h in heads if h.padded_heads != h.heads]
+    if resolved.outputs and padded:
+        spec = resolved.outputs[0]
+        raise PlanError(
+            f"plan {resolved.plan.name}, key '{spec.rule.key}': pad=True would pad the heads of '{padded[0]}', but "
+            f"the shard_output tables of '{spec.path}' are not padded with them (yet); use a tp that divides the heads."
+        )
 
-    Padding it would be exact too (zero features add nothing to the sum of squares) if the all-reduced
-    sum were divided by the true width; that is not wired through `runtime/norms.py`, so refuse.
+
+def _pad_norm(spec: NormSpec, heads: dict[str, HeadPadding], tp: int) -> NormSpec:
+    """A norm across heads pads like the q/k projection it follows: its owner's padded width.
+
+    Exact: the padded features are zero (zero q/k rows) with zero weight, so they add nothing to the
+    all-reduced sum of squares, and `ShardedRMSNorm` divides that sum by the true width D, not D'.
     """
-    for norm in resolved.norms:
-        if norm.width % tp:
-            raise PlanError(
-                f"plan {resolved.plan.name}, key '{norm.rule.key}': pad=True does not pad rmsnorm_across_heads "
-                f"norms yet; '{norm.path}' normalizes {norm.width} features, which tp={tp} does not divide. "
-                f"Use a tp that divides it."
-            )
+    owner = heads.get(spec.path.rpartition(".")[0])
+    return replace(spec, padded_width=owner.pad_width(spec.width, tp) if owner else round_up(spec.width, tp))
 
 
 def _child_widths(resolved: Resolved, path: str) -> tuple[int, ...]:

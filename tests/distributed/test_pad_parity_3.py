@@ -1,4 +1,4 @@
-"""pad=True on 3 gloo processes: the tiny configs (4 heads, FFN widths 256/384) at tp=3, where nothing divides."""
+"""pad=True on 3 gloo processes: every bundled DiT plan's tiny config at tp=3, where the heads do not divide."""
 
 import pytest
 
@@ -16,8 +16,15 @@ def _run(rank, world_size):
     for plan_name, cls in PLAN_CLASSES.items():
         make = lambda cls=cls: tiny_model(cls)  # noqa: E731 (one fresh model per call)
         inputs = tiny_inputs(cls, batch=2)
-        results[plan_name] = forward_parity(make, inputs, mesh, dtp.load_plan(plan_name), pad=True).relative
+        try:
+            results[plan_name] = forward_parity(make, inputs, mesh, dtp.load_plan(plan_name), pad=True).relative
+        except dtp.PlanError as exc:
+            results[plan_name] = str(exc)
     return results
+
+
+# RoPE tables cut by `shard_output` are not padded with the heads: refused up front, not run wrong.
+UNPADDED_OUTPUTS = {"ltx_video", "mochi"}
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +34,11 @@ def results():
 
 @pytest.mark.parametrize("plan_name", list(PLAN_CLASSES))
 def test_padded_parity_tp3(results, plan_name):
-    """Tiny configs at tp=3, pad=True (heads 4 -> 6; FFN, packed proj_out [attn | mlp], SwiGLU blocks and
-    gathered AdaLN / context_embedder widths padded): max |sharded - ref| <= 1e-5 * max |ref|, batch 2."""
+    """Tiny configs at tp=3, pad=True (heads 4 -> 6; FFN, packed proj_out [attn | mlp], SwiGLU blocks, gathered
+    AdaLN widths and distributed QK-norms padded): max |sharded - ref| <= 1e-5 * max |ref|, batch 2 (19 plans
+    measured 2.1e-7..9.2e-7); LTX and Mochi are refused with a PlanError naming their RoPE tables."""
     for r in results:
-        assert r[plan_name] <= TOL, (plan_name, r[plan_name])
+        if plan_name in UNPADDED_OUTPUTS:
+            assert "shard_output tables" in r[plan_name], r[plan_name]
+        else:
+            assert r[plan_name] <= TOL, (plan_name, r[plan_name])

@@ -115,5 +115,7 @@ def test_demo_refuses_a_tp_degree_the_plan_cannot_take(demo, monkeypatch):
 
     _, tmp = demo
     monkeypatch.setenv("DTP_CACHE", str(tmp / "cache"))
-    with pytest.raises(SystemExit, match=r"--nproc 3 is not a TP degree .* supported: 1, 2, 4\."):
+    with pytest.raises(
+        SystemExit, match=r"--nproc 3 is not a TP degree .* supported: 1, 2, 4; with --pad: 1, 2, 3, 4\."
+    ):
         main(["demo", "--nproc", "3"])
