@@ -125,7 +125,7 @@ def stress_async(iterations: int, launches: int, timeout_s: float) -> tuple[list
 # ---- exit: the abort at interpreter finalization -------------------------------------------------
 
 
-def _exit_worker(rank: int, world_size: int, store_path: str, hard_exit: bool) -> None:
+def _exit_worker(rank: int, world_size: int, store_path: str, hard_exit: bool, overlap: bool) -> None:
     """One rank as torchrun would run it: join, shard, forward, barrier, destroy, exit."""
     from datetime import timedelta
 
@@ -133,8 +133,10 @@ def _exit_worker(rank: int, world_size: int, store_path: str, hard_exit: bool) -
     import torch.distributed as dist
 
     import dtp
+    from dtp.runtime import styles
     from dtp.testing.tiny import tiny_inputs, tiny_model
 
+    styles._overlap = lambda mesh: overlap
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
@@ -150,8 +152,17 @@ def _exit_worker(rank: int, world_size: int, store_path: str, hard_exit: bool) -
         os._exit(0)
 
 
-def stress_exit(launches: int, timeout_s: float) -> tuple[list[str], list[str]]:
-    rows = ["| exit | launches (2 ranks each) | ranks with nonzero exit | exit codes |", "|---|---|---|---|"]
+def _exit_command(rank: int, store: str, hard_exit: bool, overlap: bool) -> list[str]:
+    flags = [str(int(hard_exit)), str(int(overlap))]
+    return [sys.executable, __file__, "_exit_worker", str(rank), "2", store, *flags]
+
+
+def stress_exit(launches: int, timeout_s: float, overlap: bool) -> tuple[list[str], list[str]]:
+    collective = "async" if overlap else "sync"
+    rows = [
+        "| exit | output collective | launches (2 ranks each) | ranks with nonzero exit | exit codes |",
+        "|---|---|---|---|---|",
+    ]
     failures = []
     for hard in (False, True):
         codes = []
@@ -160,13 +171,13 @@ def stress_exit(launches: int, timeout_s: float) -> tuple[list[str], list[str]]:
                 store = os.path.join(folder, "store")
                 procs = [
                     subprocess.Popen(
-                        [sys.executable, __file__, "_exit_worker", str(r), "2", store, str(int(hard))],
+                        _exit_command(rank, store, hard, overlap),
                         cwd=ROOT,
                         stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT,
                         text=True,
                     )
-                    for r in range(2)
+                    for rank in range(2)
                 ]
                 for rank, p in enumerate(procs):
                     try:
@@ -183,7 +194,7 @@ def stress_exit(launches: int, timeout_s: float) -> tuple[list[str], list[str]]:
             print(f"hard_exit={hard} launch {i + 1}/{launches}: exit codes {codes[-2:]}")
         nonzero = [c for c in codes if c]
         name = "os._exit after destroy (now, dtp run)" if hard else "normal interpreter exit"
-        rows.append(f"| {name} | {launches} | {len(nonzero)} | {sorted(set(codes))} |")
+        rows.append(f"| {name} | {collective} | {launches} | {len(nonzero)} | {sorted(set(codes))} |")
     return rows, failures
 
 
@@ -195,7 +206,7 @@ def write(mode: str, command: str, rows: list[str], failures: list[str]) -> None
     RESULTS.mkdir(parents=True, exist_ok=True)
     text = f"# Stress: {mode}\n\nCommand: `{command}` (2 CPU cores shared with other jobs).\n\n" + "\n".join(rows)
     text += "\n\n## Failures\n\n" + ("\n\n".join(failures) if failures else "none") + "\n"
-    (RESULTS / f"stress-{mode}.md").write_text(text)
+    (RESULTS / f"stress-{mode}.md").write_text(text)  # one file per mode; a later run of a mode replaces it
 
 
 def main(argv=None) -> None:
@@ -206,7 +217,7 @@ def main(argv=None) -> None:
         spawn(_forward_loop, 2, int(argv[1]), bool(int(argv[2])), timeout_s=600)
         return
     if argv and argv[0] == "_exit_worker":
-        _exit_worker(int(argv[1]), int(argv[2]), argv[3], bool(int(argv[4])))
+        _exit_worker(int(argv[1]), int(argv[2]), argv[3], bool(int(argv[4])), bool(int(argv[5])))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -221,6 +232,7 @@ def main(argv=None) -> None:
     p = sub.add_parser("exit")
     p.add_argument("--launches", type=int, default=20)
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--async", dest="overlap", action="store_true", help="output collectives asynchronous (as before)")
     args = parser.parse_args(argv)
     command = "python benchmarks/stress.py " + " ".join(argv)
     if args.mode == "modules":
@@ -228,8 +240,8 @@ def main(argv=None) -> None:
     elif args.mode == "async":
         rows, failures = stress_async(args.iterations, args.launches, args.timeout)
     else:
-        rows, failures = stress_exit(args.launches, args.timeout)
-    write(args.mode, command, rows, failures)
+        rows, failures = stress_exit(args.launches, args.timeout, args.overlap)
+    write(args.mode + ("-async" if getattr(args, "overlap", False) else ""), command, rows, failures)
 
 
 if __name__ == "__main__":
