@@ -9,9 +9,9 @@ reads every rank's post and logs the ranks that are behind it, e.g.
     dtp run: rank 0 has waited 60 s at 'transformer call 12' (step 13); behind it: rank 1 at 'loading the
     pipeline' (step 1) (still working there, stuck, or dead: their logs say which).
 
-When nobody is behind, every rank waits at the same stage (inside one collective: a slow or dead
-peer, or a network problem), and the message says so. The main thread may be blocked in C++ (the
-collective releases the GIL), which is why the watching runs on a thread of its own.
+A rank that is itself behind (others moved on) says so; when every rank is at the same stage, all
+wait inside one collective (a dead or hung peer, or the network), and the message says that. The
+main thread may be blocked in C++ (the collective releases the GIL), hence a thread of its own.
 """
 
 from __future__ import annotations
@@ -62,10 +62,12 @@ class Progress:
             return None
         posts = self.posts()
         behind = {r: p for r, p in posts.items() if p[0] < self.count}
+        ahead = {r: p for r, p in posts.items() if p[0] > self.count}
         head = f"dtp run: rank {self.rank} has waited {waited:.0f} s at '{self.stage}' (step {self.count})"
         if behind:
-            ranks = ", ".join(f"rank {r} at '{stage}' (step {count})" for r, (count, stage) in behind.items())
-            return f"{head}; behind it: {ranks} (still working there, stuck, or dead: their logs say which)."
+            return f"{head}; behind it: {_ranks(behind)} (still working there, stuck, or dead: their logs say which)."
+        if ahead:
+            return f"{head}, and is the rank behind: {_ranks(ahead)} moved on and wait for it."
         return (
             f"{head}; every rank has reached this step, so all wait inside the same collective "
             f"(a dead or hung peer, or the network)."
@@ -93,6 +95,10 @@ class Progress:
             if message:
                 self._reported = self.count
                 self.log(message)
+
+
+def _ranks(posts: dict[int, tuple[int, str]]) -> str:
+    return ", ".join(f"rank {r} at '{stage}' (step {count})" for r, (count, stage) in posts.items())
 
 
 def _stderr(message: str) -> None:

@@ -25,6 +25,16 @@ def test_the_ranks_behind_are_named_with_their_stage():
     assert "rank 1 at 'loading the pipeline' (step 1), rank 2 at 'not started' (step 0)" in message
 
 
+def test_the_rank_behind_says_it_is_the_one_behind():
+    """Measured with torchrun: rank 1 slept in 'loading the pipeline' while rank 0 waited in its first call."""
+    ranks = _ranks(2)
+    ranks[0].post("loading the pipeline")
+    ranks[0].post("transformer call 1")
+    ranks[1].post("loading the pipeline")
+    message = ranks[1].stall_message()
+    assert "and is the rank behind: rank 0 at 'transformer call 1' (step 2) moved on" in message
+
+
 def test_when_every_rank_reached_the_stage_none_is_blamed():
     ranks = _ranks(2)
     for rank in ranks:
