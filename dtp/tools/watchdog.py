@@ -67,7 +67,7 @@ class Progress:
         if behind:
             return f"{head}; behind it: {_ranks(behind)} (still working there, stuck, or dead: their logs say which)."
         if ahead:
-            return f"{head}, and is the rank behind: {_ranks(ahead)} moved on and wait for it."
+            return f"{head}, behind the other ranks: {_ranks(ahead)}; they wait for this one."
         return (
             f"{head}; every rank has reached this step, so all wait inside the same collective "
             f"(a dead or hung peer, or the network)."

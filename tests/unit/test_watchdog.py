@@ -32,7 +32,7 @@ def test_the_rank_behind_says_it_is_the_one_behind():
     ranks[0].post("transformer call 1")
     ranks[1].post("loading the pipeline")
     message = ranks[1].stall_message()
-    assert "and is the rank behind: rank 0 at 'transformer call 1' (step 2) moved on" in message
+    assert "behind the other ranks: rank 0 at 'transformer call 1' (step 2); they wait for this one" in message
 
 
 def test_when_every_rank_reached_the_stage_none_is_blamed():
