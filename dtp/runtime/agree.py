@@ -14,8 +14,11 @@ So `engine.prepare` ends with `check_agree(mesh, fingerprint(...))`:
 Example: rank 1 built one more double block than rank 0. The item `module list 'transformer_blocks'`
 is "2 elements" on rank 0 and "3 elements" on rank 1, and both ranks raise::
 
-    PlanError: ranks disagree on what to shard (12 differences); first: module list 'transformer_blocks'
-    is 2 elements on ranks [0], 3 elements on ranks [1]. ...
+    PlanError: ranks disagree on what to shard (49 differences); first: module list 'transformer_blocks'
+    is 2 elements on ranks [0], 3 elements on ranks [1].
+      also: parameter dtypes is float32 x 108 on ranks [0], float32 x 140 on ranks [1]
+      also: linear 'transformer_blocks.2.attn.to_q' is absent on ranks [0], colwise sizes [64] bias True on ranks [1]
+      ...
 
 A rank whose own checks failed takes part with the single item `checks = failed: <its error>`, so its
 peers raise with it instead of waiting in the exchange for a rank that will never come.
@@ -36,7 +39,6 @@ from torch import nn
 from ..errors import PlanError
 from .placement import local_device
 
-DIGEST_BYTES = 32  # sha256
 CHECKS_LABEL = "checks"  # first item: "passed", or "failed: <error>" on a rank whose own checks raised
 MAX_LISTED = 3  # differences spelled out in the message after the first
 
