@@ -35,6 +35,7 @@ SIGNATURES = {  # known crash texts -> short name, counted in the tables
     "Connection reset by peer": "reset",
     "died with exit code": "died",
     "Timed out": "timeout",
+    "no result from ranks": "spawn timeout",
 }
 TAIL_CHARS = 4000
 
@@ -106,16 +107,19 @@ def stress_async(iterations: int, launches: int, timeout_s: float) -> tuple[list
     rows = ["| output collective | launches x forwards | failed launches | crash signatures |", "|---|---|---|---|"]
     failures = []
     for overlap in (False, True):
-        bad = []
+        bad, times = [], []
         for i in range(launches):
             code, seconds, output = _run(
-                [sys.executable, __file__, "_forward_loop", str(iterations), str(int(overlap))], timeout_s
+                [sys.executable, __file__, "_forward_loop", str(iterations), str(int(overlap)), str(timeout_s - 60)],
+                timeout_s,
             )
             status = _signatures(output) if code else "ok"
             print(f"async={overlap} launch {i + 1}/{launches}: exit {code} in {seconds:.0f} s ({status})")
+            times.append(seconds)
             if code:
                 bad.append((i, code, output))
         name = "async (before)" if overlap else "sync (now, on CPU)"
+        name += f", median {sorted(times)[len(times) // 2]:.0f} s per launch"
         sigs = ", ".join(_signatures(o) for _, _, o in bad) or "-"
         rows.append(f"| {name} | {launches} x {iterations} | {len(bad)} | {sigs} |")
         failures += [f"### {name}, launch {i + 1}: exit {c}\n```\n{o[-TAIL_CHARS:]}\n```" for i, c, o in bad]
@@ -214,7 +218,7 @@ def main(argv=None) -> None:
     if argv and argv[0] == "_forward_loop":  # one launch of `async`, in its own interpreter
         from dtp.testing.launch import spawn
 
-        spawn(_forward_loop, 2, int(argv[1]), bool(int(argv[2])), timeout_s=600)
+        spawn(_forward_loop, 2, int(argv[1]), bool(int(argv[2])), timeout_s=float(argv[3]))
         return
     if argv and argv[0] == "_exit_worker":
         _exit_worker(int(argv[1]), int(argv[2]), argv[3], bool(int(argv[4])), bool(int(argv[5])))
