@@ -16,7 +16,15 @@ call these two, so a check added to `prepare` guards all of them and they all fa
      `Prepared.resolved` is the padded binding (the refusal without it suggests pad=True);
   6. the `cp` section, when the mesh's `cp` axis is > 1: sites, pluggable attention, Ulysses heads
      (padded heads are multiples of tp * cp under Ulysses, so they divide);
-  7. the device: of the mesh's device type.
+  7. the device: of the mesh's device type;
+  8. the ranks agree (`runtime/agree.py`): every rank of the mesh fingerprints what must be the same
+     everywhere (the resolved plan, tp, cp, options, the model's class, structure, parameter names,
+     shapes and dtypes, adapters, the dtp/torch/model-library versions) and one all_gather of a
+     32-byte digest compares them; on a mismatch every rank raises the same PlanError naming the
+     ranks and the first difference. A rank that fails steps 1 and 3-7 still joins this exchange
+     (with its error as its fingerprint), so its peers raise with it instead of waiting for it.
+     Skipped on a mesh of one rank and on the fake process group (`dtp check`). So `prepare` is
+     collective: every rank of the mesh calls it, as every rank later runs the sharded forward.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from .plan import Plan, plan_for
 from .policy import check_cp_mode
 from .resolve import CpResolved, Resolved, resolve, resolve_cp
 from .resolve.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
+from .runtime.agree import check_agree, failed, fingerprint
 from .runtime.cp import apply_cp
 from .runtime.embedding import embedding_style_for
 from .runtime.heads import set_local_heads
@@ -69,7 +78,23 @@ class Prepared:
 def prepare(
     model: nn.Module, mesh, plan: Plan | None = None, *, cp_mode: str = "ulysses", device=None, pad: bool = False
 ) -> Prepared:
-    """Run every check (see the module docstring for the order); mutate nothing; return what `apply` needs."""
+    """Run every check (see the module docstring for the order); mutate nothing; return what `apply` needs.
+
+    Collective over `mesh`: every rank of it must call `prepare` (see step 8).
+    """
+    tp_submesh(mesh)  # step 2 first: without a usable mesh there is no one to agree with
+    try:
+        prepared = _check_locally(model, mesh, plan, cp_mode, device, pad)
+    except Exception as error:
+        check_agree(mesh, failed(error))  # raises on every rank when some ranks passed
+        raise
+    options = {"cp_mode": cp_mode if prepared.cp_resolved is not None else "unused (cp=1)", "pad": pad}
+    check_agree(mesh, fingerprint(model, prepared.resolved, prepared.cp_resolved, mesh, options))
+    return prepared
+
+
+def _check_locally(model: nn.Module, mesh, plan: Plan | None, cp_mode: str, device, pad: bool) -> Prepared:
+    """Steps 1-7: everything this rank can check on its own."""
     check_cp_mode(cp_mode)
     tp_mesh = tp_submesh(mesh)
     tp, cp = tp_mesh.size(), cp_degree(mesh)

@@ -76,7 +76,7 @@ def _check_target(plan: Plan, rule: Rule, path: str, module: nn.Module) -> None:
     expected = nn.Embedding if rule.style.is_embedding else nn.Linear
     if not isinstance(module, expected):
         raise PlanError(
-            f"plan {plan.name}, key '{rule.key}': '{path}' is a {type(module).__name__}, not an "
+            f"plan {plan.name}, key '{rule.key}': '{path}' is a {_kind(module, expected)}, not an "
             f"nn.{expected.__name__}; '{rule.style.value}' applies to {expected.__name__} layers only."
         )
     if rule.style.is_embedding and module.max_norm is not None:
@@ -84,6 +84,12 @@ def _check_target(plan: Plan, rule: Rule, path: str, module: nn.Module) -> None:
             f"plan {plan.name}, key '{rule.key}': '{path}' has max_norm={module.max_norm}, which dtp cannot shard "
             f"exactly (each rank would renormalize only its own rows); leave it out of the plan."
         )
+
+
+def _kind(module: nn.Module, expected: type) -> str:
+    """The class name, qualified when it reads like the expected one (peft's `lora.Linear` is no nn.Linear)."""
+    name = type(module).__name__
+    return f"{type(module).__module__}.{name}" if name == expected.__name__ else name
 
 
 def _sizes(plan: Plan, rule: Rule, path: str, linear: nn.Linear) -> tuple[int, ...]:

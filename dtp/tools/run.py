@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,9 @@ from ..policy import CP_MODES, DTYPES, default_backend, default_device_type, par
 from ..runtime.memory import local_param_bytes
 from ..runtime.mesh import make_mesh
 from ..runtime.placement import local_device
+from .watchdog import Progress
+
+DEFAULT_TIMEOUT_S = 600  # torch's own default for gloo is 30 min, NCCL's watchdog 10: one value for both here
 
 LORA_ADAPTER = "lora"  # the adapter name `--lora` loads under
 
@@ -70,6 +74,13 @@ def register(sub) -> None:
     p.add_argument("--output", default="output.png", help="image path, written by rank 0 (default output.png)")
     p.add_argument("--report", default=None, help="also write per-rank weight bytes and step times as JSON (rank 0)")
     p.add_argument("--save-pixels", default=None, help="also save the float [0, 1] pixels as .npy (rank 0)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds a collective may wait for the other ranks before the process group fails (default 600); "
+        "a rank that waits min(60, timeout / 2) s names the ranks behind it",
+    )
     p.set_defaults(func=run)
 
 
@@ -82,27 +93,36 @@ def run(args) -> int:
         add_lora(pipe, args.lora, args.lora_scale, sharded=False)
         _generate_and_save(pipe, args, distributed=False)
         return 0
-    device = init_distributed()
+    device = init_distributed(args.timeout)
     try:
-        mesh = make_mesh(tp=_tp_degree(dist.get_world_size(), args.cp), cp=args.cp, device_type=device.type)
-        pipe = load_pipeline(
-            args.model_dir,
-            device=device,
-            dtype=_dtype(args.dtype, device),
-            mesh=mesh,
-            plan=args.plan,
-            cp_mode=args.cp_mode,
-            pad=args.pad,
-            text_encoders=not args.whole_text_encoders,
-        )
-        add_lora(pipe, args.lora, args.lora_scale, sharded=True)
-        pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
-        _generate_and_save(pipe, args, distributed=True)
-        dist.barrier()  # tear down together, not while rank 0 still writes the image
+        with rank_progress(min(60.0, args.timeout / 2)) as progress:
+            _run_sharded(args, device, progress)
     finally:
         dist.destroy_process_group()
     _exit_now()
     return 0
+
+
+def _run_sharded(args, device: torch.device, progress: Progress) -> None:
+    progress.post("loading the pipeline")
+    mesh = make_mesh(tp=_tp_degree(dist.get_world_size(), args.cp), cp=args.cp, device_type=device.type)
+    pipe = load_pipeline(
+        args.model_dir,
+        device=device,
+        dtype=_dtype(args.dtype, device),
+        mesh=mesh,
+        plan=args.plan,
+        cp_mode=args.cp_mode,
+        pad=args.pad,
+        text_encoders=not args.whole_text_encoders,
+    )
+    add_lora(pipe, args.lora, args.lora_scale, sharded=True)
+    pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
+    calls = iter(range(1, sys.maxsize))
+    pipe.transformer.register_forward_pre_hook(lambda *_: progress.post(f"transformer call {next(calls)}"))
+    _generate_and_save(pipe, args, distributed=True)
+    progress.post("finishing")
+    dist.barrier()  # tear down together, not while rank 0 still writes the image
 
 
 def _exit_now() -> None:
@@ -290,14 +310,29 @@ def save_image(pixels: np.ndarray, path) -> None:
 # ---- process setup ---------------------------------------------------------------------------
 
 
-def init_distributed() -> torch.device:
-    """Join torchrun's process group (the backend of this rank's device type); returns this rank's device."""
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
+    """Join torchrun's process group (the backend of this rank's device type); returns this rank's device.
+
+    `timeout_s`: how long a collective waits for the other ranks before the group fails it.
+    """
     device = local_device(default_device_type())  # cuda:<local rank>, the local Neuron core, or cpu
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(default_backend(device.type))
+        dist.init_process_group(default_backend(device.type), timeout=timedelta(seconds=timeout_s))
     return device
+
+
+def rank_progress(stall_s: float) -> Progress:
+    """This rank's `Progress`, posted to a client of torchrun's rendezvous store (MASTER_ADDR:MASTER_PORT).
+
+    A store of our own next to the process group: it keeps answering while the group is blocked in
+    a collective, and the posts live under their own prefix.
+    """
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=30)
+    )
+    return Progress(dist.PrefixStore("dtp/progress/", store), dist.get_rank(), dist.get_world_size(), stall_s=stall_s)
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
