@@ -5,22 +5,9 @@ from functools import partial
 from suggest_cases import wan_inputs, wan_model
 
 import dtp
+from dtp.testing.plans import edited
 from dtp.testing.tiny import tiny_inputs, tiny_model
 from dtp.tools.verify import compare_sharded
-
-
-def edited(plan: dtp.Plan, changes: dict, attention=None) -> dtp.Plan:
-    """`plan` with some rules replaced or added (`changes`: key -> style or {style, blocks}) or dropped (None)."""
-    rules = {
-        r.key: {"style": r.style.value, "blocks": list(r.blocks)} if r.blocks else r.style.value for r in plan.rules
-    }
-    for key, value in changes.items():
-        if value is None:
-            del rules[key]
-        else:
-            rules[key] = value
-    data = {"tp": rules, "models": list(plan.models), "attention": list(attention or plan.attention or [])}
-    return dtp.Plan.from_dict(data, name=f"{plan.name} (edited)")
 
 
 def swapped_pair() -> dtp.Plan:

@@ -11,24 +11,15 @@ from hypothesis import strategies as st
 from torch import nn
 
 import dtp
+from dtp.testing.plans import edited as edit_plan
 from dtp.testing.tiny import PLAN_CLASSES, model_class, tiny_inputs, tiny_model
 from dtp.tools.check import check, format_report
 from dtp.tools.lint import lint
 
 
 def edited(name: str, changes: dict, attention=None) -> dtp.Plan:
-    """Bundled plan `name` with rules replaced/added (key -> style or {style, blocks}) or dropped (None)."""
-    plan = dtp.load_plan(name)
-    rules = {
-        r.key: {"style": r.style.value, "blocks": list(r.blocks)} if r.blocks else r.style.value for r in plan.rules
-    }
-    for key, value in changes.items():
-        if value is None:
-            del rules[key]
-        else:
-            rules[key] = value
-    data = {"tp": rules, "models": list(plan.models), "attention": list(attention or plan.attention or [])}
-    return dtp.Plan.from_dict(data, name=f"{name} (edited)")
+    """Bundled plan `name`, edited (see dtp.testing.plans.edited)."""
+    return edit_plan(dtp.load_plan(name), changes, attention)
 
 
 def findings(cls: str, plan: dtp.Plan) -> set[tuple[str, str]]:
