@@ -3,7 +3,8 @@
 Not part of the default test run (it takes minutes). Three modes, each printing a table and writing
 `benchmarks/results/stress-<mode>.md` with every failure's traceback (the tail of its output):
 
-    python benchmarks/stress.py modules -n 5 tests/distributed/test_agree.py tests/distributed/test_tp_parity_2.py
+    python benchmarks/stress.py modules -n 5 tests/distributed/test_ranks_disagree.py \
+        tests/distributed/test_tp_parity_2.py
     python benchmarks/stress.py async --iterations 300        # sharded forwards, output collective sync vs async
     python benchmarks/stress.py exit --launches 20            # gloo ranks that exit normally vs via os._exit
 

@@ -17,3 +17,9 @@ def test_every_subpackage_is_listed_in_pyproject():
     }
     assert on_disk <= listed, f"add {sorted(on_disk - listed)} to [tool.setuptools] packages"
     assert "dtp.plans" in listed and config["package-dir"]["dtp.plans"] == "plans"
+
+
+def test_test_module_basenames_are_unique():
+    """pytest imports test modules by basename (no __init__.py): two with one name break the whole suite."""
+    names = [p.name for p in (ROOT / "tests").rglob("*.py") if p.name != "__init__.py"]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
