@@ -252,5 +252,7 @@ def test_every_bundled_plan_has_a_parity_test_and_a_table_row():
     names = {n for n in bundled_plan_names() if any(hasattr(diffusers, m) for m in load_plan(n).models)}
     assert set(EARLIER_PLANS) == set(PLANS)
     assert names == set(COVERAGE_PLANS) | set(PLANS)
+    readme = (root / "README.md").read_text()
+    assert [n for n in sorted(names) if f"| `{n}` |" not in readme] == [], "add the plan to the README's table"
     table = (root / "benchmarks" / "results" / "coverage.md").read_text()
     assert [n for n in sorted(names) if f"plans/{n}.yaml" not in table] == []
