@@ -19,8 +19,6 @@ import re
 from dataclasses import dataclass
 
 import torch
-from diffusers.loaders.lora_base import _fetch_state_dict
-from diffusers.utils.state_dict_utils import convert_unet_state_dict_to_peft
 from torch import nn
 
 from ..errors import PlanError
@@ -40,6 +38,9 @@ def read_lora(lora) -> tuple[dict[str, torch.Tensor], dict | None]:
     """(state dict, diffusers adapter metadata or None) from a state dict, a LoRA file or a folder holding one."""
     if isinstance(lora, dict):
         return dict(lora), None
+    # diffusers' loaders pull in peft and transformers (seconds): imported here, for LoRA users only.
+    from diffusers.loaders.lora_base import _fetch_state_dict
+
     state_dict, metadata = _fetch_state_dict(
         pretrained_model_name_or_path_or_dict=str(lora),
         weight_name=None,
@@ -62,6 +63,8 @@ def peft_view(state_dict: dict[str, torch.Tensor], prefix: str | None) -> dict[s
     if prefix:
         state_dict = {k.removeprefix(f"{prefix}."): v for k, v in state_dict.items() if k.startswith(f"{prefix}.")}
     if state_dict and "lora_A" not in next(iter(state_dict)):
+        from diffusers.utils.state_dict_utils import convert_unet_state_dict_to_peft
+
         state_dict = convert_unet_state_dict_to_peft(state_dict)  # the same first-key test diffusers makes
     return state_dict
 

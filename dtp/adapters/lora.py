@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from importlib.metadata import version
 
 import torch
-from diffusers.utils.peft_utils import get_adapter_name
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -65,6 +64,8 @@ def load_lora(
     """
     state_dict, file_metadata = read_lora(lora)
     peft_sd = peft_view(state_dict, prefix)
+    from diffusers.utils.peft_utils import get_adapter_name  # here: diffusers' import costs seconds
+
     adapter_name = adapter_name or get_adapter_name(model)
     targets = check_lora(model, peft_sd, adapter_name, prefix)
     specs = {t.path: planned_spec(base_linear(model, t.path)) for t in targets}
