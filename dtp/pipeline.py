@@ -75,6 +75,7 @@ def parallelize_pipeline(
     exclude: Iterable[str] = (),
     cp_mode: str = "ulysses",
     device=None,
+    pad: bool = False,
 ) -> PipelineReport:
     """Shard every component of `pipe` that has a plan, in place; returns what was sharded, with bytes.
 
@@ -83,6 +84,8 @@ def parallelize_pipeline(
         else `clip-mlp` at tp=8), else its own plan (`find_plan`), and stays whole when it has none.
     exclude: component names not to touch at all (e.g. a transformer already sharded on load).
     device: as in `dtp.parallelize`: slices (and the rest of each sharded component) go there.
+    pad: as in `dtp.parallelize`, for every component: heads and widths tp does not divide are
+        zero-padded (exact), e.g. Qwen-Image's Qwen2.5-VL (28 heads) at tp=8.
     Every component is prepared before any is applied: a PlanError leaves the whole pipeline as it was.
     """
     plans = dict(plans or {})
@@ -96,7 +99,9 @@ def parallelize_pipeline(
         candidates = [plans[name]] if name in plans else _own_plans(module)
         candidates = [plan for plan in candidates if plan is not None]
         if candidates:
-            prepared[name] = _prepare_first(name, module, component_mesh(module, mesh), candidates, cp_mode, device)
+            prepared[name] = _prepare_first(
+                name, module, component_mesh(module, mesh), candidates, cp_mode, device, pad
+            )
     for name, ready in prepared.items():  # ... then the mutations
         apply(modules[name], ready)
     return PipelineReport(
@@ -115,13 +120,13 @@ def _report(name: str, module: nn.Module, prepared, whole_bytes: int) -> Compone
     return ComponentReport(name, type(module).__name__, plan, whole_bytes, local_param_bytes(module))
 
 
-def _prepare_first(name: str, module: nn.Module, mesh, plans: list[Plan], cp_mode: str, device):
+def _prepare_first(name: str, module: nn.Module, mesh, plans: list[Plan], cp_mode: str, device, pad: bool):
     """`engine.prepare` with the first of `plans` that fits (a class's bundled variants, in order); else the
     first plan's PlanError, naming the component and how to leave it whole."""
     errors = []
     for plan in plans:
         try:
-            return prepare(module, mesh, plan, cp_mode=cp_mode, device=device)
+            return prepare(module, mesh, plan, cp_mode=cp_mode, device=device, pad=pad)
         except PlanError as exc:
             errors.append(exc)
     tried = f" (also tried: {', '.join(p.name for p in plans[1:])})" if len(plans) > 1 else ""
