@@ -13,7 +13,8 @@ call these two, so a check added to `prepare` guards all of them and they all fa
      `shard_output` modules, tied parameters;
   5. the TP degree: it divides every constraint (widths, blocks, heads); with `pad=True` instead,
      heads and widths are zero-padded to multiples of tp (`resolve/padding.py`; exact), and
-     `Prepared.resolved` is the padded binding (the refusal without it suggests pad=True);
+     `Prepared.resolved` is the padded binding (the refusal without it suggests pad=True); kv heads
+     fewer than tp are shared by tp / kv ranks (`resolve/kv_share.py`, transformers attention);
   6. the `cp` section, when the mesh's `cp` axis is > 1: sites, pluggable attention, Ulysses heads
      (padded heads are multiples of tp * cp under Ulysses, so they divide);
   7. the device: of the mesh's device type;
@@ -39,6 +40,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 from .plan import Plan, plan_for
 from .policy import check_cp_mode
 from .resolve import CpResolved, Resolved, resolve, resolve_cp
+from .resolve.kv_share import share_kv
 from .resolve.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
 from .runtime.agree import check_agree, failed, fingerprint
 from .runtime.cp import apply_cp
@@ -105,6 +107,7 @@ def _check_locally(model: nn.Module, mesh, plan: Plan | None, cp_mode: str, devi
         resolved = padding.resolved
     else:
         check_unpadded(resolved, model, tp, lambda: supported_tp(model, resolved, cp, cp_mode, pad=True))
+    resolved = share_kv(resolved, model, tp)
     cp_resolved = None
     if cp > 1:
         cp_resolved = resolve_cp(resolved, model)

@@ -33,6 +33,11 @@ WIDTH_ATTRS = ("inner_dim", "inner_kv_dim", "kv_inner_dim", "mlp_hidden_dim")
 KV_WIDTH_ATTRS = ("inner_kv_dim", "kv_inner_dim")  # k/v projection width, where the module stores it
 
 
+HEAD_COUNTS = ("heads", "num_heads", "n_heads")  # query head counts, as modules (or `checked`) name them
+KV_COUNTS = ("kv_heads", "num_kv_heads", "num_key_value_heads")
+GROUPS_ATTR = "num_key_value_groups"  # transformers: query heads per kv head, for repeat_kv / enable_gqa
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
     """An attention module and the global values of the attributes that become per-rank."""
@@ -42,22 +47,44 @@ class AttentionSpec:
     values: tuple[tuple[str, int], ...]  # (attribute, global value)
     checked: tuple[tuple[str, int], ...] = ()  # counts tp must divide that are not rewritten (read from a config)
     kv_heads: int | None = None  # derived kv head count when k/v are narrower than q (GQA); not an attribute
+    shares_kv: bool = False  # kv heads may be shared by tp / kv ranks (transformers attention, kv_share.py)
+    kv_replicas: int = 1  # ranks sharing each kv head at the bound TP degree (set by kv_share.share_kv)
 
     def constraints(self) -> list[Constraint]:
-        found = [Constraint(value, f"{attr} of {self.path}", self.key) for attr, value in self.values + self.checked]
+        found = [
+            Constraint(value, f"{attr} of {self.path}", self.key, shareable=self.shares_kv and attr in KV_COUNTS)
+            for attr, value in self.values + self.checked
+            if attr != GROUPS_ATTR
+        ]
         if self.kv_heads is not None:
             found.append(Constraint(self.kv_heads, f"kv heads (k width / head_dim) of {self.path}", self.key))
         return found
 
+    def counts(self) -> tuple[int | None, int | None]:
+        """(query heads, kv heads) as far as known: kept attributes, config counts, derived kv heads."""
+        known = dict(self.checked + self.values)
+        heads = next((known[a] for a in HEAD_COUNTS if a in known), None)
+        kv_heads = next((known[a] for a in KV_COUNTS if a in known), self.kv_heads)
+        return heads, kv_heads if kv_heads is not None else heads
+
     def local_values(self, tp: int) -> dict[str, int]:
-        return {attr: value // tp for attr, value in self.values}
+        """Per-rank values: counts and widths / tp; kv counts * replicas / tp; groups = local q / local kv."""
+        local = {
+            attr: value * self.kv_replicas // tp if attr in KV_COUNTS else value // tp
+            for attr, value in self.values
+            if attr != GROUPS_ATTR
+        }
+        if GROUPS_ATTR in dict(self.values):
+            heads, kv_heads = self.counts()
+            local[GROUPS_ATTR] = (heads // tp) // (kv_heads * self.kv_replicas // tp)
+        return local
 
 
 def attention_spec(path: str, module: nn.Module, key: str) -> AttentionSpec | None:
     """The spec for `module`, or None when it has no integer `heads` and is no transformers attention module."""
     if not is_int(getattr(module, "heads", None)):
         counts = transformers_attention_counts(module)
-        return None if counts is None else AttentionSpec(path, key, *counts)
+        return None if counts is None else AttentionSpec(path, key, *counts, shares_kv=True)
     values = tuple(
         (attr, getattr(module, attr)) for attr in HEAD_ATTRS + WIDTH_ATTRS if is_int(getattr(module, attr, None))
     )
@@ -121,3 +148,14 @@ def _attention_owners(model: nn.Module, linears: list[LinearSpec]) -> list[str]:
                 owners[path] = None
                 break
     return list(owners)
+
+
+def width_constraints(linears, attention: list[AttentionSpec]) -> list[Constraint]:
+    """The Linears' width constraints, less those of q/k/v/o under attention modules that may share kv heads.
+
+    Their widths are heads x head_dim, so the head constraints cover them, and a shared kv
+    projection is split into tp / replicas parts, not tp: Llama's 2 kv heads of 8 (k_proj 16 wide)
+    at tp=4 hold 8 rows per rank pair, although 16 / 4 would also pass; at tp=6 16 / 6 would not.
+    """
+    sharing = {spec.path for spec in attention if spec.shares_kv}
+    return [c for spec in linears if spec.path.rpartition(".")[0] not in sharing for c in spec.constraints()]

@@ -17,8 +17,18 @@ made as zeros, so no full (padded) tensor is ever built. Example: 30 heads of wi
 at tp = 4 pad to 32 heads (P = 128): ranks 0-2 hold rows 0:32, 32:64, 64:96; rank 3 holds rows
 96:120 and 8 zero rows (two zero heads).
 
-A `Layout(dim, block_sizes, padded_sizes)` names such a split for one tensor; `None` where a layout
-is expected means "every rank holds the tensor whole".
+Shared kv heads (GQA with fewer kv heads than ranks, as vLLM does): `replicas = R` ranks hold the
+same piece. The block is split into `tp / R` parts and rank `r` holds part `r // R`. Example: 4 kv
+heads of width 128 (B = 512) at tp = 8, R = 2: ranks 0 and 1 hold rows 0:128, ranks 6 and 7 rows 384:512.
+
+Groups (the query heads of those kv heads): `groups = G` cuts each block into G equal segments,
+each padded on its own (real rows, then zeros), and the padded segments are concatenated before the
+split. So every rank's rows come from one segment when G divides the parts. Example: Qwen2.5-VL-7B,
+28 query heads in 4 groups of 7 (one per kv head) at tp = 8: each group pads to 8 heads (P = 32
+heads), and rank 3 holds heads 11:14 of group 1 plus one zero head, next to kv head 1.
+
+A `Layout(dim, block_sizes, padded_sizes, groups, replicas)` names such a split for one tensor;
+`None` where a layout is expected means "every rank holds the tensor whole".
 """
 
 from __future__ import annotations
@@ -55,27 +65,54 @@ def rank_ranges(sizes: Sequence[int], tp: int, rank: int) -> list[tuple[int, int
 
 
 def rank_pieces(
-    sizes: Sequence[int], tp: int, rank: int, padded: Sequence[int] | None = None
+    sizes: Sequence[int],
+    tp: int,
+    rank: int,
+    padded: Sequence[int] | None = None,
+    groups: int = 1,
+    replicas: int = 1,
 ) -> list[tuple[int, int, int]]:
-    """(start, stop, zeros) per block: rank `rank` holds real rows [start, stop) then `zeros` zero rows.
+    """(start, stop, zeros) pieces: rank `rank` holds real rows [start, stop) then `zeros` zero rows, in order.
 
-    `padded` (default: `sizes`, no padding) gives each block's padded size, which `tp` divides.
-    Worked example: `rank_pieces((120,), 4, 3, padded=(128,)) == [(96, 120, 8)]`.
+    `padded` (default: `sizes`, no padding) gives each block's padded size; each block is `groups`
+    segments padded on their own; `tp / replicas` distinct parts (see the module docstring).
+    Worked examples: `rank_pieces((120,), 4, 3, padded=(128,)) == [(96, 120, 8)]`;
+    `rank_pieces((28,), 8, 3, padded=(32,), groups=4) == [(11, 14, 1)]` (rows of heads 11-13, one zero head);
+    `rank_pieces((4,), 8, 3, replicas=2) == [(1, 2, 0)]` (kv head 1, which rank 2 holds too).
     """
     padded = tuple(sizes) if padded is None else tuple(padded)
-    assert len(padded) == len(sizes) and all(p >= s for p, s in zip(padded, sizes)), (sizes, padded)
-    assert not indivisible_blocks(padded, tp), (padded, tp)
+    check_split(sizes, padded, tp, groups, replicas)
+    parts, part = tp // replicas, rank // replicas
     pieces, offset = [], 0
     for size, padded_size in zip(sizes, padded):
-        chunk = padded_size // tp
-        start, stop = min(rank * chunk, size), min((rank + 1) * chunk, size)
-        pieces.append((offset + start, offset + stop, chunk - (stop - start)))
+        real, seg = size // groups, padded_size // groups  # one segment: `real` rows, then `seg - real` zeros
+        chunk = padded_size // parts
+        lo, hi = part * chunk, (part + 1) * chunk  # this part, in padded coordinates of the block
+        for s in range(lo // seg, -(-hi // seg)):
+            u, v = max(lo, s * seg) - s * seg, min(hi, (s + 1) * seg) - s * seg  # overlap, segment coordinates
+            start, stop = offset + s * real + min(u, real), offset + s * real + min(v, real)
+            pieces.append((start, stop, (v - u) - (stop - start)))
         offset += size
     return pieces
 
 
+def check_split(sizes: Sequence[int], padded: Sequence[int], tp: int, groups: int = 1, replicas: int = 1) -> None:
+    """The split is well formed: padded >= real, groups divide both, the parts divide every padded block."""
+    assert len(padded) == len(sizes) and all(p >= s for p, s in zip(padded, sizes)), (sizes, padded)
+    assert tp % replicas == 0, (tp, replicas)
+    assert all(s % groups == 0 and p % groups == 0 for s, p in zip(sizes, padded)), (sizes, padded, groups)
+    assert not indivisible_blocks(padded, tp // replicas), (padded, tp, replicas)
+
+
 def local_slice(
-    tensor, dim: int, sizes: Sequence[int], tp: int, rank: int, padded: Sequence[int] | None = None
+    tensor,
+    dim: int,
+    sizes: Sequence[int],
+    tp: int,
+    rank: int,
+    padded: Sequence[int] | None = None,
+    groups: int = 1,
+    replicas: int = 1,
 ) -> torch.Tensor:
     """Rank `rank`'s slice of `tensor` along `dim`, as a new contiguous tensor (zero rows where padded).
 
@@ -84,7 +121,7 @@ def local_slice(
     """
     shape = list(tensor.shape) if isinstance(tensor, torch.Tensor) else list(tensor.get_shape())
     pieces = []
-    for start, stop, zeros in rank_pieces(sizes, tp, rank, padded):
+    for start, stop, zeros in rank_pieces(sizes, tp, rank, padded, groups, replicas):
         index = [slice(None)] * len(shape)
         index[dim] = slice(start, stop)
         real = tensor[tuple(index)]  # an empty slice when this rank holds only padding of the block
@@ -99,15 +136,25 @@ def local_slice(
 
 
 def assemble(
-    locals_: Sequence[torch.Tensor], dim: int, sizes: Sequence[int], padded: Sequence[int] | None = None
+    locals_: Sequence[torch.Tensor],
+    dim: int,
+    sizes: Sequence[int],
+    padded: Sequence[int] | None = None,
+    groups: int = 1,
+    replicas: int = 1,
 ) -> torch.Tensor:
     """Inverse of `local_slice`: the full tensor from every rank's local slice, in rank order (padding dropped)."""
-    tp = len(locals_)
+    distinct = list(locals_)[::replicas]  # ranks r, r + 1, ..., r + replicas - 1 hold the same part
+    parts = len(distinct)
     padded = tuple(sizes) if padded is None else tuple(padded)
-    per_rank = [size // tp for size in padded]
-    split = [torch.split(local, per_rank, dim=dim) for local in locals_]
-    blocks = [torch.cat([split[rank][block] for rank in range(tp)], dim=dim) for block in range(len(sizes))]
-    return torch.cat([b.narrow(dim, 0, size) for b, size in zip(blocks, sizes)], dim=dim)
+    per_part = [size // parts for size in padded]
+    split = [torch.split(local, per_part, dim=dim) for local in distinct]
+    out = []
+    for block, (size, padded_size) in enumerate(zip(sizes, padded)):
+        whole = torch.cat([split[part][block] for part in range(parts)], dim=dim)
+        segments = torch.split(whole, padded_size // groups, dim=dim)
+        out += [segment.narrow(dim, 0, size // groups) for segment in segments]
+    return torch.cat(out, dim=dim)
 
 
 @dataclass(frozen=True)
@@ -118,11 +165,15 @@ class Layout:
     Example: a fused QKV weight `[3 * 64, 32]` is `Layout(dim=0, block_sizes=(64, 64, 64))`.
     `padded_sizes` (None: no padding) are the block sizes after zero-padding, each `>=` its block
     and divisible by tp: `Layout(0, (120,), (128,))` holds 30 heads of width 4 as 32 (tp = 4).
+    `groups` segments per block are padded on their own; `replicas` ranks hold each part (shared kv heads):
+    `Layout(0, (512,), replicas=2)` at tp = 8 is 4 kv heads of 128, each on two ranks.
     """
 
     dim: int
     block_sizes: tuple[int, ...]
     padded_sizes: tuple[int, ...] | None = None
+    groups: int = 1
+    replicas: int = 1
 
     @property
     def split_sizes(self) -> tuple[int, ...]:
@@ -133,16 +184,20 @@ class Layout:
     def is_padded(self) -> bool:
         return self.split_sizes != self.block_sizes
 
+    def parts(self, tp: int) -> int:
+        """How many different pieces the `tp` ranks hold (tp, or tp / replicas for shared kv heads)."""
+        return tp // self.replicas
+
     def local_slice(self, tensor, tp: int, rank: int) -> torch.Tensor:
         """Rank `rank`'s piece of `tensor` (a tensor or a safetensors slice), a new contiguous tensor."""
-        return local_slice(tensor, self.dim, self.block_sizes, tp, rank, self.padded_sizes)
+        return local_slice(tensor, self.dim, self.block_sizes, tp, rank, self.padded_sizes, self.groups, self.replicas)
 
     def assemble(self, locals_: Sequence[torch.Tensor]) -> torch.Tensor:
         """The full (unpadded) tensor from every rank's piece, in rank order."""
-        return assemble(locals_, self.dim, self.block_sizes, self.padded_sizes)
+        return assemble(locals_, self.dim, self.block_sizes, self.padded_sizes, self.groups, self.replicas)
 
     def local_shape(self, shape: Sequence[int], tp: int) -> tuple[int, ...]:
         """The shape of one rank's piece of a tensor of `shape` (padding included)."""
         local = list(shape)
-        local[self.dim] = sum(self.split_sizes) // tp
+        local[self.dim] = sum(self.split_sizes) // self.parts(tp)
         return tuple(local)

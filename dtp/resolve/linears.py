@@ -27,6 +27,8 @@ class LinearSpec:
     sizes: tuple[int, ...]  # absolute block sizes along `rule.style.shard_dim`
     has_bias: bool
     padded_sizes: tuple[int, ...] | None = None  # set by `padding.pad_resolved` (pad=True); None: unpadded
+    groups: int = 1  # query heads grouped by shared kv head (kv_share.py): segments padded on their own
+    replicas: int = 1  # a shared kv projection (kv_share.py): ranks holding the same rows
 
     @property
     def style(self) -> Style:
@@ -34,13 +36,14 @@ class LinearSpec:
 
     @property
     def weight_layout(self) -> Layout:
-        return Layout(self.style.shard_dim, self.sizes, self.padded_sizes)
+        return Layout(self.style.shard_dim, self.sizes, self.padded_sizes, self.groups, self.replicas)
 
     def param_layouts(self) -> dict[str, Layout | None]:
         """`{param name: Layout}`, `None` for a parameter every rank holds whole (a rowwise bias)."""
         layouts = {"weight": self.weight_layout}
         if self.has_bias:
-            layouts["bias"] = Layout(0, self.sizes, self.padded_sizes) if self.style.splits_bias else None
+            split = Layout(0, self.sizes, self.padded_sizes, self.groups, self.replicas)
+            layouts["bias"] = split if self.style.splits_bias else None
         return layouts
 
     def constraints(self) -> list[Constraint]:

@@ -30,16 +30,13 @@ from torch import nn
 
 from ..errors import PlanError
 from ..policy import check_degree, is_int
-from .constraints import Constraint, check_divides
+from .constraints import check_divides
 from .cp import CpResolved
-from .heads import AttentionSpec
+from .heads import GROUPS_ATTR, HEAD_COUNTS, KV_COUNTS, AttentionSpec, width_constraints
 from .linears import LinearSpec
 from .norms import NormSpec
 from .pairs import nearest_scope
 from .resolved import Resolved
-
-HEAD_COUNT_ATTRS = ("heads", "num_heads")
-KV_COUNT_ATTRS = ("kv_heads", "num_kv_heads")
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -96,11 +93,11 @@ def head_padding(
     q is the widest of q/k/v) that the heads divide, over the heads.
     """
     values = dict(spec.values)
-    heads = next((values[a] for a in HEAD_COUNT_ATTRS if a in values), None)
-    if heads is None:  # a transformers attention module (resolve/text_attention.py): counts in its config
+    heads, kv_heads = spec.counts()
+    if heads is None:
         raise PlanError(
-            f"plan {plan_name}: pad=True pads diffusers attention modules only; '{spec.path}' "
-            f"({type(module).__name__}) keeps no head count to pad. Use a tp that divides its heads."
+            f"plan {plan_name}: pad=True needs the head count of '{spec.path}' ({type(module).__name__}), which "
+            f"keeps none; use a tp that divides its heads."
         )
     head_dim = getattr(module, "head_dim", None)
     if not is_int(head_dim):
@@ -112,11 +109,8 @@ def head_padding(
             f"plan {plan_name}: pad=True needs the head width of '{spec.path}', but it has neither `head_dim` nor "
             f"`inner_dim`; use a tp that divides its {heads} heads."
         )
-    kv_heads = next((values[a] for a in KV_COUNT_ATTRS if a in values), None)
-    if kv_heads is None:
-        kv_heads = spec.kv_heads  # derived from the k width (resolve/heads.py), when narrower than q
-    if kv_heads is None:
-        kv_heads = values["inner_kv_dim"] // head_dim if "inner_kv_dim" in values else heads
+    if spec.kv_heads is None and kv_heads == heads and "inner_kv_dim" in values:
+        kv_heads = values["inner_kv_dim"] // head_dim
     if kv_heads == heads:
         padded = round_up(heads, multiple)
         return HeadPadding(spec.path, heads, kv_heads, head_dim, padded, padded)
@@ -125,8 +119,14 @@ def head_padding(
             f"plan {plan_name}: pad=True cannot pad '{spec.path}': {heads} query heads are not a multiple of "
             f"{kv_heads} kv heads (GQA groups must be whole); use a tp that divides both."
         )
+    group = heads // kv_heads
+    if spec.shares_kv and kv_heads < multiple and multiple % kv_heads == 0:
+        # kv heads shared by R = multiple / kv ranks (kv_share.py): each group pads to a multiple of R on its own.
+        return HeadPadding(
+            spec.path, heads, kv_heads, head_dim, kv_heads * round_up(group, multiple // kv_heads), kv_heads
+        )
     padded_kv = round_up(kv_heads, multiple)
-    return HeadPadding(spec.path, heads, kv_heads, head_dim, padded_kv * (heads // kv_heads), padded_kv)
+    return HeadPadding(spec.path, heads, kv_heads, head_dim, padded_kv * group, padded_kv)
 
 
 def pad_resolved(resolved: Resolved, model: nn.Module, tp: int, head_multiple: int | None = None) -> Padding:
@@ -151,10 +151,10 @@ def pad_resolved(resolved: Resolved, model: nn.Module, tp: int, head_multiple: i
     attention = tuple(_pad_attention(spec, heads[spec.path], tp) for spec in resolved.attention)
     _check_outputs_unpadded(resolved, heads.values())
     norms = tuple(_pad_norm(spec, heads, tp) for spec in resolved.norms)
-    constraints = [c for spec in linears for c in _padded_constraints(spec)]
+    constraints = width_constraints([replace(s, sizes=s.padded_sizes) for s in linears], list(attention))
     constraints += [c for spec in (*attention, *norms) for c in spec.constraints()]
     out = replace(resolved, linears=linears, attention=attention, norms=norms, constraints=tuple(constraints))
-    assert not [c for c in out.constraints if c.value % tp], "padding left a width tp does not divide"
+    assert all(c.allows(tp) for c in out.constraints), "padding left a width tp does not divide"
     return Padding(tp, resolved, out, tuple(heads.values()))
 
 
@@ -208,21 +208,21 @@ def _pad_rowwise(spec: LinearSpec, colwise: list[LinearSpec], tp: int, plan_name
 
 def _pad_attention(spec: AttentionSpec, padding: HeadPadding, tp: int) -> AttentionSpec:
     """The spec as if the module had the padded heads: `local_values(tp)` are then the per-rank padded values."""
-    values = []
-    for attr, value in spec.values:
-        if attr in HEAD_COUNT_ATTRS:
-            value = padding.padded_heads
-        elif attr in KV_COUNT_ATTRS:
-            value = padding.padded_kv_heads
-        else:
-            value = padding.pad_width(value, tp)
-        values.append((attr, value))
+
+    def padded(attr: str, value: int) -> int:
+        if attr in HEAD_COUNTS:
+            return padding.padded_heads
+        if attr in KV_COUNTS:
+            return padding.padded_kv_heads
+        return value if attr == GROUPS_ATTR else padding.pad_width(value, tp)  # groups: recomputed per rank
+
     kv_heads = padding.padded_kv_heads if spec.kv_heads is not None else None
-    return replace(spec, values=tuple(values), kv_heads=kv_heads)
-
-
-def _padded_constraints(spec: LinearSpec) -> list[Constraint]:
-    return [replace(c, value=p) for c, p in zip(spec.constraints(), spec.padded_sizes)]
+    return replace(
+        spec,
+        values=tuple((a, padded(a, v)) for a, v in spec.values),
+        checked=tuple((a, padded(a, v)) for a, v in spec.checked),
+        kv_heads=kv_heads,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,7 +231,8 @@ def _padded_constraints(spec: LinearSpec) -> list[Constraint]:
 
 def pad_bound(resolved: Resolved) -> int:
     """The largest degree `pad=True` offers: the smallest head count the plan touches (else the smallest width)."""
-    counts = [v for s in resolved.attention for a, v in s.values if a in HEAD_COUNT_ATTRS + KV_COUNT_ATTRS]
+    counts = [n for s in resolved.attention for n in s.counts() if n is not None and not s.shares_kv]
+    counts += [s.counts()[0] for s in resolved.attention if s.shares_kv and s.counts()[0] is not None]
     return min(counts or [c.value for c in resolved.constraints] or [1])
 
 
@@ -267,7 +268,7 @@ def check_unpadded(resolved: Resolved, model: nn.Module, tp: int, padded_candida
     """`check_divides` for pad=False; a refusal suggests pad=True with the degrees it would allow."""
     check_degree(tp, f"plan {resolved.plan.name}: tp")
     hint = ""
-    if any(c.value % tp for c in resolved.constraints):
+    if not all(c.allows(tp) for c in resolved.constraints):
         try:
             options = padded_candidates() if padded_candidates else pad_candidates(resolved, model)
         except PlanError:  # e.g. a cp problem: reported by its own check, after this one

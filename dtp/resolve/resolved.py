@@ -15,7 +15,7 @@ from torch import nn
 from ..plan import Plan
 from .constraints import Constraint, candidates, check_divides
 from .embeddings import check_embeddings
-from .heads import AttentionSpec, resolve_attention
+from .heads import AttentionSpec, resolve_attention, width_constraints
 from .layout import Layout
 from .linears import LinearSpec, resolve_linears
 from .norms import NormSpec, resolve_norms
@@ -62,7 +62,9 @@ def resolve(plan: Plan, model: nn.Module) -> Resolved:
     check_embeddings(plan, linears, attention)
     norms = resolve_norms(plan, model, linears, [spec.path for spec in attention])
     outputs = resolve_outputs(plan, model)
-    constraints = [c for spec in (*linears, *attention, *norms) for c in spec.constraints()]
+    constraints = width_constraints(linears, attention) + [
+        c for spec in (*attention, *norms) for c in spec.constraints()
+    ]
     ties = find_ties(model, linears, plan.name)
     return Resolved(
         plan=plan,

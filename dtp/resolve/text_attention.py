@@ -2,14 +2,16 @@
 
 transformers reshapes q/k/v with `view(..., -1, head_dim)` and the attention output with
 `reshape(..., -1)`, so after q/k/v are split colwise each rank computes its local heads without any
-rewrite: Llama, Qwen2/2.5/3, Gemma2, GLM, Mistral and CLIP read only `head_dim` (per head, unchanged)
-and `num_key_value_groups` (q heads / kv heads, the same ratio on every rank). The counts a few
-classes do keep are rewritten to their local values: T5/UMT5's `n_heads` and `inner_dim` (used for
-a zero position bias and a reshape), Qwen2.5-VL's vision `num_heads` (reshape of the fused qkv).
+rewrite of the shapes: Llama, Qwen2/2.5/3, Gemma2, GLM, Mistral and CLIP read only `head_dim` (per
+head, unchanged) and `num_key_value_groups` (q heads per kv head, for `repeat_kv` / sdpa's
+`enable_gqa`). The counts a few classes keep are rewritten to their local values: T5/UMT5's
+`n_heads` and `inner_dim` (used for a zero position bias and a reshape), Qwen2.5-VL's `num_heads`
+and `num_key_value_heads`, and every `num_key_value_groups` (local q heads / local kv heads, which
+changes when kv heads are shared or query groups padded).
 
-The constraints: tp divides the query heads and the kv heads (`num_key_value_heads`, from the module
-or its config). Example: Llama-3.1-8B has 32 heads and 8 kv heads, so tp in {1, 2, 4, 8}.
-Replicating kv heads over tp / kv ranks (vLLM does, for tp > kv) is not implemented: such a tp is refused.
+The constraints: tp divides the query heads, and the kv heads (`num_key_value_heads`, from the
+module or its config) divide tp or tp divides them. Example: Llama-3.1-8B has 32 heads and 8 kv
+heads, so tp in {1, 2, 4, 8, 16, 32}; at tp = 16 each kv head is shared by 2 ranks (kv_share.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch import nn
 from ..policy import is_int
 
 # Counts (and one width) that transformers' attention modules keep and use in their forward.
-REWRITTEN_ATTRS = ("num_heads", "n_heads", "num_key_value_heads", "inner_dim")
+REWRITTEN_ATTRS = ("num_heads", "n_heads", "num_key_value_heads", "num_key_value_groups", "inner_dim")
 
 
 def transformers_attention_counts(module: nn.Module):

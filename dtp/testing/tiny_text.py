@@ -1,9 +1,11 @@
 """Tiny random-weight transformers text encoders, one per bundled text-encoder plan, and their inputs.
 
-Every config has 4 query heads and, where the class has GQA, 2 kv heads (so tp=4 would need kv heads
-replicated, which dtp refuses, and tp=2 gives each rank 2 query heads over 1 kv head), a width of 32,
-2 layers and a vocabulary of 64 rows. Inputs are 2 prompts of 8 tokens, the second right-padded by 3
-(attention mask 0), as pipelines pad prompts to a fixed length.
+Every config has 4 query heads and, where the class has GQA, 2 kv heads (so tp=2 gives each rank 2
+query heads over 1 kv head, and tp=4 shares each kv head between 2 ranks), a width of 32, 2 layers
+and a vocabulary of 64 rows. `tiny_grouped_qwen` has Qwen2.5-VL-7B's head shape in small: query
+heads in groups that tp does not divide (6 = 2 groups of 3; the 7B has 4 groups of 7). Inputs are
+2 prompts of 8 tokens, the second right-padded by 3 (attention mask 0), as pipelines pad prompts to
+a fixed length.
 """
 
 from __future__ import annotations
@@ -97,6 +99,26 @@ def tiny_text_model(class_name: str, seed: int = 0) -> torch.nn.Module:
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     return getattr(tf, class_name)(config).eval()
+
+
+def tiny_grouped_qwen(seed: int = 0) -> torch.nn.Module:
+    """Qwen2.5-VL with 6 query heads over 2 kv heads of width 8 (hidden 48): at tp=4 each kv head is shared by
+    2 ranks and each group of 3 query heads pads to 4 (pad=True), as the 7B's groups of 7 pad to 8 at tp=8."""
+    import transformers as tf
+
+    text = dict(
+        _DECODER,
+        hidden_size=48,
+        intermediate_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]},
+    )
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=48)
+    config = tf.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, fullatt_block_indexes=[0]))
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    return tf.Qwen2_5_VLForConditionalGeneration(config).eval()
 
 
 def tiny_text_inputs(seed: int = 0) -> dict:

@@ -4,7 +4,7 @@ import torch
 
 import dtp
 from dtp.runtime.memory import local_param_bytes
-from dtp.testing.tiny_text import TEXT_CLASSES, hidden_states, tiny_text_inputs, tiny_text_model
+from dtp.testing.tiny_text import TEXT_CLASSES, hidden_states, tiny_grouped_qwen, tiny_text_inputs, tiny_text_model
 
 # (class, plan): the bundled plan plan_for picks (None), and the variants parallelize_pipeline falls back to.
 CASES = [(cls, None) for cls in TEXT_CLASSES] + [
@@ -13,8 +13,15 @@ CASES = [(cls, None) for cls in TEXT_CLASSES] + [
 ]
 
 
+GROUPED = "Qwen2_5_VL 6q/2kv pad"  # tiny_grouped_qwen with pad=True: groups of 3 query heads padded at tp=4
+
+
 def case_id(cls, plan):
     return cls if plan is None else f"{cls}/{plan}"
+
+
+def build(cls):
+    return tiny_grouped_qwen() if cls == GROUPED else tiny_text_model(cls)
 
 
 @torch.no_grad()
@@ -24,9 +31,9 @@ def run_text_cases(rank, world_size, tp, cases=CASES):
     inputs = tiny_text_inputs()
     results = {}
     for cls, plan in cases:
-        reference = tiny_text_model(cls)
+        reference = build(cls)
         ref = hidden_states(reference, inputs)
-        sharded = dtp.parallelize(tiny_text_model(cls), mesh, plan and dtp.load_plan(plan))  # None: plan_for
+        sharded = dtp.parallelize(build(cls), mesh, plan and dtp.load_plan(plan), pad=cls == GROUPED)  # None: plan_for
         out = hidden_states(sharded, inputs)
         assert len(out) == len(ref), cls
         relative = max(float((o - r).abs().max() / r.abs().max()) for o, r in zip(out, ref))

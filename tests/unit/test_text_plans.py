@@ -11,8 +11,10 @@ from transformers.distributed.tensor_parallel import is_torch_distributed_availa
 import dtp
 from dtp.plan import Style
 from dtp.plan.transformers import DROPPED, TRANSLATED, translate
-from dtp.resolve import resolve
-from dtp.testing.tiny_text import TEXT_CLASSES, tiny_text_model
+from dtp.resolve import Layout, resolve
+from dtp.resolve.kv_share import share_kv
+from dtp.resolve.padding import pad_resolved
+from dtp.testing.tiny_text import TEXT_CLASSES, tiny_grouped_qwen, tiny_text_model
 
 assert is_torch_distributed_available()  # transformers registers its TP styles only then
 TRANSFORMERS_STYLES = sorted(ALL_PARALLEL_STYLES.keys())
@@ -88,7 +90,7 @@ def test_plan_for_translates_a_transformers_class_plan(monkeypatch):
     styles = {r.key: r.style for r in plan.rules}
     assert styles["lm_head"] is Style.COLWISE_GATHERED
     assert styles["model.language_model.embed_tokens"] is Style.VOCAB_PARALLEL
-    assert resolve(plan, model).candidates() == [1, 2]
+    assert resolve(plan, model).candidates() == [1, 2, 4]  # 4 query heads; 2 kv heads shared at tp=4
 
 
 def test_plan_for_reads_no_plan_from_an_attribute_alone():
@@ -114,12 +116,50 @@ def raises_and_unchanged(model, mesh, plan, match):
     assert_unchanged(model, before)
 
 
-def test_tp_must_divide_kv_heads(mesh4):
-    """4 query heads, 2 kv heads: tp=4 would need kv heads replicated, which dtp refuses."""
+def test_kv_heads_shared_when_tp_exceeds_them():
+    """4 query / 2 kv heads: tp=4 shares each kv head between 2 ranks; 3 neither divides nor is divided by 2."""
     model = tiny_text_model("LlamaModel")
-    raises_and_unchanged(
-        model, mesh4, None, r"tp=4 does not divide kv_heads of layers\.0\.self_attn=2.*Supported tp: 1, 2"
-    )
+    resolved = resolve(dtp.plan_for(model), model)
+    assert resolved.candidates() == [1, 2, 4]
+    shared = share_kv(resolved, model, 4)
+    layouts = {s.path: s.weight_layout for s in shared.linears}
+    assert layouts["layers.0.self_attn.k_proj"].replicas == 2 and layouts["layers.0.self_attn.v_proj"].replicas == 2
+    assert layouts["layers.0.self_attn.q_proj"].groups == 2 and layouts["layers.0.self_attn.o_proj"].groups == 2
+    attention = shared.attention[0]
+    assert attention.local_values(4) == {"num_key_value_groups": 1}  # 1 query head over 1 (shared) kv head
+    assert share_kv(resolved, model, 2) is resolved  # tp=2 divides the kv heads: nothing shared
+
+
+def test_shared_kv_rank_pieces():
+    """tp=4, 2 kv heads of width 8: ranks 0, 1 hold kv head 0 (rows 0:8), ranks 2, 3 kv head 1 (rows 8:16)."""
+    layout = Layout(0, (16,), replicas=2)
+    weight = torch.arange(16.0).unsqueeze(1)
+    pieces = [layout.local_slice(weight, 4, rank) for rank in range(4)]
+    assert [p.flatten().tolist() for p in pieces] == [list(range(8))] * 2 + [list(range(8, 16))] * 2
+    assert torch.equal(layout.assemble(pieces), weight)
+
+
+def test_kv_heads_neither_dividing_nor_divided_are_refused(mesh4):
+    """6 query / 2 kv heads (Qwen2.5-VL's 28 / 4 in small) at tp=4: the 6 query heads do not divide; pad=True
+    pads each group of 3 to 4, so each rank holds 2 query heads of one group."""
+    model = tiny_grouped_qwen()
+    raises_and_unchanged(model, mesh4, None, r"tp=4 does not divide .*=6 .*pad=True")
+
+
+def test_grouped_padding_layouts():
+    """pad=True at tp=4: q 6 heads -> 2 groups of 4 heads (8 x 8 rows), o the same columns, k/v shared."""
+    model = tiny_grouped_qwen()
+    resolved = resolve(dtp.plan_for(model), model)
+    padded = share_kv(pad_resolved(resolved, model, 4).resolved, model, 4)
+    layouts = {s.path: s.weight_layout for s in padded.linears}
+    attn = "model.language_model.layers.0.self_attn"
+    assert layouts[f"{attn}.q_proj"] == Layout(0, (48,), (64,), groups=2)
+    assert layouts[f"{attn}.o_proj"] == Layout(1, (48,), (64,), groups=2)
+    assert layouts[f"{attn}.k_proj"] == Layout(0, (16,), (16,), replicas=2)
+    # rank 1: heads 2 of group 0 and a zero head -> rows 16:24 then 8 zeros
+    assert layouts[f"{attn}.q_proj"].local_slice(torch.arange(48.0), 4, 1).tolist() == [*range(16, 24)] + [0.0] * 8
+    spec = next(s for s in padded.attention if s.path == attn)
+    assert spec.local_values(4) == {"num_heads": 2, "num_key_value_heads": 1, "num_key_value_groups": 2}
 
 
 def test_vocab_parallel_needs_an_embedding(mesh2):
