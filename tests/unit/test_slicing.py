@@ -125,3 +125,45 @@ class _PackedPair(nn.Module):
         super().__init__()
         self.up = nn.Linear(4, sum(blocks))
         self.down = nn.Linear(sum(blocks), 4)
+
+
+def oracle_grouped_slice(full, sizes, padded, groups, replicas, tp, rank):
+    """Written without dtp's piece arithmetic: build each padded block whole (every segment + its zeros), then
+    `chunk(tp / replicas)[rank // replicas]` of it, concatenated over blocks (dim 0)."""
+    out = []
+    for block, size, padded_size in zip(torch.split(full, list(sizes)), sizes, padded):
+        segments = []
+        for segment in torch.split(block, size // groups):
+            zeros = segment.new_zeros((padded_size - size) // groups, *segment.shape[1:])
+            segments += [segment, zeros]
+        out.append(torch.cat(segments).chunk(tp // replicas)[rank // replicas])
+    return torch.cat(out)
+
+
+@settings(max_examples=80)
+@given(
+    parts=st.sampled_from([1, 2, 3, 4]),
+    replicas=st.sampled_from([1, 2, 3]),
+    groups=st.sampled_from([1, 2, 4]),
+    seg=st.lists(st.tuples(st.integers(1, 5), st.integers(0, 3)), min_size=1, max_size=3),
+)
+def test_grouped_shared_slices_match_an_independent_construction(parts, replicas, groups, seg):
+    """Padded groups and shared parts (kv heads, resolve/kv_share.py): every rank's piece equals the oracle's, ranks
+    r and r + 1 .. r + replicas - 1 hold the same piece, and `assemble` gives back the tensor without padding."""
+    tp = parts * replicas
+    # per block: `real` rows per segment, padded per segment so that the padded block divides into `parts`
+    sizes, padded = [], []
+    for real, extra in seg:
+        padded_seg = real + extra
+        while (padded_seg * groups) % parts:
+            padded_seg += 1
+        sizes.append(real * groups)
+        padded.append(padded_seg * groups)
+    full = torch.randn(sum(sizes), 3)
+    layout = dtp.Layout(0, tuple(sizes), tuple(padded), groups, replicas)
+    locals_ = [layout.local_slice(full, tp, rank) for rank in range(tp)]
+    for rank, local in enumerate(locals_):
+        assert torch.equal(local, oracle_grouped_slice(full, sizes, padded, groups, replicas, tp, rank))
+        assert local.shape == layout.local_shape(full.shape, tp)
+        assert torch.equal(local, locals_[rank - rank % replicas])
+    assert torch.equal(layout.assemble(locals_), full)
