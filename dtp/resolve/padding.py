@@ -12,6 +12,9 @@ also divide by cp):
     heads      H  -> H' = ceil(H / m) * m                  (zero heads appended at the end)
     GQA        kv -> kv' = ceil(kv / m) * m, H' = kv' * (H / kv)
                (q head i reads kv head i // (H / kv); appending keeps that map on every rank)
+    shared kv  transformers attention with kv < m, m % kv == 0 (kv heads shared by R = m / kv ranks,
+               kv_share.py): kv stays, each group of H / kv query heads pads to a multiple of R on
+               its own: H' = kv * ceil(H / kv / R) * R (Qwen2.5-VL-7B at tp = 8: 28 = 4 x 7 -> 4 x 8)
     widths     a colwise block under an attention module of width H * d -> H' * d, kv * d -> kv' * d;
                any other colwise width B -> ceil(B / tp) * tp (FFN units, gathered outputs);
                a rowwise block takes the padded width of the colwise block of the same width that

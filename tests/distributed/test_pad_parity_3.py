@@ -1,6 +1,7 @@
 """pad=True on 3 gloo processes: every bundled DiT plan's tiny config at tp=3, where the heads do not divide."""
 
 import pytest
+from text_cases import CASES, case_id, run_text_cases
 
 import dtp
 from dtp.testing.launch import spawn
@@ -12,7 +13,7 @@ TOL = 1e-5
 
 def _run(rank, world_size):
     mesh = dtp.make_mesh(tp=3, cp=1, device_type="cpu")
-    results = {}
+    results = {"text": run_text_cases(rank, world_size, 3, CASES, pad=True)}
     for plan_name, cls in PLAN_CLASSES.items():
         make = lambda cls=cls: tiny_model(cls)  # noqa: E731 (one fresh model per call)
         inputs = tiny_inputs(cls, batch=2)
@@ -42,3 +43,11 @@ def test_padded_parity_tp3(results, plan_name):
             assert "shard_output tables" in r[plan_name], r[plan_name]
         else:
             assert r[plan_name] <= TOL, (plan_name, r[plan_name])
+
+
+@pytest.mark.parametrize("case", [case_id(*case) for case in CASES])
+def test_padded_text_encoders_tp3(results, case):
+    """Tiny text encoders at tp=3, pad=True: 4 query heads -> 6; GQA 4q/2kv pads whole groups (kv 2 -> 3,
+    q -> 6, neither shares); vocabularies of 64 rows and FFN widths pad too: every hidden state within 1e-5."""
+    for r in results:
+        assert r["text"][case][0] <= TOL, (case, r["text"][case])

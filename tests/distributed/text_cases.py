@@ -25,7 +25,7 @@ def build(cls):
 
 
 @torch.no_grad()
-def run_text_cases(rank, world_size, tp, cases=CASES):
+def run_text_cases(rank, world_size, tp, cases=CASES, pad=False):
     """Per case: (max over hidden states of max |sharded - ref| / max |ref|, local bytes / whole bytes)."""
     mesh = dtp.make_mesh(tp=tp)
     inputs = tiny_text_inputs()
@@ -33,7 +33,9 @@ def run_text_cases(rank, world_size, tp, cases=CASES):
     for cls, plan in cases:
         reference = build(cls)
         ref = hidden_states(reference, inputs)
-        sharded = dtp.parallelize(build(cls), mesh, plan and dtp.load_plan(plan), pad=cls == GROUPED)  # None: plan_for
+        sharded = dtp.parallelize(
+            build(cls), mesh, plan and dtp.load_plan(plan), pad=pad or cls == GROUPED
+        )  # None: plan_for
         out = hidden_states(sharded, inputs)
         assert len(out) == len(ref), cls
         relative = max(float((o - r).abs().max() / r.abs().max()) for o, r in zip(out, ref))
