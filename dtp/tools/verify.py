@@ -254,6 +254,12 @@ def verify(
     return replace(merge(results, model=name, tol=tol), lint=findings)
 
 
+def _config_dict(model: nn.Module) -> dict:
+    """A diffusers model's config (a dict); a transformers config (an object) gives no diffusers input builder."""
+    config = getattr(model, "config", {})
+    return dict(config) if isinstance(config, dict) else {}
+
+
 def _builder(model, config: dict | None, seed: int):
     """(picklable zero-argument factory, class name, config) for the three kinds of `model`."""
     if isinstance(model, str):
@@ -262,10 +268,10 @@ def _builder(model, config: dict | None, seed: int):
     if isinstance(model, nn.Module):
         buffer = io.BytesIO()
         torch.save(model, buffer)
-        return partial(_unpickle, buffer.getvalue()), type(model).__name__, dict(getattr(model, "config", {}))
+        return partial(_unpickle, buffer.getvalue()), type(model).__name__, _config_dict(model)
     if callable(model):
         sample = model()
-        return model, type(sample).__name__, dict(getattr(sample, "config", {}))
+        return model, type(sample).__name__, _config_dict(sample)
     raise TypeError(f"verify: model must be an nn.Module, a factory or a class name, got {type(model).__name__}")
 
 
@@ -352,7 +358,7 @@ def site_layouts(model: nn.Module, resolved: Resolved) -> dict[str, tuple[str, L
             # (FLUX.1 single-stream, SD3's context-only last block): told apart by shape (see `_relative`).
             sites[path] = (ATTENTION, None, HEADS)
     for spec in resolved.linears:
-        layout = Layout(-1, spec.sizes)
+        layout = replace(spec.weight_layout, dim=-1)  # padded and shared-kv layouts as the weights are cut
         if spec.style.gathers_output:
             sites[spec.path] = (spec.style.value, None, None)
         elif spec.style.shard_dim == 0:
@@ -366,8 +372,9 @@ def plan_entries(model: nn.Module, resolved: Resolved) -> dict[str, str]:
     """path -> the plan entry that governs it, in words (for the report)."""
     entries = {}
     for path, module in model.named_modules():
-        if path and attention_spec(path, module, "") is not None:
-            entries[path] = f"attention module not listed: heads={module.heads} stay global"
+        spec = attention_spec(path, module, "") if path else None
+        if spec is not None:
+            entries[path] = f"attention module not listed: heads={spec.counts()[0]} stay global"
     for spec in resolved.attention:
         values = ", ".join(f"{attr}={value}" for attr, value in spec.values)
         entries[spec.path] = f"attention '{spec.key}': per-rank bookkeeping of {values}"
@@ -450,6 +457,15 @@ def _compare(model, expected, inputs, reference, tp, rank) -> tuple[list[Site], 
     return sites, (stack if error else []), error
 
 
+def _heads_block(got: torch.Tensor, ref: torch.Tensor) -> Layout | None:
+    """None when `got` is whole; else this rank's heads along the one dim that differs: the features (-1) of
+    an attention output, dim 1 of transformers' attention weights `[batch, heads, q, k]`."""
+    dims = [d for d in range(ref.dim()) if got.dim() == ref.dim() and got.shape[d] != ref.shape[d]]
+    if len(dims) != 1:
+        return None
+    return Layout(dims[0] - ref.dim(), (ref.shape[dims[0]],))
+
+
 def _relative(got: list[torch.Tensor], ref: list[torch.Tensor], layout, tp: int, rank: int) -> float:
     """max |got - expected| / max |expected| over the tensors; inf when the shapes do not match."""
     if len(got) != len(ref):
@@ -458,7 +474,7 @@ def _relative(got: list[torch.Tensor], ref: list[torch.Tensor], layout, tp: int,
     for g, r in zip(got, ref):
         block = layout
         if layout == HEADS:  # whole, or one contiguous block of this rank's heads: the shape says which
-            block = None if g.shape == r.shape else Layout(-1, (r.shape[-1],))
+            block = _heads_block(g, r)
         want = r if block is None else block.local_slice(r, tp, rank)
         if g.shape != want.shape:
             return math.inf
