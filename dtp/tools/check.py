@@ -12,6 +12,11 @@ reports what one rank would hold and send:
 and the collectives of one forward, counted while a meta forward runs at a stated resolution (one
 denoising step without CFG; true CFG runs two). Weights are replicated along `cp`, so the memory
 figures do not depend on `cp`; the collectives listed are the tensor-parallel ones on the `tp` axis.
+
+`dtp check flux-pipeline --tp N` (also flux2-pipeline, qwenimage-pipeline; configs in `released.py`):
+every component of a released pipeline as `dtp.parallelize_pipeline` shards it, its plan or whole with
+the reason, and the same figures for the pipeline (total, per rank, ideal = total / tp, ratio). Memory
+only: no forward, no collectives.
 """
 
 from __future__ import annotations
@@ -449,9 +454,9 @@ def format_pipeline_report(r: dict) -> str:
         f"  {'total':<16} {params:<36} {'':<10} {_gb(r['total_bytes'])} {_gb(r['per_rank_bytes'])}",
         f"  ideal total/tp       {'':12} {_gb(r['ideal_bytes'])}",
         f"  ratio per-rank/ideal {r['ratio']:10.3f}",
-        "held whole by every rank:",
     ]
-    lines += [f"  {c['name']}: {c['whole_reason']}" for c in r["components"] if c["plan"] is None]
+    whole = [f"  {c['name']}: {c['whole_reason']}" for c in r["components"] if c["plan"] is None]
+    lines += ["held whole by every rank:", *whole] if whole else []
     return "\n".join(lines)
 
 
