@@ -12,6 +12,11 @@ reports what one rank would hold and send:
 and the collectives of one forward, counted while a meta forward runs at a stated resolution (one
 denoising step without CFG; true CFG runs two). Weights are replicated along `cp`, so the memory
 figures do not depend on `cp`; the collectives listed are the tensor-parallel ones on the `tp` axis.
+
+`dtp check flux-pipeline --tp N` (also flux2-pipeline, qwenimage-pipeline; configs in `released.py`):
+every component of a released pipeline as `dtp.parallelize_pipeline` shards it, its plan or whole with
+the reason, and the same figures for the pipeline (total, per rank, ideal = total / tp, ratio). Memory
+only: no forward, no collectives.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from ..engine import apply, prepare, supported_tp
 from ..errors import ForwardError, PlanError
 from ..models import INPUT_BUILDERS
+from ..pipeline import WHOLE, parallelize_pipeline
 from ..plan import Plan, bundled_plan_names, load_plan
 from ..policy import CP_MODES, check_degree, parse_dtype
 from ..resolve import Resolved
@@ -37,11 +44,14 @@ from ..runtime.mesh import make_mesh
 from .collectives import CollectiveCounter, implied_collectives
 from .fakepg import default_config, fake_world, meta_inputs, meta_model, read_config
 from .lint import format_lint, lint_report
+from .released import RELEASED_PIPELINES, build_pipeline, released_pipeline
 
 CHECK_DTYPES = ("fp32", "bf16", "fp16")
 TOP_REPLICATED = 6
 LATENT_PIXELS_PER_TOKEN = 16  # VAE downsampling 8 x patch 2, for all four bundled architectures
 DEFAULT_TEXT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL prompt length the pipelines pad or cap to
+PIPELINE_SUFFIX = "-pipeline"  # `dtp check flux-pipeline`: a released pipeline, every component
+TEXT_ENCODER_PREFIX = "text_encoder"  # diffusers' component names: text_encoder, text_encoder_2, ...
 
 
 def register(sub) -> None:
@@ -49,7 +59,8 @@ def register(sub) -> None:
     p.add_argument(
         "target",
         metavar="MODEL_OR_PLAN",
-        help=f"bundled plan ({', '.join(bundled_plan_names())}), plan YAML path, or diffusers class name",
+        help=f"bundled plan ({', '.join(bundled_plan_names())}), plan YAML path, diffusers class name, or a "
+        f"released pipeline ({', '.join(RELEASED_PIPELINES)}: every component, its own plan or whole)",
     )
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
     p.add_argument("--cp", type=int, default=1, help="context-parallel degree (fake world size is cp * tp)")
@@ -75,30 +86,57 @@ def register(sub) -> None:
         action="store_false",
         help="skip the meta forward that counts the collectives (memory figures only)",
     )
+    p.add_argument(
+        "--whole-text-encoders",
+        action="store_true",
+        help="with a pipeline: keep the text encoders whole on every rank (as `dtp run --whole-text-encoders`)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     try:
-        report = check(
+        report = _pipeline_or_model(args)
+    except PlanError as exc:
+        message = str(exc) if str(exc).startswith("dtp check:") else f"dtp check: {exc}"
+        print(json.dumps({"error": str(exc)}) if args.json else message, file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_pipeline_report(report) if "pipeline" in report else format_report(report))
+    return 0
+
+
+def _pipeline_or_model(args) -> dict:
+    if is_pipeline_target(args.target):
+        if args.plan or args.config:
+            raise PlanError(f"--plan and --config apply to one model, not to '{args.target}'.")
+        return check_pipeline(
             args.target,
             tp=args.tp,
             cp=args.cp,
             cp_mode=args.cp_mode,
-            plan=args.plan,
-            config=args.config,
             dtype=args.dtype,
-            resolution=args.resolution,
-            text_tokens=args.text_tokens,
-            forward=args.forward,
             pad=args.pad,
+            whole_text_encoders=args.whole_text_encoders,
         )
-    except PlanError as exc:
-        print(json.dumps({"error": str(exc)}) if args.json else f"dtp check: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return 0
+    if args.whole_text_encoders:
+        raise PlanError(f"--whole-text-encoders applies to a pipeline ({', '.join(RELEASED_PIPELINES)}).")
+    return check(
+        args.target,
+        tp=args.tp,
+        cp=args.cp,
+        cp_mode=args.cp_mode,
+        plan=args.plan,
+        config=args.config,
+        dtype=args.dtype,
+        resolution=args.resolution,
+        text_tokens=args.text_tokens,
+        forward=args.forward,
+        pad=args.pad,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,7 +261,8 @@ def _target(target: str, plan: str | None) -> tuple[str, Plan | None]:
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise PlanError(
             f"dtp check: '{target}' is neither a bundled plan ({', '.join(bundled_plan_names())}), a plan file, "
-            f"nor a diffusers model class (e.g. FluxTransformer2DModel)."
+            f"a diffusers model class (e.g. FluxTransformer2DModel), nor a released pipeline "
+            f"({', '.join(RELEASED_PIPELINES)})."
         )
     return target, load_plan(plan) if plan else None
 
@@ -285,6 +324,87 @@ def _collectives(model, resolved, class_name, dtype, resolution, text_tokens) ->
 
 
 # ---------------------------------------------------------------------------------------------
+# a whole pipeline
+
+
+def is_pipeline_target(target: str) -> bool:
+    """A released pipeline's name, or a name that asks for one (`*-pipeline`: unknown ones get the list)."""
+    return target in RELEASED_PIPELINES or target.endswith(PIPELINE_SUFFIX)
+
+
+def check_pipeline(
+    name: str,
+    *,
+    tp: int,
+    cp: int = 1,
+    cp_mode: str = "ulysses",
+    dtype: str = "bf16",
+    pad: bool = False,
+    whole_text_encoders: bool = False,
+) -> dict:
+    """The `dtp check PIPELINE` report: every component of a released pipeline at full size, sharded by
+    `parallelize_pipeline` on rank 0 of a fake group of `cp * tp` ranks, or whole with the reason.
+
+    A text encoder whose plans do not fit `tp` stays whole, its PlanError the reason (`dtp run` would
+    refuse it unless --whole-text-encoders); any other component that does not fit raises the PlanError.
+    """
+    _check_degrees(tp, cp)
+    released = released_pipeline(name)
+    with fake_world(tp * cp):
+        mesh = make_mesh(tp=tp, cp=cp, device_type="cpu")
+        modules = build_pipeline(released, parse_dtype(dtype))
+        rows = [
+            _component_row(n, m, mesh, cp_mode=cp_mode, pad=pad, whole=whole_text_encoders and _is_text_encoder(n))
+            for n, m in modules.items()
+        ]
+    total, per_rank = sum(r["total_bytes"] for r in rows), sum(r["per_rank_bytes"] for r in rows)
+    return {
+        "pipeline": name,
+        "title": released.title,
+        "config": "released",
+        "dtype": dtype,
+        "tp": tp,
+        "cp": cp,
+        "world_size": tp * cp,
+        "pad": pad,
+        "components": rows,
+        "params": sum(r["params"] for r in rows),
+        "total_bytes": total,
+        "per_rank_bytes": per_rank,
+        "ideal_bytes": total // tp,
+        "ratio": per_rank / (total / tp),
+    }
+
+
+def _component_row(name: str, module: torch.nn.Module, mesh, *, cp_mode: str, pad: bool, whole: bool) -> dict:
+    """One component sharded alone by `parallelize_pipeline` (or kept whole), as a report row."""
+    pipe = SimpleNamespace(components={name: module})
+    params = sum(p.numel() for p in module.parameters())  # before padding adds any
+    reason = "--whole-text-encoders" if whole else None
+    try:
+        report = parallelize_pipeline(pipe, mesh, {name: WHOLE} if whole else None, cp_mode=cp_mode, pad=pad)
+    except PlanError as exc:  # nothing was mutated
+        if not _is_text_encoder(name):
+            raise
+        reason = str(exc)
+        report = parallelize_pipeline(pipe, mesh, {name: WHOLE})
+    (c,) = report.components
+    return {
+        "name": name,
+        "class": c.class_name,
+        "plan": c.plan,
+        "whole_reason": None if c.plan else reason or f"no plan for {c.class_name}",
+        "params": params,
+        "total_bytes": c.whole_bytes,
+        "per_rank_bytes": c.local_bytes,
+    }
+
+
+def _is_text_encoder(component: str) -> bool:
+    return component.startswith(TEXT_ENCODER_PREFIX)
+
+
+# ---------------------------------------------------------------------------------------------
 # the table
 
 
@@ -314,6 +434,29 @@ def format_report(r: dict) -> str:
             f"cp={r['cp']}: weights are replicated along cp, so the memory figures are per tp group; "
             f"context-parallel collectives are not counted here."
         )
+    return "\n".join(lines)
+
+
+def format_pipeline_report(r: dict) -> str:
+    lines = [
+        f"dtp check: {r['pipeline']} ({r['title']}, released configs), tp={r['tp']} cp={r['cp']} "
+        f"(meta device, fake process group of {r['world_size']} ranks)",
+        f"parameters in {r['dtype']}" + (", pad=True" if r["pad"] else "") + "; every component of the pipeline:",
+        f"  {'component':<16} {'class':<36} {'plan':<10} {'whole':>13} {'per rank':>13}",
+    ]
+    for c in r["components"]:
+        lines.append(
+            f"  {c['name']:<16} {c['class']:<36} {c['plan'] or 'whole':<10} "
+            f"{_gb(c['total_bytes'])} {_gb(c['per_rank_bytes'])}"
+        )
+    params = f"{r['params'] / 1e9:.3f} B parameters"
+    lines += [
+        f"  {'total':<16} {params:<36} {'':<10} {_gb(r['total_bytes'])} {_gb(r['per_rank_bytes'])}",
+        f"  ideal total/tp       {'':12} {_gb(r['ideal_bytes'])}",
+        f"  ratio per-rank/ideal {r['ratio']:10.3f}",
+    ]
+    whole = [f"  {c['name']}: {c['whole_reason']}" for c in r["components"] if c["plan"] is None]
+    lines += ["held whole by every rank:", *whole] if whole else []
     return "\n".join(lines)
 
 

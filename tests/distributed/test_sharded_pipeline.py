@@ -1,5 +1,6 @@
-"""The tiny FLUX.1 pipeline with its transformer and both text encoders (CLIP, T5) sharded at tp=2 by
-`dtp.parallelize_pipeline`, on 2 gloo processes, against the same pipeline whole."""
+"""The tiny FLUX.1 pipeline (transformer, CLIP, T5) and the tiny Qwen-Image pipeline (transformer, Qwen2.5-VL)
+sharded at tp=2 by `dtp.parallelize_pipeline`, on 2 gloo processes (one spawn for both), against the same
+pipelines whole."""
 
 from __future__ import annotations
 
@@ -17,26 +18,67 @@ def _relative(out, ref) -> float:
     return float((out - ref).abs().max() / ref.abs().max())
 
 
-@torch.no_grad()
-def _rank_job(rank: int, world_size: int) -> dict:
+def _pipelines(build, mesh):
+    """(whole, sharded, report): two copies of the pipeline from the same seeds, the second sharded."""
     import dtp
-    from dtp.testing.pipelines import tiny_flux_pipeline
-    from dtp.tools.run import generate
 
-    mesh = dtp.make_mesh(tp=world_size)
-    ref, sharded = tiny_flux_pipeline(), tiny_flux_pipeline()
+    ref, sharded = build(), build()
     for pipe in (ref, sharded):
         pipe.set_progress_bar_config(disable=True)
-    report = dtp.parallelize_pipeline(sharded, mesh)
-    embeds = [sharded.encode_prompt(ARGS["prompt"], None)[:2], ref.encode_prompt(ARGS["prompt"], None)[:2]]
+    return ref, sharded, dtp.parallelize_pipeline(sharded, mesh)
+
+
+def _result(ref, sharded, report, embeds: dict) -> dict:
+    from dtp.tools.run import generate
+
     return {
         "report": {c.name: (c.plan, c.whole_bytes, c.local_bytes) for c in report.components},
         "table": str(report),
-        "t5": _relative(embeds[0][0], embeds[1][0]),  # prompt_embeds: T5's last hidden state
-        "clip": _relative(embeds[0][1], embeds[1][1]),  # pooled_prompt_embeds: CLIP's pooled output
+        "embeds": embeds,
         "ref": generate(ref, **ARGS)[0],
         "tp": generate(sharded, **ARGS)[0],
     }
+
+
+def _flux(mesh) -> dict:
+    from dtp.testing.pipelines import tiny_flux_pipeline
+
+    ref, sharded, report = _pipelines(tiny_flux_pipeline, mesh)
+    out, want = sharded.encode_prompt(ARGS["prompt"], None)[:2], ref.encode_prompt(ARGS["prompt"], None)[:2]
+    embeds = {
+        "t5": _relative(out[0], want[0]),  # prompt_embeds: T5's last hidden state
+        "clip": _relative(out[1], want[1]),  # pooled_prompt_embeds: CLIP's pooled output
+    }
+    return _result(ref, sharded, report, embeds)
+
+
+def _qwenimage(mesh) -> dict:
+    from dtp.testing.pipelines import tiny_qwenimage_pipeline
+
+    ref, sharded, report = _pipelines(tiny_qwenimage_pipeline, mesh)
+    (out, out_mask), (want, want_mask) = sharded.encode_prompt(ARGS["prompt"]), ref.encode_prompt(ARGS["prompt"])
+    # the mask is None when every token counts (one prompt): the same on both sides either way
+    assert out.shape == want.shape and (out_mask is None) == (want_mask is None)
+    assert out_mask is None or torch.equal(out_mask, want_mask)
+    # prompt_embeds: Qwen2.5-VL's last hidden state over the prompt, the chat template's prefix dropped
+    result = _result(ref, sharded, report, {"qwen2_5_vl": _relative(out, want)})
+    result["language_model"] = (_language_model_bytes(ref.text_encoder), _language_model_bytes(sharded.text_encoder))
+    return result
+
+
+def _language_model_bytes(encoder) -> int:
+    """This rank's bytes of Qwen2.5-VL's language model and LM head (its vision tower left out)."""
+    from dtp.runtime.memory import local_param_bytes
+
+    return local_param_bytes(encoder.model.language_model) + local_param_bytes(encoder.lm_head)
+
+
+@torch.no_grad()
+def _rank_job(rank: int, world_size: int) -> dict:
+    import dtp
+
+    mesh = dtp.make_mesh(tp=world_size)
+    return {"flux": _flux(mesh), "qwenimage": _qwenimage(mesh)}
 
 
 @pytest.fixture(scope="module")
@@ -45,40 +87,56 @@ def results():
 
 
 def test_every_planned_component_is_sharded(results):
-    """transformer, text_encoder (CLIP), text_encoder_2 (T5) by their bundled plans; the VAE stays whole."""
-    report = results[0]["report"]
-    assert {n: p for n, (p, _, _) in report.items()} == {
-        "transformer": "flux",
-        "text_encoder": "clip",
-        "text_encoder_2": "t5",
-        "vae": None,
+    """transformer and text encoders (CLIP, T5; Qwen2.5-VL) by their bundled plans; the VAEs stay whole."""
+    expected = {
+        "flux": {"transformer": "flux", "text_encoder": "clip", "text_encoder_2": "t5", "vae": None},
+        "qwenimage": {"transformer": "qwenimage", "text_encoder": "qwen2_5_vl", "vae": None},
     }
+    for rank in results:
+        for pipeline, plans in expected.items():
+            assert {n: p for n, (p, _, _) in rank[pipeline]["report"].items()} == plans
 
 
 # A rank's share of each encoder's bytes at tp=2. The pipeline's CLIP is narrower than the parity
 # tests' (width 16, 1 layer): its 77 x 16 position table and norms, kept whole, are 21 % of it.
-SHARE = {"text_encoder": 0.61, "text_encoder_2": 0.55}
+# Qwen2.5-VL (width 32, 1 layer): the qwen2_5_vl plan shards the language model and LM head only; the
+# vision tower (patch embedding, merger: 111,616 of 216,320 bytes) stays whole, so a rank holds
+# 163,968 bytes (0.758); of the language model and LM head 52,736 of 105,088 (0.502: norms whole).
+SHARE = {
+    ("flux", "text_encoder"): 0.61,
+    ("flux", "text_encoder_2"): 0.55,
+    ("qwenimage", "text_encoder"): 0.76,
+}
+LANGUAGE_MODEL_SHARE = 0.51
 
 
 def test_text_encoders_hold_about_half(results):
-    """Tiny T5 at tp=2: a rank holds <= 0.55 of its bytes, tiny CLIP <= 0.61; the VAE stays whole."""
-    print("\n" + results[0]["table"])
+    """tp=2: a rank holds <= 0.55 of tiny T5's bytes, <= 0.61 of tiny CLIP's, <= 0.76 of tiny Qwen2.5-VL's and
+    <= 0.51 of its language model; the VAEs stay whole."""
+    print("\n" + "\n\n".join(results[0][p]["table"] for p in ("flux", "qwenimage")))
     for rank in results:
-        for name, share in SHARE.items():
-            _, whole, local = rank["report"][name]
-            assert local <= share * whole, (name, local, whole)
-        _, whole, local = rank["report"]["vae"]
-        assert local == whole
+        for (pipeline, name), share in SHARE.items():
+            _, whole, local = rank[pipeline]["report"][name]
+            assert local <= share * whole, (pipeline, name, local, whole)
+        whole, local = rank["qwenimage"]["language_model"]
+        assert local <= LANGUAGE_MODEL_SHARE * whole, (local, whole)
+        for pipeline in ("flux", "qwenimage"):
+            _, whole, local = rank[pipeline]["report"]["vae"]
+            assert local == whole
 
 
 def test_prompt_embeddings_match(results):
-    """T5 prompt embeddings and CLIP pooled embeddings at tp=2: within 1e-5 relative of the whole encoders."""
+    """T5 prompt embeddings, CLIP pooled embeddings and Qwen2.5-VL prompt embeddings at tp=2: within 1e-5 relative
+    of the whole encoders."""
     for rank in results:
-        assert rank["t5"] <= EMBED_TOL and rank["clip"] <= EMBED_TOL, (rank["t5"], rank["clip"])
+        embeds = {**rank["flux"]["embeds"], **rank["qwenimage"]["embeds"]}
+        assert set(embeds) == {"t5", "clip", "qwen2_5_vl"}
+        assert all(err <= EMBED_TOL for err in embeds.values()), embeds
 
 
-def test_image_matches_one_device(results):
+@pytest.mark.parametrize("pipeline", ["flux", "qwenimage"])
+def test_image_matches_one_device(results, pipeline):
     """Pixels in [0, 1]: mean |diff| <= 1e-3 and p99 <= 1e-2 (the demo's tolerances, dtp.tools.demo.compare)."""
     for rank in results:
-        mean, p99, ok = compare(rank["tp"], rank["ref"])
+        mean, p99, ok = compare(rank[pipeline]["tp"], rank[pipeline]["ref"])
         assert ok, (mean, p99)

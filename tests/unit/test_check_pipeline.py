@@ -1,0 +1,114 @@
+"""`dtp check PIPELINE`: every component of a released pipeline at full size on the meta device."""
+
+import contextlib
+import io
+import json
+
+import pytest
+import torch
+
+from dtp.plan.io import load_plan
+from dtp.resolve import resolve
+from dtp.resolve.layout import rank_ranges
+from dtp.tools.check import check_pipeline, format_pipeline_report
+from dtp.tools.cli import main
+from dtp.tools.released import RELEASED_PIPELINES, build_pipeline, released_pipeline
+
+# Parameters of the public checkpoints (model cards and safetensors headers), not of our configs.
+PUBLIC_PARAMS = {
+    "transformer": 11.901e9,  # FLUX.1-dev
+    "text_encoder": 123.06e6,  # CLIP ViT-L/14 text model
+    "text_encoder_2": 4.762e9,  # T5 v1.1 XXL encoder
+    "vae": 83.82e6,  # FLUX.1 AutoencoderKL, 16 channels
+}
+FLUX_TP2_PLANS = {"transformer": "flux", "text_encoder": "clip", "text_encoder_2": "t5", "vae": None}
+
+
+def cli(*argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["check", *argv])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def rank_bytes(model: torch.nn.Module, plan_name: str | None, tp: int, rank: int) -> int:
+    """Rank `rank`'s parameter bytes from the plan's layouts and the slicing math, without DTensor."""
+    layouts = resolve(load_plan(plan_name), model).param_layouts() if plan_name else {}
+    total = 0
+    for name, param in model.named_parameters():
+        layout, nbytes = layouts.get(name), param.numel() * param.element_size()
+        if layout is not None:
+            rows = sum(stop - start for start, stop in rank_ranges(layout.block_sizes, tp, rank))
+            nbytes = nbytes * rows // param.shape[layout.dim]
+        total += nbytes
+    return total
+
+
+@pytest.fixture(scope="module")
+def flux_tp2():
+    """`dtp check flux-pipeline --tp 2 --json`, and the same components built here, unsharded."""
+    rc, out, err = cli("flux-pipeline", "--tp", "2", "--json")
+    assert rc == 0, err
+    return json.loads(out), build_pipeline(released_pipeline("flux-pipeline"), torch.bfloat16)
+
+
+def test_flux_pipeline_components_match_an_independent_count(flux_tp2):
+    """tp=2: each component's whole bytes = its parameters x 2 (bf16); per rank = its local slices by the plan's
+    layouts, the same on both ranks; the VAE (no plan) whole."""
+    report, modules = flux_tp2
+    rows = {c["name"]: c for c in report["components"]}
+    assert {n: c["plan"] for n, c in rows.items()} == FLUX_TP2_PLANS
+    for name, module in modules.items():
+        whole = sum(p.numel() * 2 for p in module.parameters())
+        per_rank = {rank_bytes(module, FLUX_TP2_PLANS[name], 2, rank) for rank in range(2)}
+        assert (rows[name]["total_bytes"], {rows[name]["per_rank_bytes"]}) == (whole, per_rank), name
+    assert rows["vae"]["per_rank_bytes"] == rows["vae"]["total_bytes"]
+    assert rows["vae"]["whole_reason"] == "no plan for AutoencoderKL"
+
+
+def test_flux_pipeline_total_is_the_sum_over_tp(flux_tp2):
+    report, modules = flux_tp2
+    total = sum(p.numel() * 2 for m in modules.values() for p in m.parameters())
+    per_rank = sum(c["per_rank_bytes"] for c in report["components"])
+    assert (report["total_bytes"], report["per_rank_bytes"]) == (total, per_rank)
+    assert report["ratio"] == pytest.approx(per_rank / (total / 2))
+    assert 1.0 < report["ratio"] < 1.01  # benchmarks/results/pipeline_memory.md: 1.0069
+
+
+def test_released_configs_have_the_public_parameter_counts(flux_tp2):
+    report, _ = flux_tp2
+    for c in report["components"]:
+        assert c["params"] == pytest.approx(PUBLIC_PARAMS[c["name"]], rel=1e-3), c["name"]
+
+
+def test_unknown_pipeline_names_the_known_ones():
+    rc, out, err = cli("sd3-pipeline", "--tp", "2")
+    assert rc == 1 and out == ""
+    assert all(name in err for name in RELEASED_PIPELINES), err
+    assert set(RELEASED_PIPELINES) == {"flux-pipeline", "flux2-pipeline", "qwenimage-pipeline"}
+
+
+def test_help_lists_the_pipelines(capsys):
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    help_text = "".join(capsys.readouterr().out.split())  # argparse wraps lines, also at hyphens
+    assert all(name in help_text for name in RELEASED_PIPELINES), help_text
+
+
+def test_pipeline_options_are_refused_for_one_model_and_back():
+    assert cli("flux", "--tp", "2", "--whole-text-encoders")[0] == 1
+    rc, _, err = cli("flux-pipeline", "--tp", "2", "--plan", "flux")
+    assert rc == 1 and "--plan and --config apply to one model" in err
+
+
+def test_text_encoder_that_does_not_fit_stays_whole_and_says_why():
+    """Qwen-Image at tp=3: the transformer (24 heads) shards, Qwen2.5-VL (3584 = 28 heads x 128 wide) cannot."""
+    report = check_pipeline("qwenimage-pipeline", tp=3)
+    rows = {c["name"]: c for c in report["components"]}
+    assert rows["transformer"]["plan"] == "qwenimage" and rows["text_encoder"]["plan"] is None
+    reason = rows["text_encoder"]["whole_reason"]
+    assert "tp=3 does not divide" in reason and "Supported tp: 1, 2, 4" in reason, reason
+    assert rows["text_encoder"]["per_rank_bytes"] == rows["text_encoder"]["total_bytes"]
+    assert rows["transformer"]["per_rank_bytes"] < 0.34 * rows["transformer"]["total_bytes"]
+    text = format_pipeline_report(report)
+    assert f"text_encoder: {reason}" in text and "Qwen2_5_VLForConditionalGeneration   whole" in text
