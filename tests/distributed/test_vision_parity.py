@@ -7,12 +7,13 @@ import pytest
 from vision_cases import CONTROLS, case_id, run_vision_cases
 
 from dtp.testing.launch import spawn
-from dtp.testing.tiny_vision import VISION_CLASSES
+from dtp.testing.tiny_vision import MISTRAL3, QWEN_VL, VISION_CLASSES
 
 TOL = 1e-5  # max |sharded - ref| <= TOL * max |ref| for every block output and the merged features, fp32
-# A rank's vision-tower bytes / the whole tower's at tp=4: measured 0.269 for the tiny Qwen2.5-VL (ideal
-# 0.25; the rest is the replicated patch_embed, norms and row biases); 0.2519 at full size (test_text_plans).
-SHARE_TP4 = 0.28
+# A rank's vision bytes / the whole vision part's at tp=4 (ideal 0.25), measured: tiny Qwen2.5-VL 0.269 (the
+# rest is the replicated patch_embed, norms and rowwise biases), tiny Mistral 3 0.379 (its replicated patch
+# merger, 128 x 32, is 15 % of the tiny tower); at full size 0.2519 and 0.2589 (tests/unit/test_text_plans.py).
+SHARE_TP4 = {QWEN_VL: 0.28, MISTRAL3: 0.39}
 
 
 @pytest.fixture(scope="module")
@@ -22,15 +23,16 @@ def results():
 
 @pytest.mark.parametrize("case", [case_id(cls, tp) for cls in VISION_CLASSES for tp in (2, 4)])
 def test_vision_outputs_match(results, case):
-    """Qwen2.5-VL tiny (4 heads, 2 images, a window and a full-attention block), tp=2 and 4: <= 1e-5 relative."""
+    """Qwen2.5-VL / Mistral 3 tiny (4 heads, 2 images; Qwen: a window and a full-attention block; Mistral: its
+    projector too), tp=2 and 4: every block output and the image features within 1e-5 relative."""
     for rank in results:
         assert rank[case][0] <= TOL, (case, rank[case])
 
 
 @pytest.mark.parametrize("cls", list(VISION_CLASSES))
-def test_a_rank_holds_about_a_quarter_of_the_vision_tower_at_tp4(results, cls):
+def test_a_rank_holds_little_more_than_a_quarter_of_the_vision_part_at_tp4(results, cls):
     for rank in results:
-        assert rank[case_id(cls, 4)][1] <= SHARE_TP4, (cls, rank[case_id(cls, 4)])
+        assert rank[case_id(cls, 4)][1] <= SHARE_TP4[cls], (cls, rank[case_id(cls, 4)])
 
 
 @pytest.mark.parametrize("case", list(CONTROLS))

@@ -4,10 +4,9 @@
 import torch
 
 import dtp
-from dtp.runtime.memory import local_param_bytes
 from dtp.runtime.mesh import tp_submesh
 from dtp.testing.plans import edited
-from dtp.testing.tiny_vision import VISION_CLASSES, tiny_vision_inputs, tiny_vision_model, vision_outputs, vision_tower
+from dtp.testing.tiny_vision import VISION_CLASSES, tiny_vision_inputs, tiny_vision_model, vision_bytes, vision_outputs
 
 # Negative controls, (class, tp, plan name, changed rules, attention globs): Qwen2.5-VL's fused qkv split
 # as blocks [1, 2] (q, then k and v as one block), so at tp=4 rank 0 holds q head 0 and k heads 0, 1 as its
@@ -32,19 +31,19 @@ def case_id(cls, tp):
 @torch.no_grad()
 def run_vision_cases(rank, world_size):
     """{case: (max over outputs of max |sharded - ref| / max |ref|, local vision bytes / whole vision bytes)}."""
-    inputs = tiny_vision_inputs()
     meshes = {4: dtp.make_mesh(tp=4), 2: tp_submesh(dtp.make_mesh(tp=2, cp=2))}
+    inputs = {cls: tiny_vision_inputs(cls) for cls in VISION_CLASSES}
     references = {cls: tiny_vision_model(cls) for cls in VISION_CLASSES}
-    refs = {cls: vision_outputs(model, inputs) for cls, model in references.items()}
+    refs = {cls: vision_outputs(references[cls], inputs[cls]) for cls in VISION_CLASSES}
     results = {}
     for cls in VISION_CLASSES:
         for tp, mesh in meshes.items():
             sharded = dtp.parallelize(tiny_vision_model(cls), mesh)  # the bundled plan (plan_for)
-            results[case_id(cls, tp)] = _compare(sharded, references[cls], refs[cls], inputs)
+            results[case_id(cls, tp)] = _compare(sharded, references[cls], refs[cls], inputs[cls])
     for case, (cls, tp, name, changes, attention) in CONTROLS.items():
         plan = edited(dtp.load_plan(name), changes, attention)
         sharded = dtp.parallelize(tiny_vision_model(cls), meshes[tp], plan)
-        results[case] = _compare(sharded, references[cls], refs[cls], inputs)
+        results[case] = _compare(sharded, references[cls], refs[cls], inputs[cls])
     return results
 
 
@@ -52,5 +51,4 @@ def _compare(sharded, reference, ref, inputs):
     out = vision_outputs(sharded, inputs)
     assert len(out) == len(ref)
     relative = max(float((o - r).abs().max() / r.abs().max()) for o, r in zip(out, ref))
-    share = local_param_bytes(vision_tower(sharded)) / local_param_bytes(vision_tower(reference))
-    return relative, share
+    return relative, vision_bytes(sharded) / vision_bytes(reference)
