@@ -83,11 +83,14 @@ def _mistral3_config(vision: dict | None = None):
 VISION_CLASSES = {QWEN_VL: _qwen2_5_vl_config, MISTRAL3: _mistral3_config}
 
 
-def tiny_vision_model(class_name: str, seed: int = 0) -> torch.nn.Module:
-    """The tiny `class_name` with weights drawn from `seed`, in eval mode, eager attention, fp32."""
+def tiny_vision_model(class_name: str, seed: int = 0, **vision) -> torch.nn.Module:
+    """The tiny `class_name` with weights drawn from `seed`, in eval mode, eager attention, fp32; `vision`
+    overrides entries of the tiny vision config (e.g. widths tp does not divide, for pad=True)."""
     import transformers as tf
 
     config = VISION_CLASSES[class_name]()
+    for key, value in vision.items():
+        setattr(config.vision_config, key, value)
     for sub in (config, config.vision_config, config.text_config):
         sub._attn_implementation = "eager"
     torch.manual_seed(seed)

@@ -4,7 +4,7 @@ One group of 4 gloo processes: tp=4 on all of them, and tp=2 on the tp axis of a
 """
 
 import pytest
-from vision_cases import CONTROLS, case_id, run_vision_cases
+from vision_cases import CONTROLS, PADDED, case_id, run_vision_cases
 
 from dtp.testing.launch import spawn
 from dtp.testing.tiny_vision import MISTRAL3, QWEN_VL, VISION_CLASSES
@@ -25,6 +25,13 @@ def results():
 def test_vision_outputs_match(results, case):
     """Qwen2.5-VL / Mistral 3 tiny (4 heads, 2 images; Qwen: a window and a full-attention block; Mistral: its
     projector too), tp=2 and 4: every block output and the image features within 1e-5 relative."""
+    for rank in results:
+        assert rank[case][0] <= TOL, (case, rank[case])
+
+
+@pytest.mark.parametrize("case", list(PADDED))
+def test_padded_vision_outputs_match(results, case):
+    """pad=True, Qwen2.5-VL tiny with 6 heads and intermediate 54 at tp=4 (zero-padded to 8 and 56): <= 1e-5."""
     for rank in results:
         assert rank[case][0] <= TOL, (case, rank[case])
 

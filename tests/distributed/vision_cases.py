@@ -24,6 +24,17 @@ CONTROLS = {
 }
 
 
+# pad=True, (class, tp, vision config overrides): 6 heads and a SwiGLU intermediate of 54, which tp=4 divides
+# no more than tp=8 divides Qwen2.5-VL-7B's 3420; zero-padded to 8 heads (qkv blocks 48 -> 64) and 56 units.
+PADDED = {
+    "Qwen2_5_VLForConditionalGeneration/tp=4/pad": (
+        "Qwen2_5_VLForConditionalGeneration",
+        4,
+        dict(hidden_size=48, num_heads=6, intermediate_size=54),
+    ),
+}
+
+
 def case_id(cls, tp):
     return f"{cls}/tp={tp}"
 
@@ -44,6 +55,10 @@ def run_vision_cases(rank, world_size):
         plan = edited(dtp.load_plan(name), changes, attention)
         sharded = dtp.parallelize(tiny_vision_model(cls), meshes[tp], plan)
         results[case] = _compare(sharded, references[cls], refs[cls], inputs[cls])
+    for case, (cls, tp, vision) in PADDED.items():
+        reference = tiny_vision_model(cls, **vision)
+        sharded = dtp.parallelize(tiny_vision_model(cls, **vision), meshes[tp], pad=True)
+        results[case] = _compare(sharded, reference, vision_outputs(reference, inputs[cls]), inputs[cls])
     return results
 
 
