@@ -68,10 +68,10 @@ def _config(class_name: str):
     if class_name == "Qwen2_5_VLForConditionalGeneration":
         half = WIDTH // HEADS // 2  # rotary frequencies per head, split over (t, h, w)
         text = dict(_DECODER, rope_scaling={"type": "mrope", "mrope_section": [1, 1, half - 2]})
-        vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=WIDTH)
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=WIDTH)
         return tf.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, fullatt_block_indexes=[0]))
     if class_name == "Mistral3ForConditionalGeneration":
-        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=8)
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, head_dim=8)
         return tf.Mistral3Config(text_config=dict(_DECODER, model_type="mistral"), vision_config=vision)
     raise KeyError(f"no tiny text encoder config for {class_name}")
 
@@ -114,7 +114,7 @@ def tiny_grouped_qwen(seed: int = 0) -> torch.nn.Module:
         num_key_value_heads=2,
         rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]},
     )
-    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=48)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=48)
     config = tf.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, fullatt_block_indexes=[0]))
     config._attn_implementation = "eager"
     torch.manual_seed(seed)

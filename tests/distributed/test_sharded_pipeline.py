@@ -99,19 +99,20 @@ def test_every_planned_component_is_sharded(results):
 
 # A rank's share of each encoder's bytes at tp=2. The pipeline's CLIP is narrower than the parity
 # tests' (width 16, 1 layer): its 77 x 16 position table and norms, kept whole, are 21 % of it.
-# Qwen2.5-VL (width 32, 1 layer): the qwen2_5_vl plan shards the language model and LM head only; the
-# vision tower (patch embedding, merger: 111,616 of 216,320 bytes) stays whole, so a rank holds
-# 163,968 bytes (0.758); of the language model and LM head 52,736 of 105,088 (0.502: norms whole).
+# Qwen2.5-VL (width 32, 1 layer): the qwen2_5_vl plan shards the language model, LM head and vision tower,
+# but the tiny vision tower is mostly its patch embedding (a Conv3d kept whole: 75,264 of its 111,232
+# bytes), so a rank holds 146,208 bytes (0.676); of the language model and LM head 52,736 of 105,088
+# (0.502: norms whole).
 SHARE = {
     ("flux", "text_encoder"): 0.61,
     ("flux", "text_encoder_2"): 0.55,
-    ("qwenimage", "text_encoder"): 0.76,
+    ("qwenimage", "text_encoder"): 0.68,
 }
 LANGUAGE_MODEL_SHARE = 0.51
 
 
 def test_text_encoders_hold_about_half(results):
-    """tp=2: a rank holds <= 0.55 of tiny T5's bytes, <= 0.61 of tiny CLIP's, <= 0.76 of tiny Qwen2.5-VL's and
+    """tp=2: a rank holds <= 0.55 of tiny T5's bytes, <= 0.61 of tiny CLIP's, <= 0.68 of tiny Qwen2.5-VL's and
     <= 0.51 of its language model; the VAEs stay whole."""
     print("\n" + "\n\n".join(results[0][p]["table"] for p in ("flux", "qwenimage")))
     for rank in results:

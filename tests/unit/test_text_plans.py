@@ -14,7 +14,9 @@ from dtp.plan.transformers import DROPPED, TRANSLATED, translate
 from dtp.resolve import Layout, resolve
 from dtp.resolve.kv_share import share_kv
 from dtp.resolve.padding import pad_resolved
+from dtp.testing.plans import edited
 from dtp.testing.tiny_text import TEXT_CLASSES, tiny_grouped_qwen, tiny_text_model
+from dtp.testing.tiny_vision import MISTRAL3, QWEN_VL, meta_vision_model, tiny_vision_model, vision_bytes
 
 assert is_torch_distributed_available()  # transformers registers its TP styles only then
 TRANSFORMERS_STYLES = sorted(ALL_PARALLEL_STYLES.keys())
@@ -205,3 +207,66 @@ def test_t5_heads_become_local(mesh2):
     attn = model.encoder.block[0].layer[0].SelfAttention
     assert (attn.n_heads, attn.inner_dim) == (2, 16)
     assert attn.relative_attention_bias.weight.to_local().shape == (8, 2)  # 8 buckets x this rank's 2 heads
+
+
+# The released vision_configs (as in benchmarks/pipeline_memory.py): Qwen/Qwen2.5-VL-7B-Instruct (Qwen-Image's
+# text encoder) and mistralai/Mistral-Small-3.1-24B-Instruct-2503 (FLUX.2-dev's).
+QWEN_VL_7B_VISION = dict(
+    depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+    fullatt_block_indexes=[7, 15, 23, 31],
+)  # fmt: skip
+PIXTRAL_SMALL_3_1 = dict(
+    hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16, head_dim=64,
+    image_size=1540, patch_size=14,
+)  # fmt: skip
+
+
+def test_qwen2_5_vl_vision_qkv_keeps_this_rank_s_heads_of_q_k_and_v(mesh2):
+    """The fused qkv [q; k; v] (3 x 32 rows, 4 heads of 8) at tp=2: rank 0 holds q, k and v rows 0-15 each."""
+    qkv = tiny_vision_model(QWEN_VL).model.visual.blocks[0].attn.qkv
+    expected = [torch.cat([part.chunk(2)[0] for part in tensor.chunk(3)]) for tensor in (qkv.weight, qkv.bias)]
+    attn = dtp.parallelize(tiny_vision_model(QWEN_VL), mesh2["tp"]).model.visual.blocks[0].attn
+    assert attn.num_heads == 2  # the reshape of the fused qkv output reads it
+    assert torch.equal(attn.qkv.weight.to_local(), expected[0])
+    assert torch.equal(attn.qkv.bias.to_local(), expected[1])
+
+
+def test_qwen2_5_vl_vision_qkv_as_one_colwise_block_is_refused(mesh2):
+    """Plain colwise would give rank 0 q's rows only, as its "q, k, v": attn.proj's width 32 exposes it."""
+    plan = edited(
+        dtp.load_plan("qwen2_5_vl"),
+        {"model.visual.blocks.*.attn.qkv": "colwise"},
+        attention=["model.language_model.layers.*.self_attn", "model.visual.blocks.*.attn"],
+    )
+    raises_and_unchanged(
+        tiny_vision_model(QWEN_VL), mesh2["tp"], plan, r"width 32 of 'model\.visual\.blocks\.0\.attn\.proj'"
+    )
+
+
+def test_pixtral_heads_become_local(mesh2):
+    """PixtralAttention views q/k/v with its `num_heads` (4 in the tiny tower): 2 per rank at tp=2."""
+    model = dtp.parallelize(tiny_vision_model(MISTRAL3), mesh2["tp"])
+    attn = model.model.vision_tower.transformer.layers[0].attention
+    assert (attn.num_heads, attn.head_dim) == (2, 8)
+    assert attn.q_proj.weight.to_local().shape == (16, 32)
+
+
+def test_full_size_qwen2_5_vl_vision_tower_splits_up_to_tp4():
+    """16 heads, widths 1280 and 5120, but SwiGLU intermediate 3420 = 4 x 855: tp in {1, 2, 4} without pad."""
+    assert dtp.tp_candidates(meta_vision_model(QWEN_VL, QWEN_VL_7B_VISION)) == [1, 2, 4]
+
+
+@pytest.mark.parametrize(
+    ("cls", "vision", "whole_bytes"),
+    [(QWEN_VL, QWEN_VL_7B_VISION, 1_353_100_288), (MISTRAL3, PIXTRAL_SMALL_3_1, 815_069_184)],
+)
+@pytest.mark.parametrize(("mesh", "bound"), [("mesh2", 0.51), ("mesh4", 0.26)])
+def test_full_size_vision_tower_per_rank_bytes(request, cls, vision, whole_bytes, mesh, bound):
+    """Released vision towers (bf16; Mistral 3's with a projector to the tiny language model's width): a rank
+    holds 0.5012 / 0.2519 of Qwen2.5-VL-7B's at tp=2 / 4, 0.5059 / 0.2589 of Mistral-Small-3.1's (measured;
+    the rest is the replicated patch embedding, norms, rowwise biases and Mistral 3's patch merger)."""
+    model = meta_vision_model(cls, vision)
+    assert vision_bytes(model) == whole_bytes
+    tp_mesh = request.getfixturevalue(mesh)
+    dtp.parallelize(model, tp_mesh["tp"] if tp_mesh.ndim > 1 else tp_mesh)
+    assert vision_bytes(model) / whole_bytes <= bound
