@@ -4,13 +4,15 @@ Every component is built at full size on the meta device in bf16 and sharded on 
 fake process group of `tp` ranks, as `dtp check` does for one model:
 
     before  the transformer sharded by its bundled plan, everything else whole (dtp on main)
-    after   `dtp.parallelize_pipeline`: the text encoders sharded by their bundled plans as well
+    after   `dtp.parallelize_pipeline(..., pad=True)`: the text encoders sharded by their bundled plans
+            as well, vision towers included; heads and widths tp does not divide zero-padded (exact:
+            Qwen2.5-VL-7B at tp=8, 28 query heads in 4 groups of 7 -> 8 each, kv heads shared by 2
+            ranks, vision MLP 3420 -> 3424)
 
 The VAE stays whole in both (no plan). Configs are the released checkpoints' (config.json values
 written out in `dtp/tools/released.py`: no model hub here); each measurement is `dtp check PIPELINE`'s
 (`dtp.tools.check.check_pipeline`). Each text encoder gets the first of its bundled plans that fits
-the degree (CLIP-L at tp=8: clip-mlp); one whose plans do not fit (tp must divide its heads and kv
-heads) stays whole, and the table says why.
+the degree (CLIP-L at tp=8: clip-mlp); one whose plans do not fit stays whole, and the table says why.
 
     python benchmarks/pipeline_memory.py      # prints the table, writes benchmarks/results/pipeline_memory.md
 """
@@ -30,10 +32,10 @@ RESULTS = Path(__file__).resolve().parent / "results" / "pipeline_memory.md"
 def measure(pipeline: str, tp: int, text_encoders: bool) -> dict:
     """{component: (whole bytes, this rank's bytes, plan or note)} on rank 0 of a fake group of `tp` ranks.
 
-    `dtp check PIPELINE --tp N` (with `--whole-text-encoders` when `text_encoders` is False): text
+    `dtp check PIPELINE --tp N --pad` (`--whole-text-encoders` without --pad when `text_encoders` is False): text
     encoders whose plans do not fit `tp` stay whole, the PlanError's first reason the note.
     """
-    report = check_pipeline(pipeline, tp=tp, whole_text_encoders=not text_encoders)
+    report = check_pipeline(pipeline, tp=tp, whole_text_encoders=not text_encoders, pad=text_encoders)
     return {
         c["name"]: (c["total_bytes"], c["per_rank_bytes"], c["plan"] or _note(c, text_encoders))
         for c in report["components"]
@@ -82,8 +84,10 @@ def main() -> None:
             "",
             "Command: `python benchmarks/pipeline_memory.py` (meta device + torch's fake process group, bf16,",
             "released configs). before: only the transformer sharded (its bundled plan), text encoders and VAE",
-            "whole on every rank. after: `dtp.parallelize_pipeline`, text encoders sharded by their bundled plans.",
-            "The VAE stays whole. 1.000 is the physical limit.",
+            "whole on every rank. after: `dtp.parallelize_pipeline(..., pad=True)`, text encoders (vision towers",
+            "included) sharded by their bundled plans; what tp does not divide is zero-padded (exact): Qwen2.5-VL-7B",
+            "at tp=8 pads each group of 7 query heads to 8 and shares each of its 4 kv heads between 2 ranks,",
+            "CLIP-L's 12 heads pad to 16. The VAE stays whole. 1.000 is the physical limit.",
             "",
             *rows,
             "",
