@@ -288,8 +288,9 @@ def match_keys(
     if ignore is not None:
         left, unexpected = ignore(missing, unexpected)
         missing = set(left) | (missing - optional)
-    _refuse_missing(checkpoint, [k for k in expected if k in missing], model_name)
-    _refuse_unexpected(checkpoint, sorted(unexpected, key=list(renamed).index), renamed, model_name)
+    unexpected = sorted(unexpected, key=list(renamed).index)
+    _refuse_missing(checkpoint, [k for k in expected if k in missing], [renamed[k] for k in unexpected], model_name)
+    _refuse_unexpected(checkpoint, unexpected, renamed, model_name)
     for target, key in reads.items():
         found, shape = checkpoint.tensors[key].shape, expected[target]
         if tuple(found) != tuple(shape):
@@ -313,11 +314,17 @@ def _tie_aliases(reads: dict[str, str], ties) -> dict[str, str]:
     return aliases
 
 
-def _refuse_missing(checkpoint: Checkpoint, missing: list[str], model_name: str) -> None:
+def _refuse_missing(checkpoint: Checkpoint, missing: list[str], unexpected: list[str], model_name: str) -> None:
     if missing:
+        also = (
+            f" It also holds {len(unexpected)} tensors {model_name} does not ({_listing(unexpected, 3)}): "
+            f"are its keys named differently (a checkpoint conversion dtp does not know)?"
+            if unexpected
+            else ""
+        )
         raise CheckpointError(
             f"checkpoint '{checkpoint.directory}' lacks {len(missing)} of {model_name}'s tensors: "
-            f"{_listing(missing)}. Is it a checkpoint of this model class and config?"
+            f"{_listing(missing)}. Is it a checkpoint of this model class and config?{also}"
         )
 
 
