@@ -300,7 +300,7 @@ def _install(model: nn.Module, key: str, local: torch.Tensor, planned: bool, lay
 
 def _assert_materialized(model: nn.Module) -> None:
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
-    assert not left, f"left on meta after loading (check_keys should have caught this): {left[:5]}"
+    assert not left, f"left on meta after loading (match_keys should have caught this): {left[:5]}"
 
 
 def _stats(checkpoint: Checkpoint, keymap: KeyMap, layouts, tp_mesh, bytes_read: int, seconds: float) -> LoadStats:

@@ -83,7 +83,7 @@ def key_renamer(model: nn.Module, expected: set[str]):
     Without a reachable `transformers.conversion_mapping` (older or newer internals) keys are taken as
     they are; a checkpoint in another layout then fails `match_keys`, naming the keys.
     """
-    try:
+    try:  # here, not at the top: `import dtp` does not import transformers (only a transformers model gets here)
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
     except ImportError:

@@ -228,6 +228,22 @@ def test_text_encoder_good_checkpoints_load(text_saved, mesh, mesh2, reads):
     assert reads == [1, 1]
 
 
+def test_text_encoder_old_clip_layout(text_saved, mesh, reads, tmp_path):
+    """CLIP as transformers 4 saved it (FLUX.1's text_encoder): `text_model.` prefix, persistent `position_ids`.
+    transformers' mapping drops the prefix and ignores position_ids; rank 0 holds rows 0-15 of the vocab."""
+    import transformers
+
+    def old(state):
+        position_ids = {"text_model.embeddings.position_ids": torch.arange(16)[None]}
+        return {f"text_model.{k}": v for k, v in state.items()} | position_ids
+
+    model = _load_text(CLIP, _text_copy(text_saved[CLIP], tmp_path, old), mesh)
+    reference = transformers.CLIPTextModel.from_pretrained(text_saved[CLIP])
+    local = model.embeddings.token_embedding.weight.to_local()
+    assert torch.equal(local, reference.embeddings.token_embedding.weight[:16])
+    assert reads == [1]
+
+
 def test_text_encoder_missing_key(text_saved, mesh, reads, tmp_path):
     dropped = "encoder.block.1.layer.0.SelfAttention.q.weight"
     path = _text_copy(text_saved[T5], tmp_path, lambda s: {k: v for k, v in s.items() if k != dropped})
