@@ -13,7 +13,7 @@ before a single tensor byte is read and before the model is touched:
   * no safetensors weights (only `.bin` / `.pt`), a missing shard, an index naming a key its file lacks;
   * a corrupt header (bad length, bad JSON, unknown dtype, offsets that disagree with the shape);
   * a truncated file (the data section ends before the last tensor does);
-  * missing keys, unexpected keys, shape mismatches against the model (`match_keys`, which also
+  * missing keys, unexpected keys, shape mismatches against the model (`keys.match_keys`, which also
     maps renamed keys and lets one member of a tie stand for the others).
 """
 
@@ -242,101 +242,3 @@ def _check_no_overlap(path: str, spans: list[tuple[int, int, str]]) -> None:
     for (_, prev_end, prev_key), (begin, _, key) in zip(spans, spans[1:]):
         if begin < prev_end:
             raise CheckpointError(f"'{path}' is corrupt: tensors '{prev_key}' and '{key}' overlap in the data section.")
-
-
-@dataclass(frozen=True)
-class KeyMap:
-    """Which checkpoint tensor fills which model key: `reads` (model key -> checkpoint key, each read once)
-    and `aliases` (model key -> the key in `reads` whose Parameter it shares: a tie, read once)."""
-
-    reads: dict[str, str]
-    aliases: dict[str, str]
-
-
-def match_keys(
-    checkpoint: Checkpoint,
-    expected: dict[str, tuple[int, ...]],
-    model_name: str,
-    *,
-    rename=None,
-    ties: tuple[tuple[str, ...], ...] = (),
-    ignore=None,
-    optional: frozenset[str] = frozenset(),
-) -> KeyMap:
-    """Map the checkpoint onto the model's state dict (`expected`: key -> shape); CheckpointError on any mismatch.
-
-    rename: checkpoint key -> model key (default: the same; transformers renames, `text.key_renamer`).
-    ties: groups of model keys that are one Parameter; one member in the checkpoint fills the group
-        (the first present is read, the others are not read at all).
-    ignore: `(missing, unexpected) -> (missing, unexpected)` less the keys the model's library ignores;
-        of the missing keys only those in `optional` (buffers the skeleton holds for real) may be ignored.
-    """
-    rename = rename or (lambda key: key)
-    renamed: dict[str, str] = {}
-    for key in checkpoint.tensors:
-        target = rename(key)
-        if target in renamed:
-            raise CheckpointError(
-                f"checkpoint '{checkpoint.directory}': tensors '{renamed[target]}' and '{key}' both map to "
-                f"{model_name}'s '{target}'; keep one of them."
-            )
-        renamed[target] = key
-    reads = {target: key for target, key in renamed.items() if target in expected}
-    aliases = _tie_aliases(reads, ties)
-    missing = {k for k in expected if k not in reads and k not in aliases}
-    unexpected = set(renamed) - set(expected)
-    if ignore is not None:
-        left, unexpected = ignore(missing, unexpected)
-        missing = set(left) | (missing - optional)
-    unexpected = sorted(unexpected, key=list(renamed).index)
-    _refuse_missing(checkpoint, [k for k in expected if k in missing], [renamed[k] for k in unexpected], model_name)
-    _refuse_unexpected(checkpoint, unexpected, renamed, model_name)
-    for target, key in reads.items():
-        found, shape = checkpoint.tensors[key].shape, expected[target]
-        if tuple(found) != tuple(shape):
-            named = f"'{key}'" if key == target else f"'{key}' (-> '{target}')"
-            raise CheckpointError(
-                f"checkpoint '{checkpoint.directory}', tensor {named}: checkpoint shape {list(found)} != "
-                f"model shape {list(shape)} ({model_name}); config.json and the weights disagree."
-            )
-    return KeyMap(reads, aliases)
-
-
-def _tie_aliases(reads: dict[str, str], ties) -> dict[str, str]:
-    """Per tie group held by the checkpoint: every other member -> the first member present (dropped from `reads`)."""
-    aliases = {}
-    for group in ties:
-        held = [k for k in group if k in reads]
-        for key in group:
-            if held and key != held[0]:
-                aliases[key] = held[0]
-                reads.pop(key, None)
-    return aliases
-
-
-def _refuse_missing(checkpoint: Checkpoint, missing: list[str], unexpected: list[str], model_name: str) -> None:
-    if missing:
-        also = (
-            f" It also holds {len(unexpected)} tensors {model_name} does not ({_listing(unexpected, 3)}): "
-            f"are its keys named differently (a checkpoint conversion dtp does not know)?"
-            if unexpected
-            else ""
-        )
-        raise CheckpointError(
-            f"checkpoint '{checkpoint.directory}' lacks {len(missing)} of {model_name}'s tensors: "
-            f"{_listing(missing)}. Is it a checkpoint of this model class and config?{also}"
-        )
-
-
-def _refuse_unexpected(checkpoint: Checkpoint, unexpected: list[str], renamed: dict[str, str], model_name: str):
-    if unexpected:
-        shown = [renamed[k] if renamed[k] == k else f"{renamed[k]}' (-> '{k}" for k in unexpected]
-        raise CheckpointError(
-            f"checkpoint '{checkpoint.directory}' has {len(unexpected)} tensors {model_name} does not: "
-            f"{_listing(shown)}. Is config.json the one saved with these weights?"
-        )
-
-
-def _listing(keys: list[str], limit: int = 10) -> str:
-    shown = ", ".join(f"'{k}'" for k in keys[:limit])
-    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")

@@ -39,7 +39,8 @@ from ..runtime.mesh import tp_submesh
 from ..runtime.placement import local_device
 from ..runtime.styles import local_parameter
 from . import text
-from .checkpoint import WEIGHTS_NAME, Checkpoint, CheckpointError, KeyMap, TensorInfo, match_keys, open_checkpoint
+from .checkpoint import WEIGHTS_NAME, Checkpoint, CheckpointError, TensorInfo, open_checkpoint
+from .keys import KeyMap, model_keymap
 from .meta import build_on_meta
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ def load_prepared(model: nn.Module, prepared, directory: str, torch_dtype=None, 
     start = time.perf_counter() if start is None else start
     transformers_model = is_transformers_model(model)
     checkpoint = open_checkpoint(directory, text.WEIGHTS_NAME if transformers_model else WEIGHTS_NAME)
-    keymap = _match(model, checkpoint, transformers_model)
+    keymap = model_keymap(model, checkpoint, transformers_model)
     target = prepared.device if prepared.device is not None else local_device(prepared.tp_mesh.device_type)
     layouts = prepared.resolved.param_layouts()
     dtypes = _target_dtypes(model, torch_dtype, transformers_model)
@@ -168,30 +169,6 @@ def load_prepared(model: nn.Module, prepared, directory: str, torch_dtype=None, 
         stats.seconds,
     )
     return stats
-
-
-def _match(model: nn.Module, checkpoint: Checkpoint, transformers_model: bool) -> KeyMap:
-    """The checkpoint mapped onto the model's state dict (`checkpoint.match_keys`), with transformers' renames
-    and ignored keys for a transformers model."""
-    state = model.state_dict()
-    expected = {k: tuple(v.shape) for k, v in state.items()}
-    options = {}
-    if transformers_model:
-        options = dict(
-            rename=text.key_renamer(model, set(expected)),
-            ignore=lambda missing, unexpected: text.ignored_keys(model, missing, unexpected),
-            optional=frozenset(name for name, _ in model.named_buffers()),
-        )
-    return match_keys(checkpoint, expected, type(model).__name__, ties=_tie_groups(model, expected), **options)
-
-
-def _tie_groups(model: nn.Module, expected) -> tuple[tuple[str, ...], ...]:
-    """Groups of state-dict keys that are one Parameter (T5's `shared.weight`, `encoder.embed_tokens.weight`)."""
-    groups: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if name in expected:
-            groups.setdefault(id(param), []).append(name)
-    return tuple(tuple(names) for names in groups.values() if len(names) > 1)
 
 
 def _target_dtypes(model: nn.Module, torch_dtype, transformers_model: bool = False) -> dict[str, torch.dtype]:
