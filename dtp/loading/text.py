@@ -38,8 +38,17 @@ def is_transformers_class(model_class) -> bool:
 
 
 def load_text_config(model_class, directory: str):
-    """The model's config from `directory`/config.json, read by the class's own config class."""
-    return model_class.config_class.from_pretrained(directory)
+    """The model's config from `directory`/config.json, read by the class's own config class; CheckpointError
+    for a quantized checkpoint (its tensors are not the model's parameters: transformers' quantizers rebuild them)."""
+    config = model_class.config_class.from_pretrained(directory)
+    quantization = getattr(config, "quantization_config", None)
+    if quantization:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else type(quantization).__name__
+        raise CheckpointError(
+            f"checkpoint '{directory}' is quantized ({method}); shard-on-load reads unquantized safetensors only. "
+            f"Load it with transformers and dtp.parallelize it, or keep it whole (dtp run: --whole-text-encoders)."
+        )
+    return config
 
 
 def auto_dtype(config, open_checkpoint) -> torch.dtype:
@@ -98,7 +107,7 @@ def key_renamer(model: nn.Module, expected: set[str]):
         renamed, converter = rename_source_key(key, renamings, converters, prefix, present)
         if renamed not in present and key in present:  # as transformers: only the prefix may change then
             renamed, converter = rename_source_key(key, [], [], prefix, present)
-        if converter is not None:
+        if converter is not None and renamed in present:  # one the model has no use for is merely unexpected
             raise CheckpointError(
                 f"checkpoint tensor '{key}' needs transformers' conversion '{converter}' -> '{renamed}' "
                 f"({type(model).__name__}), which splits or merges tensors; shard-on-load reads slices of tensors "

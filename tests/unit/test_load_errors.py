@@ -244,6 +244,21 @@ def test_text_encoder_old_clip_layout(text_saved, mesh, reads, tmp_path):
     assert reads == [1]
 
 
+@pytest.mark.parametrize("dtype", [None, torch.float16, torch.bfloat16])
+def test_text_encoder_dtypes_are_transformers(text_saved, mesh, dtype):
+    """Every parameter's and buffer's dtype is the one T5EncoderModel.from_pretrained gives (None: its "auto";
+    float16: T5's `_keep_in_fp32_modules` `wo` stays float32), and so is the attention implementation."""
+    import transformers
+
+    model = dtp.from_pretrained(transformers.T5EncoderModel, str(text_saved[T5]), mesh, torch_dtype=dtype)
+    reference = transformers.T5EncoderModel.from_pretrained(text_saved[T5], dtype=dtype or "auto")
+    found = {n: t.dtype for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    assert found == {n: t.dtype for n, t in [*reference.named_parameters(), *reference.named_buffers()]}
+    assert model.config._attn_implementation == reference.config._attn_implementation
+    if dtype == torch.float16:
+        assert found["encoder.block.0.layer.1.DenseReluDense.wo.weight"] == torch.float32
+
+
 def test_text_encoder_missing_key(text_saved, mesh, reads, tmp_path):
     dropped = "encoder.block.1.layer.0.SelfAttention.q.weight"
     path = _text_copy(text_saved[T5], tmp_path, lambda s: {k: v for k, v in s.items() if k != dropped})
@@ -331,6 +346,15 @@ def test_text_encoder_non_safetensors(text_saved, mesh, reads, tmp_path):
     torch.save(load_file(text_saved[T5] / TEXT_WEIGHTS), tmp_path / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match=r"non-safetensors weights \(pytorch_model.bin\)"):
         _load_text(T5, tmp_path, mesh)
+    assert reads == []
+
+
+def test_text_encoder_quantized(text_saved, mesh, reads, tmp_path):
+    config = json.loads((text_saved[T5] / "config.json").read_text())
+    path = _text_copy(text_saved[T5], tmp_path, lambda s: s)
+    (path / "config.json").write_text(json.dumps(config | {"quantization_config": {"quant_method": "fp8"}}))
+    with pytest.raises(CheckpointError, match=r"is quantized \(fp8\); shard-on-load reads unquantized"):
+        _load_text(T5, path, mesh)
     assert reads == []
 
 
