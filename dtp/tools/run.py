@@ -60,7 +60,8 @@ def register(sub) -> None:
     p.add_argument(
         "--whole-text-encoders",
         action="store_true",
-        help="under torchrun, keep the text encoders whole on every rank (default: sharded by their plans)",
+        help="under torchrun, keep the text encoders whole on every rank (default: sharded by their plans, each "
+        "rank reading only its slice)",
     )
     p.add_argument("--prompt", required=True)
     p.add_argument("--lora", default=None, help="a diffusers LoRA file or folder for the transformer (default: none)")
@@ -182,27 +183,34 @@ def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None, cp_mode="ul
             model_dir, subfolder="transformer", torch_dtype=dtype
         )
     else:
+        # The text encoders are checked first (meta skeletons, no byte read): a plan that does not fit one
+        # stops every rank before the transformer is read.
+        encoders = prepare_text_encoders(model_dir, mesh, dtype, device, cp_mode, pad) if text_encoders else {}
         loaded["transformer"] = load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode, pad)
-        if text_encoders:
-            loaded |= load_sharded_text_encoders(model_dir, mesh, dtype, device, cp_mode, pad)
+        loaded |= load_text_encoders(model_dir, encoders, dtype)
     pipe = DiffusionPipeline.from_pretrained(model_dir, **loaded, torch_dtype=dtype)
     if mesh is not None and text_encoders:
         parallelize_pipeline(pipe, mesh, exclude=tuple(loaded), cp_mode=cp_mode, device=device, pad=pad)
     return pipe.to(device)  # moves the replicated components; the sharded ones are already there
 
 
-def load_sharded_text_encoders(model_dir, mesh, dtype, device, cp_mode="ulysses", pad=False) -> dict:
-    """`{name: model}` for every transformers component of the pipeline that has a plan (its text encoders),
-    each loaded shard-on-load from `<model_dir>/<name>/` on the mesh's `tp` axis: this rank reads only its
-    slice of every sharded tensor. Every component is checked (`prepare_component`) before one is read.
-    A component without a plan is left out (diffusers loads it whole).
-    """
+def prepare_text_encoders(model_dir, mesh, dtype, device, cp_mode="ulysses", pad=False) -> dict:
+    """`{name: (skeleton, Prepared)}` for every transformers component of the pipeline that has a plan (its
+    text encoders): built on meta from `<model_dir>/<name>/config.json` and checked on the mesh's `tp` axis
+    (`prepare_component`: the first of its bundled plans that fits). Nothing is read; a component without
+    a plan is left out (diffusers loads it whole)."""
     prepared = {}
     for name, cls in transformers_components(model_dir).items():
         model = build_skeleton(cls, os.path.join(model_dir, name), dtype)
         ready = prepare_component(name, model, mesh, cp_mode=cp_mode, device=device, pad=pad)
         if ready is not None:
             prepared[name] = (model, ready)
+    return prepared
+
+
+def load_text_encoders(model_dir, prepared: dict, dtype) -> dict:
+    """`{name: model}`: each prepared text encoder filled shard-on-load from `<model_dir>/<name>/` (this rank
+    reads only its slice of every sharded tensor)."""
     for name, (model, ready) in prepared.items():
         load_prepared(model, ready, os.path.join(model_dir, name), dtype)
     return {name: model for name, (model, _) in prepared.items()}
