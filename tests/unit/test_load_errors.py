@@ -259,6 +259,18 @@ def test_text_encoder_dtypes_are_transformers(text_saved, mesh, dtype):
         assert found["encoder.block.0.layer.1.DenseReluDense.wo.weight"] == torch.float32
 
 
+def test_text_encoder_auto_dtype_from_the_weights(text_saved, mesh, tmp_path):
+    """A config without a dtype: transformers' "auto" takes the weights' (float16 here), so does dtp."""
+    import transformers
+
+    path = _text_copy(text_saved[T5], tmp_path, lambda s: {k: v.half() for k, v in s.items()})
+    config = {k: v for k, v in json.loads((path / "config.json").read_text()).items() if k != "dtype"}
+    (path / "config.json").write_text(json.dumps(config))
+    model = _load_text(T5, path, mesh)
+    reference = transformers.T5EncoderModel.from_pretrained(path)
+    assert model.shared.weight.dtype == reference.shared.weight.dtype == torch.float16
+
+
 def test_text_encoder_missing_key(text_saved, mesh, reads, tmp_path):
     dropped = "encoder.block.1.layer.0.SelfAttention.q.weight"
     path = _text_copy(text_saved[T5], tmp_path, lambda s: {k: v for k, v in s.items() if k != dropped})
