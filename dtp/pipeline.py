@@ -110,6 +110,16 @@ def parallelize_pipeline(
     )
 
 
+def prepare_component(name: str, module: nn.Module, mesh, *, cp_mode: str = "ulysses", device=None, pad: bool = False):
+    """`engine.prepare` for one component as `parallelize_pipeline` does it (its mesh, the first of its own
+    plans that fits, the same PlanError); None when it has no plan. For loaders that build the component
+    themselves (`dtp run` loads text encoders shard-on-load)."""
+    candidates = [plan for plan in _own_plans(module) if plan is not None]
+    if not candidates:
+        return None
+    return _prepare_first(name, module, component_mesh(module, mesh), candidates, cp_mode, device, pad)
+
+
 def _own_plans(module: nn.Module) -> list[Plan | None]:
     """The module's bundled plans (variants in order), else its own plan (None when it has none)."""
     return bundled_plans_for(module) or [find_plan(module)]

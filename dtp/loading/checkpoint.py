@@ -1,7 +1,8 @@
-"""A diffusers safetensors checkpoint, read from its headers only: which tensor lives where, and checks.
+"""A safetensors checkpoint, read from its headers only: which tensor lives where, and checks.
 
 A diffusers model folder holds `config.json` and either one `diffusion_pytorch_model.safetensors`
-or several shards plus `diffusion_pytorch_model.safetensors.index.json` (`weight_map`: key -> file).
+or several shards plus `diffusion_pytorch_model.safetensors.index.json` (`weight_map`: key -> file);
+a transformers one the same with `model.safetensors` (`text.WEIGHTS_NAME`).
 A safetensors file is
 
     [8 bytes: header length N, little-endian u64][N bytes: JSON header][data]
@@ -12,7 +13,8 @@ before a single tensor byte is read and before the model is touched:
   * no safetensors weights (only `.bin` / `.pt`), a missing shard, an index naming a key its file lacks;
   * a corrupt header (bad length, bad JSON, unknown dtype, offsets that disagree with the shape);
   * a truncated file (the data section ends before the last tensor does);
-  * missing keys, unexpected keys, shape mismatches against the model (`check_keys`).
+  * missing keys, unexpected keys, shape mismatches against the model (`keys.match_keys`, which also
+    maps renamed keys and lets one member of a tie stand for the others).
 """
 
 from __future__ import annotations
@@ -48,6 +50,27 @@ DTYPE_SIZES = {
     "BOOL": 1,
 }
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+TORCH_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def dtype_of(name: str):
+    """The torch dtype of a safetensors dtype name, None when torch has none (e.g. "U64" on older torch)."""
+    import torch
+
+    return getattr(torch, TORCH_DTYPES.get(name, ""), None)
 
 
 class CheckpointError(PlanError):
@@ -87,35 +110,35 @@ class Checkpoint:
         return grouped
 
 
-def open_checkpoint(directory: str) -> Checkpoint:
-    """Locate the weights of a diffusers model folder and validate every header."""
+def open_checkpoint(directory: str, weights_name: str = WEIGHTS_NAME) -> Checkpoint:
+    """Locate the weights of a model folder (`weights_name`, or its shards and index) and validate every header."""
     if not os.path.isdir(directory):
         raise CheckpointError(
             f"checkpoint '{directory}' is not a directory; pass a local diffusers model folder "
             f"(download it first, e.g. with huggingface_hub.snapshot_download)."
         )
-    index_path = os.path.join(directory, INDEX_NAME)
+    index_path = os.path.join(directory, weights_name + ".index.json")
     if os.path.isfile(index_path):
         return Checkpoint(directory, _tensors_from_index(directory, index_path))
-    single = os.path.join(directory, WEIGHTS_NAME)
+    single = os.path.join(directory, weights_name)
     if os.path.isfile(single):
         return Checkpoint(directory, _tensors_of_file(single))
-    raise CheckpointError(_no_weights_message(directory))
+    raise CheckpointError(_no_weights_message(directory, weights_name))
 
 
-def _no_weights_message(directory: str) -> str:
+def _no_weights_message(directory: str, weights_name: str) -> str:
     names = sorted(os.listdir(directory))
     other = [n for n in names if n.endswith(NON_SAFETENSORS_SUFFIXES)]
     if other:
         return (
             f"checkpoint '{directory}' holds non-safetensors weights ({', '.join(other)}); shard-on-load reads "
             f"safetensors only (pickled weights cannot be sliced without loading them whole). Convert once: load "
-            f"the model with diffusers and call save_pretrained(..., safe_serialization=True)."
+            f"the model with diffusers (or transformers) and call save_pretrained(..., safe_serialization=True)."
         )
     return (
-        f"checkpoint '{directory}' has neither {WEIGHTS_NAME} nor {INDEX_NAME} "
+        f"checkpoint '{directory}' has neither {weights_name} nor {weights_name}.index.json "
         f"(found: {', '.join(names) or 'nothing'}); "
-        f"pass the model folder (or `subfolder=`, e.g. 'transformer')."
+        f"pass the model folder (or `subfolder=`, e.g. 'transformer' or 'text_encoder')."
     )
 
 
@@ -219,31 +242,3 @@ def _check_no_overlap(path: str, spans: list[tuple[int, int, str]]) -> None:
     for (_, prev_end, prev_key), (begin, _, key) in zip(spans, spans[1:]):
         if begin < prev_end:
             raise CheckpointError(f"'{path}' is corrupt: tensors '{prev_key}' and '{key}' overlap in the data section.")
-
-
-def check_keys(checkpoint: Checkpoint, expected: dict[str, tuple[int, ...]], model_name: str) -> None:
-    """Checkpoint keys and shapes must equal the model's state dict (`expected`: key -> shape) exactly."""
-    missing = [k for k in expected if k not in checkpoint.tensors]
-    if missing:
-        raise CheckpointError(
-            f"checkpoint '{checkpoint.directory}' lacks {len(missing)} of {model_name}'s tensors: "
-            f"{_listing(missing)}. Is it a checkpoint of this model class and config?"
-        )
-    unexpected = [k for k in checkpoint.tensors if k not in expected]
-    if unexpected:
-        raise CheckpointError(
-            f"checkpoint '{checkpoint.directory}' has {len(unexpected)} tensors {model_name} does not: "
-            f"{_listing(unexpected)}. Is config.json the one saved with these weights?"
-        )
-    for key, shape in expected.items():
-        found = checkpoint.tensors[key].shape
-        if tuple(found) != tuple(shape):
-            raise CheckpointError(
-                f"checkpoint '{checkpoint.directory}', tensor '{key}': checkpoint shape {list(found)} != "
-                f"model shape {list(shape)} ({model_name}); config.json and the weights disagree."
-            )
-
-
-def _listing(keys: list[str], limit: int = 10) -> str:
-    shown = ", ".join(f"'{k}'" for k in keys[:limit])
-    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")

@@ -2,6 +2,7 @@
 
     config.json -> model with parameters on meta (buffers real) -> engine.prepare      [no byte read yet]
     -> headers: files, shapes, truncation; keys and shapes against the model           [no byte read yet]
+       (transformers models: renamed keys mapped, one member of a tie read, ignored keys skipped; `text.py`)
     -> per file, per tensor: get_slice -> slicing.local_slice (same math as the styles)
        -> cast -> device -> DTensor.from_local(Shard(dim)) | whole tensor
     -> engine.apply(weights_local=True): forward hooks + local head counts (no collective, nothing moved)
@@ -10,6 +11,10 @@ So a rank's host memory peaks near its own share, (sharded bytes) / tp + replica
 of the whole model (which is what `diffusers.from_pretrained` + `parallelize` costs on every rank).
 Parameters come out on the rank's device; buffers, including the non-persistent ones a checkpoint
 does not hold (built when the model is constructed, as diffusers does), follow them there.
+
+Both libraries load this way: a diffusers model (a transformer) from `diffusion_pytorch_model.safetensors`
+on the whole ("cp", "tp") mesh, a transformers model (a text encoder) from `model.safetensors` on the
+mesh's `tp` axis only (as `pipeline.component_mesh`: text encoders have no sequence split).
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ from tqdm.auto import tqdm
 
 from ..engine import apply, move_unsharded, prepare
 from ..plan import Plan
+from ..plan.transformers import is_transformers_model
 from ..policy import check_float_dtype
 from ..resolve import Layout
 from ..runtime.mesh import tp_submesh
 from ..runtime.placement import local_device
 from ..runtime.styles import local_parameter
-from .checkpoint import Checkpoint, TensorInfo, check_keys, open_checkpoint
+from . import text
+from .checkpoint import WEIGHTS_NAME, Checkpoint, CheckpointError, TensorInfo, open_checkpoint
+from .keys import KeyMap, model_keymap
 from .meta import build_on_meta
 
 logger = logging.getLogger(__name__)
@@ -67,13 +75,18 @@ def from_pretrained(
     cp_mode: str = "ulysses",
     pad: bool = False,
 ) -> nn.Module:
-    """Build `model_class` from a diffusers folder, sharded on `mesh`'s `tp` axis, reading only this rank's slices.
+    """Build `model_class` from a diffusers or transformers folder, sharded on `mesh`'s `tp` axis, reading only
+    this rank's slices.
 
-    `plan` defaults to `plan_for(model_class)`; `torch_dtype` casts floating tensors after slicing
-    (modules in `_keep_in_fp32_modules` stay float32, as in diffusers); `device` defaults to the
-    mesh's device type at the local rank (`placement.local_device`). Everything that can be wrong
-    (plan, TP degree, missing/unexpected keys, shapes, non-safetensors, truncated or corrupt
-    files) raises `PlanError` (`checkpoint.CheckpointError` for the files) before a byte is read.
+    `model_class`: a diffusers model (e.g. FluxTransformer2DModel) or a transformers one with a plan
+    (a text encoder: T5EncoderModel, CLIPTextModel, Qwen2_5_VLForConditionalGeneration, ...; it runs on
+    the mesh's `tp` axis, the same on every cp rank). `plan` defaults to `plan_for(model_class)`;
+    `torch_dtype` casts floating tensors after slicing (modules in `_keep_in_fp32_modules` stay float32,
+    as each library does; None: the skeleton's default dtype for diffusers, transformers' "auto" for
+    transformers); `device` defaults to the mesh's device type at the local rank (`placement.local_device`).
+    Everything that can be wrong (plan, TP degree, missing/unexpected keys, shapes, non-safetensors,
+    truncated or corrupt files, a transformers key conversion that is not a plain rename) raises
+    `PlanError` (`checkpoint.CheckpointError` for the files) before a byte is read.
     On a mesh whose `cp` axis is > 1 the plan's cp section is applied as in `parallelize`
     (`cp_mode` "ulysses" or "ring"). `pad=True` zero-pads heads and widths tp does not divide (as in
     `parallelize`): each rank reads its real rows and makes its padded ones as zeros. Returns the model in eval mode.
@@ -98,20 +111,54 @@ def load(
     """`from_pretrained`, also returning this rank's `LoadStats`."""
     start = time.perf_counter()
     directory = os.path.join(path, subfolder) if subfolder else path
-    check_float_dtype(torch_dtype)
-    model = build_on_meta(model_class, directory, torch_dtype)
+    model = build_skeleton(model_class, directory, torch_dtype)
     target = local_device(device if device is not None else tp_submesh(mesh).device_type)
-    prepared = prepare(model, mesh, plan, cp_mode=cp_mode, device=target, pad=pad)
-    checkpoint = open_checkpoint(directory)
-    check_keys(checkpoint, {k: tuple(v.shape) for k, v in model.state_dict().items()}, model_class.__name__)
+    prepared = prepare(model, model_mesh(model, mesh), plan, cp_mode=cp_mode, device=target, pad=pad)
+    stats = load_prepared(model, prepared, directory, torch_dtype, start=start)
+    return model, stats
 
+
+def build_skeleton(model_class, directory: str, torch_dtype: torch.dtype | None = None) -> nn.Module:
+    """`model_class` from `directory`/config.json, parameters on meta and buffers real: what `engine.prepare`
+    checks and `load_prepared` fills. Nothing of the weights is read (a transformers config without a dtype
+    has "auto" resolved from the checkpoint's headers)."""
+    check_float_dtype(torch_dtype)
+    if not text.is_transformers_class(model_class):
+        return build_on_meta(model_class, directory, torch_dtype)
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise CheckpointError(
+            f"checkpoint '{directory}' has no config.json; pass the model folder "
+            f"(or `subfolder=`, e.g. 'text_encoder')."
+        )
+    config = text.load_text_config(model_class, directory)
+    dtype = torch_dtype or text.auto_dtype(config, lambda: open_checkpoint(directory, text.WEIGHTS_NAME))
+    return text.build_text_on_meta(model_class, config, dtype, directory)
+
+
+def model_mesh(model: nn.Module, mesh):
+    """The mesh a model is sharded on: the whole one for a diffusers model, the `tp` axis for a text encoder."""
+    return tp_submesh(mesh) if is_transformers_model(model) else mesh
+
+
+def load_prepared(model: nn.Module, prepared, directory: str, torch_dtype=None, *, start=None) -> LoadStats:
+    """Fill the skeleton `model` (from `build_skeleton`, checked by `engine.prepare` into `prepared`) from the
+    checkpoint in `directory`, this rank's slices only, and shard it (`engine.apply`); returns what it read.
+
+    Every header and key check runs before a byte is read and before the model is touched.
+    """
+    start = time.perf_counter() if start is None else start
+    transformers_model = is_transformers_model(model)
+    checkpoint = open_checkpoint(directory, text.WEIGHTS_NAME if transformers_model else WEIGHTS_NAME)
+    keymap = model_keymap(model, checkpoint, transformers_model)
+    target = prepared.device if prepared.device is not None else local_device(prepared.tp_mesh.device_type)
     layouts = prepared.resolved.param_layouts()
-    dtypes = _target_dtypes(model, torch_dtype)
-    bytes_read = _read_into(model, checkpoint, layouts, dtypes, prepared.tp_mesh, target)
+    dtypes = _target_dtypes(model, torch_dtype, transformers_model)
+    bytes_read = _read_into(model, checkpoint, keymap, layouts, dtypes, prepared.tp_mesh, target)
     move_unsharded(model, target)  # buffers the checkpoint does not hold (non-persistent ones)
     _assert_materialized(model)
     apply(model, prepared, weights_local=True)
-    stats = _stats(checkpoint, layouts, prepared.tp_mesh, bytes_read, time.perf_counter() - start)
+    model.eval()
+    stats = _stats(checkpoint, keymap, layouts, prepared.tp_mesh, bytes_read, time.perf_counter() - start)
     logger.info(
         "dtp.from_pretrained rank %d: read %d of %d checkpoint bytes (share: sharded/%d + replicated = %d) in %.1f s",
         stats.rank,
@@ -121,25 +168,31 @@ def load(
         stats.share_bytes,
         stats.seconds,
     )
-    return model.eval(), stats
+    return stats
 
 
-def _target_dtypes(model: nn.Module, torch_dtype) -> dict[str, torch.dtype]:
-    """Each state-dict key's dtype in the model: the skeleton's own, float32 under `_keep_in_fp32_modules`."""
-    keep = getattr(model, "_keep_in_fp32_modules", None) or []
-    dtypes = {}
-    for key, tensor in model.state_dict().items():
-        fp32 = torch_dtype is not None and tensor.is_floating_point() and any(m in key.split(".") for m in keep)
-        dtypes[key] = torch.float32 if fp32 else tensor.dtype
-    return dtypes
+def _target_dtypes(model: nn.Module, torch_dtype, transformers_model: bool = False) -> dict[str, torch.dtype]:
+    """Each state-dict key's dtype in the model: the skeleton's own, float32 where the library keeps it so
+    (diffusers: `_keep_in_fp32_modules` under any `torch_dtype`; transformers: its dtype plan,
+    `text.fp32_predicate`)."""
+    if transformers_model:
+        fp32 = text.fp32_predicate(model, model.config.dtype)
+    else:
+        keep = getattr(model, "_keep_in_fp32_modules", None) or []
+        fp32 = lambda key: torch_dtype is not None and any(m in key.split(".") for m in keep)  # noqa: E731
+    return {
+        key: torch.float32 if tensor.is_floating_point() and fp32(key) else tensor.dtype
+        for key, tensor in model.state_dict().items()
+    }
 
 
 # ---------------------------------------------------------------------------------------------
 # reading
 
 
-def _read_into(model, checkpoint: Checkpoint, layouts, dtypes, tp_mesh, device) -> int:
-    """Read every tensor into `model`, in file order; returns the bytes read.
+def _read_into(model, checkpoint: Checkpoint, keymap: KeyMap, layouts, dtypes, tp_mesh, device) -> int:
+    """Read every tensor of `keymap.reads` into `model`, in file order, then give each tie alias its
+    member's Parameter; returns the bytes read.
 
     Each tensor gets its own `safe_open`: the file is memory-mapped, and every page a slice touches
     counts in this process's RSS until the map is closed. Rowwise slices (strided columns) and
@@ -150,16 +203,21 @@ def _read_into(model, checkpoint: Checkpoint, layouts, dtypes, tp_mesh, device) 
     tp, rank = tp_mesh.size(), tp_mesh.get_local_rank()
     bytes_read = 0
     quiet = dist.is_initialized() and dist.get_rank() != 0
-    with tqdm(total=len(checkpoint.tensors), desc="dtp load", unit="tensor", disable=quiet) as bar:
+    sources = {source: target for target, source in keymap.reads.items()}
+    with tqdm(total=len(sources), desc="dtp load", unit="tensor", disable=quiet) as bar:
         for file, keys in checkpoint.keys_by_file().items():
-            for key in keys:
+            for source in (k for k in keys if k in sources):
+                key = sources[source]
                 with safe_open(file, framework="pt", device="cpu") as handle:
                     counted = CountingReader(handle)
-                    local = _read_one(counted, checkpoint.tensors[key], layouts.get(key), tp, rank)
+                    local = _read_one(counted, checkpoint.tensors[source], layouts.get(key), tp, rank)
                 bytes_read += counted.bytes_read
                 local = local.to(dtype=dtypes[key]).to(device)  # cast after slicing: only the slice
                 _install(model, key, local, key in layouts, layouts.get(key), tp_mesh)
                 bar.update()
+    for alias, key in keymap.aliases.items():  # one tied Parameter: read once, installed under every name
+        module_path, _, name = alias.rpartition(".")
+        model.get_submodule(module_path)._parameters[name] = model.get_parameter(key)
     return bytes_read
 
 
@@ -219,12 +277,14 @@ def _install(model: nn.Module, key: str, local: torch.Tensor, planned: bool, lay
 
 def _assert_materialized(model: nn.Module) -> None:
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
-    assert not left, f"left on meta after loading (check_keys should have caught this): {left[:5]}"
+    assert not left, f"left on meta after loading (match_keys should have caught this): {left[:5]}"
 
 
-def _stats(checkpoint: Checkpoint, layouts, tp_mesh, bytes_read: int, seconds: float) -> LoadStats:
-    sharded = sum(info.nbytes for key, info in checkpoint.tensors.items() if layouts.get(key) is not None)
-    total = sum(info.nbytes for info in checkpoint.tensors.values())
+def _stats(checkpoint: Checkpoint, keymap: KeyMap, layouts, tp_mesh, bytes_read: int, seconds: float) -> LoadStats:
+    """Totals over the tensors read (a tie's duplicate and ignored keys are not read, so not counted)."""
+    nbytes = {key: checkpoint.tensors[source].nbytes for key, source in keymap.reads.items()}
+    sharded = sum(n for key, n in nbytes.items() if layouts.get(key) is not None)
+    total = sum(nbytes.values())
     return LoadStats(
         rank=dist.get_rank() if dist.is_initialized() else 0,
         tp=tp_mesh.size(),

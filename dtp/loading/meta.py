@@ -32,13 +32,15 @@ def parameters_on_meta():
     """Every parameter registered inside the block is moved to the meta device; buffers are left alone.
 
     Initialization then runs on meta (free); the CPU tensor a layer creates for its parameter is
-    dropped right after registration, before anything writes to it.
+    dropped right after registration, before anything writes to it. A parameter registered again
+    under a second name (transformers ties `encoder.embed_tokens.weight` to `shared.weight` that way)
+    is already on meta and stays the same object, so the tie survives.
     """
     original = nn.Module.register_parameter
 
     def register(module, name, param):
         original(module, name, param)
-        if param is not None:
+        if param is not None and param.device.type != "meta":  # a meta one may be a tie: keep it, and the tie
             meta = module._parameters[name].to("meta")
             module._parameters[name] = type(param)(meta, requires_grad=param.requires_grad)
 

@@ -4,9 +4,10 @@ Under torchrun every process is one rank of the TP group (tp = world size):
 
     torchrun --nproc-per-node 4 -m dtp run --model-dir ./FLUX.2-dev --prompt "a cat" --output cat.png
 
-Each rank loads the pipeline's transformer sharded (only its slice reaches the accelerator), then
-shards the other components that have a plan (the text encoders, `dtp.parallelize_pipeline`; loaded
-whole first, then cut), keeps the VAE whole, and runs the same denoising loop from the same seeded latents;
+Each rank loads the pipeline's transformer and its text encoders sharded (each rank reads only its
+slice of every sharded tensor, and only that slice reaches the accelerator; a text encoder by the
+first of its bundled plans that fits, as `dtp.parallelize_pipeline` picks it), shards any other
+component that has a plan, keeps the VAE whole, and runs the same denoising loop from the same seeded latents;
 the transformer's collectives keep the ranks in lock step, and rank 0 saves the image. Started
 without torchrun, `dtp run` runs the unsharded pipeline in one process: the reference.
 """
@@ -29,8 +30,8 @@ import torch.distributed as dist
 
 from ..adapters import load_lora_weights
 from ..errors import PlanError
-from ..loading import from_pretrained
-from ..pipeline import parallelize_pipeline
+from ..loading import build_skeleton, from_pretrained, is_transformers_class, load_prepared
+from ..pipeline import parallelize_pipeline, prepare_component
 from ..plan import load_plan
 from ..policy import CP_MODES, DTYPES, default_backend, default_device_type, parse_dtype
 from ..runtime.memory import local_param_bytes
@@ -59,7 +60,8 @@ def register(sub) -> None:
     p.add_argument(
         "--whole-text-encoders",
         action="store_true",
-        help="under torchrun, keep the text encoders whole on every rank (default: sharded by their plans)",
+        help="under torchrun, keep the text encoders whole on every rank (default: sharded by their plans, each "
+        "rank reading only its slice)",
     )
     p.add_argument("--prompt", required=True)
     p.add_argument("--lora", default=None, help="a diffusers LoRA file or folder for the transformer (default: none)")
@@ -166,25 +168,66 @@ def _generate_and_save(pipe, args, *, distributed: bool) -> None:
 
 
 def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None, cp_mode="ulysses", pad=False, text_encoders=True):
-    """The pipeline in `model_dir` on `device`; with a `mesh`, its transformer sharded by `plan` and (unless
-    `text_encoders` is False, or with `pad`: padding covers diffusers attention only) every other component
-    that has a plan (`dtp.parallelize_pipeline`).
+    """The pipeline in `model_dir` on `device`; with a `mesh`, its transformer sharded by `plan`, its text
+    encoders by their bundled plans (unless `text_encoders` is False: then they stay whole on every rank),
+    and every other component that has a plan (`dtp.parallelize_pipeline`); `pad` goes to all of them.
 
-    The transformer is loaded first and handed to `from_pretrained`, so the full transformer is
-    never materialized next to the sharded one. The text encoders are loaded whole, then cut.
+    The transformer and the text encoders are loaded shard-on-load (`dtp.from_pretrained`) and handed
+    to diffusers, so no rank ever holds one of them whole; the rest is loaded by diffusers.
     """
     from diffusers import DiffusionPipeline
 
+    loaded = {}
     if mesh is None:
-        transformer = transformer_class(model_dir).from_pretrained(
+        loaded["transformer"] = transformer_class(model_dir).from_pretrained(
             model_dir, subfolder="transformer", torch_dtype=dtype
         )
     else:
-        transformer = load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode, pad)
-    pipe = DiffusionPipeline.from_pretrained(model_dir, transformer=transformer, torch_dtype=dtype)
-    if mesh is not None and text_encoders and not pad:
-        parallelize_pipeline(pipe, mesh, exclude=("transformer",), cp_mode=cp_mode, device=device)
+        # The text encoders are checked first (meta skeletons, no byte read): a plan that does not fit one
+        # stops every rank before the transformer is read.
+        encoders = prepare_text_encoders(model_dir, mesh, dtype, device, cp_mode, pad) if text_encoders else {}
+        loaded["transformer"] = load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode, pad)
+        loaded |= load_text_encoders(model_dir, encoders, dtype)
+    pipe = DiffusionPipeline.from_pretrained(model_dir, **loaded, torch_dtype=dtype)
+    if mesh is not None and text_encoders:
+        parallelize_pipeline(pipe, mesh, exclude=tuple(loaded), cp_mode=cp_mode, device=device, pad=pad)
     return pipe.to(device)  # moves the replicated components; the sharded ones are already there
+
+
+def prepare_text_encoders(model_dir, mesh, dtype, device, cp_mode="ulysses", pad=False) -> dict:
+    """`{name: (skeleton, Prepared)}` for every transformers component of the pipeline that has a plan (its
+    text encoders): built on meta from `<model_dir>/<name>/config.json` and checked on the mesh's `tp` axis
+    (`prepare_component`: the first of its bundled plans that fits). Nothing is read; a component without
+    a plan is left out (diffusers loads it whole)."""
+    prepared = {}
+    for name, cls in transformers_components(model_dir).items():
+        model = build_skeleton(cls, os.path.join(model_dir, name), dtype)
+        ready = prepare_component(name, model, mesh, cp_mode=cp_mode, device=device, pad=pad)
+        if ready is not None:
+            prepared[name] = (model, ready)
+    return prepared
+
+
+def load_text_encoders(model_dir, prepared: dict, dtype) -> dict:
+    """`{name: model}`: each prepared text encoder filled shard-on-load from `<model_dir>/<name>/` (this rank
+    reads only its slice of every sharded tensor)."""
+    for name, (model, ready) in prepared.items():
+        load_prepared(model, ready, os.path.join(model_dir, name), dtype)
+    return {name: model for name, (model, _) in prepared.items()}
+
+
+def transformers_components(model_dir) -> dict:
+    """`{name: class}` of the pipeline's transformers model components (text encoders; not tokenizers)."""
+    import transformers
+
+    index = json.loads((Path(model_dir) / "model_index.json").read_text())
+    found = {}
+    for name, entry in index.items():
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == "transformers" and entry[1]:
+            cls = getattr(transformers, entry[1], None)
+            if is_transformers_class(cls):
+                found[name] = cls
+    return found
 
 
 def load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode="ulysses", pad=False):

@@ -177,3 +177,204 @@ def test_missing_config(saved, mesh, reads, tmp_path):
     with pytest.raises(CheckpointError, match="has no config.json; pass the model folder"):
         _load(tmp_path, mesh)
     assert reads == []
+
+
+# ---- transformers text encoders (model.safetensors, transformers' key names and ties) -----------------
+
+T5, QWEN_VL, CLIP = "T5EncoderModel", "Qwen2_5_VLForConditionalGeneration", "CLIPTextModel"
+TEXT_WEIGHTS = "model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def text_saved(tmp_path_factory):
+    """Good tiny checkpoints as transformers saves them: T5 stores `shared.weight` only (its tie), Qwen2.5-VL
+    the old layout (`model.layers.*`, renamed to `model.language_model.layers.*` on load)."""
+    from dtp.testing.tiny_text import tiny_text_model
+
+    dirs = {}
+    for cls in (T5, QWEN_VL, CLIP):
+        dirs[cls] = tmp_path_factory.mktemp(cls)
+        tiny_text_model(cls).save_pretrained(dirs[cls])
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def mesh2(fake_world):
+    """(cp=2, tp=2): a text encoder runs on the tp axis (the tiny GQA encoders have 2 kv heads)."""
+    return dtp.make_mesh(tp=2, cp=2, device_type="cpu")
+
+
+def _text_copy(saved, tmp_path, edit):
+    """`saved`'s config with its weights after `edit(state) -> state`."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "config.json").write_text((saved / "config.json").read_text())
+    save_file(edit(load_file(saved / TEXT_WEIGHTS)), tmp_path / TEXT_WEIGHTS)
+    return tmp_path
+
+
+def _load_text(cls, path, mesh):
+    import transformers
+
+    return dtp.from_pretrained(getattr(transformers, cls), str(path), mesh)
+
+
+def test_text_encoder_good_checkpoints_load(text_saved, mesh, mesh2, reads):
+    """Control: T5 (tie stored once) at tp=4 and Qwen2.5-VL (renamed keys) at tp=2 load; the tie holds."""
+    t5 = _load_text(T5, text_saved[T5], mesh)
+    assert t5.shared.weight is t5.encoder.embed_tokens.weight
+    assert t5.shared.weight.to_local().shape == (16, 32)  # 64 rows / tp 4
+    qwen = _load_text(QWEN_VL, text_saved[QWEN_VL], mesh2)
+    assert qwen.model.language_model.layers[0].mlp.up_proj.weight.to_local().shape == (32, 32)  # 64 / tp 2
+    assert reads == [1, 1]
+
+
+def test_text_encoder_old_clip_layout(text_saved, mesh, reads, tmp_path):
+    """CLIP as transformers 4 saved it (FLUX.1's text_encoder): `text_model.` prefix, persistent `position_ids`.
+    transformers' mapping drops the prefix and ignores position_ids; rank 0 holds rows 0-15 of the vocab."""
+    import transformers
+
+    def old(state):
+        position_ids = {"text_model.embeddings.position_ids": torch.arange(16)[None]}
+        return {f"text_model.{k}": v for k, v in state.items()} | position_ids
+
+    model = _load_text(CLIP, _text_copy(text_saved[CLIP], tmp_path, old), mesh)
+    reference = transformers.CLIPTextModel.from_pretrained(text_saved[CLIP])
+    local = model.embeddings.token_embedding.weight.to_local()
+    assert torch.equal(local, reference.embeddings.token_embedding.weight[:16])
+    assert reads == [1]
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float16, torch.bfloat16])
+def test_text_encoder_dtypes_are_transformers(text_saved, mesh, dtype):
+    """Every parameter's and buffer's dtype is the one T5EncoderModel.from_pretrained gives (None: its "auto";
+    float16: T5's `_keep_in_fp32_modules` `wo` stays float32), and so is the attention implementation."""
+    import transformers
+
+    model = dtp.from_pretrained(transformers.T5EncoderModel, str(text_saved[T5]), mesh, torch_dtype=dtype)
+    reference = transformers.T5EncoderModel.from_pretrained(text_saved[T5], dtype=dtype or "auto")
+    found = {n: t.dtype for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    assert found == {n: t.dtype for n, t in [*reference.named_parameters(), *reference.named_buffers()]}
+    assert model.config._attn_implementation == reference.config._attn_implementation
+    if dtype == torch.float16:
+        assert found["encoder.block.0.layer.1.DenseReluDense.wo.weight"] == torch.float32
+
+
+def test_text_encoder_auto_dtype_from_the_weights(text_saved, mesh, tmp_path):
+    """A config without a dtype: transformers' "auto" takes the weights' (float16 here), so does dtp."""
+    import transformers
+
+    path = _text_copy(text_saved[T5], tmp_path, lambda s: {k: v.half() for k, v in s.items()})
+    config = {k: v for k, v in json.loads((path / "config.json").read_text()).items() if k != "dtype"}
+    (path / "config.json").write_text(json.dumps(config))
+    model = _load_text(T5, path, mesh)
+    reference = transformers.T5EncoderModel.from_pretrained(path)
+    assert model.shared.weight.dtype == reference.shared.weight.dtype == torch.float16
+
+
+def test_text_encoder_missing_key(text_saved, mesh, reads, tmp_path):
+    dropped = "encoder.block.1.layer.0.SelfAttention.q.weight"
+    path = _text_copy(text_saved[T5], tmp_path, lambda s: {k: v for k, v in s.items() if k != dropped})
+    with pytest.raises(CheckpointError, match=f"lacks 1 of T5EncoderModel's tensors: '{dropped}'"):
+        _load_text(T5, path, mesh)
+    assert reads == []
+
+
+def test_text_encoder_tie_with_no_member_stored(text_saved, mesh, reads, tmp_path):
+    """Neither `shared.weight` nor `encoder.embed_tokens.weight`: both are named missing."""
+    path = _text_copy(text_saved[T5], tmp_path, lambda s: {k: v for k, v in s.items() if k != "shared.weight"})
+    with pytest.raises(CheckpointError, match="lacks 2 of T5EncoderModel's tensors: 'shared.weight', 'encoder.embed"):
+        _load_text(T5, path, mesh)
+    assert reads == []
+
+
+def test_text_encoder_ignored_and_unexpected_keys(text_saved, mesh, reads, tmp_path):
+    """T5EncoderModel ignores `decoder` keys (transformers' `_keys_to_ignore_on_load_unexpected`), and reads
+    none of them; any other extra key is refused."""
+    decoder = {"decoder.block.0.layer.0.SelfAttention.q.weight": torch.zeros(32, 32)}
+    _load_text(T5, _text_copy(text_saved[T5], tmp_path / "ok", lambda s: s | decoder), mesh)
+    assert reads == [1]
+    extra = {"encoder.extra.weight": torch.zeros(2)}
+    with pytest.raises(CheckpointError, match="1 tensors T5EncoderModel does not: 'encoder.extra.weight'"):
+        _load_text(T5, _text_copy(text_saved[T5], tmp_path / "bad", lambda s: s | extra), mesh)
+    assert reads == [1]
+
+
+def test_text_encoder_renamed_key_with_wrong_shape(text_saved, mesh2, reads, tmp_path):
+    """A renamed key is named as stored and as the module calls it."""
+    key = "model.layers.1.mlp.down_proj.weight"
+    path = _text_copy(text_saved[QWEN_VL], tmp_path, lambda s: s | {key: torch.zeros(32, 32)})
+    expected = (
+        rf"tensor '{key}' \(-> 'model.language_model.layers.1.mlp.down_proj.weight'\): "
+        r"checkpoint shape \[32, 32\] != model shape \[32, 64\]"
+    )
+    with pytest.raises(CheckpointError, match=expected):
+        _load_text(QWEN_VL, path, mesh2)
+    assert reads == []
+
+
+def test_text_encoder_renamed_unexpected_key(text_saved, mesh2, reads, tmp_path):
+    key = "model.layers.1.mlp.extra.weight"
+    path = _text_copy(text_saved[QWEN_VL], tmp_path, lambda s: s | {key: torch.zeros(2)})
+    with pytest.raises(CheckpointError, match=rf"does not: '{key}' \(-> 'model.language_model.layers.1.mlp.extra"):
+        _load_text(QWEN_VL, path, mesh2)
+    assert reads == []
+
+
+def test_text_encoder_renames_unreachable(text_saved, mesh2, reads, monkeypatch):
+    """Without transformers' conversion mapping, the old layout's keys are refused, named as stored and as expected."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers.conversion_mapping", None)  # import fails
+    with pytest.raises(CheckpointError, match=r"lacks 44 of Qwen2_5_VLForConditionalGeneration's tensors") as error:
+        _load_text(QWEN_VL, text_saved[QWEN_VL], mesh2)
+    message = str(error.value)
+    assert "tensors: 'model.visual.patch_embed.proj.weight'," in message  # as the module names it
+    assert "also holds 44 tensors Qwen2_5_VLForConditionalGeneration does not ('model.embed_tokens.weight'" in message
+    assert reads == []
+
+
+def test_text_encoder_conversion_that_splits_a_tensor(text_saved, mesh, reads, tmp_path, monkeypatch):
+    """A key a transformers WeightConverter splits (fused qkv -> q, k, v) cannot be read by slices: refused, named."""
+    import transformers.conversion_mapping as mapping
+    from transformers.core_model_loading import Chunk, WeightConverter
+
+    targets = [f"self_attn.{p}_proj.weight" for p in "qkv"]
+    converter = WeightConverter(["self_attn.qkv.weight"], targets, operations=[Chunk(0)])
+    monkeypatch.setattr(mapping, "get_model_conversion_mapping", lambda model, *a, **k: [converter])
+    prefix = "encoder.layers.0.self_attn"
+
+    def fuse(state):
+        fused = torch.cat([state.pop(f"{prefix}.{p}_proj.weight") for p in "qkv"])
+        return state | {f"{prefix}.qkv.weight": fused}
+
+    path = _text_copy(text_saved[CLIP], tmp_path, fuse)
+    with pytest.raises(CheckpointError, match=rf"'{prefix}.qkv.weight' needs transformers' conversion"):
+        _load_text(CLIP, path, mesh)
+    assert reads == []
+
+
+def test_text_encoder_non_safetensors(text_saved, mesh, reads, tmp_path):
+    (tmp_path / "config.json").write_text((text_saved[T5] / "config.json").read_text())
+    torch.save(load_file(text_saved[T5] / TEXT_WEIGHTS), tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"non-safetensors weights \(pytorch_model.bin\)"):
+        _load_text(T5, tmp_path, mesh)
+    assert reads == []
+
+
+def test_text_encoder_quantized(text_saved, mesh, reads, tmp_path):
+    config = json.loads((text_saved[T5] / "config.json").read_text())
+    path = _text_copy(text_saved[T5], tmp_path, lambda s: s)
+    (path / "config.json").write_text(json.dumps(config | {"quantization_config": {"quant_method": "fp8"}}))
+    with pytest.raises(CheckpointError, match=r"is quantized \(fp8\); shard-on-load reads unquantized"):
+        _load_text(T5, path, mesh)
+    assert reads == []
+
+
+def test_text_encoder_plan_error_comes_before_the_checkpoint(text_saved, mesh, reads, tmp_path):
+    """tp=4 does not divide Qwen2.5-VL's 2 kv heads: PlanError, the (garbage) weights never opened."""
+    (tmp_path / "config.json").write_text((text_saved[QWEN_VL] / "config.json").read_text())
+    (tmp_path / TEXT_WEIGHTS).write_bytes(b"not a safetensors file")
+    with pytest.raises(dtp.PlanError) as error:
+        _load_text(QWEN_VL, tmp_path, mesh)
+    assert not isinstance(error.value, CheckpointError)
+    assert reads == []
