@@ -371,8 +371,10 @@ def test_text_encoder_quantized(text_saved, mesh, reads, tmp_path):
 
 
 def test_text_encoder_plan_error_comes_before_the_checkpoint(text_saved, mesh, reads, tmp_path):
-    """tp=4 does not divide Qwen2.5-VL's 2 kv heads: PlanError, the (garbage) weights never opened."""
-    (tmp_path / "config.json").write_text((text_saved[QWEN_VL] / "config.json").read_text())
+    """tp=4 does not divide a Qwen2.5-VL with 2 query heads: PlanError, the (garbage) weights never opened."""
+    config = json.loads((text_saved[QWEN_VL] / "config.json").read_text())
+    config["text_config"].update(num_attention_heads=2, num_key_value_heads=2)
+    (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / TEXT_WEIGHTS).write_bytes(b"not a safetensors file")
     with pytest.raises(dtp.PlanError) as error:
         _load_text(QWEN_VL, tmp_path, mesh)
