@@ -56,11 +56,16 @@ class LoadStats:
     sharded_bytes: int  # checkpoint bytes of tensors the plan shards
     replicated_bytes: int  # checkpoint bytes of everything every rank reads whole
     seconds: float
+    shared_bytes: int = 0  # extra reads of shared kv heads: (replicas - 1) x their bytes (resolve/kv_share.py)
 
     @property
     def share_bytes(self) -> int:
-        """This rank's share of the checkpoint: sharded / tp + replicated."""
-        return self.sharded_bytes // self.tp + self.replicated_bytes
+        """This rank's share of the checkpoint: (sharded + shared) / tp + replicated.
+
+        A kv projection shared by R ranks is read by each of them in tp / R parts, so the ranks
+        together read it R times: Qwen2.5-VL-7B at tp=8 reads k_proj/v_proj twice over.
+        """
+        return (self.sharded_bytes + self.shared_bytes) // self.tp + self.replicated_bytes
 
 
 def from_pretrained(
@@ -284,6 +289,7 @@ def _stats(checkpoint: Checkpoint, keymap: KeyMap, layouts, tp_mesh, bytes_read:
     """Totals over the tensors read (a tie's duplicate and ignored keys are not read, so not counted)."""
     nbytes = {key: checkpoint.tensors[source].nbytes for key, source in keymap.reads.items()}
     sharded = sum(n for key, n in nbytes.items() if layouts.get(key) is not None)
+    shared = sum(n * (layouts[key].replicas - 1) for key, n in nbytes.items() if layouts.get(key) is not None)
     total = sum(nbytes.values())
     return LoadStats(
         rank=dist.get_rank() if dist.is_initialized() else 0,
@@ -292,4 +298,5 @@ def _stats(checkpoint: Checkpoint, keymap: KeyMap, layouts, tp_mesh, bytes_read:
         sharded_bytes=sharded,
         replicated_bytes=total - sharded,
         seconds=seconds,
+        shared_bytes=shared,
     )

@@ -228,6 +228,22 @@ def test_text_encoder_good_checkpoints_load(text_saved, mesh, mesh2, reads):
     assert reads == [1, 1]
 
 
+def test_shared_kv_heads_load_their_group_once(text_saved, mesh):
+    """Qwen2.5-VL (4 query / 2 kv heads) at tp=4, rank 0: q rows 0:8 (head 0), k/v rows 0:16 (kv head 0, which
+    rank 1 reads too); the rank reads exactly its share, the shared k/v bytes counted twice over the ranks."""
+    import transformers
+
+    from dtp.loading.load import load
+
+    model, stats = load(transformers.Qwen2_5_VLForConditionalGeneration, str(text_saved[QWEN_VL]), mesh)
+    reference = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(text_saved[QWEN_VL])
+    attn, ref = model.model.language_model.layers[0].self_attn, reference.model.language_model.layers[0].self_attn
+    assert torch.equal(attn.k_proj.weight.to_local(), ref.k_proj.weight[:8])  # head_dim 8: kv head 0
+    assert torch.equal(attn.q_proj.weight.to_local(), ref.q_proj.weight[:8])
+    assert (attn.num_heads, attn.num_key_value_heads, attn.num_key_value_groups) == (1, 1, 1)
+    assert stats.shared_bytes > 0 and stats.bytes_read == stats.share_bytes
+
+
 def test_text_encoder_old_clip_layout(text_saved, mesh, reads, tmp_path):
     """CLIP as transformers 4 saved it (FLUX.1's text_encoder): `text_model.` prefix, persistent `position_ids`.
     transformers' mapping drops the prefix and ignores position_ids; rank 0 holds rows 0-15 of the vocab."""
