@@ -28,13 +28,14 @@ def spawn(fn, world_size: int, *args, backend: str | None = None, timeout_s: flo
     failure on any rank, a rank that dies without reporting, or no full set of results within
     `timeout_s` raises RuntimeError (with the failing rank's traceback where there is one).
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="dtp-spawn-") as folder:
         store_path = os.path.join(folder, "store")
         procs = [
             ctx.Process(
-                target=_worker, args=(rank, world_size, store_path, backend or default_backend(), fn, args, queue)
+                target=_worker,
+                args=(rank, world_size, store_path, backend or default_backend(), fn, args, queue, dict(os.environ)),
             )
             for rank in range(world_size)
         ]
@@ -48,6 +49,32 @@ def spawn(fn, world_size: int, *args, backend: str | None = None, timeout_s: flo
                 if p.is_alive():
                     p.terminate()
     return [results[r] for r in range(world_size)]
+
+
+# Imported once by the forkserver and inherited by every rank it forks (see `_context`).
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "dtp",
+    "dtp.testing.tiny",
+    "dtp.testing.tiny_text",
+    "diffusers",
+    "transformers",
+]
+
+
+def _context():
+    """Where ranks come from: a forkserver where the platform has one, else fresh interpreters ("spawn").
+
+    A spawned rank re-imports torch, diffusers and transformers (5-10 s of CPU each); the forkserver
+    imports them once per calling process, before any thread or accelerator exists, and forks each
+    rank from that state. Each rank is still a fresh process with its own process group.
+    """
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def _collect(queue, procs, timeout_s: float) -> dict:
@@ -74,7 +101,9 @@ def _collect(queue, procs, timeout_s: float) -> dict:
     return results
 
 
-def _worker(rank, world_size, store_path, backend, fn, args, queue):
+def _worker(rank, world_size, store_path, backend, fn, args, queue, environ):
+    os.environ.clear()
+    os.environ.update(environ)  # the caller's, now: a forkserver keeps the environment it started with
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)  # N processes on a few cores: oversubscription makes gloo crawl
     try:
