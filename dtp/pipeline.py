@@ -21,6 +21,7 @@ from torch import nn
 
 from .engine import apply, prepare
 from .errors import PlanError
+from .loading.load import model_mesh
 from .plan import Plan, bundled_plans_for, find_plan
 from .plan.transformers import is_transformers_model
 from .runtime.memory import local_param_bytes
@@ -140,12 +141,13 @@ def _prepare_first(name: str, module: nn.Module, mesh, plans: list[Plan], cp_mod
         except PlanError as exc:
             errors.append(exc)
     tried = f" (also tried: {', '.join(p.name for p in plans[1:])})" if len(plans) > 1 else ""
+    cli = " (dtp run: --whole-text-encoders)" if is_transformers_model(module) else ""
     raise PlanError(
         f"pipeline component '{name}' ({type(module).__name__}): {errors[0]}{tried} To keep it whole on every "
-        f"rank, pass plans={{'{name}': dtp.pipeline.WHOLE}} (dtp run: --whole-text-encoders)."
+        f"rank, pass plans={{'{name}': dtp.pipeline.WHOLE}}{cli}."
     ) from errors[0]
 
 
 def component_mesh(module: nn.Module, mesh):
     """The whole mesh for a diffusers model; the `tp` axis for a text encoder (no sequence split)."""
-    return tp_submesh(mesh) if is_transformers_model(module) else mesh
+    return model_mesh(module, mesh)

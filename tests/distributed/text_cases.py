@@ -45,6 +45,7 @@ def run_text_cases(rank, world_size, tp, cases=CASES, pad=False):
 
 
 def text_part(model):
-    """What a text-to-image pipeline runs: a vision-language class's language model (its vision tower stays whole)."""
+    """What a text-to-image pipeline runs: a vision-language class's language model (its vision tower, sharded
+    too, has its own test: test_vision_parity.py)."""
     inner = getattr(model, "model", None)
     return getattr(inner, "language_model", model)
