@@ -101,20 +101,24 @@ def tiny_text_model(class_name: str, seed: int = 0) -> torch.nn.Module:
     return getattr(tf, class_name)(config).eval()
 
 
-def tiny_grouped_qwen(seed: int = 0) -> torch.nn.Module:
-    """Qwen2.5-VL with 6 query heads over 2 kv heads of width 8 (hidden 48): at tp=4 each kv head is shared by
-    2 ranks and each group of 3 query heads pads to 4 (pad=True), as the 7B's groups of 7 pad to 8 at tp=8."""
+def tiny_grouped_qwen(seed: int = 0, heads: int = 6, kv_heads: int = 2, intermediate: int = 96) -> torch.nn.Module:
+    """Qwen2.5-VL with `heads` query heads over `kv_heads` kv heads of width 8, fewer kv heads than ranks.
+
+    Default 6 / 2 (hidden 48): at tp=4 each kv head is shared by 2 ranks and each group of 3 query
+    heads pads to 4 (pad=True). `heads=28, kv_heads=4` is the 7B's head shape (hidden 224): at tp=8
+    each group of 7 pads to 8, each kv head is shared by 2 ranks (`intermediate=150` pads to 152).
+    """
     import transformers as tf
 
     text = dict(
         _DECODER,
-        hidden_size=48,
-        intermediate_size=96,
-        num_attention_heads=6,
-        num_key_value_heads=2,
+        hidden_size=8 * heads,
+        intermediate_size=intermediate,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]},
     )
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=48)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=8 * heads)
     config = tf.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, fullatt_block_indexes=[0]))
     config._attn_implementation = "eager"
     torch.manual_seed(seed)

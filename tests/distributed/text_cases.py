@@ -14,6 +14,8 @@ CASES = [(cls, None) for cls in TEXT_CLASSES] + [
 
 
 GROUPED = "Qwen2_5_VL 6q/2kv pad"  # tiny_grouped_qwen with pad=True: groups of 3 query heads padded at tp=4
+QWEN_7B_HEADS = "Qwen2_5_VL 28q/4kv pad"  # the 7B's heads (groups of 7 pad to 8 at tp=8), FFN 150 -> 152
+PADDED = {GROUPED: {}, QWEN_7B_HEADS: dict(heads=28, kv_heads=4, intermediate=150)}
 
 
 def case_id(cls, plan):
@@ -21,7 +23,7 @@ def case_id(cls, plan):
 
 
 def build(cls):
-    return tiny_grouped_qwen() if cls == GROUPED else tiny_text_model(cls)
+    return tiny_grouped_qwen(**PADDED[cls]) if cls in PADDED else tiny_text_model(cls)
 
 
 @torch.no_grad()
@@ -33,14 +35,13 @@ def run_text_cases(rank, world_size, tp, cases=CASES, pad=False):
     for cls, plan in cases:
         reference = build(cls)
         ref = hidden_states(reference, inputs)
-        sharded = dtp.parallelize(
-            build(cls), mesh, plan and dtp.load_plan(plan), pad=pad or cls == GROUPED
-        )  # None: plan_for
+        plan = plan and dtp.load_plan(plan)  # None: plan_for
+        sharded = dtp.parallelize(build(cls), mesh, plan, pad=pad or cls in PADDED)
         out = hidden_states(sharded, inputs)
         assert len(out) == len(ref), cls
         relative = max(float((o - r).abs().max() / r.abs().max()) for o, r in zip(out, ref))
         share = local_param_bytes(text_part(sharded)) / local_param_bytes(text_part(reference))
-        results[case_id(cls, plan)] = (relative, share)
+        results[case_id(cls, plan and plan.name)] = (relative, share)
     return results
 
 
