@@ -97,12 +97,10 @@ def parallelize_pipeline(
     whole = {name: local_param_bytes(module) for name, module in modules.items()}
     prepared = {}
     for name, module in modules.items():  # every check of every component first ...
-        candidates = [plans[name]] if name in plans else _own_plans(module)
-        candidates = [plan for plan in candidates if plan is not None]
-        if candidates:
-            prepared[name] = _prepare_first(
-                name, module, component_mesh(module, mesh), candidates, cp_mode, device, pad
-            )
+        given = [plans[name]] if name in plans else None
+        ready = prepare_component(name, module, mesh, plans=given, cp_mode=cp_mode, device=device, pad=pad)
+        if ready is not None:
+            prepared[name] = ready
     for name, ready in prepared.items():  # ... then the mutations
         apply(modules[name], ready)
     return PipelineReport(
@@ -111,14 +109,24 @@ def parallelize_pipeline(
     )
 
 
-def prepare_component(name: str, module: nn.Module, mesh, *, cp_mode: str = "ulysses", device=None, pad: bool = False):
-    """`engine.prepare` for one component as `parallelize_pipeline` does it (its mesh, the first of its own
-    plans that fits, the same PlanError); None when it has no plan. For loaders that build the component
-    themselves (`dtp run` loads text encoders shard-on-load)."""
-    candidates = [plan for plan in _own_plans(module) if plan is not None]
+def prepare_component(
+    name: str,
+    module: nn.Module,
+    mesh,
+    *,
+    plans: list[Plan | None] | None = None,
+    cp_mode: str = "ulysses",
+    device=None,
+    pad: bool = False,
+):
+    """`engine.prepare` for one component: on its mesh (`loading.load.model_mesh`), with the first of `plans`
+    (default: its own, `_own_plans`) that fits, else a PlanError naming the component; None when it has no
+    plan (or only `WHOLE`). `parallelize_pipeline` calls it per component, and loaders that build the
+    component themselves (`dtp run` loads text encoders shard-on-load) do too."""
+    candidates = [plan for plan in (_own_plans(module) if plans is None else plans) if plan is not None]
     if not candidates:
         return None
-    return _prepare_first(name, module, component_mesh(module, mesh), candidates, cp_mode, device, pad)
+    return _prepare_first(name, module, model_mesh(module, mesh), candidates, cp_mode, device, pad)
 
 
 def _own_plans(module: nn.Module) -> list[Plan | None]:
@@ -146,8 +154,3 @@ def _prepare_first(name: str, module: nn.Module, mesh, plans: list[Plan], cp_mod
         f"pipeline component '{name}' ({type(module).__name__}): {errors[0]}{tried} To keep it whole on every "
         f"rank, pass plans={{'{name}': dtp.pipeline.WHOLE}}{cli}."
     ) from errors[0]
-
-
-def component_mesh(module: nn.Module, mesh):
-    """The whole mesh for a diffusers model; the `tp` axis for a text encoder (no sequence split)."""
-    return model_mesh(module, mesh)

@@ -14,7 +14,7 @@ does not hold (built when the model is constructed, as diffusers does), follow t
 
 Both libraries load this way: a diffusers model (a transformer) from `diffusion_pytorch_model.safetensors`
 on the whole ("cp", "tp") mesh, a transformers model (a text encoder) from `model.safetensors` on the
-mesh's `tp` axis only (as `pipeline.component_mesh`: text encoders have no sequence split).
+mesh's `tp` axis only (`model_mesh`: text encoders have no sequence split).
 """
 
 from __future__ import annotations

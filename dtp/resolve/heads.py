@@ -67,6 +67,14 @@ class AttentionSpec:
         kv_heads = next((known[a] for a in KV_COUNTS if a in known), self.kv_heads)
         return heads, kv_heads if kv_heads is not None else heads
 
+    def kv_sharing(self, tp: int) -> int:
+        """Ranks that share each kv head at `tp`: tp / kv when this module may share (`shares_kv`) and its kv
+        heads are fewer than tp and divide it (kv_share.py), else 1."""
+        _, kv_heads = self.counts()
+        if not self.shares_kv or kv_heads is None or kv_heads >= tp or tp % kv_heads:
+            return 1
+        return tp // kv_heads
+
     def local_values(self, tp: int) -> dict[str, int]:
         """Per-rank values: counts and widths / tp; kv counts * replicas / tp; groups = local q / local kv."""
         local = {

@@ -40,13 +40,13 @@ def share_kv(resolved: Resolved, model: nn.Module, tp: int) -> Resolved:
 
     A no-op (the same object) when no attention module needs it. Mutates nothing.
     """
-    shared = [spec for spec in resolved.attention if replicas_for(spec, tp) > 1]
+    shared = [spec for spec in resolved.attention if spec.kv_sharing(tp) > 1]
     if not shared:
         return resolved
     linears = {spec.path: spec for spec in resolved.linears}
     attention = {spec.path: spec for spec in resolved.attention}
     for spec in shared:
-        replicas = replicas_for(spec, tp)
+        replicas = spec.kv_sharing(tp)
         head_dim = _head_dim(spec, model.get_submodule(spec.path), resolved)
         for linear in _children(resolved.linears, spec.path):
             linears[linear.path] = _bind(linear, spec, head_dim, replicas, tp, resolved.plan.name)
@@ -56,14 +56,6 @@ def share_kv(resolved: Resolved, model: nn.Module, tp: int) -> Resolved:
         linears=tuple(linears[s.path] for s in resolved.linears),
         attention=tuple(attention[s.path] for s in resolved.attention),
     )
-
-
-def replicas_for(spec: AttentionSpec, tp: int) -> int:
-    """How many ranks share each kv head of `spec` at `tp`: tp / kv when kv < tp divides tp, else 1."""
-    _, kv_heads = spec.counts()
-    if not spec.shares_kv or kv_heads is None or kv_heads >= tp or tp % kv_heads:
-        return 1
-    return tp // kv_heads
 
 
 def _children(linears, path: str) -> list[LinearSpec]:

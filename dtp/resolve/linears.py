@@ -6,7 +6,7 @@ weight's rows); a rowwise bias is added once, after the all-reduce, so every ran
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import nn
 
@@ -42,8 +42,7 @@ class LinearSpec:
         """`{param name: Layout}`, `None` for a parameter every rank holds whole (a rowwise bias)."""
         layouts = {"weight": self.weight_layout}
         if self.has_bias:
-            split = Layout(0, self.sizes, self.padded_sizes, self.groups, self.replicas)
-            layouts["bias"] = split if self.style.splits_bias else None
+            layouts["bias"] = replace(self.weight_layout, dim=0) if self.style.splits_bias else None
         return layouts
 
     def constraints(self) -> list[Constraint]:

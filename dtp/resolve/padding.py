@@ -122,12 +122,9 @@ def head_padding(
             f"plan {plan_name}: pad=True cannot pad '{spec.path}': {heads} query heads are not a multiple of "
             f"{kv_heads} kv heads (GQA groups must be whole); use a tp that divides both."
         )
-    group = heads // kv_heads
-    if spec.shares_kv and kv_heads < multiple and multiple % kv_heads == 0:
-        # kv heads shared by R = multiple / kv ranks (kv_share.py): each group pads to a multiple of R on its own.
-        return HeadPadding(
-            spec.path, heads, kv_heads, head_dim, kv_heads * round_up(group, multiple // kv_heads), kv_heads
-        )
+    group, sharing = heads // kv_heads, spec.kv_sharing(multiple)
+    if sharing > 1:  # kv heads shared by `sharing` ranks (kv_share.py): each group pads to a multiple of it alone
+        return HeadPadding(spec.path, heads, kv_heads, head_dim, kv_heads * round_up(group, sharing), kv_heads)
     padded_kv = round_up(kv_heads, multiple)
     return HeadPadding(spec.path, heads, kv_heads, head_dim, padded_kv * group, padded_kv)
 
@@ -234,8 +231,8 @@ def _pad_attention(spec: AttentionSpec, padding: HeadPadding, tp: int) -> Attent
 
 def pad_bound(resolved: Resolved) -> int:
     """The largest degree `pad=True` offers: the smallest head count the plan touches (else the smallest width)."""
-    counts = [n for s in resolved.attention for n in s.counts() if n is not None and not s.shares_kv]
-    counts += [s.counts()[0] for s in resolved.attention if s.shares_kv and s.counts()[0] is not None]
+    # kv heads bound it too, unless they may be shared (then tp may exceed them)
+    counts = [n for s in resolved.attention for n in s.counts()[: 1 if s.shares_kv else 2] if n is not None]
     return min(counts or [c.value for c in resolved.constraints] or [1])
 
 
