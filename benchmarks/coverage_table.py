@@ -1,7 +1,7 @@
 """The coverage table: every bundled plan, its valid TP degrees at full size, per-rank / ideal weights.
 
 Generated from `dtp check` (`dtp.tools.check.check`, meta device + torch's fake process group, bf16,
-full-size configs = class defaults + `dtp.tools.fakepg.RELEASED_OVERRIDES`), so it cannot drift
+full-size configs = class defaults + `each family's RELEASED (dtp/families/)`), so it cannot drift
 from what the tool reports. The ratio is taken at tp = 8, or at the largest valid degree below 8.
 
     python benchmarks/coverage_table.py      # prints the table, writes benchmarks/results/coverage.md

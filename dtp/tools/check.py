@@ -33,7 +33,7 @@ import torch
 
 from ..engine import apply, prepare, supported_tp
 from ..errors import ForwardError, PlanError
-from ..models import INPUT_BUILDERS
+from ..families import FAMILIES
 from ..pipeline import WHOLE, parallelize_pipeline
 from ..plan import Plan, bundled_plan_names, load_plan
 from ..policy import CP_MODES, check_degree, parse_dtype
@@ -290,7 +290,7 @@ def _collectives(model, resolved, class_name, dtype, resolution, text_tokens) ->
     if resolution % LATENT_PIXELS_PER_TOKEN:
         raise PlanError(f"dtp check: --resolution {resolution} must be a multiple of {LATENT_PIXELS_PER_TOKEN}.")
     img_tokens = (resolution // LATENT_PIXELS_PER_TOKEN) ** 2
-    if class_name not in INPUT_BUILDERS:
+    if class_name not in FAMILIES:
         result["measured"] = None
         result["note"] = f"no input builder for {class_name}: counts implied by the plan only"
         return result

@@ -17,28 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import PlanError
-from ..models import example_inputs, model_class
-
-# Where a released checkpoint's config differs from the diffusers class defaults. FLUX.1-dev is
-# FluxTransformer2DModel's defaults with guidance distillation on (FLUX.1-schnell has it off).
-# Flux2Transformer2DModel, QwenImageTransformer2DModel and ZImageTransformer2DModel defaults are
-# FLUX.2-dev, Qwen-Image and Z-Image(-Turbo) 6B respectively.
-RELEASED_OVERRIDES = {
-    "FluxTransformer2DModel": {"guidance_embeds": True},
-    # PixArt-Sigma XL 1024: T5-XXL captions (the class default leaves caption_channels unset), no
-    # resolution / aspect-ratio conditioning.
-    "PixArtTransformer2DModel": {"caption_channels": 4096, "use_additional_conditions": False},
-    # HiDream-I1: the class defaults leave the patch size and text widths unset (it cannot be built
-    # without them) and pair two RoPE axes with three position columns: patch 2; T5-XXL and
-    # Llama-3.1-8B states are both 4096 wide. llama_layers only picks which stacked Llama state
-    # each of the 48 blocks reads; any 48 indices below 32 give the same shapes.
-    "HiDreamImageTransformer2DModel": {
-        "patch_size": 2,
-        "caption_channels": [4096, 4096],
-        "llama_layers": [i % 32 for i in range(48)],
-        "axes_dims_rope": [64, 32, 32],  # 3 position axes (the default pair does not match its 3-column ids)
-    },
-}
+from ..families import example_inputs, model_class, released_overrides
 
 
 @contextlib.contextmanager
@@ -59,8 +38,8 @@ def fake_world(world_size: int):
 
 
 def default_config(class_name: str) -> dict:
-    """The full-size config used when none is given: the class defaults plus `RELEASED_OVERRIDES`."""
-    return dict(RELEASED_OVERRIDES.get(class_name, {}))
+    """The full-size config used when none is given: the class defaults plus the family's `RELEASED` overrides."""
+    return released_overrides(class_name)
 
 
 def read_config(path) -> dict:

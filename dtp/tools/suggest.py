@@ -40,7 +40,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from ..errors import PlanError
-from ..models import example_inputs as known_inputs
+from ..families import example_inputs as known_inputs
 from ..plan import Plan
 from ..policy import check_degree
 from ..resolve import resolve

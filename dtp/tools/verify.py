@@ -39,8 +39,8 @@ from torch.distributed.tensor import DTensor
 
 from ..engine import Prepared, apply, prepare
 from ..errors import PlanError
-from ..models import example_inputs as known_inputs
-from ..models import model_class
+from ..families import example_inputs as known_inputs
+from ..families import model_class
 from ..plan import Plan, load_plan
 from ..policy import check_degree
 from ..resolve import Layout, Resolved

@@ -200,7 +200,7 @@ def test_cut_refuses_an_indivisible_size():
         _cut(torch.ones(2, 6), spec, 4, 0)
 
 
-# ---- full size (class defaults + dtp.tools.fakepg.RELEASED_OVERRIDES), meta device -------------------
+# ---- full size (class defaults + each family's RELEASED (dtp/families/)), meta device -------------------
 
 # The degrees follow from the heads (and kv heads): e.g. Wan 14B 40 heads -> 1, 2, 4, 8 (FFN 13824 =
 # 2^9 * 27 allows 8); SD3 class defaults 18 heads; HunyuanImage 28; AuraFlow 12; HiDream 20 (and

@@ -1,0 +1,122 @@
+"""Model families: one module per diffusers DiT class that dtp has a bundled plan for.
+
+Each family module holds everything dtp knows about one architecture besides its plan (`plans/<PLAN>.yaml`):
+
+    CLASS_NAME  the diffusers class
+    PLAN        the bundled plan written for it
+    TINY        a tiny config with every structural feature (tests, the demo, `dtp lint` / `suggest` / `verify`)
+    RELEASED    where the released checkpoint's config differs from the class defaults (full-size checks)
+    inputs(cfg, g, batch, img, txt)   forward kwargs for any config: `img` image/video tokens, `txt` text tokens
+
+A new family is one module here plus its line in `_MODULES`; nothing else names the class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import PlanError
+from . import (
+    auraflow,
+    chroma,
+    cogvideox,
+    cogview4,
+    cosmos,
+    flux,
+    flux2,
+    hidream,
+    hunyuanimage,
+    hunyuanvideo,
+    ltx_video,
+    lumina2,
+    mochi,
+    pixart,
+    qwenimage,
+    qwenimage21,
+    sana,
+    sd3,
+    skyreels_v2,
+    wan,
+    zimage,
+)
+
+_MODULES = (
+    flux,
+    flux2,
+    qwenimage,
+    zimage,
+    pixart,
+    sd3,
+    auraflow,
+    cogview4,
+    cogvideox,
+    chroma,
+    hunyuanvideo,
+    hunyuanimage,
+    lumina2,
+    sana,
+    wan,
+    skyreels_v2,
+    ltx_video,
+    mochi,
+    cosmos,
+    hidream,
+    qwenimage21,
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One architecture: its class, its bundled plan's name, its tiny and released configs, its input builder."""
+
+    class_name: str
+    plan: str
+    tiny: dict
+    released: dict
+    inputs: Callable
+
+    @property
+    def is_video(self) -> bool:
+        """A 3-D (video) transformer: its tokens are frames x height x width."""
+        return "3DModel" in self.class_name
+
+
+FAMILIES: dict[str, Family] = {
+    m.CLASS_NAME: Family(m.CLASS_NAME, m.PLAN, m.TINY, m.RELEASED, m.inputs) for m in _MODULES
+}
+
+
+def family(class_name: str) -> Family:
+    """The family of `class_name`; PlanError listing the known ones otherwise."""
+    if class_name not in FAMILIES:
+        raise PlanError(
+            f"no model family for {class_name}; known: {', '.join(sorted(FAMILIES))}. Pass the inputs yourself."
+        )
+    return FAMILIES[class_name]
+
+
+def model_class(class_name: str):
+    """The diffusers class named `class_name`; PlanError when diffusers has none."""
+    import diffusers
+
+    cls = getattr(diffusers, class_name, None)
+    if cls is None:
+        raise PlanError(f"diffusers has no class named '{class_name}'.")
+    return cls
+
+
+def example_inputs(
+    class_name: str, config: dict, *, seed: int = 1, batch: int = 1, img_tokens: int = 16, txt_tokens: int = 8
+) -> dict:
+    """Keyword arguments for one forward of a `class_name` model built from `config` (same on every rank
+    for a fixed seed). PlanError for a class without a family."""
+    g = torch.Generator().manual_seed(seed)
+    return family(class_name).inputs(config, g, batch, img_tokens, txt_tokens)
+
+
+def released_overrides(class_name: str) -> dict:
+    """The released checkpoint's config differences from the class defaults ({} for classes without a family)."""
+    return dict(FAMILIES[class_name].released) if class_name in FAMILIES else {}
