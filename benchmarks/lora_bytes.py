@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 import dtp
-from dtp.tools.collectives import CollectiveCounter
-from dtp.tools.fakepg import default_config, fake_world, meta_inputs, meta_model
+from dtp.analysis.collectives import CollectiveCounter
+from dtp.analysis.fakepg import default_config, fake_world, meta_inputs, meta_model
 
 DEGREES = (2, 4, 8)
 COLLECTIVES_TP = 4

@@ -1,6 +1,6 @@
 """Per-rank weight bytes / (total / tp) of every bundled plan at tp 2 / 4 / 8, next to diffusers' own plan.
 
-Full-size default configs (see `dtp.tools.fakepg.default_config`; FLUX.1-dev = FluxTransformer2DModel
+Full-size default configs (see `dtp.analysis.fakepg.default_config`; FLUX.1-dev = FluxTransformer2DModel
 defaults with guidance_embeds=True), bf16, built on the meta device and sharded on rank 0 of torch's
 fake process group, exactly as `dtp check` does. A second table gives the collectives of one forward
 at 1024x1024 px (4096 image + 512 text tokens, batch 1) at tp=8 (or the largest valid degree below), to show what the

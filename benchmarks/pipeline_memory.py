@@ -22,8 +22,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from dtp.analysis.released import RELEASED_PIPELINES
 from dtp.tools.check import check_pipeline
-from dtp.tools.released import RELEASED_PIPELINES
 
 DEGREES = (2, 4, 8)
 RESULTS = Path(__file__).resolve().parent / "results" / "pipeline_memory.md"

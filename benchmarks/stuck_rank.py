@@ -38,7 +38,7 @@ def stalled_rank_main(argv: list[str]) -> int:
 
 
 def launch(timeout_s: float, stall_s: float) -> tuple[int, float, str]:
-    from dtp.testing.pipelines import tiny_checkpoint
+    from dtp.families.pipelines import tiny_checkpoint
 
     model_dir = tiny_checkpoint("flux")
     command = [

@@ -20,10 +20,10 @@ from functools import partial
 from pathlib import Path
 
 import dtp
+from dtp.analysis.suggest import rank_fraction, suggest
+from dtp.analysis.verify import compare_sharded, merge
 from dtp.testing.launch import spawn
 from dtp.testing.tiny import TINY_CONFIGS, tiny_inputs, tiny_model
-from dtp.tools.suggest import rank_fraction, suggest
-from dtp.tools.verify import compare_sharded, merge
 
 TP = 2
 RESULT = Path(__file__).resolve().parent / "results" / "suggest_coverage.md"

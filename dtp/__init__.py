@@ -8,16 +8,16 @@ example inputs)
 """
 
 from .adapters import load_lora, load_lora_weights
+from .analysis.suggest import suggest_plan
+from .analysis.verify import verify
 from .engine import Prepared, apply, prepare
 from .errors import ForwardError, PlanError
 from .loading import from_pretrained
 from .parallelize import parallelize, tp_candidates
-from .pipeline import parallelize_pipeline
+from .pipeline import load_pipeline, parallelize_pipeline
 from .plan import Plan, Rule, Style, load_plan, plan_for
 from .resolve import Layout
 from .runtime.mesh import make_mesh
-from .tools.suggest import suggest_plan
-from .tools.verify import verify
 
 __all__ = [
     "ForwardError",
@@ -31,6 +31,7 @@ __all__ = [
     "from_pretrained",
     "load_lora",
     "load_lora_weights",
+    "load_pipeline",
     "load_plan",
     "make_mesh",
     "parallelize",

@@ -31,6 +31,10 @@ from types import SimpleNamespace
 
 import torch
 
+from ..analysis.collectives import CollectiveCounter, implied_collectives
+from ..analysis.fakepg import default_config, fake_world, meta_inputs, meta_model, read_config
+from ..analysis.lint import format_lint, lint_report
+from ..analysis.released import RELEASED_PIPELINES, build_pipeline, released_pipeline
 from ..engine import apply, prepare, supported_tp
 from ..errors import ForwardError, PlanError
 from ..families import FAMILIES
@@ -41,10 +45,6 @@ from ..resolve import Resolved
 from ..resolve.padding import overhead
 from ..runtime.memory import local_param_bytes
 from ..runtime.mesh import make_mesh
-from .collectives import CollectiveCounter, implied_collectives
-from .fakepg import default_config, fake_world, meta_inputs, meta_model, read_config
-from .lint import format_lint, lint_report
-from .released import RELEASED_PIPELINES, build_pipeline, released_pipeline
 
 CHECK_DTYPES = ("fp32", "bf16", "fp16")
 TOP_REPLICATED = 6

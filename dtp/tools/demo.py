@@ -22,11 +22,12 @@ import numpy as np
 import torch
 
 from ..errors import PlanError
+from ..families.pipelines import tiny_checkpoint
 from ..parallelize import tp_candidates
+from ..pipeline import transformer_class
 from ..plan import load_plan
 from ..policy import check_degree, default_backend, default_device_type
-from ..testing.pipelines import tiny_checkpoint
-from .run import quiet_libraries, transformer_class
+from .run import quiet_libraries
 
 # Pixels in [0, 1], fp32: vllm-omni's TP test accepts 3e-2 / 2.5e-1; fp32 CPU runs differ by ~1e-7.
 MEAN_TOLERANCE = 1e-3

@@ -30,9 +30,8 @@ import torch.distributed as dist
 
 from ..adapters import load_lora_weights
 from ..errors import PlanError
-from ..loading import build_skeleton, from_pretrained, is_transformers_class, load_prepared
-from ..pipeline import parallelize_pipeline, prepare_component
-from ..plan import load_plan
+from ..pipeline import WHOLE, load_pipeline
+from ..pipeline.load import transformers_components
 from ..policy import CP_MODES, DTYPES, default_backend, default_device_type, parse_dtype
 from ..runtime.memory import local_param_bytes
 from ..runtime.mesh import make_mesh
@@ -91,7 +90,7 @@ def run(args) -> int:
     quiet_libraries()
     if "WORLD_SIZE" not in os.environ:
         device = local_device(default_device_type())
-        pipe = load_pipeline(args.model_dir, device=device, dtype=_dtype(args.dtype, device))
+        pipe = load_pipeline(args.model_dir, torch_dtype=_dtype(args.dtype, device), device=device)
         add_lora(pipe, args.lora, args.lora_scale, sharded=False)
         _generate_and_save(pipe, args, distributed=False)
         return 0
@@ -110,13 +109,12 @@ def _run_sharded(args, device: torch.device, progress: Progress) -> None:
     mesh = make_mesh(tp=_tp_degree(dist.get_world_size(), args.cp), cp=args.cp, device_type=device.type)
     pipe = load_pipeline(
         args.model_dir,
-        device=device,
-        dtype=_dtype(args.dtype, device),
-        mesh=mesh,
-        plan=args.plan,
+        mesh,
+        torch_dtype=_dtype(args.dtype, device),
+        plans=_plans(args),
         cp_mode=args.cp_mode,
         pad=args.pad,
-        text_encoders=not args.whole_text_encoders,
+        device=device,
     )
     add_lora(pipe, args.lora, args.lora_scale, sharded=True)
     pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
@@ -125,6 +123,14 @@ def _run_sharded(args, device: torch.device, progress: Progress) -> None:
     _generate_and_save(pipe, args, distributed=True)
     progress.post("finishing")
     dist.barrier()  # tear down together, not while rank 0 still writes the image
+
+
+def _plans(args) -> dict:
+    """`load_pipeline`'s plans from the flags: `--plan` for the transformer, `--whole-text-encoders`."""
+    plans = {} if args.plan is None else {"transformer": args.plan}
+    if args.whole_text_encoders:
+        plans |= {name: WHOLE for name in transformers_components(args.model_dir)}
+    return plans
 
 
 def _exit_now() -> None:
@@ -164,92 +170,7 @@ def _generate_and_save(pipe, args, *, distributed: bool) -> None:
         Path(args.report).write_text(json.dumps({"ranks": reports}, indent=1))
 
 
-# ---- loading ---------------------------------------------------------------------------------
-
-
-def load_pipeline(model_dir, *, device, dtype, mesh=None, plan=None, cp_mode="ulysses", pad=False, text_encoders=True):
-    """The pipeline in `model_dir` on `device`; with a `mesh`, its transformer sharded by `plan`, its text
-    encoders by their bundled plans (unless `text_encoders` is False: then they stay whole on every rank),
-    and every other component that has a plan (`dtp.parallelize_pipeline`); `pad` goes to all of them.
-
-    The transformer and the text encoders are loaded shard-on-load (`dtp.from_pretrained`) and handed
-    to diffusers, so no rank ever holds one of them whole; the rest is loaded by diffusers.
-    """
-    from diffusers import DiffusionPipeline
-
-    loaded = {}
-    if mesh is None:
-        loaded["transformer"] = transformer_class(model_dir).from_pretrained(
-            model_dir, subfolder="transformer", torch_dtype=dtype
-        )
-    else:
-        # The text encoders are checked first (meta skeletons, no byte read): a plan that does not fit one
-        # stops every rank before the transformer is read.
-        encoders = prepare_text_encoders(model_dir, mesh, dtype, device, cp_mode, pad) if text_encoders else {}
-        loaded["transformer"] = load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode, pad)
-        loaded |= load_text_encoders(model_dir, encoders, dtype)
-    pipe = DiffusionPipeline.from_pretrained(model_dir, **loaded, torch_dtype=dtype)
-    if mesh is not None and text_encoders:
-        parallelize_pipeline(pipe, mesh, exclude=tuple(loaded), cp_mode=cp_mode, device=device, pad=pad)
-    return pipe.to(device)  # moves the replicated components; the sharded ones are already there
-
-
-def prepare_text_encoders(model_dir, mesh, dtype, device, cp_mode="ulysses", pad=False) -> dict:
-    """`{name: (skeleton, Prepared)}` for every transformers component of the pipeline that has a plan (its
-    text encoders): built on meta from `<model_dir>/<name>/config.json` and checked on the mesh's `tp` axis
-    (`prepare_component`: the first of its bundled plans that fits). Nothing is read; a component without
-    a plan is left out (diffusers loads it whole)."""
-    prepared = {}
-    for name, cls in transformers_components(model_dir).items():
-        model = build_skeleton(cls, os.path.join(model_dir, name), dtype)
-        ready = prepare_component(name, model, mesh, cp_mode=cp_mode, device=device, pad=pad)
-        if ready is not None:
-            prepared[name] = (model, ready)
-    return prepared
-
-
-def load_text_encoders(model_dir, prepared: dict, dtype) -> dict:
-    """`{name: model}`: each prepared text encoder filled shard-on-load from `<model_dir>/<name>/` (this rank
-    reads only its slice of every sharded tensor)."""
-    for name, (model, ready) in prepared.items():
-        load_prepared(model, ready, os.path.join(model_dir, name), dtype)
-    return {name: model for name, (model, _) in prepared.items()}
-
-
-def transformers_components(model_dir) -> dict:
-    """`{name: class}` of the pipeline's transformers model components (text encoders; not tokenizers)."""
-    import transformers
-
-    index = json.loads((Path(model_dir) / "model_index.json").read_text())
-    found = {}
-    for name, entry in index.items():
-        if isinstance(entry, list) and len(entry) == 2 and entry[0] == "transformers" and entry[1]:
-            cls = getattr(transformers, entry[1], None)
-            if is_transformers_class(cls):
-                found[name] = cls
-    return found
-
-
-def load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode="ulysses", pad=False):
-    """The pipeline's transformer, sharded with `plan` (name, path, Plan or None = bundled) on `mesh`
-    (TP on its `tp` axis; the plan's context parallelism in `cp_mode` when its `cp` axis is > 1;
-    `pad=True` zero-pads heads and widths tp does not divide).
-
-    Shard-on-load: each rank reads only its own slice of every sharded tensor from the safetensors
-    files and moves only that slice to `device` (no full copy of the transformer on any rank).
-    """
-    plan = load_plan(plan) if isinstance(plan, (str, Path)) else plan
-    return from_pretrained(
-        transformer_class(model_dir),
-        model_dir,
-        mesh,
-        plan,
-        subfolder="transformer",
-        torch_dtype=dtype,
-        device=device,
-        cp_mode=cp_mode,
-        pad=pad,
-    )
+# ---- loading -------------------------------------------------------------------------------------
 
 
 def add_lora(pipe, lora, scale: float, *, sharded: bool) -> None:
@@ -262,19 +183,6 @@ def add_lora(pipe, lora, scale: float, *, sharded: bool) -> None:
     else:
         pipe.load_lora_weights(lora, adapter_name=LORA_ADAPTER)
     pipe.transformer.set_adapters(LORA_ADAPTER, weights=scale)
-
-
-def transformer_class(model_dir):
-    """The diffusers class of the pipeline's transformer, as named in model_index.json."""
-    import diffusers
-
-    index_path = Path(model_dir) / "model_index.json"
-    if not index_path.exists():
-        raise FileNotFoundError(f"{model_dir} is not a diffusers pipeline directory: {index_path} is missing.")
-    entry = json.loads(index_path.read_text()).get("transformer")
-    if not entry or entry[1] is None:
-        raise ValueError(f"{index_path} names no transformer component; dtp shards a pipeline's transformer.")
-    return getattr(diffusers, entry[1])
 
 
 # ---- generating ------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ from functools import partial
 import torch
 
 import dtp
+from dtp.analysis.collectives import CollectiveCounter, implied_collectives
 from dtp.runtime.norms import ShardedRMSNorm
 from dtp.testing.parity import forward_parity
 from dtp.testing.tiny import PLAN_CLASSES, model_class, output_tensor, tiny_inputs, tiny_model
-from dtp.tools.collectives import CollectiveCounter, implied_collectives
 
 # Plans bundled before issue 10; their parity lives in test_tp_parity_2.py / _4.py.
 EARLIER_PLANS = ("flux", "flux2", "qwenimage", "zimage")

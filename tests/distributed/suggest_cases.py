@@ -6,9 +6,9 @@ import diffusers
 import torch
 
 import dtp
+from dtp.analysis.suggest import rank_fraction
+from dtp.analysis.verify import compare_sharded
 from dtp.testing.tiny import TINY_CONFIGS, tiny_inputs, tiny_model
-from dtp.tools.suggest import rank_fraction
-from dtp.tools.verify import compare_sharded
 
 WAN = dict(
     patch_size=(1, 2, 2),

@@ -23,10 +23,10 @@ CASES = [(plan, cls, tp) for plan, cls in sorted(PLAN_CLASSES.items()) for tp in
 
 def _rank_job(rank: int, world_size: int) -> dict:
     import dtp
+    from dtp.analysis.collectives import CollectiveCounter, implied_collectives
     from dtp.resolve import resolve
     from dtp.runtime.mesh import tp_submesh
     from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
-    from dtp.tools.collectives import CollectiveCounter, implied_collectives
 
     meshes = {4: tp_submesh(dtp.make_mesh(tp=4)), 2: tp_submesh(dtp.make_mesh(tp=2, cp=2))}
     results = {}

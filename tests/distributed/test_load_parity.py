@@ -14,12 +14,12 @@ import torch
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 import dtp
+from dtp.analysis.collectives import CollectiveCounter
 from dtp.loading.load import load
 from dtp.runtime.styles import full_tensor
 from dtp.testing.launch import spawn
 from dtp.testing.tiny import PLAN_CLASSES as ALL_PLAN_CLASSES
 from dtp.testing.tiny import model_class, output_tensor, tiny_inputs, tiny_model
-from dtp.tools.collectives import CollectiveCounter
 
 LAYOUTS = {"single": None, "multi": "40KB"}  # max_shard_size for save_pretrained (None: one file)
 MESHES = {2: dict(tp=2, cp=2), 4: dict(tp=4, cp=1)}

@@ -12,7 +12,7 @@ import pytest
 from lora_cases import random_lora
 from safetensors.torch import save_file
 
-from dtp.testing.pipelines import tiny_checkpoint
+from dtp.families.pipelines import tiny_checkpoint
 from dtp.testing.tiny import tiny_model
 from dtp.tools.demo import compare
 

@@ -1,7 +1,7 @@
 """End to end on CPU (gloo, 2 ranks): sharded diffusers pipelines generate the image of one device.
 
 One process group for the module: every rank generates with the unsharded pipeline (the reference)
-and with the tp=2 one, for the tiny FLUX.1 and Qwen-Image checkpoints (written by dtp.testing.pipelines,
+and with the tp=2 one, for the tiny FLUX.1 and Qwen-Image checkpoints (written by dtp.families.pipelines,
 loaded from disk; the prompt goes through their random CLIP + T5 / Qwen2.5-VL text encoders).
 """
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from dtp.families.pipelines import CHECKPOINTS, tiny_checkpoint
 from dtp.testing.launch import spawn
-from dtp.testing.pipelines import CHECKPOINTS, tiny_checkpoint
 from dtp.tools.demo import compare
 
 MODELS = ["flux", "qwenimage"]  # tiny checkpoint name = bundled plan name
@@ -24,7 +24,7 @@ ARGS = dict(prompt="a cat holding a sign that says hello", steps=3, height=32, w
 def _rank_job(rank: int, world_size: int, model_dirs: dict) -> dict:
     import dtp
     from dtp.runtime.memory import local_param_bytes
-    from dtp.tools.run import generate, load_pipeline
+    from dtp.tools.run import generate
 
     mesh = dtp.make_mesh(tp=world_size)
     cp_mesh = dtp.make_mesh(tp=1, cp=world_size)
@@ -32,8 +32,8 @@ def _rank_job(rank: int, world_size: int, model_dirs: dict) -> dict:
     cpu, fp32 = torch.device("cpu"), torch.float32
     out = {}
     for name, model_dir in model_dirs.items():
-        ref = load_pipeline(model_dir, device=cpu, dtype=fp32)
-        sharded = load_pipeline(model_dir, device=cpu, dtype=fp32, mesh=mesh, plan=name)
+        ref = dtp.load_pipeline(model_dir, torch_dtype=fp32, device=cpu)
+        sharded = dtp.load_pipeline(model_dir, mesh, torch_dtype=fp32, plans={"transformer": name}, device=cpu)
         ref.set_progress_bar_config(disable=True)
         sharded.set_progress_bar_config(disable=True)
         out[f"{name}_ref"] = generate(ref, **ARGS)[0]
@@ -47,7 +47,9 @@ def _rank_job(rank: int, world_size: int, model_dirs: dict) -> dict:
         out[f"{name}_off"] = generate(ref, **ARGS)[0]
         # The same pipeline with the sequence split over 2 ranks (cp=2, tp=1), both CP modes.
         for mode in ("ulysses", "ring"):
-            cp_pipe = load_pipeline(model_dir, device=cpu, dtype=fp32, mesh=cp_mesh, plan=name, cp_mode=mode)
+            cp_pipe = dtp.load_pipeline(
+                model_dir, cp_mesh, torch_dtype=fp32, plans={"transformer": name}, cp_mode=mode, device=cpu
+            )
             cp_pipe.set_progress_bar_config(disable=True)
             before = cp_calls["n"]
             out[f"{name}_cp_{mode}"] = generate(cp_pipe, **ARGS)[0]

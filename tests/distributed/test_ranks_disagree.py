@@ -15,9 +15,9 @@ import torch
 from torch.distributed.tensor import DTensor
 
 import dtp
+from dtp.analysis.collectives import CollectiveCounter, implied_collectives
 from dtp.testing.launch import spawn
 from dtp.testing.tiny import model_class, output_tensor, tiny_inputs, tiny_model
-from dtp.tools.collectives import CollectiveCounter, implied_collectives
 
 FLUX = "FluxTransformer2DModel"
 FAST_S = 10.0  # a refused call returns within this many seconds on every rank (measured: well under 1 s)

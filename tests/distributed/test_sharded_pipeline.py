@@ -41,7 +41,7 @@ def _result(ref, sharded, report, embeds: dict) -> dict:
 
 
 def _flux(mesh) -> dict:
-    from dtp.testing.pipelines import tiny_flux_pipeline
+    from dtp.families.pipelines import tiny_flux_pipeline
 
     ref, sharded, report = _pipelines(tiny_flux_pipeline, mesh)
     out, want = sharded.encode_prompt(ARGS["prompt"], None)[:2], ref.encode_prompt(ARGS["prompt"], None)[:2]
@@ -53,7 +53,7 @@ def _flux(mesh) -> dict:
 
 
 def _qwenimage(mesh) -> dict:
-    from dtp.testing.pipelines import tiny_qwenimage_pipeline
+    from dtp.families.pipelines import tiny_qwenimage_pipeline
 
     ref, sharded, report = _pipelines(tiny_qwenimage_pipeline, mesh)
     (out, out_mask), (want, want_mask) = sharded.encode_prompt(ARGS["prompt"]), ref.encode_prompt(ARGS["prompt"])

@@ -3,8 +3,8 @@
 import pytest
 from suggest_cases import cases, run_cases
 
+from dtp.analysis.verify import merge
 from dtp.testing.launch import spawn
-from dtp.tools.verify import merge
 
 CLASSES = sorted(cases())
 

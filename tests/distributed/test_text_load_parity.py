@@ -5,7 +5,7 @@ save_pretrained in the parent; every rank then loads it shard-on-load and compar
 transformers loads whole, cut by dtp.parallelize (the independent construction): the hidden states,
 the attention implementation, and the bytes read, which must be exactly the rank's share of what the
 sharded reference holds. Extra checkpoints: Qwen2.5-VL in several files (model.safetensors.index.json),
-and a T5 that stores both members of its tie (read once). Last, `dtp.tools.run.load_pipeline` on the
+and a T5 that stores both members of its tie (read once). Last, `dtp.load_pipeline` on the
 tiny FLUX.1 pipeline loads its CLIP and T5 shard-on-load.
 """
 
@@ -84,7 +84,7 @@ def _pipeline(pipeline_dir, mesh) -> dict:
     prompt embeddings against the pipeline loaded whole in this process."""
     from torch.distributed.tensor import DTensor
 
-    import dtp.tools.run as run
+    import dtp.pipeline.load as run
 
     reads, original = {}, run.load_prepared
 
@@ -95,10 +95,10 @@ def _pipeline(pipeline_dir, mesh) -> dict:
     run.load_prepared = recording
     try:
         cpu, fp32 = torch.device("cpu"), torch.float32
-        sharded = run.load_pipeline(pipeline_dir, device=cpu, dtype=fp32, mesh=mesh, plan="flux")
+        sharded = run.load_pipeline(pipeline_dir, mesh, torch_dtype=fp32, plans={"transformer": "flux"}, device=cpu)
     finally:
         run.load_prepared = original
-    whole = run.load_pipeline(pipeline_dir, device=cpu, dtype=fp32)
+    whole = run.load_pipeline(pipeline_dir, torch_dtype=fp32, device=cpu)
     prompt = "a cat holding a sign that says hello"
     embeds = [pipe.encode_prompt(prompt, None)[:2] for pipe in (sharded, whole)]
     return dict(
@@ -112,7 +112,7 @@ def _pipeline(pipeline_dir, mesh) -> dict:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from dtp.testing.pipelines import tiny_checkpoint
+    from dtp.families.pipelines import tiny_checkpoint
 
     root = tmp_path_factory.mktemp("text_load")
     dirs = _save_checkpoints(root)

@@ -3,8 +3,8 @@
 import pytest
 from verify_cases import CASES, run_cases
 
+from dtp.analysis.verify import merge
 from dtp.testing.launch import spawn
-from dtp.tools.verify import merge
 
 
 @pytest.fixture(scope="module")

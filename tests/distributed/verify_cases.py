@@ -5,9 +5,9 @@ from functools import partial
 from suggest_cases import wan_inputs, wan_model
 
 import dtp
+from dtp.analysis.verify import compare_sharded
 from dtp.testing.plans import edited
 from dtp.testing.tiny import tiny_inputs, tiny_model
-from dtp.tools.verify import compare_sharded
 
 
 def swapped_pair() -> dtp.Plan:

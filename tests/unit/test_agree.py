@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dtp
+from dtp.analysis.collectives import CollectiveCounter
 from dtp.engine import prepare
 from dtp.runtime.agree import describe, differences, failed, fingerprint
 from dtp.testing.tiny import tiny_model
-from dtp.tools.collectives import CollectiveCounter
 
 FLUX = "FluxTransformer2DModel"
 

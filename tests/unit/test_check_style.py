@@ -11,12 +11,12 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 import dtp
 from dtp import Plan, PlanError, Rule, Style, tp_candidates
+from dtp.analysis.collectives import CollectiveCounter, block_paths
+from dtp.analysis.fakepg import fake_world
 from dtp.resolve import LinearSpec, resolve
 from dtp.resolve.layout import local_slice
 from dtp.runtime.mesh import make_mesh, tp_submesh
 from dtp.runtime.styles import GatheredColwise
-from dtp.tools.collectives import CollectiveCounter, block_paths
-from dtp.tools.fakepg import fake_world
 
 
 class Block(nn.Module):

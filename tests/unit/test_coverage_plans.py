@@ -11,13 +11,13 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import dtp
+from dtp.analysis.fakepg import meta_model
 from dtp.errors import ForwardError
 from dtp.plan import Style, bundled_plan_names, load_plan
 from dtp.resolve import resolve
 from dtp.resolve.heads import derived_kv_heads
 from dtp.runtime.outputs import _cut
 from dtp.testing.tiny import tiny_model
-from dtp.tools.fakepg import meta_model
 
 SD3, LUMINA2, WAN = "SD3Transformer2DModel", "Lumina2Transformer2DModel", "WanTransformer3DModel"
 

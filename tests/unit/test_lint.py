@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 import dtp
+from dtp.analysis.lint import lint
 from dtp.testing.plans import edited as edit_plan
 from dtp.testing.tiny import PLAN_CLASSES, model_class, tiny_inputs, tiny_model
 from dtp.tools.check import check, format_report
-from dtp.tools.lint import lint
 
 
 def edited(name: str, changes: dict, attention=None) -> dtp.Plan:

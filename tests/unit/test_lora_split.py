@@ -113,8 +113,8 @@ def test_a_peft_that_sizes_from_full_features_is_refused_before_loading(monkeypa
     import peft.tuners.tuners_utils
 
     import dtp
+    from dtp.analysis.fakepg import fake_world
     from dtp.testing.tiny import tiny_model
-    from dtp.tools.fakepg import fake_world
 
     monkeypatch.setattr(peft.tuners.tuners_utils, "_get_in_out_features", lambda m: (m.in_features, m.out_features))
     with fake_world(2):

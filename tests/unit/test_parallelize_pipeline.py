@@ -6,8 +6,8 @@ import pytest
 from test_bad_plans import assert_unchanged, snapshot
 
 import dtp
+from dtp.families.pipelines import tiny_flux_pipeline, tiny_qwenimage_pipeline
 from dtp.pipeline import WHOLE
-from dtp.testing.pipelines import tiny_flux_pipeline, tiny_qwenimage_pipeline
 
 
 @pytest.fixture(scope="module")

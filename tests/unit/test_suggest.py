@@ -7,10 +7,10 @@ from torch import nn
 
 import dtp
 import dtp.plan.io
+from dtp.analysis.lint import lint
+from dtp.analysis.suggest import rank_fraction, suggest
 from dtp.testing.tiny import TINY_CONFIGS, tiny_inputs, tiny_model
 from dtp.tools.cli import main
-from dtp.tools.lint import lint
-from dtp.tools.suggest import rank_fraction, suggest
 
 
 def rules(plan: dtp.Plan) -> dict:

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .engine import apply, prepare
-from .errors import PlanError
-from .loading.load import model_mesh
-from .plan import Plan, bundled_plans_for, find_plan
-from .plan.transformers import is_transformers_model
-from .runtime.memory import local_param_bytes
-from .runtime.mesh import tp_submesh
+from ..engine import apply, prepare
+from ..errors import PlanError
+from ..loading.load import model_mesh
+from ..plan import Plan, bundled_plans_for, find_plan
+from ..plan.transformers import is_transformers_model
+from ..runtime.memory import local_param_bytes
+from ..runtime.mesh import tp_submesh
 
 WHOLE = None  # `plans={"vae": dtp.pipeline.WHOLE}`: leave that component whole
 

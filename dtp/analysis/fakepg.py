@@ -42,6 +42,18 @@ def default_config(class_name: str) -> dict:
     return released_overrides(class_name)
 
 
+def config_arg(text: str | None, command: str) -> dict | None:
+    """A `--config` value: inline JSON (`{"num_layers": 2}`) or a path to a diffusers config.json; None stays None."""
+    if text is None:
+        return None
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise PlanError(f"{command}: --config is not valid JSON ({exc}).") from None
+    return read_config(text)
+
+
 def read_config(path) -> dict:
     """A diffusers `config.json` (private `_` keys dropped); PlanError when it cannot be read."""
     try:

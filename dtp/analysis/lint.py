@@ -39,13 +39,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from ..errors import PlanError
+from ..families import FAMILIES
+from ..families.tiny import tiny_inputs, tiny_model
 from ..plan import Plan, plan_for
 from ..resolve import Resolved, resolve
 from ..resolve.globs import expand
 from ..resolve.heads import attention_spec, resolve_attention
 from ..resolve.linears import resolve_linears
 from ..resolve.norms import resolve_norms
-from ..testing.tiny import TINY_CONFIGS, tiny_inputs, tiny_model
 
 RULES = (
     "unpaired_colwise",
@@ -375,10 +376,10 @@ def block_of(model: nn.Module, path: str) -> str:
 def lint_report(class_name: str, plan: Plan | None) -> dict:
     """`{"findings": [...], "note": ...}` for `dtp check`: the lint of `plan` on the class's tiny model.
 
-    The lint needs one real forward, so it runs on the tiny config (`dtp.testing.tiny`) with random
+    The lint needs one real forward, so it runs on the tiny config (`dtp.families`) with random
     weights; a class without one, or a plan whose keys address blocks the tiny model lacks, is noted.
     """
-    if class_name not in TINY_CONFIGS:
+    if class_name not in FAMILIES:
         return {"findings": None, "note": f"no tiny config for {class_name}: not linted"}
     try:
         found = lint(tiny_model(class_name), plan, tiny_inputs(class_name))

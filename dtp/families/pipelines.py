@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from .tiny import TINY_CONFIGS, tiny_model
+from . import FAMILIES
+from .tiny import tiny_model
 
 FLUX_TRANSFORMER_CLASS = "FluxTransformer2DModel"
 
@@ -93,7 +94,7 @@ def tiny_flux_pipeline():
     """The tiny FluxPipeline in memory, every component drawn from its own fixed seed."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline
 
-    cfg = TINY_CONFIGS[FLUX_TRANSFORMER_CLASS]
+    cfg = FAMILIES[FLUX_TRANSFORMER_CLASS].tiny
     torch.manual_seed(1)
     vae = AutoencoderKL(**VAE_CONFIG)
     assert vae.config.latent_channels * 4 == cfg["in_channels"], "Flux packs 2 x 2 latent patches"
@@ -195,7 +196,7 @@ def tiny_qwenimage_pipeline():
     """
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
-    cfg = TINY_CONFIGS[QWEN_TRANSFORMER_CLASS]
+    cfg = FAMILIES[QWEN_TRANSFORMER_CLASS].tiny
     torch.manual_seed(1)
     vae = AutoencoderKLQwenImage(**QWEN_VAE_CONFIG)
     assert vae.config.z_dim * 4 == cfg["in_channels"], "Qwen-Image packs 2 x 2 latent patches"

@@ -1,0 +1,152 @@
+"""`load_pipeline`: a diffusers pipeline directory loaded with every planned component shard-on-load.
+
+What `dtp run` does, as a library call:
+
+    pipe = dtp.load_pipeline("./FLUX.1-dev", mesh, torch_dtype=torch.bfloat16)
+
+1. the text encoders (transformers components with a plan) are built on the meta device and checked
+   on the mesh's `tp` axis first (no byte read), so a plan that does not fit stops every rank before
+   the transformer is read;
+2. the transformer is loaded shard-on-load (`dtp.from_pretrained`): each rank reads only its slice of
+   every sharded tensor and moves only that slice to `device`;
+3. the text encoders are filled shard-on-load the same way;
+4. diffusers loads the rest (VAE, scheduler, tokenizers) whole, `parallelize_pipeline` shards any other
+   component with a plan, and everything left is moved to `device`.
+
+Without a mesh (`mesh=None`) the pipeline is loaded whole, in one process: the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..errors import PlanError
+from ..loading import build_skeleton, from_pretrained, is_transformers_class, load_prepared
+from ..plan import Plan, load_plan
+from ..runtime.placement import local_device
+from .parallelize import WHOLE, parallelize_pipeline, prepare_component
+
+TRANSFORMER = "transformer"  # diffusers' component name of the denoiser
+
+
+def load_pipeline(
+    model_dir,
+    mesh=None,
+    *,
+    torch_dtype=None,
+    plans: Mapping[str, Plan | str | None] | None = None,
+    pad: bool = False,
+    cp_mode: str = "ulysses",
+    device=None,
+):
+    """The pipeline in `model_dir` with every component that has a plan loaded shard-on-load on `mesh`.
+
+    plans: per component name, a Plan, a bundled plan's name or a YAML path, or `dtp.pipeline.WHOLE` (None)
+        to keep that component whole on every rank; a component not named gets its bundled plan (the
+        transformer: `plan_for` its class; a text encoder: the first of its bundled plans that fits).
+    device: where the slices and the whole components go (default: the mesh's device for this rank, e.g.
+        `cuda:<LOCAL_RANK>`, else the CPU).
+    pad, cp_mode: as in `dtp.parallelize`, for every sharded component.
+    """
+    from diffusers import DiffusionPipeline
+
+    plans = {name: _plan(value) for name, value in (plans or {}).items()}
+    device = local_device(device or (mesh.device_type if mesh is not None else "cpu"))
+    loaded = {}
+    if mesh is None:
+        loaded[TRANSFORMER] = transformer_class(model_dir).from_pretrained(
+            model_dir, subfolder=TRANSFORMER, torch_dtype=torch_dtype
+        )
+    else:
+        whole = {name for name, plan in plans.items() if plan is WHOLE}
+        encoders = prepare_text_encoders(model_dir, mesh, torch_dtype, device, cp_mode, pad, skip=whole)
+        if TRANSFORMER not in whole:
+            plan = plans.get(TRANSFORMER)
+            loaded[TRANSFORMER] = load_sharded_transformer(model_dir, mesh, plan, torch_dtype, device, cp_mode, pad)
+        loaded |= load_text_encoders(model_dir, encoders, torch_dtype)
+    pipe = DiffusionPipeline.from_pretrained(model_dir, **loaded, torch_dtype=torch_dtype)
+    if mesh is not None:
+        rest = {name: plan for name, plan in plans.items() if name not in loaded and name in pipe.components}
+        parallelize_pipeline(pipe, mesh, rest, exclude=tuple(loaded), cp_mode=cp_mode, device=device, pad=pad)
+    return pipe.to(device)  # moves the whole components; the sharded ones are already there
+
+
+def _plan(value):
+    """A Plan, WHOLE, or a bundled plan name / YAML path read into a Plan."""
+    return load_plan(value) if isinstance(value, (str, Path)) else value
+
+
+def prepare_text_encoders(model_dir, mesh, dtype, device, cp_mode="ulysses", pad=False, *, skip=()) -> dict:
+    """`{name: (skeleton, Prepared)}` for every transformers component of the pipeline that has a plan (its
+    text encoders), except those in `skip`: built on meta from `<model_dir>/<name>/config.json` and checked
+    on the mesh's `tp` axis (`prepare_component`: the first of its bundled plans that fits). Nothing is read;
+    a component without a plan is left out (diffusers loads it whole)."""
+    prepared = {}
+    for name, cls in transformers_components(model_dir).items():
+        if name in skip:
+            continue
+        model = build_skeleton(cls, os.path.join(model_dir, name), dtype)
+        ready = prepare_component(name, model, mesh, cp_mode=cp_mode, device=device, pad=pad)
+        if ready is not None:
+            prepared[name] = (model, ready)
+    return prepared
+
+
+def load_text_encoders(model_dir, prepared: dict, dtype) -> dict:
+    """`{name: model}`: each prepared text encoder filled shard-on-load from `<model_dir>/<name>/` (this rank
+    reads only its slice of every sharded tensor)."""
+    for name, (model, ready) in prepared.items():
+        load_prepared(model, ready, os.path.join(model_dir, name), dtype)
+    return {name: model for name, (model, _) in prepared.items()}
+
+
+def transformers_components(model_dir) -> dict:
+    """`{name: class}` of the pipeline's transformers model components (text encoders; not tokenizers)."""
+    import transformers
+
+    found = {}
+    for name, entry in _model_index(model_dir).items():
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == "transformers" and entry[1]:
+            cls = getattr(transformers, entry[1], None)
+            if is_transformers_class(cls):
+                found[name] = cls
+    return found
+
+
+def load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode="ulysses", pad=False):
+    """The pipeline's transformer, sharded with `plan` (Plan or None = bundled) on `mesh` (TP on its `tp`
+    axis; the plan's context parallelism in `cp_mode` when its `cp` axis is > 1; `pad=True` zero-pads heads
+    and widths tp does not divide). Shard-on-load: each rank reads only its own slice of every sharded tensor
+    and moves only that slice to `device` (no full copy of the transformer on any rank)."""
+    return from_pretrained(
+        transformer_class(model_dir),
+        model_dir,
+        mesh,
+        _plan(plan),
+        subfolder=TRANSFORMER,
+        torch_dtype=dtype,
+        device=device,
+        cp_mode=cp_mode,
+        pad=pad,
+    )
+
+
+def transformer_class(model_dir):
+    """The diffusers class of the pipeline's transformer, as named in model_index.json."""
+    import diffusers
+
+    entry = _model_index(model_dir).get(TRANSFORMER)
+    if not entry or entry[1] is None:
+        raise PlanError(f"{model_dir}/model_index.json names no transformer component; dtp shards a pipeline's.")
+    return getattr(diffusers, entry[1])
+
+
+def _model_index(model_dir) -> dict:
+    """The pipeline's model_index.json; PlanError when `model_dir` is not a diffusers pipeline directory."""
+    path = Path(model_dir) / "model_index.json"
+    if not path.is_file():
+        raise PlanError(f"{model_dir} is not a diffusers pipeline directory: {path} is missing.")
+    return json.loads(path.read_text())
