@@ -10,7 +10,7 @@ Not part of the default test run (it takes minutes). Three modes, each printing 
 
 `modules`: each module runs in a fresh `python -m pytest` (its own spawned process group), N times.
 `async`: 2 gloo ranks run tiny-Flux sharded forwards in a loop, once with the output collectives
-synchronous (what `runtime/styles.py::_overlap` picks on CPU) and once forced asynchronous (what
+synchronous (what `styles/parallel.py::_overlap` picks on CPU) and once forced asynchronous (what
 it picked before): a rank that dies ("malloc(): unaligned tcache chunk detected", "Connection reset
 by peer") fails its launch. `exit`: 2 gloo ranks, torchrun-style (own processes, exit code read),
 run a sharded forward, destroy the group and either exit normally (interpreter finalization) or

@@ -44,13 +44,12 @@ from .resolve.kv_share import share_kv
 from .resolve.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
 from .runtime.agree import check_agree, failed, fingerprint
 from .runtime.cp import apply_cp
-from .runtime.embedding import embedding_style_for
 from .runtime.heads import set_local_heads
-from .runtime.mesh import CP_AXIS, cp_degree, tp_submesh
+from .runtime.mesh import tp_submesh
 from .runtime.norms import install_sharded_norms
 from .runtime.outputs import install_output_cuts
+from .runtime.parallelism import Parallelism
 from .runtime.placement import check_device, local_device
-from .runtime.styles import style_for
 from .runtime.ties import retie
 
 SPEC_ATTR = "_dtp_spec"  # on every planned Linear after `apply`: its LinearSpec (LoRA adapters split like it)
@@ -58,15 +57,29 @@ SPEC_ATTR = "_dtp_spec"  # on every planned Linear after `apply`: its LinearSpec
 
 @dataclass(frozen=True)
 class Prepared:
-    """Everything `apply` needs, all of it checked: the plan bound to the model, the mesh axes, options."""
+    """Everything `apply` needs, all of it checked: the plan bound to the model, the parallel setup."""
 
     resolved: Resolved  # padded for this tp when `padding` is set
     cp_resolved: CpResolved | None  # None when the mesh's cp axis is 1
-    mesh: object  # the ("cp", "tp") DeviceMesh (or a 1-D "tp" mesh)
-    tp_mesh: object
-    cp_mode: str
-    device: torch.device | None  # where slices (and then everything else) go; None: leave in place
+    parallelism: Parallelism  # the mesh (("cp", "tp") or a 1-D "tp" mesh), cp_mode, pad, device (a local one)
     padding: Padding | None = None  # pad=True: the unpadded binding and the padded head counts
+
+    @property
+    def mesh(self):
+        return self.parallelism.mesh
+
+    @property
+    def tp_mesh(self):
+        return self.parallelism.tp_mesh
+
+    @property
+    def cp_mode(self) -> str:
+        return self.parallelism.cp_mode
+
+    @property
+    def device(self) -> torch.device | None:
+        """Where slices (and then everything else) go; None: leave in place."""
+        return self.parallelism.device
 
     @property
     def tp(self) -> int:
@@ -85,24 +98,32 @@ def prepare(
     Collective over `mesh`: every rank of it must call `prepare` (see step 8).
     """
     tp_submesh(mesh)  # step 2 first: without a usable mesh there is no one to agree with
+    return prepare_with(model, Parallelism(mesh, cp_mode, pad, device), plan)
+
+
+def prepare_with(model: nn.Module, parallelism: Parallelism, plan: Plan | None = None) -> Prepared:
+    """`prepare` for callers that already hold the parallel setup (the loader, pipelines)."""
+    mesh = parallelism.mesh
     try:
-        prepared = _check_locally(model, mesh, plan, cp_mode, device, pad)
+        prepared = _check_locally(model, parallelism, plan)
     except Exception as error:
         check_agree(mesh, failed(error))  # raises on every rank when some ranks passed
         raise
-    options = {"cp_mode": cp_mode if prepared.cp_resolved is not None else "unused (cp=1)", "pad": pad}
+    cp_mode = parallelism.cp_mode if prepared.cp_resolved is not None else "unused (cp=1)"
+    options = {"cp_mode": cp_mode, "pad": parallelism.pad}
     check_agree(mesh, fingerprint(model, prepared.resolved, prepared.cp_resolved, mesh, options))
     return prepared
 
 
-def _check_locally(model: nn.Module, mesh, plan: Plan | None, cp_mode: str, device, pad: bool) -> Prepared:
+def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None) -> Prepared:
     """Steps 1-7: everything this rank can check on its own."""
-    check_cp_mode(cp_mode)
-    tp_mesh = tp_submesh(mesh)
-    tp, cp = tp_mesh.size(), cp_degree(mesh)
+    parallelism = Parallelism.build(
+        parallelism.mesh, cp_mode=parallelism.cp_mode, pad=parallelism.pad, device=parallelism.device
+    )
+    tp, cp, cp_mode = parallelism.tp, parallelism.cp, parallelism.cp_mode
     resolved = resolve(plan if plan is not None else plan_for(model), model)
     padding = None
-    if pad:
+    if parallelism.pad:
         padding = pad_resolved(resolved, model, tp, tp * _head_factor(cp, cp_mode))
         resolved = padding.resolved
     else:
@@ -113,10 +134,10 @@ def _check_locally(model: nn.Module, mesh, plan: Plan | None, cp_mode: str, devi
         cp_resolved = resolve_cp(resolved, model)
         cp_resolved = pad_cp(cp_resolved, padding) if padding is not None else cp_resolved
         cp_resolved.check(tp, cp, cp_mode)
-    if device is not None:
-        device = local_device(device)
-        check_device(device, tp_mesh)
-    return Prepared(resolved, cp_resolved, mesh, tp_mesh, cp_mode, device, padding)
+    if parallelism.device is not None:
+        parallelism = parallelism.with_device(local_device(parallelism.device))
+        check_device(parallelism.device, parallelism.tp_mesh)
+    return Prepared(resolved, cp_resolved, parallelism, padding)
 
 
 def _head_factor(cp: int, cp_mode: str) -> int:
@@ -134,8 +155,7 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
     """
     device = None if weights_local else prepared.device
     for spec in prepared.resolved.linears:
-        make_style = embedding_style_for if spec.style.is_embedding else style_for
-        style = make_style(spec, device=device, weights_local=weights_local)
+        style = spec.style.parallel_style(spec, device=device, weights_local=weights_local)
         module = model.get_submodule(spec.path)
         parallelize_module(module, prepared.tp_mesh, style)
         setattr(module, SPEC_ATTR, spec)
@@ -146,7 +166,7 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
     if device is not None:
         move_unsharded(model, device)
     if prepared.cp_resolved is not None:
-        apply_cp(model, prepared.cp_resolved, prepared.mesh[CP_AXIS], prepared.cp_mode)
+        apply_cp(model, prepared.cp_resolved, prepared.parallelism.cp_mesh, prepared.cp_mode)
     return model
 
 

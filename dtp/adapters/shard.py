@@ -35,7 +35,7 @@ from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from ..engine import SPEC_ATTR
 from ..resolve.linears import LinearSpec
-from ..runtime.styles import LinearStyle, local_parameter, style_for
+from ..styles import LinearStyle, local_parameter
 
 PARTS = ("lora_A", "lora_B")
 
@@ -47,7 +47,7 @@ def planned_spec(linear: nn.Module | None) -> LinearSpec | None:
 
 def split_part(spec: LinearSpec) -> str:
     """The adapter factor that meets the base's split dim: B for colwise kinds, A for rowwise kinds."""
-    return "lora_B" if spec.style.shard_dim == 0 else "lora_A"
+    return spec.style.lora_split
 
 
 def part_spec(spec: LinearSpec, part: str, adapter_name: str, has_bias: bool) -> LinearSpec:
@@ -85,7 +85,7 @@ def place_adapter(layer: nn.Module, adapter_name: str, spec: LinearSpec, mesh) -
         if part == split:
             piece = part_spec(spec, part, adapter_name, linear.bias is not None)
             _wrap_local(linear, piece.param_layouts(), mesh)
-            parallelize_module(linear, mesh, style_for(piece, weights_local=True))
+            parallelize_module(linear, mesh, spec.style.parallel_style(piece, weights_local=True))
         else:
             _wrap_local(linear, {name: None for name, _ in linear.named_parameters(recurse=False)}, mesh)
             parallelize_module(linear, mesh, Whole())

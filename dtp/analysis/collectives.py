@@ -97,23 +97,25 @@ def _scope_hooks(model: nn.Module, scopes: list[str]) -> list:
     return handles
 
 
+# A style's `collective` as `CollectiveCounter` names the op.
+COLLECTIVE_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather_into_tensor"}
+
+
 def implied_collectives(resolved, model: nn.Module) -> dict[str, Counter]:
     """`{scope: {op: count}}` that a plan implies for one forward, as `CollectiveCounter` names them.
 
-    Each rowwise / packed_rowwise Linear ends in one all-reduce (its partial sums), each
-    colwise_gathered Linear in one all-gather (its output shards), each rmsnorm_across_heads norm in
-    one all-reduce (its sums of squares); colwise outputs stay sharded and cost nothing. Assumes
+    Each planned module issues its style's `collective` once per call: a rowwise / packed_rowwise Linear
+    one all-reduce (its partial sums), a colwise_gathered Linear one all-gather (its output shards), an
+    rmsnorm_across_heads norm one all-reduce (its sums of squares), a vocab_parallel Embedding one
+    all-reduce (its partial lookups); colwise outputs stay sharded and cost nothing. Assumes
     each planned Linear runs once per forward, which holds for the bundled
     architectures; a measured count above this points at a Linear that runs more than once.
     """
     blocks = block_paths(model)
     implied: dict[str, Counter] = {}
     for spec in (*resolved.linears, *resolved.norms):
-        if spec.rule.style.gathers_output:
-            op = "all_gather_into_tensor"
-        elif spec.rule.style.shard_dim == 1 or spec.rule.style.is_norm:
-            op = "all_reduce"
-        else:
+        op = COLLECTIVE_OPS.get(spec.rule.style.collective)  # what the style issues per call (styles/)
+        if op is None:
             continue
         scope = next((b for b in blocks if spec.path.startswith(f"{b}.")), "")
         implied.setdefault(scope, Counter())[op] += 1

@@ -43,7 +43,8 @@ from ..plan import Plan, load_plan
 from ..policy import check_degree
 from ..resolve import Layout, Resolved
 from ..resolve.heads import attention_spec
-from ..runtime.mesh import make_mesh, tp_submesh
+from ..runtime.mesh import make_mesh
+from ..runtime.parallelism import Parallelism
 from .launch import spawn
 from .lint import Finding, bind, lint
 
@@ -270,7 +271,7 @@ def compare_sharded(build, plan: Plan | None, inputs: dict, mesh, *, checks: boo
     if checks:
         prepared = prepare(sharded, mesh, plan)
     else:
-        prepared = Prepared(bind(sharded, plan, checks=False), None, mesh, tp_submesh(mesh), "ulysses", None)
+        prepared = Prepared(bind(sharded, plan, checks=False), None, Parallelism(mesh))
         prepared.resolved.check_tp(prepared.tp)  # the slicing is undefined otherwise
     expected = site_layouts(sharded, prepared.resolved)
     reference = _record(build(), expected, inputs)

@@ -14,7 +14,7 @@ does not hold (built when the model is constructed, as diffusers does), follow t
 
 Both libraries load this way: a diffusers model (a transformer) from `diffusion_pytorch_model.safetensors`
 on the whole ("cp", "tp") mesh, a transformers model (a text encoder) from `model.safetensors` on the
-mesh's `tp` axis only (`model_mesh`: text encoders have no sequence split).
+mesh's `tp` axis only (`Parallelism.for_model`: text encoders have no sequence split).
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ from safetensors import safe_open
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..engine import apply, move_unsharded, prepare
+from ..engine import apply, move_unsharded, prepare_with
 from ..plan import Plan
 from ..plan.transformers import is_transformers_model
 from ..policy import check_float_dtype
 from ..resolve import Layout
 from ..runtime.mesh import tp_submesh
+from ..runtime.parallelism import Parallelism
 from ..runtime.placement import local_device
-from ..runtime.styles import local_parameter
+from ..styles import local_parameter
 from . import text
 from .checkpoint import WEIGHTS_NAME, Checkpoint, CheckpointError, TensorInfo, open_checkpoint
 from .keys import KeyMap, model_keymap
@@ -118,7 +119,8 @@ def load(
     directory = os.path.join(path, subfolder) if subfolder else path
     model = build_skeleton(model_class, directory, torch_dtype)
     target = local_device(device if device is not None else tp_submesh(mesh).device_type)
-    prepared = prepare(model, model_mesh(model, mesh), plan, cp_mode=cp_mode, device=target, pad=pad)
+    parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=target).for_model(model)
+    prepared = prepare_with(model, parallelism, plan)
     stats = load_prepared(model, prepared, directory, torch_dtype, start=start)
     return model, stats
 
@@ -138,11 +140,6 @@ def build_skeleton(model_class, directory: str, torch_dtype: torch.dtype | None 
     config = text.load_text_config(model_class, directory)
     dtype = torch_dtype or text.auto_dtype(config, lambda: open_checkpoint(directory, text.WEIGHTS_NAME))
     return text.build_text_on_meta(model_class, config, dtype, directory)
-
-
-def model_mesh(model: nn.Module, mesh):
-    """The mesh a model is sharded on: the whole one for a diffusers model, the `tp` axis for a text encoder."""
-    return tp_submesh(mesh) if is_transformers_model(model) else mesh
 
 
 def load_prepared(model: nn.Module, prepared, directory: str, torch_dtype=None, *, start=None) -> LoadStats:

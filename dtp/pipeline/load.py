@@ -26,6 +26,7 @@ from pathlib import Path
 from ..errors import PlanError
 from ..loading import build_skeleton, from_pretrained, is_transformers_class, load_prepared
 from ..plan import Plan, load_plan
+from ..runtime.parallelism import Parallelism
 from ..runtime.placement import local_device
 from .parallelize import WHOLE, parallelize_pipeline, prepare_component
 
@@ -84,12 +85,12 @@ def prepare_text_encoders(model_dir, mesh, dtype, device, cp_mode="ulysses", pad
     text encoders), except those in `skip`: built on meta from `<model_dir>/<name>/config.json` and checked
     on the mesh's `tp` axis (`prepare_component`: the first of its bundled plans that fits). Nothing is read;
     a component without a plan is left out (diffusers loads it whole)."""
-    prepared = {}
+    prepared, parallelism = {}, Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=device)
     for name, cls in transformers_components(model_dir).items():
         if name in skip:
             continue
         model = build_skeleton(cls, os.path.join(model_dir, name), dtype)
-        ready = prepare_component(name, model, mesh, cp_mode=cp_mode, device=device, pad=pad)
+        ready = prepare_component(name, model, parallelism)
         if ready is not None:
             prepared[name] = (model, ready)
     return prepared

@@ -19,13 +19,12 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..engine import apply, prepare
+from ..engine import apply, prepare_with
 from ..errors import PlanError
-from ..loading.load import model_mesh
 from ..plan import Plan, bundled_plans_for, find_plan
 from ..plan.transformers import is_transformers_model
 from ..runtime.memory import local_param_bytes
-from ..runtime.mesh import tp_submesh
+from ..runtime.parallelism import Parallelism
 
 WHOLE = None  # `plans={"vae": dtp.pipeline.WHOLE}`: leave that component whole
 
@@ -95,38 +94,30 @@ def parallelize_pipeline(
     if unknown:
         raise ValueError(f"parallelize_pipeline: no module components {sorted(unknown)}; have {sorted(modules)}.")
     whole = {name: local_param_bytes(module) for name, module in modules.items()}
+    parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=device)
     prepared = {}
     for name, module in modules.items():  # every check of every component first ...
         given = [plans[name]] if name in plans else None
-        ready = prepare_component(name, module, mesh, plans=given, cp_mode=cp_mode, device=device, pad=pad)
+        ready = prepare_component(name, module, parallelism, plans=given)
         if ready is not None:
             prepared[name] = ready
     for name, ready in prepared.items():  # ... then the mutations
         apply(modules[name], ready)
     return PipelineReport(
-        tp_submesh(mesh).size(),
+        parallelism.tp,
         tuple(_report(name, module, prepared.get(name), whole[name]) for name, module in modules.items()),
     )
 
 
-def prepare_component(
-    name: str,
-    module: nn.Module,
-    mesh,
-    *,
-    plans: list[Plan | None] | None = None,
-    cp_mode: str = "ulysses",
-    device=None,
-    pad: bool = False,
-):
-    """`engine.prepare` for one component: on its mesh (`loading.load.model_mesh`), with the first of `plans`
+def prepare_component(name: str, module: nn.Module, parallelism: Parallelism, *, plans: list | None = None):
+    """`engine.prepare` for one component: on its mesh (`Parallelism.for_model`), with the first of `plans`
     (default: its own, `_own_plans`) that fits, else a PlanError naming the component; None when it has no
     plan (or only `WHOLE`). `parallelize_pipeline` calls it per component, and loaders that build the
     component themselves (`dtp run` loads text encoders shard-on-load) do too."""
     candidates = [plan for plan in (_own_plans(module) if plans is None else plans) if plan is not None]
     if not candidates:
         return None
-    return _prepare_first(name, module, model_mesh(module, mesh), candidates, cp_mode, device, pad)
+    return _prepare_first(name, module, parallelism.for_model(module), candidates)
 
 
 def _own_plans(module: nn.Module) -> list[Plan | None]:
@@ -139,13 +130,13 @@ def _report(name: str, module: nn.Module, prepared, whole_bytes: int) -> Compone
     return ComponentReport(name, type(module).__name__, plan, whole_bytes, local_param_bytes(module))
 
 
-def _prepare_first(name: str, module: nn.Module, mesh, plans: list[Plan], cp_mode: str, device, pad: bool):
+def _prepare_first(name: str, module: nn.Module, parallelism: Parallelism, plans: list[Plan]):
     """`engine.prepare` with the first of `plans` that fits (a class's bundled variants, in order); else the
     first plan's PlanError, naming the component and how to leave it whole."""
     errors = []
     for plan in plans:
         try:
-            return prepare(module, mesh, plan, cp_mode=cp_mode, device=device, pad=pad)
+            return prepare_with(module, parallelism, plan)
         except PlanError as exc:
             errors.append(exc)
     tried = f" (also tried: {', '.join(p.name for p in plans[1:])})" if len(plans) > 1 else ""

@@ -2,10 +2,9 @@
 
 from .io import bundled_plan_names, bundled_plans_for, find_plan, load_plan, plan_for
 from .plan import Plan
-from .types import PACKED_BLOCKS_ATTR, Rule, Style
+from .types import Rule, Style
 
 __all__ = [
-    "PACKED_BLOCKS_ATTR",
     "Plan",
     "Rule",
     "Style",

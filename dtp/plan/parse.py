@@ -127,7 +127,7 @@ def _parse_value(key: str, value, name: str) -> tuple[Style, tuple[int, ...] | N
         style, blocks, optional, dim = _parse_style(key, value, name), None, False, None
     if blocks is not None and not style.is_packed:
         raise PlanError(f"plan {name}: key '{key}': `blocks` only applies to packed styles, not '{style.value}'.")
-    if (dim is not None) != (style is Style.SHARD_OUTPUT) or (dim is not None and not is_int(dim)):
+    if (dim is not None) != ("dim" in style.options) or (dim is not None and not is_int(dim)):
         raise PlanError(
             f"plan {name}: key '{key}': '{Style.SHARD_OUTPUT.value}' needs an integer `dim` (the output dim to cut) "
             f"and no other style takes one; got style '{style.value}', dim {dim!r}."

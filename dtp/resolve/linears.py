@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from torch import nn
 
 from ..errors import PlanError
-from ..plan import PACKED_BLOCKS_ATTR, Plan, Rule, Style
+from ..plan import Plan, Rule, Style
 from .constraints import Constraint
 from .globs import expand
 from .layout import Layout, block_sizes
@@ -73,25 +73,17 @@ def resolve_linears(plan: Plan, model: nn.Module) -> list[LinearSpec]:
 
 
 def _check_target(plan: Plan, rule: Rule, path: str, module: nn.Module) -> None:
-    """Linear styles take an nn.Linear, embedding styles an nn.Embedding without max_norm (which renormalizes
-    the looked-up rows in place, so a rank would rewrite only its own rows)."""
-    expected = nn.Embedding if rule.style.is_embedding else nn.Linear
-    if not isinstance(module, expected):
-        raise PlanError(
-            f"plan {plan.name}, key '{rule.key}': '{path}' is a {_kind(module, expected)}, not an "
-            f"nn.{expected.__name__}; '{rule.style.value}' applies to {expected.__name__} layers only."
-        )
-    if rule.style.is_embedding and module.max_norm is not None:
-        raise PlanError(
-            f"plan {plan.name}, key '{rule.key}': '{path}' has max_norm={module.max_norm}, which dtp cannot shard "
-            f"exactly (each rank would renormalize only its own rows); leave it out of the plan."
-        )
+    """The style says which modules it can split (`Style.accepts`): an nn.Linear for the linear styles, an
+    nn.Embedding without max_norm for the embedding styles, ..."""
+    reason = rule.style.accepts(module)
+    if reason is not None:
+        raise PlanError(f"plan {plan.name}, key '{rule.key}': '{path}' is a {_kind(module)}, {reason}.")
 
 
-def _kind(module: nn.Module, expected: type) -> str:
-    """The class name, qualified when it reads like the expected one (peft's `lora.Linear` is no nn.Linear)."""
+def _kind(module: nn.Module) -> str:
+    """The class name, qualified when it reads like a torch one (peft's `lora.Linear` is no nn.Linear)."""
     name = type(module).__name__
-    return f"{type(module).__module__}.{name}" if name == expected.__name__ else name
+    return f"{type(module).__module__}.{name}" if name in ("Linear", "Embedding") else name
 
 
 def _sizes(plan: Plan, rule: Rule, path: str, linear: nn.Linear) -> tuple[int, ...]:
@@ -100,7 +92,7 @@ def _sizes(plan: Plan, rule: Rule, path: str, linear: nn.Linear) -> tuple[int, .
         return (dim_size,)
     blocks = rule.blocks
     if blocks is None:
-        attr = PACKED_BLOCKS_ATTR[rule.style]
+        attr = rule.style.blocks_attr
         blocks = getattr(linear, attr, None)
         if not blocks:
             raise PlanError(

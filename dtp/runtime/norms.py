@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from ..resolve.norms import NormSpec
-from .styles import shard_parameter
+from ..styles import shard_parameter
 
 
 class ShardedRMSNorm(nn.Module):

@@ -10,7 +10,7 @@ from torch import nn
 
 import dtp
 from dtp.loading.load import load
-from dtp.runtime.styles import full_tensor
+from dtp.styles import full_tensor
 from dtp.testing.parity import forward_parity
 from dtp.testing.tiny import model_class, output_tensor, tiny_inputs, tiny_model
 

@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 import dtp
 from dtp.analysis.collectives import CollectiveCounter
 from dtp.loading.load import load
-from dtp.runtime.styles import full_tensor
+from dtp.styles import full_tensor
 from dtp.testing.launch import spawn
 from dtp.testing.tiny import PLAN_CLASSES as ALL_PLAN_CLASSES
 from dtp.testing.tiny import model_class, output_tensor, tiny_inputs, tiny_model

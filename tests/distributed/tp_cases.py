@@ -7,7 +7,7 @@ import torch
 
 import dtp
 from dtp.engine import apply, prepare
-from dtp.runtime.styles import full_tensor
+from dtp.styles import full_tensor
 from dtp.testing.parity import forward_parity
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 

@@ -16,7 +16,7 @@ from dtp.analysis.fakepg import fake_world
 from dtp.resolve import LinearSpec, resolve
 from dtp.resolve.layout import local_slice
 from dtp.runtime.mesh import make_mesh, tp_submesh
-from dtp.runtime.styles import GatheredColwise
+from dtp.styles.parallel import GatheredColwise
 
 
 class Block(nn.Module):

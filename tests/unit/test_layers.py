@@ -11,26 +11,39 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "dtp"
 
 # What each package (a top-level module or folder of dtp) may import, besides itself. Read it as the
-# architecture: data flows plan -> resolve -> runtime -> engine; loading, pipelines and adapters sit on
+# architecture: data flows styles -> plan -> resolve -> runtime -> engine; loading, pipelines and adapters sit on
 # the engine; families are leaf data; analysis is the library behind the CLI; tools only parse and print.
 ALLOWED = {
     "errors": set(),
     "policy": {"errors"},
-    "plan": {"errors", "policy"},
-    "resolve": {"errors", "policy", "plan"},
-    "runtime": {"errors", "policy", "plan", "resolve"},
-    "engine": {"errors", "policy", "plan", "resolve", "runtime"},
-    "parallelize": {"errors", "policy", "plan", "resolve", "runtime", "engine"},
-    "loading": {"errors", "policy", "plan", "resolve", "runtime", "engine"},
-    "pipeline": {"errors", "policy", "plan", "resolve", "runtime", "engine", "loading"},
-    "adapters": {"errors", "policy", "plan", "resolve", "runtime", "engine"},
+    "styles": {"errors", "policy"},
+    "plan": {"errors", "policy", "styles"},
+    "resolve": {"errors", "policy", "plan", "styles"},
+    "runtime": {"errors", "policy", "plan", "styles", "resolve"},
+    "engine": {"errors", "policy", "plan", "styles", "resolve", "runtime"},
+    "parallelize": {"errors", "policy", "plan", "styles", "resolve", "runtime", "engine"},
+    "loading": {"errors", "policy", "plan", "styles", "resolve", "runtime", "engine"},
+    "pipeline": {"errors", "policy", "plan", "styles", "resolve", "runtime", "engine", "loading"},
+    "adapters": {"errors", "policy", "plan", "styles", "resolve", "runtime", "engine"},
     "families": {"errors"},
-    "analysis": {"errors", "policy", "plan", "resolve", "runtime", "engine", "families"},
-    "testing": {"errors", "policy", "plan", "resolve", "runtime", "engine", "parallelize", "families", "analysis"},
+    "analysis": {"errors", "policy", "plan", "styles", "resolve", "runtime", "engine", "families"},
+    "testing": {
+        "errors",
+        "policy",
+        "plan",
+        "styles",
+        "resolve",
+        "runtime",
+        "engine",
+        "parallelize",
+        "families",
+        "analysis",
+    },
     "tools": {
         "errors",
         "policy",
         "plan",
+        "styles",
         "resolve",
         "runtime",
         "engine",

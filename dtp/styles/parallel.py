@@ -1,4 +1,4 @@
-"""ParallelStyles for the plan styles, written on torch's public contracts only.
+"""The torch ParallelStyles behind the linear plan styles, written on torch's public contracts only.
 
 Each style implements `ParallelStyle._apply(module, mesh)` with the public `distribute_module`,
 `DTensor.from_local`, `redistribute` and `to_local`, so nothing here depends on the private hooks
@@ -25,14 +25,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from ..plan import Style
-from ..resolve.layout import Layout
-from ..resolve.linears import LinearSpec
-
 LAYOUT_ATTR = "_dtp_layout"  # a sharded parameter's Layout, for `full_tensor`
 
 
-def local_parameter(local: torch.Tensor, layout: Layout | None, mesh, requires_grad: bool = True) -> nn.Parameter:
+def local_parameter(local: torch.Tensor, layout, mesh, requires_grad: bool = True) -> nn.Parameter:
     """Wrap this rank's tensor as a DTensor parameter: `Shard(layout.dim)` of a block-wise slice (its
     layout recorded for `full_tensor`), or `Replicate()` when `layout` is None. No communication."""
     placement = Replicate() if layout is None else Shard(layout.dim)
@@ -42,7 +38,7 @@ def local_parameter(local: torch.Tensor, layout: Layout | None, mesh, requires_g
     return param
 
 
-def shard_parameter(param: nn.Parameter, layout: Layout | None, mesh, device=None) -> nn.Parameter:
+def shard_parameter(param: nn.Parameter, layout, mesh, device=None) -> nn.Parameter:
     """This rank's DTensor parameter cut from the full `param`; only the slice moves to `device`."""
     tensor = param.data
     local = tensor if layout is None else layout.local_slice(tensor, mesh.size(), mesh.get_local_rank())
@@ -52,16 +48,22 @@ def shard_parameter(param: nn.Parameter, layout: Layout | None, mesh, device=Non
 
 
 class LinearStyle(ParallelStyle):
-    """One planned Linear: partition its parameters by their layouts, then hook its input and output."""
+    """One planned Linear: partition its parameters by their layouts, then hook its input and output.
 
-    def __init__(self, spec: LinearSpec, *, device=None, weights_local: bool = False):
+    `spec` is the resolved module (`resolve.linears.LinearSpec`): its `param_layouts()` say how each
+    parameter is cut (`resolve.layout.Layout`, the one home of the slicing math).
+    """
+
+    module_type = nn.Linear  # what `_apply` distributes (resolve refuses anything else)
+
+    def __init__(self, spec, *, device=None, weights_local: bool = False):
         super().__init__()
         self.layouts = spec.param_layouts()
         self.device = device
         self.weights_local = weights_local
 
     def _apply(self, module: nn.Module, mesh) -> nn.Module:
-        assert isinstance(module, nn.Linear), type(module)  # resolve refuses anything else
+        assert isinstance(module, self.module_type), type(module)  # resolve refuses anything else
         return distribute_module(module, mesh, self._partition, self._input, self._output)
 
     def _partition(self, name, module: nn.Module, mesh) -> None:
@@ -119,27 +121,13 @@ class GatheredColwise(LinearStyle):
 
     output_placement = Replicate()
 
-    def __init__(self, spec: LinearSpec, **kwargs):
+    def __init__(self, spec, **kwargs):
         assert len(spec.sizes) == 1, "a gathered output is only in full order for a single block"
         super().__init__(spec, **kwargs)
         self.width = spec.sizes[0]  # with pad=True the gathered rows end in zero padding, dropped here
 
     def _output(self, module, output, mesh):
         return super()._output(module, output, mesh)[..., : self.width]
-
-
-STYLE_CLASSES = {
-    Style.COLWISE: Colwise,
-    Style.PACKED_COLWISE: Colwise,
-    Style.ROWWISE: Rowwise,
-    Style.PACKED_ROWWISE: Rowwise,
-    Style.COLWISE_GATHERED: GatheredColwise,
-}
-
-
-def style_for(spec: LinearSpec, *, device=None, weights_local: bool = False) -> LinearStyle:
-    """The ParallelStyle for one resolved Linear; slices go to `device` when given."""
-    return STYLE_CLASSES[spec.style](spec, device=device, weights_local=weights_local)
 
 
 def full_tensor(param) -> torch.Tensor:
