@@ -45,3 +45,9 @@ def test_tp4_reassembly_and_local_heads(results):
     assert all(r["tp4"]["flux2/packed_reassembly"] for r in results)
     assert results[0]["tp4"]["local_heads"] == {"heads": 1, "inner_dim": 16, "inner_kv_dim": 16}
     assert results[0]["cp2tp2"]["local_heads"] == {"heads": 2, "inner_dim": 32, "inner_kv_dim": 32}
+
+
+def test_negative_control_wrong_split_is_visible_at_tp4(results):
+    """Flux2's fused SwiGLU split as one block runs at tp=4 (and on the (2, 2) mesh) but is visibly wrong."""
+    for mesh in ("tp4", "cp2tp2"):
+        assert all(r[mesh]["flux2/plain_colwise_swiglu"] > 1e-2 for r in results), mesh

@@ -10,9 +10,21 @@ from dtp.testing.tiny import PLAN_CLASSES, tiny_model
 
 
 def test_bundled_plans_are_found_by_name():
+    """Each family names its plan (dtp/families/); that plan exists and lists the family's class in `models:`
+    (two sources written separately: a family pointing at the wrong plan fails here)."""
     assert set(bundled_plan_names()) >= {"flux", "flux2", "qwenimage", "zimage"}
     for name, cls in PLAN_CLASSES.items():
-        assert cls in dtp.load_plan(name).models
+        assert name in bundled_plan_names(), name
+        assert cls in dtp.load_plan(name).models, (name, cls)
+
+
+def test_every_bundled_dit_plan_has_a_family():
+    """A diffusers DiT plan without a family would have no tiny config, inputs or released overrides."""
+    from dtp.families import FAMILIES
+
+    for name in bundled_plan_names():
+        dit = [c for c in dtp.load_plan(name).models if "Transformer" in c and c.endswith("Model")]
+        assert all(c in FAMILIES for c in dit), (name, dit)
 
 
 def test_yaml_file_with_packed_blocks(tmp_path):
