@@ -10,12 +10,12 @@ from what the tool reports. The ratio is taken at tp = 8, or at the largest vali
 from __future__ import annotations
 
 import time
-from pathlib import Path
+
+from report import write_report
 
 from dtp.plan import bundled_plan_names, load_plan
 from dtp.tools.check import check
 
-RESULTS = Path(__file__).resolve().parent / "results" / "coverage.md"
 MAX_TP = 8
 
 
@@ -36,7 +36,8 @@ def main() -> None:
     start = time.perf_counter()
     names = bundled_plan_names()
     rows = [row(name) for name in names]
-    text = "\n".join(
+    write_report(
+        "coverage",
         [
             f"# Bundled plans: {len(names)} architectures",
             "",
@@ -47,13 +48,9 @@ def main() -> None:
             "| class | plan | params | valid TP (full size) | per-rank / ideal | CP modes |",
             "|---|---|---|---|---|---|",
             *rows,
-            "",
-            f"Wall time of the script: {time.perf_counter() - start:.1f} s.",
-        ]
+        ],
+        start,
     )
-    print(text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from pathlib import Path
 
 import torch
+from report import write_report
 from torch import nn
 
 import dtp
@@ -38,7 +38,6 @@ MODELS = {
     "flux2 (FLUX.2-dev)": "Flux2Transformer2DModel",
     "qwenimage (Qwen-Image)": "QwenImageTransformer2DModel",
 }
-RESULTS = Path(__file__).resolve().parent / "results" / "lora_bytes.md"
 
 
 def meta_lora(model: nn.Module, rank: int = LORA_RANK) -> dict[str, torch.Tensor]:
@@ -125,7 +124,8 @@ def main() -> None:
     start = time.perf_counter()
     rows = table()
     ops_rows = collectives_table()
-    text = "\n".join(
+    write_report(
+        "lora_bytes",
         [
             "# Per-rank LoRA adapter bytes (benchmarks/lora_bytes.py)",
             "",
@@ -140,13 +140,9 @@ def main() -> None:
             "one all-gather per adapted colwise_gathered Linear (the size of that Linear's own output).",
             "",
             *ops_rows,
-            "",
-            f"Measured in {time.perf_counter() - start:.0f} s with torch {torch.__version__}.",
-        ]
+        ],
+        start,
     )
-    print(text)
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ gathered modulation costs in communication.
 from __future__ import annotations
 
 import time
-from pathlib import Path
+
+from report import write_report
 
 from dtp.errors import PlanError
 from dtp.plan import Plan, load_plan
@@ -20,7 +21,6 @@ from dtp.testing.tiny import PLAN_CLASSES, model_class
 from dtp.tools.check import measure
 
 DEGREES = (2, 4, 8)
-RESULTS = Path(__file__).resolve().parent / "results" / "memory_ratio.md"
 
 
 def ratio_cell(class_name: str, plan, tp: int) -> str:
@@ -85,7 +85,8 @@ def main() -> None:
     start = time.perf_counter()
     memory = memory_table()
     comms = collectives_table()
-    text = "\n".join(
+    write_report(
+        "memory_ratio",
         [
             "# Per-rank weights / (total / tp): dtp's bundled plans vs diffusers' `_tp_plan`",
             "",
@@ -102,13 +103,9 @@ def main() -> None:
             "colwise_gathered modulation and embedder outputs.",
             "",
             *comms,
-            "",
-            f"Wall time of the script: {time.perf_counter() - start:.1f} s.",
-        ]
+        ],
+        start,
     )
-    print(text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ at degrees their head counts do not divide. SD3.5-Large (38 heads) joins once it
 from __future__ import annotations
 
 import time
-from pathlib import Path
+
+from report import write_report
 
 from dtp.plan import load_plan
 from dtp.testing.tiny import PLAN_CLASSES
@@ -28,7 +29,6 @@ CASES = {
     "qwenimage": (5, 7),  # 24 heads
     "flux2": (5, 7),  # 48 heads
 }
-RESULTS = Path(__file__).resolve().parent / "results" / "padding.md"
 
 
 def row(plan_name: str, tp: int) -> str:
@@ -48,7 +48,8 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|",
     ]
     rows += [row(plan_name, tp) for plan_name, degrees in CASES.items() for tp in degrees]
-    text = "\n".join(
+    write_report(
+        "padding",
         [
             "# pad=True: padding overhead at full size",
             "",
@@ -57,12 +58,9 @@ def main() -> None:
             "padding included; FLOPs columns are padded / unpadded (Linears per token, attention per seq^2).",
             "",
             *rows,
-            "",
-            f"({time.perf_counter() - start:.0f} s)",
-        ]
+        ],
+        start,
     )
-    print(text)
-    RESULTS.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -20,13 +20,13 @@ the degree (CLIP-L at tp=8: clip-mlp); one whose plans do not fit stays whole, a
 from __future__ import annotations
 
 import time
-from pathlib import Path
+
+from report import write_report
 
 from dtp.analysis.released import RELEASED_PIPELINES
 from dtp.tools.check import check_pipeline
 
 DEGREES = (2, 4, 8)
-RESULTS = Path(__file__).resolve().parent / "results" / "pipeline_memory.md"
 
 
 def measure(pipeline: str, tp: int, text_encoders: bool) -> dict:
@@ -78,7 +78,8 @@ def tables() -> list[str]:
 def main() -> None:
     start = time.perf_counter()
     rows = tables()
-    text = "\n".join(
+    write_report(
+        "pipeline_memory",
         [
             "# Whole pipelines: per-rank weights / (pipeline weights / tp)",
             "",
@@ -90,13 +91,9 @@ def main() -> None:
             "CLIP-L's 12 heads pad to 16. The VAE stays whole. 1.000 is the physical limit.",
             "",
             *rows,
-            "",
-            f"Wall time of the script: {time.perf_counter() - start:.1f} s.",
-        ]
+        ],
+        start,
     )
-    print(text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -81,9 +81,9 @@ def _check_target(plan: Plan, rule: Rule, path: str, module: nn.Module) -> None:
 
 
 def _kind(module: nn.Module) -> str:
-    """The class name, qualified when it reads like a torch one (peft's `lora.Linear` is no nn.Linear)."""
-    name = type(module).__name__
-    return f"{type(module).__module__}.{name}" if name in ("Linear", "Embedding") else name
+    """The class name, qualified when it reads like a torch one but is not (peft's `lora.Linear` is no nn.Linear)."""
+    name, where = type(module).__name__, type(module).__module__
+    return f"{where}.{name}" if name in ("Linear", "Embedding") and not where.startswith("torch.nn") else name
 
 
 def _sizes(plan: Plan, rule: Rule, path: str, linear: nn.Linear) -> tuple[int, ...]:
