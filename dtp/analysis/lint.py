@@ -35,7 +35,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from ..errors import PlanError
@@ -47,6 +46,17 @@ from ..resolve.globs import expand
 from ..resolve.heads import attention_spec, resolve_attention
 from ..resolve.linears import resolve_linears
 from ..resolve.norms import resolve_norms
+from .tracing import (
+    SPLITS,
+    feature_slice_start,
+    head_dim_of,
+    is_norm,
+    on_last_dim,
+    set_tag,
+    tag_of,
+    traced_forward,
+    union,
+)
 
 RULES = (
     "unpaired_colwise",
@@ -56,9 +66,6 @@ RULES = (
     "split_across_blocks",
     "cat_into_plain_rowwise",
 )
-TAG = "_dtp_lint_tag"  # attribute on traced tensors: {colwise path: (start, stop) or None}
-# torch functions and Tensor methods of the form f(x, sizes_or_count, dim=0) that cut x into pieces.
-SPLITS = {"chunk", "split", "tensor_split", "split_with_sizes"}
 
 
 @dataclass(frozen=True)
@@ -103,14 +110,6 @@ def lint(model: nn.Module, plan: Plan | None, example_inputs: dict) -> list[Find
     return tracer.findings()
 
 
-def tag_of(tensor) -> dict:
-    return getattr(tensor, TAG, None) or {} if isinstance(tensor, torch.Tensor) else {}
-
-
-def set_tag(tensor, tag: dict) -> None:
-    setattr(tensor, TAG, dict(tag))
-
-
 class Tracer:
     """One traced forward: module hooks start and clear tags; `TagMode` moves them through torch functions."""
 
@@ -126,24 +125,12 @@ class Tracer:
         self.found: dict[tuple[str, str], Finding] = {}
 
     def run(self, inputs: dict) -> None:
-        handles = []
-        for path, module in self.model.named_modules():
-            handles.append(module.register_forward_pre_hook(lambda m, a, p=path: self._enter(p, m, a)))
-            handles.append(module.register_forward_hook(lambda m, a, o, p=path: self._leave(p, m, o)))
-        try:
-            with TagMode(self):
-                output = self.model(**inputs)
-            for tensor in tree_leaves(output):
-                self._leak(tag_of(tensor), "the model output")
-        finally:
-            for h in handles:
-                h.remove()
-            for tensor in [*self.model.parameters(), *self.model.buffers()]:  # a tag must not outlive the trace
-                tensor.__dict__.pop(TAG, None)
+        for tensor in tree_leaves(traced_forward(self.model, inputs, self)):
+            self._leak(tag_of(tensor), "the model output")
 
     # -- module boundaries ----------------------------------------------------------------------
 
-    def _enter(self, path: str, module: nn.Module, args) -> None:
+    def enter(self, path: str, module: nn.Module, args) -> None:
         self.stack.append(path)
         x = args[0] if args else None
         spec = self.specs.get(path)
@@ -154,7 +141,7 @@ class Tracer:
         elif is_norm(module) and tag_of(x) and path not in self.norms:
             self._check_norm(path, x)
 
-    def _leave(self, path: str, module: nn.Module, output) -> None:
+    def leave(self, path: str, module: nn.Module, output) -> None:
         self.stack.pop()
         spec = self.specs.get(path)
         if spec is None or not isinstance(output, torch.Tensor):
@@ -298,67 +285,6 @@ class Tracer:
                     f"{went}; pair it with the rowwise layer that consumes it, or make it colwise_gathered.",
                 )
         return list(self.found.values())
-
-
-class TagMode(TorchFunctionMode):
-    """Passes every torch function's result to `Tracer.on_function` (the mode is off inside it)."""
-
-    def __init__(self, tracer: Tracer):
-        super().__init__()
-        self.tracer = tracer
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        self.tracer.on_function(func, args, kwargs, out)
-        return out
-
-
-def union(tags: list[dict]) -> dict:
-    merged: dict = {}
-    for tag in tags:
-        for source, span in tag.items():
-            merged[source] = span if merged.get(source, span) == span else None
-    return merged
-
-
-def feature_slice_start(func, args) -> int | None:
-    """For `x[..., a:b]` (a step-1 slice of the last dim, everything else whole), `a`; else None."""
-    if getattr(func, "__name__", "") != "__getitem__" or len(args) != 2 or not isinstance(args[0], torch.Tensor):
-        return None
-    x, index = args
-    index = index if isinstance(index, tuple) else (index,)
-    last = index[-1] if index else None
-    leading = index[:-1]
-    whole = all(i is Ellipsis or (isinstance(i, slice) and i == slice(None)) for i in leading)
-    reaches_last = any(i is Ellipsis for i in leading) or len(index) == x.dim()
-    if not (isinstance(last, slice) and whole and reaches_last and last.step in (None, 1)):
-        return None
-    return last.indices(x.shape[-1])[0]
-
-
-def on_last_dim(args, kwargs, position: int) -> bool:
-    """Whether the `dim` argument (keyword, or positional at `position`, default 0) is the last dim of args[0]."""
-    x = args[0]
-    dim = kwargs.get("dim", args[position] if len(args) > position else 0)
-    return isinstance(x, torch.Tensor) and x.dim() > 0 and isinstance(dim, int) and dim % x.dim() == x.dim() - 1
-
-
-def is_norm(module: nn.Module) -> bool:
-    name = type(module).__name__
-    return isinstance(module, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or (
-        name.endswith(("RMSNorm", "LayerNorm")) and not name.startswith("Ada")
-    )
-
-
-def head_dim_of(model: nn.Module, path: str) -> int | None:
-    module = model.get_submodule(path)
-    for attr in ("head_dim", "dim_head", "attention_head_dim"):
-        value = getattr(module, attr, None)
-        if isinstance(value, int):
-            return value
-    inner, heads = getattr(module, "inner_dim", None), getattr(module, "heads", None)
-    return inner // heads if isinstance(inner, int) and isinstance(heads, int) and heads else None
 
 
 def block_of(model: nn.Module, path: str) -> str:

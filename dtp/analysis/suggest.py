@@ -41,9 +41,18 @@ from ..plan import Plan
 from ..policy import check_degree
 from ..resolve import resolve
 from ..resolve.heads import attention_spec
-from .lint import TAG, TagMode, feature_slice_start, head_dim_of, is_norm, on_last_dim, set_tag, tag_of, union
+from .tracing import (
+    SPLITS,
+    feature_slice_start,
+    head_dim_of,
+    is_norm,
+    on_last_dim,
+    set_tag,
+    tag_of,
+    traced_forward,
+    union,
+)
 
-SPLITS = {"chunk", "split", "tensor_split", "split_with_sizes"}
 # Functions that mix the features of their input: exact on a sharded activation only inside a planned Linear.
 MIXING = {F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.einsum, F.conv1d, F.conv2d}
 MIXING_NAMES = {"matmul", "mm", "bmm", "__matmul__", "addmm", "baddbmm", "einsum", "conv1d", "conv2d", "conv3d"}
@@ -104,23 +113,11 @@ class FlowTracer:
         self.stack: list[tuple[str, nn.Module]] = []
 
     def run(self, inputs: dict) -> dict[str, Flow]:
-        handles = []
-        for path, module in self.model.named_modules():
-            handles.append(module.register_forward_pre_hook(lambda m, a, p=path: self._enter(p, m, a)))
-            handles.append(module.register_forward_hook(lambda m, a, o, p=path: self._leave(p, m, o)))
-        try:
-            with torch.no_grad(), TagMode(self):
-                output = self.model(**inputs)
-            for tensor in tree_leaves(output):
-                self._unsafe(tag_of(tensor), "its output reaches the model output")
-        finally:
-            for h in handles:
-                h.remove()
-            for tensor in [*self.model.parameters(), *self.model.buffers()]:
-                tensor.__dict__.pop(TAG, None)
+        for tensor in tree_leaves(traced_forward(self.model, inputs, self)):
+            self._unsafe(tag_of(tensor), "its output reaches the model output")
         return {p: f for p, f in self.flows.items() if f.rows}
 
-    def _enter(self, path, module, args) -> None:
+    def enter(self, path, module, args) -> None:
         self.stack.append((path, module))
         x = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if isinstance(module, nn.Linear) and x is not None:
@@ -145,7 +142,7 @@ class FlowTracer:
                 flow.sources.add(source)
                 self.flows[source].consumers.add(flow.path)
 
-    def _leave(self, path, module, output) -> None:
+    def leave(self, path, module, output) -> None:
         self.stack.pop()
         if isinstance(module, nn.Linear) and isinstance(output, torch.Tensor):
             started = self.starts is None or path in self.starts
