@@ -1,10 +1,10 @@
 """dtp: tensor-parallel sharding plans for diffusion transformers, on a ("cp", "tp") DeviceMesh.
 
-Layers, each importing only those before it (tests/unit/test_layers.py holds it):
-errors, policy -> plan (data, parsing) -> resolve (layouts, checks) -> runtime (mesh, styles, CP)
--> engine (prepare/apply), parallelize -> loading -> pipeline -> adapters (LoRA) -> models (known classes,
-example inputs)
--> testing (tiny configs and pipelines, local launch, parity) -> tools (cli, check, run, demo).
+Packages, each importing only what `tests/unit/test_layers.py::ALLOWED` lists for it:
+errors, policy -> styles (the vocabulary, one class per style) -> plan (rules, parsing) -> resolve (layouts,
+checks) -> runtime (Parallelism, mesh, CP) -> engine (prepare/apply), parallelize -> loading -> pipeline,
+adapters (LoRA); families (one module per DiT class) and analysis (check, lint, suggest, verify, fake world)
+beside them; testing (fixtures) and tools (the CLI) on top.
 """
 
 from .adapters import load_lora, load_lora_weights
