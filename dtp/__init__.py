@@ -7,17 +7,45 @@ example inputs)
 -> testing (tiny configs and pipelines, local launch, parity) -> tools (cli, check, run, demo).
 """
 
-from .adapters import load_lora, load_lora_weights
-from .engine import Prepared, apply, prepare
-from .errors import ForwardError, PlanError
-from .loading import from_pretrained
-from .parallelize import parallelize, tp_candidates
-from .pipeline import parallelize_pipeline
-from .plan import Plan, Rule, Style, load_plan, plan_for
-from .resolve import Layout
-from .runtime.mesh import make_mesh
-from .tools.suggest import suggest_plan
-from .tools.verify import verify
+import importlib
+
+# Public name -> the module that defines it, imported on first use (PEP 562): `import dtp` and the
+# `dtp` command's start-up then cost no torch import until a name is used.
+_EXPORTS = {
+    "load_lora": ".adapters",
+    "load_lora_weights": ".adapters",
+    "Prepared": ".engine",
+    "apply": ".engine",
+    "prepare": ".engine",
+    "ForwardError": ".errors",
+    "PlanError": ".errors",
+    "from_pretrained": ".loading",
+    "parallelize": ".parallelize",
+    "tp_candidates": ".parallelize",
+    "parallelize_pipeline": ".pipeline",
+    "Plan": ".plan",
+    "Rule": ".plan",
+    "Style": ".plan",
+    "load_plan": ".plan",
+    "plan_for": ".plan",
+    "Layout": ".resolve",
+    "make_mesh": ".runtime.mesh",
+    "suggest_plan": ".tools.suggest",
+    "verify": ".tools.verify",
+}
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dtp' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = [
     "ForwardError",

@@ -36,7 +36,7 @@ from ..errors import ForwardError, PlanError
 from ..models import INPUT_BUILDERS
 from ..pipeline import WHOLE, parallelize_pipeline
 from ..plan import Plan, bundled_plan_names, load_plan
-from ..policy import CP_MODES, check_degree, parse_dtype
+from ..policy import check_degree, parse_dtype
 from ..resolve import Resolved
 from ..resolve.padding import overhead
 from ..runtime.memory import local_param_bytes
@@ -52,47 +52,6 @@ LATENT_PIXELS_PER_TOKEN = 16  # VAE downsampling 8 x patch 2, for all four bundl
 DEFAULT_TEXT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL prompt length the pipelines pad or cap to
 PIPELINE_SUFFIX = "-pipeline"  # `dtp check flux-pipeline`: a released pipeline, every component
 TEXT_ENCODER_PREFIX = "text_encoder"  # diffusers' component names: text_encoder, text_encoder_2, ...
-
-
-def register(sub) -> None:
-    p = sub.add_parser("check", help="check a plan at full size on the meta device with a fake process group")
-    p.add_argument(
-        "target",
-        metavar="MODEL_OR_PLAN",
-        help=f"bundled plan ({', '.join(bundled_plan_names())}), plan YAML path, diffusers class name, or a "
-        f"released pipeline ({', '.join(RELEASED_PIPELINES)}: every component, its own plan or whole)",
-    )
-    p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
-    p.add_argument("--cp", type=int, default=1, help="context-parallel degree (fake world size is cp * tp)")
-    p.add_argument(
-        "--cp-mode",
-        choices=CP_MODES,
-        default="ulysses",
-        help="context-parallel attention whose head constraint applies with --cp > 1 (default ulysses)",
-    )
-    p.add_argument(
-        "--pad",
-        action="store_true",
-        help="zero-pad heads and widths tp does not divide (exact; reports the padding overhead)",
-    )
-    p.add_argument("--plan", help="plan to use with a class name (default: plan_for the class)")
-    p.add_argument("--config", help="diffusers config.json (default: the class defaults, see dtp.fakepg)")
-    p.add_argument("--dtype", choices=CHECK_DTYPES, default="bf16", help="parameter dtype (default bf16)")
-    p.add_argument("--resolution", type=int, default=1024, help="square image side in pixels for the forward")
-    p.add_argument("--text-tokens", type=int, default=DEFAULT_TEXT_TOKENS, help="prompt length for the forward")
-    p.add_argument(
-        "--no-forward",
-        dest="forward",
-        action="store_false",
-        help="skip the meta forward that counts the collectives (memory figures only)",
-    )
-    p.add_argument(
-        "--whole-text-encoders",
-        action="store_true",
-        help="with a pipeline: keep the text encoders whole on every rank (as `dtp run --whole-text-encoders`)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -1,29 +1,27 @@
-"""The `dtp` command line (also `python -m dtp`): one subcommand per module, each with `register`."""
+"""The `dtp` command line (also `python -m dtp`).
+
+The parsers (`commands.py`) import neither torch nor diffusers, so `--help` answers at once; a
+command's module is imported only when that command runs. A user error ends as one message and
+exit code 1 (`failure.py`); `--debug` re-raises it with its traceback.
+"""
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import sys
 
-from . import check, demo, run, suggest, verify
-
-# Each module exposes `register(subparsers)`, which adds its parser and sets `func(args) -> int`.
-COMMANDS = [demo, run, check, verify, suggest]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dtp", description="Tensor-parallel sharding plans for diffusion transformers."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for command in COMMANDS:
-        command.register(sub)
-    return parser
+from .commands import COMMANDS, build_parser
+from .failure import USER_ERRORS, report
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return importlib.import_module(COMMANDS[args.command]).run(args)
+    except USER_ERRORS as error:
+        if args.debug:
+            raise
+        return report(error, args.command)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,11 @@ import torch.distributed as dist
 from ..adapters import load_lora_weights
 from ..errors import PlanError
 from ..loading import build_skeleton, from_pretrained, is_transformers_class, load_prepared
+from ..loading.checkpoint import CheckpointError
+from ..loading.precheck import check_files
 from ..pipeline import parallelize_pipeline, prepare_component
 from ..plan import load_plan
-from ..policy import CP_MODES, DTYPES, default_backend, default_device_type, parse_dtype
+from ..policy import default_backend, default_device_type, parse_dtype
 from ..runtime.memory import local_param_bytes
 from ..runtime.mesh import make_mesh
 from ..runtime.placement import local_device
@@ -44,54 +46,15 @@ DEFAULT_TIMEOUT_S = 600  # torch's own default for gloo is 30 min, NCCL's watchd
 LORA_ADAPTER = "lora"  # the adapter name `--lora` loads under
 
 
-def register(sub) -> None:
-    p = sub.add_parser("run", help="generate an image with a sharded pipeline (launch with torchrun)")
-    p.add_argument("--model-dir", required=True, help="a diffusers pipeline directory (model_index.json)")
-    p.add_argument(
-        "--plan",
-        default=None,
-        help="bundled plan name or YAML path (default: the model's bundled plan); used under torchrun",
-    )
-    p.add_argument(
-        "--cp", type=int, default=1, help="context-parallel degree under torchrun: tp = world size / cp (default 1)"
-    )
-    p.add_argument("--cp-mode", choices=CP_MODES, default="ulysses", help="CP attention (default ulysses)")
-    p.add_argument("--pad", action="store_true", help="zero-pad heads and widths tp does not divide (exact)")
-    p.add_argument(
-        "--whole-text-encoders",
-        action="store_true",
-        help="under torchrun, keep the text encoders whole on every rank (default: sharded by their plans, each "
-        "rank reading only its slice)",
-    )
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--lora", default=None, help="a diffusers LoRA file or folder for the transformer (default: none)")
-    p.add_argument("--lora-scale", type=float, default=1.0, help="the LoRA's adapter weight (default 1.0)")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's)")
-    p.add_argument("--height", type=int, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--seed", type=int, default=42, help="latents seed, the same on every rank (default 42)")
-    p.add_argument(
-        "--dtype", choices=["auto", *DTYPES], default="auto", help="auto: bfloat16 on accelerators, float32 on CPU"
-    )
-    p.add_argument("--output", default="output.png", help="image path, written by rank 0 (default output.png)")
-    p.add_argument("--report", default=None, help="also write per-rank weight bytes and step times as JSON (rank 0)")
-    p.add_argument("--save-pixels", default=None, help="also save the float [0, 1] pixels as .npy (rank 0)")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help="seconds a collective may wait for the other ranks before the process group fails (default 600); "
-        "a rank that waits min(60, timeout / 2) s names the ranks behind it",
-    )
-    p.set_defaults(func=run)
-
-
 def run(args) -> int:
     """Entry point of `dtp run`: sharded under torchrun (WORLD_SIZE set), else the one-process reference."""
     quiet_libraries()
+    transformer_class(args.model_dir)  # a missing or foreign folder: one CheckpointError, before any process group
     if "WORLD_SIZE" not in os.environ:
         device = local_device(default_device_type())
-        pipe = load_pipeline(args.model_dir, device=device, dtype=_dtype(args.dtype, device))
+        dtype = _dtype(args.dtype, device)
+        check_pipeline_files(args.model_dir, dtype)
+        pipe = load_pipeline(args.model_dir, device=device, dtype=dtype)
         add_lora(pipe, args.lora, args.lora_scale, sharded=False)
         _generate_and_save(pipe, args, distributed=False)
         return 0
@@ -216,6 +179,14 @@ def load_text_encoders(model_dir, prepared: dict, dtype) -> dict:
     return {name: model for name, (model, _) in prepared.items()}
 
 
+def check_pipeline_files(model_dir, dtype) -> None:
+    """The shard-on-load checks of the files of the transformer and the text encoders (`precheck.check_files`):
+    the one-process run, which diffusers loads, fails with the same `CheckpointError` as the sharded one."""
+    check_files(transformer_class(model_dir), os.path.join(model_dir, "transformer"), dtype)
+    for name, cls in transformers_components(model_dir).items():
+        check_files(cls, os.path.join(model_dir, name), dtype)
+
+
 def transformers_components(model_dir) -> dict:
     """`{name: class}` of the pipeline's transformers model components (text encoders; not tokenizers)."""
     import transformers
@@ -269,11 +240,17 @@ def transformer_class(model_dir):
     import diffusers
 
     index_path = Path(model_dir) / "model_index.json"
-    if not index_path.exists():
-        raise FileNotFoundError(f"{model_dir} is not a diffusers pipeline directory: {index_path} is missing.")
+    if not index_path.is_file():
+        found = "does not exist" if not Path(model_dir).exists() else f"has no {index_path.name}"
+        raise CheckpointError(
+            f"--model-dir {model_dir} {found}; pass a diffusers pipeline folder (the one holding model_index.json, "
+            f"e.g. downloaded with huggingface_hub.snapshot_download)."
+        )
     entry = json.loads(index_path.read_text()).get("transformer")
-    if not entry or entry[1] is None:
-        raise ValueError(f"{index_path} names no transformer component; dtp shards a pipeline's transformer.")
+    if not entry or entry[1] is None or not hasattr(diffusers, entry[1]):
+        raise CheckpointError(
+            f"{index_path} names no diffusers transformer component ({entry!r}); dtp shards a pipeline's transformer."
+        )
     return getattr(diffusers, entry[1])
 
 
