@@ -8,6 +8,8 @@ example inputs)
 """
 
 import importlib
+import sys
+import types
 
 # Public name -> the module that defines it, imported on first use (PEP 562): `import dtp` and the
 # `dtp` command's start-up then cost no torch import until a name is used.
@@ -45,6 +47,19 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted([*globals(), *_EXPORTS])
+
+
+class _Facade(types.ModuleType):
+    """The package module: importing the submodule `dtp.parallelize` binds the package attribute `parallelize`
+    to that module, which would hide the function of the same name; that one binding is skipped."""
+
+    def __setattr__(self, name, value):
+        if name in _EXPORTS and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Facade
 
 
 __all__ = [

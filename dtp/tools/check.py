@@ -227,13 +227,19 @@ def _target(target: str, plan: str | None) -> tuple[str, Plan | None]:
 
 
 def replicated_modules(model: torch.nn.Module, resolved: Resolved) -> list[dict]:
-    """Every rank's whole-held parameters, by module with block indices folded to `*`, largest first."""
+    """Every rank's whole-held parameters, by module with block indices folded to `*`, largest first.
+
+    A parameter that a container holds itself (Wan's `blocks.0.scale_shift_table`) is listed by its own
+    name: the block's path alone would read as if the whole block were replicated.
+    """
     layouts = resolved.param_layouts()
+    containers = {name for name, module in model.named_modules() if next(module.children(), None) is not None}
     bytes_by, paths_by = Counter(), {}
     for name, param in model.named_parameters():
         if layouts.get(name) is not None:
             continue
         module = name.rpartition(".")[0]
+        module = name if module in containers else module
         pattern = re.sub(r"\.\d+(?=\.|$)", ".*", module, count=1)
         bytes_by[pattern] += param.numel() * param.element_size()
         paths_by.setdefault(pattern, set()).add(module)
@@ -273,6 +279,7 @@ def _collectives(model, resolved, class_name, dtype, resolution, text_tokens) ->
     result.update(
         batch=1,
         resolution=resolution,
+        input=describe_input(model, inputs, resolution),
         img_tokens=img_tokens,
         txt_tokens=text_tokens,
         measured=by_op,
@@ -280,6 +287,23 @@ def _collectives(model, resolved, class_name, dtype, resolution, text_tokens) ->
         bytes=counter.total_bytes(),
     )
     return result
+
+
+def describe_input(model, inputs: dict, resolution: int) -> str:
+    """What the meta forward ran on, in the model's terms: `1024x1024 px` for an image model; for a video
+    model its latent video as frames x height x width (latent pixels; the VAE scales height and width by 8
+    and frames by its temporal factor). The video layouts: (B, C, F, H, W) (Wan, Mochi, Cosmos,
+    HunyuanVideo), (B, F, C, H, W) (CogVideoX), and tokens with `num_frames`/`height`/`width` beside them (LTX).
+    """
+    if "num_frames" in inputs:
+        grid = (inputs["num_frames"], inputs["height"], inputs["width"])
+    else:
+        hidden = inputs.get("hidden_states")
+        if hidden is None or hidden.ndim != 5:
+            return f"{resolution}x{resolution} px"
+        channels_first = hidden.shape[1] == getattr(model.config, "in_channels", None)
+        grid = tuple(hidden.shape[2:]) if channels_first else (hidden.shape[1], *hidden.shape[3:])
+    return "a latent video of {} x {} x {} (frames x height x width)".format(*grid)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,7 +465,7 @@ def _format_collectives(c: dict) -> list[str]:
         return [f"collectives per forward ({c['note']}):"] + [f"  {op:<24} {n:6d}" for op, n in c["implied"].items()]
     lines = [
         f"collectives per forward = one denoising step without CFG (batch {c['batch']}, "
-        f"{c['resolution']}x{c['resolution']} px = {c['img_tokens']} image + {c['txt_tokens']} text tokens; "
+        f"{c['input']} = {c['img_tokens']} image + {c['txt_tokens']} text tokens; "
         f"bytes = size of each full result):"
     ]
     lines += [f"  {op:<24} {e['count']:6d}  {_gb(e['bytes'])}" for op, e in c["measured"].items()]

@@ -149,7 +149,8 @@ def _check(sub, common) -> None:
         "--resolution",
         type=int,
         default=1024,
-        help="image height and width in pixels for the forward (a video model: of each frame)",
+        help="square image side in pixels for the forward (default 1024); a video model gets as many tokens, "
+        "as a latent video whose frames x height x width the report prints",
     )
     p.add_argument("--text-tokens", type=int, default=DEFAULT_TEXT_TOKENS, help="prompt length for the forward")
     p.add_argument(
