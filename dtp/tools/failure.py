@@ -43,7 +43,7 @@ def report(error: BaseException, command: str) -> int:
     text = message(error, command)
     if _under_torchrun():
         _write_error_file(error, text)
-        _report_rank(text)
+        _report_rank(text, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), _store)
         _exit(1)
     else:
         _print(text)
@@ -72,10 +72,11 @@ def _under_torchrun() -> bool:
     return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def _report_rank(text: str) -> None:
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+def _report_rank(text: str, rank: int, world_size: int, connect) -> None:
+    """This rank's part of printing one message for all ranks (see the module docstring); `connect()` -> the
+    shared store."""
     try:
-        store = _store()
+        store = connect()
         store.set(f"{rank}", text)
         if rank == 0:
             messages = _gather(store, world_size, text)
