@@ -54,6 +54,9 @@ def format_table(results: list[dict], backend: str, wall_s: float) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for key, r in results[0].items():
+        if "error" in r:
+            lines.append(f"| {key[0]} | {key[1]} | raised: {r['error'][:300]} | | | | | |")
+            continue
         worst = max(rank[key]["rel"] for rank in results)
         breaks = max(rank[key]["graph_breaks"] for rank in results)
         lines.append(

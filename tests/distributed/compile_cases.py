@@ -93,5 +93,12 @@ def count_compiles(compiled, calls: list) -> dict:
 
 
 def run_matrix(rank: int, world_size: int, matrix: list[tuple[str, str, str]]) -> dict:
-    """Every (case, form, backend) of `matrix` on this rank: {(case, form, backend): compile_case(...)}."""
-    return {(case, form, backend): compile_case(case, form, backend) for case, form, backend in matrix}
+    """Every (case, form, backend) of `matrix` on this rank: {(case, form, backend): compile_case(...)}; a case that
+    raises (fullgraph=True refuses a graph break) is {"error": its first lines}, and the next case still runs."""
+    results = {}
+    for case, form, backend in matrix:
+        try:
+            results[(case, form, backend)] = compile_case(case, form, backend)
+        except Exception as error:  # noqa: BLE001 - reported per case; every rank fails the same way
+            results[(case, form, backend)] = {"error": " ".join(f"{type(error).__name__}: {error}".split())[:400]}
+    return results

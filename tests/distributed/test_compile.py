@@ -33,6 +33,7 @@ def results():
 def test_compiles_without_breaks_or_recompiles(results, key):
     for rank, per_rank in enumerate(results):
         r = per_rank[key]
+        assert "error" not in r, (rank, r["error"])
         assert r["graph_breaks"] == 0, (rank, r["break_reasons"])
         assert r["graphs"] >= 1 and r["recompiles"] == 0, (rank, r)
         assert r["rel"] <= TOL, (rank, r)
@@ -40,6 +41,7 @@ def test_compiles_without_breaks_or_recompiles(results, key):
 
 def test_negative_control_the_counters_see_a_break_and_a_recompile():
     """The same counting on a module that breaks its graph and is called at a new shape: both are seen."""
+
     class Breaks(torch.nn.Module):
         def forward(self, x):
             x = x * 2
