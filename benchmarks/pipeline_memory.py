@@ -10,7 +10,7 @@ fake process group of `tp` ranks, as `dtp check` does for one model:
             ranks, vision MLP 3420 -> 3424)
 
 The VAE stays whole in both (no plan). Configs are the released checkpoints' (config.json values
-written out in `dtp/tools/released.py`: no model hub here); each measurement is `dtp check PIPELINE`'s
+written out in `dtp/analysis/released.py`: no model hub here); each measurement is `dtp check PIPELINE`'s
 (`dtp.tools.check.check_pipeline`). Each text encoder gets the first of its bundled plans that fits
 the degree (CLIP-L at tp=8: clip-mlp); one whose plans do not fit stays whole, and the table says why.
 

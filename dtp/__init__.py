@@ -7,17 +7,61 @@ adapters (LoRA); families (one module per DiT class) and analysis (check, lint, 
 beside them; testing (fixtures) and tools (the CLI) on top.
 """
 
-from .adapters import load_lora, load_lora_weights
-from .analysis.suggest import suggest_plan
-from .analysis.verify import verify
-from .engine import Prepared, apply, prepare
-from .errors import ForwardError, PlanError
-from .loading import from_pretrained
-from .parallelize import parallelize, tp_candidates
-from .pipeline import load_pipeline, parallelize_pipeline
-from .plan import Plan, Rule, Style, load_plan, plan_for
-from .resolve import Layout
-from .runtime.mesh import make_mesh
+import importlib
+import sys
+import types
+
+# Public name -> the module that defines it, imported on first use (PEP 562): `import dtp` and the
+# `dtp` command's start-up then cost no torch import until a name is used.
+_EXPORTS = {
+    "load_lora": ".adapters",
+    "load_lora_weights": ".adapters",
+    "Prepared": ".engine",
+    "apply": ".engine",
+    "prepare": ".engine",
+    "ForwardError": ".errors",
+    "PlanError": ".errors",
+    "from_pretrained": ".loading",
+    "parallelize": ".parallelize",
+    "tp_candidates": ".parallelize",
+    "load_pipeline": ".pipeline",
+    "parallelize_pipeline": ".pipeline",
+    "Plan": ".plan",
+    "Rule": ".plan",
+    "Style": ".plan",
+    "load_plan": ".plan",
+    "plan_for": ".plan",
+    "Layout": ".resolve",
+    "make_mesh": ".runtime.mesh",
+    "suggest_plan": ".analysis.suggest",
+    "verify": ".analysis.verify",
+}
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dtp' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])
+
+
+class _Facade(types.ModuleType):
+    """The package module: importing the submodule `dtp.parallelize` binds the package attribute `parallelize`
+    to that module, which would hide the function of the same name; that one binding is skipped."""
+
+    def __setattr__(self, name, value):
+        if name in _EXPORTS and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Facade
+
 
 __all__ = [
     "ForwardError",

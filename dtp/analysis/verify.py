@@ -145,10 +145,14 @@ class VerifyReport:
             "lint": [f.__dict__ for f in self.lint],
         }
 
-    def format(self) -> str:
+    def format(self, verbose: bool = True) -> str:
+        """The report as text: a header, the per-site table (`verbose`; else a line of counts), lint, the verdict."""
         lines = [f"dtp verify: {self.model}, plan {self.plan}, tp={self.tp} (tolerance {self.tol:g} relative)"]
-        for s in self.sites:
-            lines.append(f"  {s.rel:10.3e} {' ' if s.rel <= self.tol else '!'} {s.label()}  [{s.kind}]")
+        if verbose:
+            for s in self.sites:
+                lines.append(f"  {s.rel:10.3e} {' ' if s.rel <= self.tol else '!'} {s.label()}  [{s.kind}]")
+        else:
+            lines.append(self._counts())
         lines += [f"lint: {finding}" for finding in self.lint]
         if self.ok:
             lines.append(f"OK: every site within {self.tol:g} (model output {self.output_rel:.3e}).")
@@ -161,6 +165,13 @@ class VerifyReport:
             lines.append(f"DIVERGES first at the {first.label()}: relative difference {first.rel:.3e} > {self.tol:g}")
         lines += [f"  suspect {p}: {self.entries.get(p, 'not in the plan')}" for p in self.suspects()]
         return "\n".join(lines)
+
+    def _counts(self) -> str:
+        """`12 sites compared, 3 beyond tolerance (largest 4.1e-01 at ...); per site: --verbose`."""
+        beyond = [s for s in self.sites if not s.rel <= self.tol]
+        worst = max(beyond, key=lambda s: s.rel if math.isfinite(s.rel) else math.inf, default=None)
+        largest = f" (largest {worst.rel:.3e} at the {worst.label()})" if worst else ""
+        return f"  {len(self.sites)} sites compared, {len(beyond)} beyond tolerance{largest}; per site: --verbose"
 
 
 def _feeds_rowwise(kind: str) -> bool:

@@ -23,8 +23,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..errors import PlanError
 from ..loading import build_skeleton, from_pretrained, is_transformers_class, load_prepared
+from ..loading.checkpoint import CheckpointError
+from ..loading.precheck import check_files
 from ..plan import Plan, load_plan
 from ..runtime.parallelism import Parallelism
 from ..runtime.placement import local_device
@@ -136,18 +137,34 @@ def load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode="ulys
 
 
 def transformer_class(model_dir):
-    """The diffusers class of the pipeline's transformer, as named in model_index.json."""
+    """The diffusers class of the pipeline's transformer, as named in model_index.json; CheckpointError when
+    `model_dir` is not a diffusers pipeline folder or names no diffusers transformer."""
     import diffusers
 
     entry = _model_index(model_dir).get(TRANSFORMER)
-    if not entry or entry[1] is None:
-        raise PlanError(f"{model_dir}/model_index.json names no transformer component; dtp shards a pipeline's.")
+    if not entry or entry[1] is None or not hasattr(diffusers, entry[1]):
+        raise CheckpointError(
+            f"{Path(model_dir) / 'model_index.json'} names no diffusers transformer component ({entry!r}); dtp "
+            f"shards a pipeline's transformer."
+        )
     return getattr(diffusers, entry[1])
 
 
+def check_pipeline_files(model_dir, dtype=None) -> None:
+    """The shard-on-load checks of the files of the transformer and the text encoders (`precheck.check_files`):
+    a one-process load, which diffusers does, fails with the same `CheckpointError` as the sharded one."""
+    check_files(transformer_class(model_dir), os.path.join(model_dir, TRANSFORMER), dtype)
+    for name, cls in transformers_components(model_dir).items():
+        check_files(cls, os.path.join(model_dir, name), dtype)
+
+
 def _model_index(model_dir) -> dict:
-    """The pipeline's model_index.json; PlanError when `model_dir` is not a diffusers pipeline directory."""
+    """The pipeline's model_index.json; CheckpointError when `model_dir` is not a diffusers pipeline folder."""
     path = Path(model_dir) / "model_index.json"
     if not path.is_file():
-        raise PlanError(f"{model_dir} is not a diffusers pipeline directory: {path} is missing.")
+        found = "does not exist" if not Path(model_dir).exists() else f"has no {path.name}"
+        raise CheckpointError(
+            f"--model-dir {model_dir} {found}; pass a diffusers pipeline folder (the one holding model_index.json, "
+            f"e.g. downloaded with huggingface_hub.snapshot_download)."
+        )
     return json.loads(path.read_text())

@@ -273,13 +273,23 @@ def check_unpadded(resolved: Resolved, model: nn.Module, tp: int, padded_candida
             options = padded_candidates() if padded_candidates else pad_candidates(resolved, model)
         except PlanError:  # e.g. a cp problem: reported by its own check, after this one
             options = []
-        if tp in options:
+        if tp in options or _pads(resolved, model, tp):
+            listed = f"; with pad=True, supported tp: {', '.join(map(str, options))}" if tp in options else ""
             hint = (
                 f" Or pass pad=True (`dtp check --pad`): heads and widths are zero-padded to multiples of tp, "
-                f"which is exact and costs only the padded compute; with pad=True, supported tp: "
-                f"{', '.join(map(str, options))}."
+                f"which is exact and costs only the padded compute{listed}."
             )
     check_divides(resolved.constraints, tp, resolved.plan.name, hint=hint)
+
+
+def _pads(resolved: Resolved, model: nn.Module, tp: int) -> bool:
+    """Padding serves `tp` although `pad_candidates` stops at the smallest head count (a vision tower of 2
+    heads at tp=4: 2 zero heads)."""
+    try:
+        pad_resolved(resolved, model, tp, tp)
+    except PlanError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from ..errors import ForwardError, PlanError
 from ..families import FAMILIES
 from ..pipeline import WHOLE, parallelize_pipeline
 from ..plan import Plan, bundled_plan_names, load_plan
-from ..policy import CP_MODES, check_degree, parse_dtype
+from ..policy import check_degree, parse_dtype
 from ..resolve import Resolved
 from ..resolve.padding import overhead
 from ..runtime.memory import local_param_bytes
@@ -52,47 +52,6 @@ LATENT_PIXELS_PER_TOKEN = 16  # VAE downsampling 8 x patch 2, for all four bundl
 DEFAULT_TEXT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL prompt length the pipelines pad or cap to
 PIPELINE_SUFFIX = "-pipeline"  # `dtp check flux-pipeline`: a released pipeline, every component
 TEXT_ENCODER_PREFIX = "text_encoder"  # diffusers' component names: text_encoder, text_encoder_2, ...
-
-
-def register(sub) -> None:
-    p = sub.add_parser("check", help="check a plan at full size on the meta device with a fake process group")
-    p.add_argument(
-        "target",
-        metavar="MODEL_OR_PLAN",
-        help=f"bundled plan ({', '.join(bundled_plan_names())}), plan YAML path, diffusers class name, or a "
-        f"released pipeline ({', '.join(RELEASED_PIPELINES)}: every component, its own plan or whole)",
-    )
-    p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
-    p.add_argument("--cp", type=int, default=1, help="context-parallel degree (fake world size is cp * tp)")
-    p.add_argument(
-        "--cp-mode",
-        choices=CP_MODES,
-        default="ulysses",
-        help="context-parallel attention whose head constraint applies with --cp > 1 (default ulysses)",
-    )
-    p.add_argument(
-        "--pad",
-        action="store_true",
-        help="zero-pad heads and widths tp does not divide (exact; reports the padding overhead)",
-    )
-    p.add_argument("--plan", help="plan to use with a class name (default: plan_for the class)")
-    p.add_argument("--config", help="diffusers config.json (default: the class defaults, see dtp.fakepg)")
-    p.add_argument("--dtype", choices=CHECK_DTYPES, default="bf16", help="parameter dtype (default bf16)")
-    p.add_argument("--resolution", type=int, default=1024, help="square image side in pixels for the forward")
-    p.add_argument("--text-tokens", type=int, default=DEFAULT_TEXT_TOKENS, help="prompt length for the forward")
-    p.add_argument(
-        "--no-forward",
-        dest="forward",
-        action="store_false",
-        help="skip the meta forward that counts the collectives (memory figures only)",
-    )
-    p.add_argument(
-        "--whole-text-encoders",
-        action="store_true",
-        help="with a pipeline: keep the text encoders whole on every rank (as `dtp run --whole-text-encoders`)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:
@@ -268,13 +227,19 @@ def _target(target: str, plan: str | None) -> tuple[str, Plan | None]:
 
 
 def replicated_modules(model: torch.nn.Module, resolved: Resolved) -> list[dict]:
-    """Every rank's whole-held parameters, by module with block indices folded to `*`, largest first."""
+    """Every rank's whole-held parameters, by module with block indices folded to `*`, largest first.
+
+    A parameter that a container holds itself (Wan's `blocks.0.scale_shift_table`) is listed by its own
+    name: the block's path alone would read as if the whole block were replicated.
+    """
     layouts = resolved.param_layouts()
+    containers = {name for name, module in model.named_modules() if next(module.children(), None) is not None}
     bytes_by, paths_by = Counter(), {}
     for name, param in model.named_parameters():
         if layouts.get(name) is not None:
             continue
         module = name.rpartition(".")[0]
+        module = name if module in containers else module
         pattern = re.sub(r"\.\d+(?=\.|$)", ".*", module, count=1)
         bytes_by[pattern] += param.numel() * param.element_size()
         paths_by.setdefault(pattern, set()).add(module)
@@ -314,6 +279,7 @@ def _collectives(model, resolved, class_name, dtype, resolution, text_tokens) ->
     result.update(
         batch=1,
         resolution=resolution,
+        input=describe_input(model, inputs, resolution),
         img_tokens=img_tokens,
         txt_tokens=text_tokens,
         measured=by_op,
@@ -321,6 +287,23 @@ def _collectives(model, resolved, class_name, dtype, resolution, text_tokens) ->
         bytes=counter.total_bytes(),
     )
     return result
+
+
+def describe_input(model, inputs: dict, resolution: int) -> str:
+    """What the meta forward ran on, in the model's terms: `1024x1024 px` for an image model; for a video
+    model its latent video as frames x height x width (latent pixels; the VAE scales height and width by 8
+    and frames by its temporal factor). The video layouts: (B, C, F, H, W) (Wan, Mochi, Cosmos,
+    HunyuanVideo), (B, F, C, H, W) (CogVideoX), and tokens with `num_frames`/`height`/`width` beside them (LTX).
+    """
+    if "num_frames" in inputs:
+        grid = (inputs["num_frames"], inputs["height"], inputs["width"])
+    else:
+        hidden = inputs.get("hidden_states")
+        if hidden is None or hidden.ndim != 5:
+            return f"{resolution}x{resolution} px"
+        channels_first = hidden.shape[1] == getattr(model.config, "in_channels", None)
+        grid = tuple(hidden.shape[2:]) if channels_first else (hidden.shape[1], *hidden.shape[3:])
+    return "a latent video of {} x {} x {} (frames x height x width)".format(*grid)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -482,7 +465,7 @@ def _format_collectives(c: dict) -> list[str]:
         return [f"collectives per forward ({c['note']}):"] + [f"  {op:<24} {n:6d}" for op, n in c["implied"].items()]
     lines = [
         f"collectives per forward = one denoising step without CFG (batch {c['batch']}, "
-        f"{c['resolution']}x{c['resolution']} px = {c['img_tokens']} image + {c['txt_tokens']} text tokens; "
+        f"{c['input']} = {c['img_tokens']} image + {c['txt_tokens']} text tokens; "
         f"bytes = size of each full result):"
     ]
     lines += [f"  {op:<24} {e['count']:6d}  {_gb(e['bytes'])}" for op, e in c["measured"].items()]

@@ -36,23 +36,6 @@ PROMPT = "a cat holding a sign that says hello"
 _TITLES = {"flux": "FLUX.1", "qwenimage": "Qwen-Image"}
 
 
-def register(sub) -> None:
-    p = sub.add_parser("demo", help="generate with a tiny FLUX pipeline on N processes and on 1; compare the images")
-    p.add_argument("--nproc", type=int, default=2, help="number of local processes = TP degree (default 2)")
-    p.add_argument("--model", choices=["flux", "qwenimage"], default="flux", help="tiny pipeline to run (default flux)")
-    p.add_argument("--plan", default=None, help="bundled plan name or YAML path (default: the one named like --model)")
-    p.add_argument("--steps", type=int, default=4, help="denoising steps (default 4)")
-    p.add_argument(
-        "--size", type=int, default=64, help="image height and width in pixels, a multiple of 4 (default 64)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="latents seed (default 0)")
-    p.add_argument(
-        "--pad", action="store_true", help="zero-pad heads and widths tp does not divide (e.g. --nproc 3: 4 heads -> 6)"
-    )
-    p.add_argument("--output", default="output.png", help="where to save the sharded run's image (default output.png)")
-    p.set_defaults(func=run)
-
-
 def run(args) -> int:
     _check_args(args)
     args.plan = args.plan or args.model  # the bundled plans are named like the tiny pipelines

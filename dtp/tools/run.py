@@ -30,9 +30,9 @@ import torch.distributed as dist
 
 from ..adapters import load_lora_weights
 from ..errors import PlanError
-from ..pipeline import WHOLE, load_pipeline
+from ..pipeline import WHOLE, check_pipeline_files, load_pipeline, transformer_class
 from ..pipeline.load import transformers_components
-from ..policy import CP_MODES, DTYPES, default_backend, default_device_type, parse_dtype
+from ..policy import default_backend, default_device_type, parse_dtype
 from ..runtime.memory import local_param_bytes
 from ..runtime.mesh import make_mesh
 from ..runtime.placement import local_device
@@ -43,54 +43,15 @@ DEFAULT_TIMEOUT_S = 600  # torch's own default for gloo is 30 min, NCCL's watchd
 LORA_ADAPTER = "lora"  # the adapter name `--lora` loads under
 
 
-def register(sub) -> None:
-    p = sub.add_parser("run", help="generate an image with a sharded pipeline (launch with torchrun)")
-    p.add_argument("--model-dir", required=True, help="a diffusers pipeline directory (model_index.json)")
-    p.add_argument(
-        "--plan",
-        default=None,
-        help="bundled plan name or YAML path (default: the model's bundled plan); used under torchrun",
-    )
-    p.add_argument(
-        "--cp", type=int, default=1, help="context-parallel degree under torchrun: tp = world size / cp (default 1)"
-    )
-    p.add_argument("--cp-mode", choices=CP_MODES, default="ulysses", help="CP attention (default ulysses)")
-    p.add_argument("--pad", action="store_true", help="zero-pad heads and widths tp does not divide (exact)")
-    p.add_argument(
-        "--whole-text-encoders",
-        action="store_true",
-        help="under torchrun, keep the text encoders whole on every rank (default: sharded by their plans, each "
-        "rank reading only its slice)",
-    )
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--lora", default=None, help="a diffusers LoRA file or folder for the transformer (default: none)")
-    p.add_argument("--lora-scale", type=float, default=1.0, help="the LoRA's adapter weight (default 1.0)")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's)")
-    p.add_argument("--height", type=int, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--seed", type=int, default=42, help="latents seed, the same on every rank (default 42)")
-    p.add_argument(
-        "--dtype", choices=["auto", *DTYPES], default="auto", help="auto: bfloat16 on accelerators, float32 on CPU"
-    )
-    p.add_argument("--output", default="output.png", help="image path, written by rank 0 (default output.png)")
-    p.add_argument("--report", default=None, help="also write per-rank weight bytes and step times as JSON (rank 0)")
-    p.add_argument("--save-pixels", default=None, help="also save the float [0, 1] pixels as .npy (rank 0)")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help="seconds a collective may wait for the other ranks before the process group fails (default 600); "
-        "a rank that waits min(60, timeout / 2) s names the ranks behind it",
-    )
-    p.set_defaults(func=run)
-
-
 def run(args) -> int:
     """Entry point of `dtp run`: sharded under torchrun (WORLD_SIZE set), else the one-process reference."""
     quiet_libraries()
+    transformer_class(args.model_dir)  # a missing or foreign folder: one CheckpointError, before any process group
     if "WORLD_SIZE" not in os.environ:
         device = local_device(default_device_type())
-        pipe = load_pipeline(args.model_dir, torch_dtype=_dtype(args.dtype, device), device=device)
+        dtype = _dtype(args.dtype, device)
+        check_pipeline_files(args.model_dir, dtype)
+        pipe = load_pipeline(args.model_dir, torch_dtype=dtype, device=device)
         add_lora(pipe, args.lora, args.lora_scale, sharded=False)
         _generate_and_save(pipe, args, distributed=False)
         return 0

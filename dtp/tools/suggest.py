@@ -14,17 +14,6 @@ from ..families import example_inputs as known_inputs
 from ..families.tiny import random_model
 
 
-def register(sub) -> None:
-    p = sub.add_parser("suggest", help="propose a plan for a model from one traced forward of a small instance")
-    p.add_argument("model", metavar="MODEL", help="diffusers class name (e.g. Flux2Transformer2DModel)")
-    p.add_argument(
-        "--config", help="config.json path or an inline JSON object (default: the tiny config of a known class)"
-    )
-    p.add_argument("--tp", type=int, default=2, help="TP degree the suggestion must divide (default 2)")
-    p.add_argument("-o", "--output", help="write the plan YAML here (default: print it)")
-    p.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         if args.config is None and args.model not in FAMILIES:

@@ -6,23 +6,9 @@ import json
 import sys
 
 from ..analysis.fakepg import config_arg
-from ..analysis.verify import DEFAULT_TOL, verify
+from ..analysis.verify import verify
 from ..errors import PlanError
 from ..families import FAMILIES
-
-
-def register(sub) -> None:
-    p = sub.add_parser("verify", help="run a plan sharded on local gloo processes; name the first module that diverges")
-    p.add_argument("model", metavar="MODEL", help="diffusers class name (e.g. Flux2Transformer2DModel)")
-    p.add_argument("--plan", help="bundled plan name or YAML path (default: plan_for the class)")
-    p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree = number of local processes")
-    p.add_argument(
-        "--config", help="config.json path or an inline JSON object (default: the tiny config of a known class)"
-    )
-    p.add_argument("--tol", type=float, default=DEFAULT_TOL, help=f"relative tolerance (default {DEFAULT_TOL:g})")
-    p.add_argument("--unchecked", action="store_true", help="skip the pair and attention checks (see dtp.verify)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:
@@ -43,5 +29,5 @@ def run(args) -> int:
     except PlanError as exc:
         print(json.dumps({"error": str(exc)}) if args.json else f"dtp verify: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format(verbose=args.verbose))
     return 0 if report.ok else 1

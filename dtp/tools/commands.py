@@ -1,0 +1,204 @@
+"""The argument parsers of every `dtp` subcommand, without importing torch or diffusers.
+
+`dtp --help` and `dtp <command> --help` must answer in well under a second, and torch alone takes
+3-4 s to import. So the parsers live here, importing only the standard library, and `cli.main`
+imports a command's module (`COMMANDS[name]`, which imports torch) only once that command runs.
+
+The few values a parser shows that have a home elsewhere (CP modes, dtype names, bundled plans,
+released pipelines, defaults) are repeated below because their homes import torch;
+`tests/unit/test_cli_startup.py` holds each copy equal to its home.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+from pathlib import Path
+
+# Subcommand -> the module whose `run(args) -> int` does the work (imported when the command runs).
+COMMANDS = {
+    "demo": "dtp.tools.demo",
+    "run": "dtp.tools.run",
+    "check": "dtp.tools.check",
+    "verify": "dtp.tools.verify",
+    "suggest": "dtp.tools.suggest",
+}
+
+CP_MODES = ("ulysses", "ring")  # dtp.policy.CP_MODES
+DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")  # dtp.policy.DTYPES
+CHECK_DTYPES = ("fp32", "bf16", "fp16")  # dtp.tools.check.CHECK_DTYPES
+RELEASED_PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline")  # dtp.analysis.released
+DEMO_MODELS = ("flux", "qwenimage")  # the tiny pipelines of dtp.families.pipelines
+DEFAULT_TIMEOUT_S = 600  # dtp.tools.run.DEFAULT_TIMEOUT_S
+DEFAULT_TOL = 1e-5  # dtp.analysis.verify.DEFAULT_TOL
+DEFAULT_TEXT_TOKENS = 512  # dtp.tools.check.DEFAULT_TEXT_TOKENS
+
+
+def bundled_plan_names() -> list[str]:
+    """The plans shipped with dtp (`plans/*.yaml`), listed without importing `dtp.plan` (see `dtp.plan.io`)."""
+    try:
+        folder = importlib.resources.files("dtp.plans")
+    except ModuleNotFoundError:  # a source tree that was never installed
+        folder = Path(__file__).resolve().parents[2] / "plans"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dtp", description="Tensor-parallel sharding plans for diffusion transformers."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug", action="store_true", help="on a failure, show the full traceback instead of the one-line message"
+    )
+    for add in (_demo, _run, _check, _verify, _suggest):
+        add(sub, common)
+    return parser
+
+
+def _demo(sub, common) -> None:
+    p = sub.add_parser(
+        "demo", parents=[common], help="generate with a tiny FLUX pipeline on N processes and on 1; compare the images"
+    )
+    p.add_argument("--nproc", type=int, default=2, help="number of local processes = TP degree (default 2)")
+    p.add_argument("--model", choices=DEMO_MODELS, default="flux", help="tiny pipeline to run (default flux)")
+    p.add_argument("--plan", default=None, help="bundled plan name or YAML path (default: the one named like --model)")
+    p.add_argument("--steps", type=int, default=4, help="denoising steps (default 4)")
+    p.add_argument(
+        "--size", type=int, default=64, help="image height and width in pixels, a multiple of 4 (default 64)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="latents seed (default 0)")
+    p.add_argument(
+        "--pad", action="store_true", help="zero-pad heads and widths tp does not divide (e.g. --nproc 3: 4 heads -> 6)"
+    )
+    p.add_argument("--output", default="output.png", help="where to save the sharded run's image (default output.png)")
+
+
+def _run(sub, common) -> None:
+    p = sub.add_parser("run", parents=[common], help="generate an image with a sharded pipeline (launch with torchrun)")
+    p.add_argument("--model-dir", required=True, help="a diffusers pipeline directory (model_index.json)")
+    p.add_argument(
+        "--plan",
+        default=None,
+        help="bundled plan name or YAML path (default: the model's bundled plan); used under torchrun",
+    )
+    p.add_argument(
+        "--cp", type=int, default=1, help="context-parallel degree under torchrun: tp = world size / cp (default 1)"
+    )
+    p.add_argument("--cp-mode", choices=CP_MODES, default="ulysses", help="CP attention (default ulysses)")
+    p.add_argument("--pad", action="store_true", help="zero-pad heads and widths tp does not divide (exact)")
+    p.add_argument(
+        "--whole-text-encoders",
+        action="store_true",
+        help="under torchrun, keep the text encoders whole on every rank (default: sharded by their plans, each "
+        "rank reading only its slice)",
+    )
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--lora", default=None, help="a diffusers LoRA file or folder for the transformer (default: none)")
+    p.add_argument("--lora-scale", type=float, default=1.0, help="the LoRA's adapter weight (default 1.0)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's)")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--seed", type=int, default=42, help="latents seed, the same on every rank (default 42)")
+    p.add_argument(
+        "--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="auto: bfloat16 on accelerators, float32 on CPU"
+    )
+    p.add_argument("--output", default="output.png", help="image path, written by rank 0 (default output.png)")
+    p.add_argument("--report", default=None, help="also write per-rank weight bytes and step times as JSON (rank 0)")
+    p.add_argument("--save-pixels", default=None, help="also save the float [0, 1] pixels as .npy (rank 0)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds a collective may wait for the other ranks before the process group fails (default 600); "
+        "a rank that waits min(60, timeout / 2) s names the ranks behind it",
+    )
+
+
+def _check(sub, common) -> None:
+    p = sub.add_parser(
+        "check", parents=[common], help="check a plan at full size on the meta device with a fake process group"
+    )
+    p.add_argument(
+        "target",
+        metavar="MODEL_OR_PLAN",
+        help=f"bundled plan ({', '.join(bundled_plan_names())}), plan YAML path, diffusers class name, or a "
+        f"released pipeline ({', '.join(RELEASED_PIPELINES)}: every component, its own plan or whole)",
+    )
+    p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel degree (fake world size is cp * tp)")
+    p.add_argument(
+        "--cp-mode",
+        choices=CP_MODES,
+        default="ulysses",
+        help="context-parallel attention whose head constraint applies with --cp > 1 (default ulysses)",
+    )
+    p.add_argument(
+        "--pad",
+        action="store_true",
+        help="zero-pad heads and widths tp does not divide (exact; reports the padding overhead)",
+    )
+    p.add_argument("--plan", help="plan to use with a class name (default: plan_for the class)")
+    p.add_argument(
+        "--config",
+        help="diffusers config.json (default: the class's full-size config, dtp.analysis.fakepg.default_config)",
+    )
+    p.add_argument("--dtype", choices=CHECK_DTYPES, default="bf16", help="parameter dtype (default bf16)")
+    p.add_argument(
+        "--resolution",
+        type=int,
+        default=1024,
+        help="square image side in pixels for the forward (default 1024); a video model gets as many tokens, "
+        "as a latent video whose frames x height x width the report prints",
+    )
+    p.add_argument("--text-tokens", type=int, default=DEFAULT_TEXT_TOKENS, help="prompt length for the forward")
+    p.add_argument(
+        "--no-forward",
+        dest="forward",
+        action="store_false",
+        help="skip the meta forward that counts the collectives (memory figures only)",
+    )
+    p.add_argument(
+        "--whole-text-encoders",
+        action="store_true",
+        help="with a pipeline: keep the text encoders whole on every rank (as `dtp run --whole-text-encoders`)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+def _verify(sub, common) -> None:
+    p = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="run a plan sharded on local gloo processes; name the first module that diverges",
+    )
+    p.add_argument("model", metavar="MODEL", help="diffusers class name (e.g. Flux2Transformer2DModel)")
+    p.add_argument("--plan", help="bundled plan name or YAML path (default: plan_for the class)")
+    p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree = number of local processes")
+    p.add_argument(
+        "--config", help="config.json path or an inline JSON object (default: the tiny config of a known class)"
+    )
+    p.add_argument("--tol", type=float, default=DEFAULT_TOL, help=f"relative tolerance (default {DEFAULT_TOL:g})")
+    p.add_argument("--unchecked", action="store_true", help="skip the pair and attention checks (see dtp.verify)")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--summary",
+        dest="verbose",
+        action="store_false",
+        help="print the first divergent site, the counts and the verdict (the default)",
+    )
+    shown.add_argument("--verbose", action="store_true", help="print the per-site table before the verdict")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+def _suggest(sub, common) -> None:
+    p = sub.add_parser(
+        "suggest", parents=[common], help="propose a plan for a model from one traced forward of a small instance"
+    )
+    p.add_argument("model", metavar="MODEL", help="diffusers class name (e.g. Flux2Transformer2DModel)")
+    p.add_argument(
+        "--config", help="config.json path or an inline JSON object (default: the tiny config of a known class)"
+    )
+    p.add_argument("--tp", type=int, default=2, help="TP degree the suggestion must divide (default 2)")
+    p.add_argument("-o", "--output", help="write the plan YAML here (default: print it)")
