@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dtp.loading.checkpoint import WEIGHTS_NAME
 from dtp.families.pipelines import tiny_checkpoint
+from dtp.loading.checkpoint import WEIGHTS_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 5

@@ -12,12 +12,12 @@ import torch.distributed as dist
 from diffusers import FluxTransformer2DModel
 
 import dtp
+from dtp.analysis.fakepg import fake_world
 from dtp.errors import ForwardError, PlanError
-from dtp.loading.checkpoint import WEIGHTS_NAME, CheckpointError
 from dtp.families.pipelines import tiny_checkpoint
+from dtp.loading.checkpoint import WEIGHTS_NAME, CheckpointError
 from dtp.tools import failure
 from dtp.tools.cli import main
-from dtp.analysis.fakepg import fake_world
 
 MAX_LINES = 5
 
