@@ -17,7 +17,8 @@ call these two, so a check added to `prepare` guards all of them and they all fa
      fewer than tp are shared by tp / kv ranks (`resolve/kv_share.py`, transformers attention);
   6. the `cp` section, when the mesh's `cp` axis is > 1: sites, pluggable attention, Ulysses heads
      (padded heads are multiples of tp * cp under Ulysses, so they divide);
-  7. the device: of the mesh's device type;
+  7. the device: of the mesh's device type; with a `cfg` axis > 1, the model can run on the cfg groups
+     (`runtime/cfg`: no stateful diffusers hooks);
   8. the ranks agree (`runtime/agree.py`): every rank of the mesh fingerprints what must be the same
      everywhere (the resolved plan, tp, cp, options, the model's class, structure, parameter names,
      shapes and dtypes, adapters, the dtp/torch/model-library versions) and one all_gather of a
@@ -43,10 +44,11 @@ from .resolve import CpResolved, Resolved, resolve, resolve_cp
 from .resolve.kv_share import share_kv
 from .resolve.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
 from .runtime.agree import check_agree, failed, fingerprint
+from .runtime.cfg import check_cfg, install_cfg
 from .runtime.cp import apply_cp
 from .runtime.embedding import embedding_style_for
 from .runtime.heads import set_local_heads
-from .runtime.mesh import CP_AXIS, cp_degree, tp_submesh
+from .runtime.mesh import CP_AXIS, cfg_degree, cp_degree, tp_submesh
 from .runtime.norms import install_sharded_norms
 from .runtime.outputs import install_output_cuts
 from .runtime.placement import check_device, local_device
@@ -62,7 +64,7 @@ class Prepared:
 
     resolved: Resolved  # padded for this tp when `padding` is set
     cp_resolved: CpResolved | None  # None when the mesh's cp axis is 1
-    mesh: object  # the ("cp", "tp") DeviceMesh (or a 1-D "tp" mesh)
+    mesh: object  # the ("cp", "tp") or ("cfg", "cp", "tp") DeviceMesh (or a 1-D "tp" mesh)
     tp_mesh: object
     cp_mode: str
     device: torch.device | None  # where slices (and then everything else) go; None: leave in place
@@ -116,6 +118,8 @@ def _check_locally(model: nn.Module, mesh, plan: Plan | None, cp_mode: str, devi
     if device is not None:
         device = local_device(device)
         check_device(device, tp_mesh)
+    if cfg_degree(mesh) > 1:
+        check_cfg(model, mesh)
     return Prepared(resolved, cp_resolved, mesh, tp_mesh, cp_mode, device, padding)
 
 
@@ -147,6 +151,8 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
         move_unsharded(model, device)
     if prepared.cp_resolved is not None:
         apply_cp(model, prepared.cp_resolved, prepared.mesh[CP_AXIS], prepared.cp_mode)
+    if cfg_degree(prepared.mesh) > 1:
+        install_cfg(model, prepared.mesh)  # each call's branches over the cfg groups (runtime/cfg)
     return model
 
 
