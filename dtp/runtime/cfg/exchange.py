@@ -88,4 +88,3 @@ def _spanning_groups(mesh) -> list:
     if mesh.size() == dist.get_world_size():
         return [dist.group.WORLD]
     return [mesh.get_group(axis) for axis in range(mesh.ndim) if mesh.size(axis) > 1]
-
