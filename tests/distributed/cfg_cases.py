@@ -12,7 +12,7 @@ import torch
 from dtp.testing.cfg_pipelines import PIXART_CALL, WAN_CALL, tiny_pixart_sigma_pipeline, tiny_wan_pipeline
 from dtp.testing.pipelines import tiny_qwenimage_pipeline
 
-PROMPT, NEGATIVE = "a cat holding a sign that says hello", "blurry, low quality"
+PROMPT, NEGATIVE = "a cat holding a sign that says hello", "blurry, low quality!"  # even lengths: cp=2 splits them
 STEPS = 3  # step 0 learns the pair; steps 1 and 2 run it on the two cfg groups
 CASES = {
     # two calls per step (true_cfg_scale with a negative prompt), a batch of 1: the pair path
@@ -52,29 +52,33 @@ def references(cases) -> dict:
     return {case: generate(CASES[case][0](), case) for case in cases}
 
 
-def rank_job(rank: int, world: int, meshes: list[dict], cases: list[str], swapped: list[str]) -> dict:
-    """Every case on every mesh (`make_mesh` keywords); `swapped` cases once more with the groups' results
-    exchanged the wrong way round (the negative control)."""
+def rank_job(rank: int, world: int, runs: list[tuple[dict, list[str]]], swapped: list[str]) -> dict:
+    """Each run's cases on its mesh (`make_mesh` keywords); `swapped` cases once more on the first mesh with
+    the groups' results exchanged the wrong way round (the negative control)."""
     import dtp
     import dtp.runtime.cfg.wrapper as wrapper
     from dtp.runtime.cfg import CFG_ATTR
 
     out = {}
-    for dims in meshes:
+    for dims, cases in runs:
         mesh = dtp.make_mesh(**dims)
-        tag = ",".join(f"{k}={v}" for k, v in dims.items())
         for case in cases:
             pipe = CASES[case][0]()
             dtp.parallelize_pipeline(pipe, mesh)
-            out[(tag, case)] = generate(pipe, case)
-            out[(tag, case, "stats")] = vars(getattr(pipe.transformer, CFG_ATTR).stats).copy()
+            out[(tag(dims), case)] = generate(pipe, case)
+            out[(tag(dims), case, "stats")] = vars(getattr(pipe.transformer, CFG_ATTR).stats).copy()
     real = wrapper.gather_parts
     wrapper.gather_parts = lambda output, group: real(output, group)[::-1]  # each group takes the other's branch
     try:
         for case in swapped:
             pipe = CASES[case][0]()
-            dtp.parallelize_pipeline(pipe, dtp.make_mesh(**meshes[0]))
+            dtp.parallelize_pipeline(pipe, dtp.make_mesh(**runs[0][0]))
             out[("swapped", case)] = generate(pipe, case)
     finally:
         wrapper.gather_parts = real
     return out
+
+
+def tag(dims: dict) -> str:
+    """ "cfg=2,tp=2" for make_mesh(cfg=2, tp=2)."""
+    return ",".join(f"{k}={v}" for k, v in dims.items())

@@ -28,7 +28,7 @@ def refs():
 
 @pytest.fixture(scope="module")
 def results():
-    return spawn(rank_job, 2, [MESH], list(CASES), SWAPPED)
+    return spawn(rank_job, 2, [(MESH, list(CASES))], SWAPPED)
 
 
 @pytest.mark.parametrize("case", list(CASES))
