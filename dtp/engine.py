@@ -17,7 +17,8 @@ call these two, so a check added to `prepare` guards all of them and they all fa
      fewer than tp are shared by tp / kv ranks (`resolve/kv_share.py`, transformers attention);
   6. the `cp` section, when the mesh's `cp` axis is > 1: sites, pluggable attention, Ulysses heads
      (padded heads are multiples of tp * cp under Ulysses, so they divide);
-  7. the device: of the mesh's device type;
+  7. the device: of the mesh's device type; with a `cfg` axis > 1, the model can run on the cfg groups
+     (`runtime/cfg`: no stateful diffusers hooks);
   8. the ranks agree (`runtime/agree.py`): every rank of the mesh fingerprints what must be the same
      everywhere (the resolved plan, tp, cp, options, the model's class, structure, parameter names,
      shapes and dtypes, adapters, the dtp/torch/model-library versions) and one all_gather of a
@@ -43,6 +44,7 @@ from .resolve import CpResolved, Resolved, resolve, resolve_cp
 from .resolve.kv_share import share_kv
 from .resolve.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
 from .runtime.agree import check_agree, failed, fingerprint
+from .runtime.cfg import check_cfg, install_cfg
 from .runtime.cp import apply_cp
 from .runtime.heads import set_local_heads
 from .runtime.mesh import tp_submesh
@@ -61,7 +63,7 @@ class Prepared:
 
     resolved: Resolved  # padded for this tp when `padding` is set
     cp_resolved: CpResolved | None  # None when the mesh's cp axis is 1
-    parallelism: Parallelism  # the mesh (("cp", "tp") or a 1-D "tp" mesh), cp_mode, pad, device (a local one)
+    parallelism: Parallelism  # the mesh ("cp", "tp"), ("cfg", "cp", "tp") or 1-D "tp"; cp_mode, pad, device
     padding: Padding | None = None  # pad=True: the unpadded binding and the padded head counts
 
     @property
@@ -137,6 +139,8 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
     if parallelism.device is not None:
         parallelism = parallelism.with_device(local_device(parallelism.device))
         check_device(parallelism.device, parallelism.tp_mesh)
+    if parallelism.cfg > 1:
+        check_cfg(model, parallelism.mesh)
     return Prepared(resolved, cp_resolved, parallelism, padding)
 
 
@@ -167,6 +171,8 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
         move_unsharded(model, device)
     if prepared.cp_resolved is not None:
         apply_cp(model, prepared.cp_resolved, prepared.parallelism.cp_mesh, prepared.cp_mode)
+    if prepared.parallelism.cfg > 1:
+        install_cfg(model, prepared.mesh)  # each call's branches over the cfg groups (runtime/cfg)
     return model
 
 

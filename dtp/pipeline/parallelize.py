@@ -10,6 +10,9 @@ plan that does not fit the second component leaves the first one untouched.
 Meshes: a diffusers model gets the whole ("cp", "tp") mesh (its plan's `cp` section splits the
 sequence); a text encoder has no `cp` section and runs on the `tp` axis only, the same on every cp rank.
 A component without any plan (VAE, ...) stays whole and is reported as such.
+
+On a mesh with a `cfg` axis > 1 every denoiser (`transformer*`, `unet` components, planned or not) also
+gets the cfg wrapper (`runtime/cfg`): the guidance branches of each step run on different cfg groups.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from ..engine import apply, prepare_with
 from ..errors import PlanError
 from ..plan import Plan, bundled_plans_for, find_plan
 from ..plan.transformers import is_transformers_model
+from ..runtime.cfg import check_cfg, install_cfg
 from ..runtime.memory import local_param_bytes
 from ..runtime.parallelism import Parallelism
 
 WHOLE = None  # `plans={"vae": dtp.pipeline.WHOLE}`: leave that component whole
+DENOISERS = ("transformer", "unet")  # component name prefixes that the cfg axis wraps
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,13 @@ def parallelize_pipeline(
         ready = prepare_component(name, module, parallelism, plans=given)
         if ready is not None:
             prepared[name] = ready
+    denoisers = [name for name in modules if name.startswith(DENOISERS)] if parallelism.cfg > 1 else []
+    for name in denoisers:
+        check_cfg(modules[name], mesh)
     for name, ready in prepared.items():  # ... then the mutations
         apply(modules[name], ready)
+    for name in denoisers:  # a planned one has it from `apply` already (idempotent)
+        install_cfg(modules[name], mesh)
     return PipelineReport(
         parallelism.tp,
         tuple(_report(name, module, prepared.get(name), whole[name]) for name, module in modules.items()),

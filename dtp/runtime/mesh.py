@@ -1,4 +1,10 @@
-"""The 2-D ("cp", "tp") DeviceMesh: context parallelism on `cp`, tensor parallelism on `tp`."""
+"""The DeviceMesh: context parallelism on `cp`, tensor parallelism on `tp`, guidance branches on `cfg`.
+
+`make_mesh(tp, cp)` builds ("cp", "tp"); with cfg > 1 an outer axis comes first: ("cfg", "cp", "tp").
+Each cfg group (one index on the `cfg` axis) is a whole ("cp", "tp") grid holding the same weights;
+`tp_submesh` and `cp_degree` read the inner axes of this rank's group, so everything that works on a
+("cp", "tp") mesh works per cfg group unchanged.
+"""
 
 from __future__ import annotations
 
@@ -8,34 +14,40 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from ..errors import PlanError
 from ..policy import check_degree, default_device_type
 
+CFG_AXIS = "cfg"
 CP_AXIS = "cp"
 TP_AXIS = "tp"
 
 
-def make_mesh(tp: int, cp: int = 1, device_type: str | None = None) -> DeviceMesh:
-    """A ("cp", "tp") mesh over the initialized process group; world size must equal cp * tp.
+def make_mesh(tp: int = 1, cp: int = 1, cfg: int = 1, device_type: str | None = None) -> DeviceMesh:
+    """A ("cp", "tp") mesh, or ("cfg", "cp", "tp") when cfg > 1, over the initialized process group;
+    world size must equal cfg * cp * tp.
 
     Ranks are laid out row-major: with cp=2, tp=2 ranks {0, 1} and {2, 3} form the tp groups, so
-    tensor-parallel traffic stays between neighbouring ranks (usually the same node).
+    tensor-parallel traffic stays between neighbouring ranks (usually the same node); with cfg=2, tp=2
+    ranks {0, 1} are cfg group 0 and {2, 3} cfg group 1 (the cfg exchange pairs rank 0 with 2, 1 with 3).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "make_mesh needs an initialized process group: launch with torchrun and call "
             "torch.distributed.init_process_group() first."
         )
-    for name, value in ((TP_AXIS, tp), (CP_AXIS, cp)):
+    for name, value in ((TP_AXIS, tp), (CP_AXIS, cp), (CFG_AXIS, cfg)):
         check_degree(value, f"make_mesh: {name}")
     world = dist.get_world_size()
-    if world != cp * tp:
+    if world != cfg * cp * tp:
         raise PlanError(
-            f"make_mesh: world size {world} != cp * tp = {cp} * {tp} = {cp * tp}; "
-            f"launch {cp * tp} processes or choose cp, tp with cp * tp = {world}."
+            f"make_mesh: world size {world} != cfg * cp * tp = {cfg} * {cp} * {tp} = {cfg * cp * tp}; "
+            f"launch {cfg * cp * tp} processes or choose cfg, cp, tp with cfg * cp * tp = {world}."
         )
-    return init_device_mesh(device_type or default_device_type(), (cp, tp), mesh_dim_names=(CP_AXIS, TP_AXIS))
+    device_type = device_type or default_device_type()
+    if cfg == 1:
+        return init_device_mesh(device_type, (cp, tp), mesh_dim_names=(CP_AXIS, TP_AXIS))
+    return init_device_mesh(device_type, (cfg, cp, tp), mesh_dim_names=(CFG_AXIS, CP_AXIS, TP_AXIS))
 
 
 def tp_submesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The `tp` axis of a ("cp", "tp") mesh, or a 1-D mesh named "tp" itself."""
+    """The `tp` axis of a ("cp", "tp") or ("cfg", "cp", "tp") mesh, or a 1-D mesh named "tp" itself."""
     names = mesh.mesh_dim_names or ()
     if mesh.ndim == 1 and names == (TP_AXIS,):
         return mesh
@@ -50,3 +62,19 @@ def cp_degree(mesh: DeviceMesh) -> int:
     """The size of the mesh's `cp` axis (1 for a tp-only mesh)."""
     names = mesh.mesh_dim_names or ()
     return mesh[CP_AXIS].size() if CP_AXIS in names and mesh.ndim > 1 else 1
+
+
+def cfg_degree(mesh: DeviceMesh) -> int:
+    """The size of the mesh's `cfg` axis: the number of cfg groups (1 without a `cfg` axis)."""
+    names = mesh.mesh_dim_names or ()
+    return mesh[CFG_AXIS].size() if CFG_AXIS in names and mesh.ndim > 1 else 1
+
+
+def cfg_submesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The `cfg` axis through this rank: the ranks at the same (cp, tp) place of every cfg group."""
+    if cfg_degree(mesh) == 1:
+        raise PlanError(
+            f"mesh axes {mesh.mesh_dim_names or '(unnamed)'} have no '{CFG_AXIS}' axis of size > 1; build the "
+            f"mesh with dtp.make_mesh(tp=..., cp=..., cfg=2)."
+        )
+    return mesh[CFG_AXIS]

@@ -8,8 +8,10 @@ device, pad` loose and no submesh rule is written twice. The public keyword argu
 Submesh rules (one home):
 - a diffusers model takes the whole ("cp", "tp") mesh: TP on `tp`, its plan's sequence split on `cp`;
 - a transformers model (a text encoder) takes the `tp` axis only: it has no `cp` section and runs the
-  same on every cp rank (`for_model`).
-A new axis (cfg) is one field here plus its submesh rule.
+  same on every cp rank and every cfg group (`for_model`);
+- the `cfg` axis (outermost) pairs the ranks at one (cp, tp) place of each cfg group: a denoiser's guidance
+  branches run on different groups (`runtime/cfg`).
+A new axis is a property here plus its submesh rule in `mesh.py`.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ from torch import nn
 
 from ..plan.transformers import is_transformers_model
 from ..policy import check_cp_mode
-from .mesh import CP_AXIS, cp_degree, tp_submesh
+from .mesh import CP_AXIS, cfg_degree, cp_degree, tp_submesh
 
 
 @dataclass(frozen=True)
 class Parallelism:
     """The mesh and the options of one sharding.
 
-    mesh: the ("cp", "tp") DeviceMesh (or a 1-D "tp" mesh) the model is sharded on.
+    mesh: the ("cp", "tp") or ("cfg", "cp", "tp") DeviceMesh (or a 1-D "tp" mesh) the model is sharded on;
+        each cfg group holds the same weights, TP and CP work on the inner axes of this rank's group.
     cp_mode: context-parallel attention, "ulysses" or "ring" (used when the `cp` axis is > 1).
     pad: zero-pad heads and widths the TP degree does not divide (exact).
     device: where slices (and then everything else) go; None leaves parameters where they are.
@@ -59,6 +62,11 @@ class Parallelism:
     def cp(self) -> int:
         """The size of the `cp` axis (1 without one)."""
         return cp_degree(self.mesh)
+
+    @property
+    def cfg(self) -> int:
+        """The number of cfg groups (the `cfg` axis; 1 without one): guidance branches on different groups."""
+        return cfg_degree(self.mesh)
 
     @property
     def cp_mesh(self):

@@ -43,6 +43,8 @@ from ..plan import Plan, bundled_plan_names, load_plan
 from ..policy import check_degree, parse_dtype
 from ..resolve import Resolved
 from ..resolve.padding import overhead
+from ..runtime.cfg.cost import exchange_per_step
+from ..runtime.cfg.tree import leaves
 from ..runtime.memory import local_param_bytes
 from ..runtime.mesh import make_mesh
 
@@ -57,6 +59,7 @@ TEXT_ENCODER_PREFIX = "text_encoder"  # diffusers' component names: text_encoder
 def run(args) -> int:
     try:
         report = _pipeline_or_model(args)
+        _add_cfg(report, args.cfg)
     except PlanError as exc:
         message = str(exc) if str(exc).startswith("dtp check:") else f"dtp check: {exc}"
         print(json.dumps({"error": str(exc)}) if args.json else message, file=sys.stderr)
@@ -262,7 +265,7 @@ def _collectives(model, resolved, class_name, dtype, resolution, text_tokens) ->
     try:
         inputs = meta_inputs(class_name, model.config, dtype, img_tokens=img_tokens, txt_tokens=text_tokens)
         with torch.no_grad(), CollectiveCounter(model) as counter:
-            model(**inputs)
+            output = model(**inputs)
     except (PlanError, ForwardError):
         raise
     except Exception as exc:  # noqa: BLE001 - data-dependent ops (MoE bincount, masks) have no meta kernel
@@ -285,6 +288,7 @@ def _collectives(model, resolved, class_name, dtype, resolution, text_tokens) ->
         measured=by_op,
         count=len(counter.records),
         bytes=counter.total_bytes(),
+        output_bytes=sum(t.numel() * t.element_size() for t in leaves(output)),
     )
     return result
 
@@ -304,6 +308,18 @@ def describe_input(model, inputs: dict, resolution: int) -> str:
         channels_first = hidden.shape[1] == getattr(model.config, "in_channels", None)
         grid = tuple(hidden.shape[2:]) if channels_first else (hidden.shape[1], *hidden.shape[3:])
     return "a latent video of {} x {} x {} (frames x height x width)".format(*grid)
+
+
+def _add_cfg(report: dict, cfg: int) -> None:
+    """With --cfg > 1: the cfg exchange of one denoising step (`runtime.cfg.cost`), from the measured output."""
+    check_degree(cfg, "dtp check: --cfg")
+    if cfg == 1:
+        return
+    output_bytes = (report.get("collectives") or {}).get("output_bytes")
+    if output_bytes is None:
+        raise PlanError("dtp check: --cfg needs the measured forward of one model (not a pipeline, not --no-forward).")
+    report["cfg"] = cfg
+    report["cfg_exchange"] = exchange_per_step(output_bytes, cfg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,6 +426,8 @@ def format_report(r: dict) -> str:
     lines += [f"  {m['module']:<52} x{m['count']:<3} {_gb(m['bytes'])}" for m in r["replicated"]]
     if "collectives" in r:
         lines += _format_collectives(r["collectives"])
+    if "cfg_exchange" in r:
+        lines += _format_cfg(r["cfg"], r["cfg_exchange"])
     if "lint" in r:
         lines += format_lint(r["lint"])
     if r["cp"] > 1:
@@ -472,6 +490,14 @@ def _format_collectives(c: dict) -> list[str]:
     lines.append(f"  {'total':<24} {c['count']:6d}  {_gb(c['bytes'])}")
     if {op: e["count"] for op, e in c["measured"].items()} != c["implied"]:
         lines.append(f"  note: the plan implies {c['implied']} (one per rowwise / gathered Linear call)")
+    return lines
+
+
+def _format_cfg(cfg: int, exchange: dict) -> list[str]:
+    lines = [f"cfg={cfg} exchange per denoising step, per rank (over the cfg axis; bytes = size of each full result):"]
+    for mode, label in (("pair", "two calls (true CFG, Wan)"), ("batch", "doubled batch (SD3, PixArt)")):
+        ops = ", ".join(f"{op} x{e['count']} {_gb(e['bytes']).strip()}" for op, e in exchange[mode].items())
+        lines.append(f"  {label:<28} {ops}")
     return lines
 
 

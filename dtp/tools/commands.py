@@ -61,7 +61,14 @@ def _demo(sub, common) -> None:
     p = sub.add_parser(
         "demo", parents=[common], help="generate with a tiny FLUX pipeline on N processes and on 1; compare the images"
     )
-    p.add_argument("--nproc", type=int, default=2, help="number of local processes = TP degree (default 2)")
+    p.add_argument("--nproc", type=int, default=2, help="number of local processes = cfg * TP degree (default 2)")
+    p.add_argument(
+        "--cfg",
+        type=int,
+        default=1,
+        help="cfg groups: the two guidance branches of each step (true CFG with a negative prompt) on different "
+        "groups of nproc / cfg ranks (default 1: no guidance)",
+    )
     p.add_argument("--model", choices=DEMO_MODELS, default="flux", help="tiny pipeline to run (default flux)")
     p.add_argument("--plan", default=None, help="bundled plan name or YAML path (default: the one named like --model)")
     p.add_argument("--steps", type=int, default=4, help="denoising steps (default 4)")
@@ -87,6 +94,18 @@ def _run(sub, common) -> None:
         "--cp", type=int, default=1, help="context-parallel degree under torchrun: tp = world size / cp (default 1)"
     )
     p.add_argument("--cp-mode", choices=CP_MODES, default="ulysses", help="CP attention (default ulysses)")
+    p.add_argument(
+        "--cfg",
+        type=int,
+        default=1,
+        help="cfg groups under torchrun: the guidance branches (or the batch) of each step on different groups of "
+        "tp * cp ranks; tp = world size / (cfg * cp) (default 1)",
+    )
+    p.add_argument("--negative-prompt", default=None, help="the guidance's negative prompt (default: the pipeline's)")
+    p.add_argument(
+        "--true-cfg-scale", type=float, default=None, help="Qwen-Image / FLUX.1 true CFG scale (with --negative-prompt)"
+    )
+    p.add_argument("--guidance-scale", type=float, default=None, help="the pipeline's guidance_scale (default its own)")
     p.add_argument("--pad", action="store_true", help="zero-pad heads and widths tp does not divide (exact)")
     p.add_argument(
         "--whole-text-encoders",
@@ -128,6 +147,9 @@ def _check(sub, common) -> None:
     )
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
     p.add_argument("--cp", type=int, default=1, help="context-parallel degree (fake world size is cp * tp)")
+    p.add_argument(
+        "--cfg", type=int, default=1, help="cfg groups: also count the cfg exchange of one denoising step (default 1)"
+    )
     p.add_argument(
         "--cp-mode",
         choices=CP_MODES,

@@ -33,6 +33,7 @@ from .run import quiet_libraries
 MEAN_TOLERANCE = 1e-3
 P99_TOLERANCE = 1e-2
 PROMPT = "a cat holding a sign that says hello"
+NEGATIVE_PROMPT = "blurry, low quality"  # with --cfg > 1: true CFG (two transformer calls per step)
 _TITLES = {"flux": "FLUX.1", "qwenimage": "Qwen-Image"}
 
 
@@ -42,7 +43,7 @@ def run(args) -> int:
     quiet_libraries()
     model_dir = tiny_checkpoint(args.model)
     print(f"checkpoint: {model_dir}", flush=True)
-    _check_tp(model_dir, args.plan, args.nproc, args.pad)
+    _check_tp(model_dir, args.plan, args.nproc // args.cfg, args.pad)
     with tempfile.TemporaryDirectory(prefix="dtp-demo-") as tmp:
         work = Path(tmp)
         sharded = _generate(model_dir, args, work / "tp", nproc=args.nproc, output=args.output)
@@ -60,11 +61,13 @@ def compare(pixels: np.ndarray, reference: np.ndarray) -> tuple[float, float, bo
 
 
 def _check_args(args) -> None:
-    for name in ("nproc", "steps", "size"):
+    for name in ("nproc", "cfg", "steps", "size"):
         try:
             check_degree(getattr(args, name), f"dtp demo: --{name}")
         except PlanError as exc:
             raise SystemExit(str(exc)) from None
+    if args.nproc % args.cfg:
+        raise SystemExit(f"dtp demo: --cfg {args.cfg} does not divide --nproc {args.nproc}.")
     if args.size % 4:
         # FLUX and Qwen-Image pack 2 x 2 latent patches and the tiny VAEs halve the resolution once.
         raise SystemExit(f"dtp demo: --size {args.size} is not a multiple of 4; try {args.size + 4 - args.size % 4}.")
@@ -80,7 +83,7 @@ def _check_tp(model_dir: Path, plan_name: str, tp: int, pad: bool = False) -> No
     if tp not in supported:
         padded = "" if pad else f"; with --pad: {', '.join(map(str, tp_candidates(model, plan, pad=True)))}"
         raise SystemExit(
-            f"dtp demo: --nproc {tp} is not a TP degree plan '{plan_name}' supports for this model; "
+            f"dtp demo: tp {tp} (--nproc / --cfg) is not a TP degree plan '{plan_name}' supports for this model; "
             f"supported: {', '.join(map(str, supported))}{padded}."
         )
 
@@ -111,6 +114,7 @@ def _generate(model_dir: Path, args, prefix: Path, *, nproc: int | None, output)
         f"{prefix}.json",
         "--save-pixels",
         f"{prefix}.npy",
+        *(["--negative-prompt", NEGATIVE_PROMPT, "--true-cfg-scale", "4"] if args.cfg > 1 else []),
     ]
     if nproc is not None:
         command = [
@@ -122,6 +126,7 @@ def _generate(model_dir: Path, args, prefix: Path, *, nproc: int | None, output)
             "--plan",
             args.plan,
             *(["--pad"] if args.pad else []),
+            *(["--cfg", str(args.cfg)] if args.cfg > 1 else []),
         ]
     # One thread per rank: N processes on a few cores would otherwise oversubscribe them.
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -136,13 +141,14 @@ def _generate(model_dir: Path, args, prefix: Path, *, nproc: int | None, output)
 
 def _table(args, sharded: dict, single: dict, mean: float, p99: float, ok: bool) -> str:
     ref = single["ranks"][0]
-    rows = [(f"tp={args.nproc}", str(r), rank) for r, rank in enumerate(sharded["ranks"])]
+    name = f"tp={args.nproc // args.cfg}" + (f",cfg={args.cfg}" if args.cfg > 1 else "")
+    rows = [(name, str(r), rank) for r, rank in enumerate(sharded["ranks"])]
     rows.append(("1 process", "-", ref))
     lines = [
         "",
         f"dtp demo: tiny random-weight {_TITLES[args.model]} pipeline, plan '{args.plan}'",
         f"{args.size}x{args.size} pixels, {args.steps} steps, seed {args.seed}, fp32, "
-        f"tp={args.nproc}{' (pad=True)' if args.pad else ''} ({_backend(args.nproc)}) vs 1 process; "
+        f"{name}{' (pad=True)' if args.pad else ''} ({_backend(args.nproc)}) vs 1 process; "
         f"image: {args.output}",
         "",
         f"| {'run':<9} | {'rank':>4} | {'transformer bytes':>17} | {'text encoder bytes':>18} | {'total bytes':>11} "
@@ -155,9 +161,16 @@ def _table(args, sharded: dict, single: dict, mean: float, p99: float, ok: bool)
             f"| {run_name:<9} | {rank:>4} | {r['transformer_bytes']:>17,} | {r['text_encoder_bytes']:>18,} "
             f"| {r['total_bytes']:>11,} | {share:>18.3f} | {1e3 * r['step_s']:>9.1f} |"
         )
+    calls = sharded["ranks"][0].get("cfg_calls")
+    if calls:
+        lines += [
+            "",
+            f"cfg: rank 0's transformer calls: {calls['hits']} answered by the other group's branch, "
+            f"{calls['batch']} batches split, {calls['whole']} run whole (learning the pair)",
+        ]
     lines += [
         "",
-        f"pixels in [0, 1]: mean |tp={args.nproc} - 1 process| = {mean:.2e} (tolerance {MEAN_TOLERANCE:.0e}), "
+        f"pixels in [0, 1]: mean |{name} - 1 process| = {mean:.2e} (tolerance {MEAN_TOLERANCE:.0e}), "
         f"p99 = {p99:.2e} (tolerance {P99_TOLERANCE:.0e}): {'OK' if ok else 'MISMATCH'}",
     ]
     return "\n".join(lines)

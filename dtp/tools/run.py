@@ -33,6 +33,7 @@ from ..errors import PlanError
 from ..pipeline import WHOLE, check_pipeline_files, load_pipeline, transformer_class
 from ..pipeline.load import transformers_components
 from ..policy import default_backend, default_device_type, parse_dtype
+from ..runtime.cfg import CFG_ATTR
 from ..runtime.memory import local_param_bytes
 from ..runtime.mesh import make_mesh
 from ..runtime.placement import local_device
@@ -67,7 +68,8 @@ def run(args) -> int:
 
 def _run_sharded(args, device: torch.device, progress: Progress) -> None:
     progress.post("loading the pipeline")
-    mesh = make_mesh(tp=_tp_degree(dist.get_world_size(), args.cp), cp=args.cp, device_type=device.type)
+    tp = _tp_degree(dist.get_world_size(), args.cp, args.cfg)
+    mesh = make_mesh(tp=tp, cp=args.cp, cfg=args.cfg, device_type=device.type)
     pipe = load_pipeline(
         args.model_dir,
         mesh,
@@ -109,15 +111,17 @@ def _exit_now() -> None:
     os._exit(0)
 
 
-def _tp_degree(world_size: int, cp: int) -> int:
-    if cp < 1 or world_size % cp:
-        raise PlanError(f"dtp run: --cp {cp} must divide the number of processes ({world_size}).")
-    return world_size // cp
+def _tp_degree(world_size: int, cp: int, cfg: int = 1) -> int:
+    if cp < 1 or cfg < 1 or world_size % (cp * cfg):
+        raise PlanError(f"dtp run: --cp {cp} times --cfg {cfg} must divide the number of processes ({world_size}).")
+    return world_size // (cp * cfg)
 
 
 def _generate_and_save(pipe, args, *, distributed: bool) -> None:
     """Generate on every rank; rank 0 saves the image and, if asked, the pixels and every rank's report."""
-    pixels, step_s = generate(pipe, args.prompt, steps=args.steps, height=args.height, width=args.width, seed=args.seed)
+    pixels, step_s = generate(
+        pipe, args.prompt, steps=args.steps, height=args.height, width=args.width, seed=args.seed, **guidance(args)
+    )
     reports = [rank_report(pipe, step_s)]
     if distributed:
         reports = [None] * dist.get_world_size()
@@ -129,6 +133,14 @@ def _generate_and_save(pipe, args, *, distributed: bool) -> None:
         np.save(args.save_pixels, pixels)
     if args.report:
         Path(args.report).write_text(json.dumps({"ranks": reports}, indent=1))
+
+
+def guidance(args) -> dict:
+    """The guidance options given on the command line, as pipeline keyword arguments (the rest: the pipeline's)."""
+    given = dict(
+        negative_prompt=args.negative_prompt, true_cfg_scale=args.true_cfg_scale, guidance_scale=args.guidance_scale
+    )
+    return {name: value for name, value in given.items() if value is not None}
 
 
 # ---- loading -------------------------------------------------------------------------------------
@@ -209,7 +221,14 @@ def rank_report(pipe, step_seconds: list[float]) -> dict:
         "total_bytes": sum(local_param_bytes(m) for m in modules.values()),
         "step_s": statistics.median(step_seconds),
         "steps": len(step_seconds),
+        **_cfg_report(pipe.transformer),
     }
+
+
+def _cfg_report(transformer) -> dict:
+    """How the cfg axis ran the transformer's calls (`runtime.cfg.CfgStats`), when it is installed."""
+    wrapper = getattr(transformer, CFG_ATTR, None)
+    return {} if wrapper is None else {"cfg_calls": dict(vars(wrapper.stats))}
 
 
 def save_image(pixels: np.ndarray, path) -> None:

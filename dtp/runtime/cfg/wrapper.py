@@ -1,0 +1,180 @@
+"""The cfg axis on a transformer: each call's work spread over the cfg groups, the results exchanged.
+
+`install_cfg(model, mesh)` replaces the instance's `forward` (diffusers' pipelines are not edited;
+hooks registered on the model, dtp's CP hooks included, still run around it). Every call takes one of
+three paths, the same on every rank:
+
+  batch      the batch (dim 0 of the first input) is at least the number of cfg groups: group g runs
+             its rows (`batch.rows`), the outputs are gathered and joined. Doubled-batch pipelines (SD3,
+             PixArt-Sigma, Sana, ...) and any list of prompts or num_images_per_prompt > 1.
+  pair       two-call pipelines (Qwen-Image / FLUX.1 with true_cfg_scale, Wan, HunyuanVideo, Chroma, ...)
+             call the transformer twice per step with the same latents and timestep and different prompt
+             embeddings. Group 0 runs the call as given; group 1 runs the *predicted* second call (this
+             call with the arguments in which the last pair differed, taken from that pair's second call;
+             a pair is two calls with the same first argument, the latents),
+             and the two outputs are exchanged. The real second call is then compared with the prediction
+             (`tree.same`: every tensor exactly equal): equal, it returns the exchanged output without
+             running anything; different, it runs in full. So the result is always exactly what the
+             pipeline asked for; a wrong prediction only costs the speedup of that step.
+  whole      anything else (a batch of 1 with nothing to predict yet: the first step's two calls, from
+             which the prediction is learned): every group runs the call itself.
+
+    step 0: call A (whole), call B (whole; learns: B = A with {encoder_hidden_states, mask, ...} of B)
+    step 1: call A' -> group 0 runs A', group 1 runs A' with B's prompt arguments, exchange; call B' == that?
+            yes -> B' returns group 1's output (no forward)
+
+A decision that depends on tensor values (hit or not, predict or not) is agreed by one all-reduce of
+two flags over the whole mesh, so no rank runs a forward its peers skip. Stateful diffusers hooks
+(caches keyed by "cond"/"uncond") are refused: group 1 would run the uncond branch inside "cond".
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ...errors import PlanError
+from ..mesh import CFG_AXIS, cfg_degree
+from .batch import batch_size, join_parts, rows, split_arguments
+from .exchange import agree_min, gather_parts
+from .tree import differences, same, snapshot
+
+CFG_ATTR = "_dtp_cfg"  # on a model with the cfg axis installed: its CfgParallel
+
+
+@dataclass
+class CfgStats:
+    """How the calls went: `hits` second calls answered by the exchange, `predicted` calls run as a pair
+    (hits + wasted predictions), `batch` calls split over the groups, `whole` calls run by every group."""
+
+    batch: int = 0
+    predicted: int = 0
+    hits: int = 0
+    whole: int = 0
+
+
+@dataclass
+class _Pending:
+    arguments: dict  # the predicted second call (a snapshot)
+    output: object  # what group 1 computed for it
+
+
+@dataclass
+class CfgParallel:
+    """The replacement `forward` of one model (see the module docstring)."""
+
+    forward: object  # the model's own forward, bound
+    mesh: object
+    signature: inspect.Signature
+    stats: CfgStats = field(default_factory=CfgStats)
+    template: dict | None = None  # argument name -> value of the last pair's second call
+    last: dict | None = None  # the previous call, when it was not answered by the exchange
+    pending: _Pending | None = None
+
+    @property
+    def groups(self) -> int:
+        return self.mesh[CFG_AXIS].size()
+
+    @property
+    def group(self) -> int:
+        return self.mesh[CFG_AXIS].get_local_rank()
+
+    def __call__(self, *args, **kwargs):
+        bound = self.signature.bind(*args, **kwargs)
+        arguments = dict(bound.arguments)
+        batch = batch_size(arguments)
+        if batch is not None and batch >= self.groups:
+            self.pending = self.last = None
+            return self._batch(arguments, batch)
+        return self._pair_or_whole(arguments)
+
+    def _learn(self, arguments: dict) -> dict | None:
+        """The prediction template after this call (when it is not a hit).
+
+        A pair shares its first argument (both branches denoise the same latents): then this call is the
+        second of a pair and the arguments that differ from the first are the template. Latents that
+        changed while a prediction was pending mean the predicted call never came (a step without the
+        second call): the template is dropped. Otherwise it is kept.
+        """
+        if self.last is None:
+            return self.template
+        if same(_first(self.last), _first(arguments)):
+            return differences(self.last, arguments)
+        return None if self.pending is not None else self.template
+
+    def _call(self, arguments: dict):
+        bound = self.signature.bind_partial()
+        bound.arguments.update(arguments)
+        return self.forward(*bound.args, **bound.kwargs)
+
+    def _batch(self, arguments: dict, batch: int):
+        self.stats.batch += 1
+        start, stop = rows(batch, self.groups, self.group)
+        output = self._call(split_arguments(arguments, batch, start, stop))
+        sizes = [rows(batch, self.groups, g)[1] - rows(batch, self.groups, g)[0] for g in range(self.groups)]
+        return join_parts(gather_parts(output, self.mesh[CFG_AXIS].get_group()), sizes)
+
+    def _pair_or_whole(self, arguments: dict):
+        hit = self.pending is not None and same(arguments, self.pending.arguments)
+        template = self._learn(arguments)
+        predicted = {**arguments, **template} if template else None
+        predict = predicted is not None and not same(predicted, arguments)
+        if self.pending is not None or predict:
+            hit, predict = (bool(v) for v in agree_min([int(hit), int(predict)], self.mesh))
+        if hit:
+            self.stats.hits += 1
+            output, self.pending, self.last = self.pending.output, None, None
+            return output
+        self.template, self.last, self.pending = snapshot(template), snapshot(arguments), None
+        if not predict:
+            self.stats.whole += 1
+            return self._call(arguments)
+        self.stats.predicted += 1
+        mine = arguments if self.group % 2 == 0 else predicted
+        parts = gather_parts(self._call(mine), self.mesh[CFG_AXIS].get_group())
+        self.pending = _Pending(snapshot(predicted), parts[1])
+        return parts[0]
+
+
+def _first(arguments: dict):
+    return next(iter(arguments.values()), None)
+
+
+def install_cfg(model: nn.Module, mesh) -> CfgParallel:
+    """Spread `model`'s calls over the mesh's cfg groups (see the module docstring); idempotent."""
+    existing = getattr(model, CFG_ATTR, None)
+    if existing is not None:
+        return existing
+    check_cfg(model, mesh)
+    forward = model.forward
+    wrapper = CfgParallel(forward, mesh, inspect.signature(forward))
+    model.forward = wrapper
+    setattr(model, CFG_ATTR, wrapper)
+    return wrapper
+
+
+def remove_cfg(model: nn.Module) -> None:
+    """Undo `install_cfg`: the model's own forward again."""
+    if getattr(model, CFG_ATTR, None) is not None:
+        del model.forward
+        delattr(model, CFG_ATTR)
+
+
+def check_cfg(model: nn.Module, mesh) -> None:
+    """PlanError (nothing changed) when `model` cannot run on the mesh's cfg groups exactly."""
+    if cfg_degree(mesh) == 1:
+        raise PlanError("install_cfg: the mesh has no cfg axis > 1; build it with dtp.make_mesh(..., cfg=2).")
+    stateful = sorted(
+        f"{path or '<model>'}: {name}"
+        for path, module in model.named_modules()
+        for name, hook in getattr(getattr(module, "_diffusers_hook", None), "hooks", {}).items()
+        if getattr(hook, "_is_stateful", False)
+    )
+    if stateful:
+        raise PlanError(
+            f"cfg={cfg_degree(mesh)}: {type(model).__name__} has stateful diffusers hooks ({', '.join(stateful[:3])}): "
+            "a cache keyed by the 'cond'/'uncond' call would see the other branch's inputs on cfg group 1. Remove "
+            "the cache (model.disable_cache()) or build the mesh with cfg=1."
+        )

@@ -1,0 +1,108 @@
+"""Tiny random-weight pipelines for the cfg axis, in memory: PixArt-Sigma (one call on a doubled batch)
+and Wan 2.1 text-to-video (two calls per step). Qwen-Image (two calls with true_cfg_scale) is in
+`dtp.testing.pipelines`.
+
+    PixArtSigmaPipeline  PixArtTransformer2DModel (dtp.tiny's config: 4 heads of 16, 2 blocks, learned
+                         sigma), AutoencoderKL (8, 16 channels: 32 x 32 pixels <-> 4 x 16 x 16 latents),
+                         T5 encoder of width 32, DPM-Solver scheduler
+    WanPipeline          WanTransformer3DModel (4 heads of 16, 2 blocks), AutoencoderKLWan (8, 16 channels,
+                         z 4, no temporal downsampling), UMT5 encoder of width 32, flow-matching scheduler
+
+Call them with the matching `*_CALL` arguments (small sizes; PixArt without resolution binning, which
+only knows the released sample sizes). Every weight is drawn from a fixed seed, the same on every rank.
+"""
+
+from __future__ import annotations
+
+import string
+
+import torch
+
+from .tiny import TINY_CONFIGS, tiny_model
+
+PIXART_CALL = dict(height=32, width=32, use_resolution_binning=False, max_sequence_length=16, clean_caption=False)
+WAN_CALL = dict(height=16, width=16, num_frames=5, max_sequence_length=16)
+
+_CHARS = string.ascii_letters + string.digits + string.punctuation
+
+
+def tiny_pixart_sigma_pipeline():
+    """The tiny PixArtSigmaPipeline: classifier-free guidance as one transformer call on cat([uncond, cond])."""
+    from diffusers import AutoencoderKL, DPMSolverMultistepScheduler, PixArtSigmaPipeline
+    from transformers import T5EncoderModel
+
+    cfg = TINY_CONFIGS["PixArtTransformer2DModel"]
+    torch.manual_seed(1)
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        latent_channels=cfg["in_channels"],
+        norm_num_groups=4,
+        sample_size=32,
+    )
+    return PixArtSigmaPipeline(
+        tokenizer=_t5_tokenizer(),
+        text_encoder=_t5(T5EncoderModel, cfg["caption_channels"], seed=2),
+        vae=vae,
+        transformer=tiny_model("PixArtTransformer2DModel", seed=0),
+        scheduler=DPMSolverMultistepScheduler(),
+    )
+
+
+def tiny_wan_pipeline():
+    """The tiny WanPipeline (text to video): classifier-free guidance as two transformer calls per step."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline
+    from transformers import UMT5EncoderModel
+
+    cfg = TINY_CONFIGS["WanTransformer3DModel"]
+    torch.manual_seed(1)
+    vae = AutoencoderKLWan(
+        base_dim=8,
+        z_dim=cfg["in_channels"],
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False],
+        latents_mean=[0.0] * cfg["in_channels"],
+        latents_std=[1.0] * cfg["in_channels"],
+        scale_factor_temporal=1,  # the pipeline sizes latents by these: 5 frames of 8 x 8 for 5 x 16 x 16 pixels
+        scale_factor_spatial=2,
+    )
+    return WanPipeline(
+        tokenizer=_t5_tokenizer(),
+        text_encoder=_t5(UMT5EncoderModel, cfg["text_dim"], seed=2),
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        transformer=tiny_model("WanTransformer3DModel", seed=0),
+    )
+
+
+def _t5_tokenizer():
+    from transformers import T5Tokenizer
+
+    # Unigram over single characters (each also with the word-start marker), no sentinel tokens.
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    pieces += [(p, -3.0) for c in _CHARS for p in (c, "\u2581" + c)]
+    return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=512)
+
+
+def _t5(model_class, width: int, seed: int):
+    """A 1-layer T5-family encoder (T5 v1.1 / UMT5: gated GELU) of `width`, weights from `seed`."""
+    config_class = model_class.config_class
+    torch.manual_seed(seed)
+    config = config_class(
+        vocab_size=len(_t5_tokenizer()),
+        d_model=width,
+        d_kv=width // 4,
+        d_ff=2 * width,
+        num_layers=1,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        feed_forward_proj="gated-gelu",
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    return model_class(config).eval()

@@ -1,0 +1,59 @@
+"""The cfg axis with tensor and context parallelism inside each cfg group (4 gloo processes).
+
+One process group: at (cfg=2, tp=2) Qwen-Image with true_cfg_scale (two calls per step), PixArt-Sigma
+(a doubled batch) and Wan (video, two calls); at (cfg=2, cp=2) Qwen-Image with its sequence split
+(Ulysses) inside each group; then the negative control at (cfg=2, tp=2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cfg_cases import STEPS, rank_job, references, tag
+
+from dtp.testing.launch import spawn
+from dtp.tools.demo import compare
+
+MEAN_TOL = 1e-6
+RUNS = [(dict(cfg=2, tp=2), ["qwenimage", "pixart", "wan"]), (dict(cfg=2, cp=2), ["qwenimage"])]
+SWAPPED = ["wan"]
+CHECKS = [(tag(dims), case) for dims, cases in RUNS for case in cases]
+
+
+@pytest.fixture(scope="module")
+def refs():
+    return references({case for _, cases in RUNS for case in cases})
+
+
+@pytest.fixture(scope="module")
+def results():
+    return spawn(rank_job, 4, RUNS, SWAPPED)
+
+
+@pytest.mark.parametrize("mesh,case", CHECKS)
+def test_matches_one_process(results, refs, mesh, case):
+    """(cfg=2, tp=2) and (cfg=2, cp=2) vs one process, fp32 pixels: mean |diff| <= 1e-6 and the demo's
+    verdict; all 4 ranks the same image."""
+    for rank in results:
+        image = rank[(mesh, case)]
+        mean, p99, ok = compare(image, refs[case])
+        assert image.shape == refs[case].shape
+        assert mean <= MEAN_TOL and ok, (mesh, case, mean, p99)
+        np.testing.assert_array_equal(image, results[0][(mesh, case)])
+
+
+def test_paths_taken(results):
+    """Pair calls answered by the exchange, the doubled batch split, inside (cp, tp) groups too."""
+    for mesh, case in CHECKS:
+        stats = results[0][(mesh, case, "stats")]
+        if case == "pixart":
+            assert stats == dict(batch=STEPS, predicted=0, hits=0, whole=0), stats
+        else:
+            assert stats == dict(batch=0, predicted=STEPS - 1, hits=STEPS - 1, whole=2), (mesh, case, stats)
+
+
+@pytest.mark.parametrize("case", SWAPPED)
+def test_swapped_branches_fail_the_tolerance(results, refs, case):
+    """Negative control: at (cfg=2, tp=2), each group taking the other's branch fails both tolerances."""
+    mean, p99, ok = compare(results[0][("swapped", case)], refs[case])
+    assert mean > MEAN_TOL and not ok, (case, mean, p99)
