@@ -16,6 +16,7 @@ from .pipeline import parallelize_pipeline
 from .plan import Plan, Rule, Style, load_plan, plan_for
 from .resolve import Layout
 from .runtime.mesh import make_mesh
+from .tools.fit import fit
 from .tools.suggest import suggest_plan
 from .tools.verify import verify
 
@@ -28,6 +29,7 @@ __all__ = [
     "Rule",
     "Style",
     "apply",
+    "fit",
     "from_pretrained",
     "load_lora",
     "load_lora_weights",

@@ -6,9 +6,10 @@ import argparse
 import sys
 
 from . import check, demo, run, suggest, verify
+from .fit import command as fit
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `func(args) -> int`.
-COMMANDS = [demo, run, check, verify, suggest]
+COMMANDS = [demo, run, check, verify, suggest, fit]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,7 +34,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
@@ -67,7 +69,7 @@ class Trace:
     flops: Counter = field(default_factory=Counter)
     """FLOPs by scope: block path (e.g. "transformer_blocks.0") or "" outside every block."""
     collectives: list = field(default_factory=list)
-    """(op, result bytes, scope) for every collective."""
+    """(op, bytes, group size, scope) for every collective: bytes of its result (of its input for a send)."""
 
     def total_flops(self) -> int:
         return sum(self.flops.values())
@@ -110,7 +112,8 @@ class PhaseTrace(TorchDispatchMode):
             self.trace.flops[scope] += _flops(packet, args, kwargs, out)
         op = func._schema.name.split("::")[-1].rstrip("_")
         if func.namespace in COLLECTIVE_NAMESPACES and op not in NOT_COLLECTIVES:
-            self.trace.collectives.append((op, _bytes(out), scope))
+            nbytes = max(_bytes(out), _bytes(args[0]) if args else 0)
+            self.trace.collectives.append((op, nbytes, _group_size(args), scope))
         for tensor in tree_leaves(out):
             self._track(tensor)
         self.trace.peak_bytes = max(self.trace.peak_bytes, self._current)
@@ -151,6 +154,19 @@ def _bytes(out) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
 
 
+def _group_size(args) -> int:
+    """Ranks of the collective's group: a ProcessGroup argument (c10d ops) or a group name (functional ones)."""
+    for arg in args:
+        if isinstance(arg, torch.ScriptObject):  # c10d ops pass the ProcessGroup boxed
+            return dist.ProcessGroup.unbox(arg).size()
+        if isinstance(arg, str):
+            try:
+                return _resolve_process_group(arg).size()
+            except (RuntimeError, ValueError, KeyError):
+                continue
+    return 0
+
+
 def scope_hooks(model: nn.Module, scopes: list[str]) -> list:
     """Forward hooks that keep `scopes` = the stack of blocks running (outermost first)."""
     handles = []
@@ -174,19 +190,30 @@ def block_lists(model: nn.Module) -> dict[str, int]:
     return lists
 
 
-def truncate_blocks(model: nn.Module) -> dict[str, int]:
-    """Cut every block list of `model` to its first element, in place; returns the original lengths.
+def truncate_blocks(model: nn.Module, keep: int = 1) -> dict[str, int]:
+    """Cut every block list of `model` to its first `keep` elements, in place; returns the original lengths.
 
     Only for models whose forward iterates its lists (`for block in self.blocks`), as diffusers' DiTs
     and transformers' encoders do; `scale_blocks` then restores the full counts.
     """
     lengths = block_lists(model)
     for path, length in lengths.items():
-        if length > 1:
+        if length > keep:
             parent, _, name = path.rpartition(".")
             owner = model.get_submodule(parent) if parent else model
-            setattr(owner, name, nn.ModuleList(list(getattr(owner, name))[:1]))
+            setattr(owner, name, nn.ModuleList(list(getattr(owner, name))[:keep]))
     return lengths
+
+
+def param_bytes_by_scope(model: nn.Module) -> Counter:
+    """This rank's parameter bytes by block scope (as `PhaseTrace` scopes its records): local shards of DTensors."""
+    blocks = block_paths(model)
+    found = Counter()
+    for name, param in model.named_parameters():
+        local = param._local_tensor if isinstance(param, DTensor) else param
+        scope = next((b for b in blocks if name.startswith(f"{b}.")), "")
+        found[scope] += local.numel() * local.element_size()
+    return found
 
 
 def scale_blocks(values: Counter, lengths: dict[str, int]) -> Counter:
@@ -202,11 +229,11 @@ def scale_blocks(values: Counter, lengths: dict[str, int]) -> Counter:
 
 
 def scale_collectives(records: list, lengths: dict[str, int]) -> list:
-    """(op, bytes, scope) records with each first block's records repeated `lengths[list]` times."""
+    """(op, bytes, group, scope) records with each first block's records repeated `lengths[list]` times."""
     scaled = []
-    for op, nbytes, scope in records:
-        repeat = lengths.get(scope.rpartition(".")[0], 1) if scope else 1
-        scaled += [(op, nbytes, scope)] * repeat
+    for record in records:
+        scope = record[-1]
+        scaled += [record] * (lengths.get(scope.rpartition(".")[0], 1) if scope else 1)
     return scaled
 
 
