@@ -27,7 +27,7 @@ from .candidates import Candidate, candidates, layout
 from .hardware import hardware as find_hardware
 from .hardware import parse_memory
 from .measure import PHASES, Measurer
-from .pipelines import FitPipeline, Shape, fit_pipeline
+from .pipelines import PROMPT_TOKENS, FitPipeline, Shape, fit_pipeline
 
 DEFAULT_PROMPT = "a photo of a cat"
 
@@ -44,10 +44,12 @@ def fit(
     width: int | None = None,
     batch: int = 1,
     dtype: str = "bf16",
+    text_tokens: int = PROMPT_TOKENS,
 ) -> dict:
     """The `dtp fit --json` object: `{"pipeline", "gpus", "gpu_memory_bytes", "hardware", "rows": [...]}`.
 
     pipeline: a released pipeline name (`flux-pipeline`, ...) or a diffusers pipeline directory (configs only).
+    text_tokens: prompt length of the T5 / LLM text encoders and of the transformer's text stream (CLIP: 77).
     gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`.
     Each row: cfg, cp, tp, cp_mode, pad, quant, text_encoders, parallel_vae, weight_bytes (by component),
     phase_bytes (by phase), peak_bytes, fits, step_seconds, command. `rejected` lists the candidates whose
@@ -57,7 +59,7 @@ def fit(
     check_degree(batch, "dtp fit: --batch")
     memory = parse_memory(gpu_memory)
     hw = find_hardware(hardware, memory)
-    shape = Shape(batch, height or resolution, width or resolution, frames or 1)
+    shape = Shape(batch, height or resolution, width or resolution, frames or 1, text_tokens)
     spec = fit_pipeline(pipeline)
     measurer = Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()

@@ -28,7 +28,7 @@ from ...engine import apply
 from ...pipeline import prepare_component
 from ...runtime.mesh import make_mesh
 from ..fakepg import fake_world
-from .pipelines import FitPipeline, Shape, call, decode, decode_inputs, denoise_inputs, text_inputs
+from .pipelines import FitPipeline, Shape, call, decode, decode_inputs, denoise_inputs, text_inputs, vae_scale
 from .trace import (
     Trace,
     fake_like,
@@ -81,6 +81,7 @@ class Measurer:
         self.pipeline = pipeline
         self.dtype = dtype
         self._phases: dict = {}
+        self.vae_config = pipeline.build(pipeline.vae, dtype).config
 
     def phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures:
         """The figures of `name`'s forward in its phase at `shape` (PlanError when its plan does not fit)."""
@@ -120,7 +121,8 @@ class Measurer:
     def _call(self, name: str, module, setup: Setup, shape: Shape):
         batch_shape = replace(shape, batch=setup.batch)
         if name == self.pipeline.transformer:
-            return denoise_inputs(type(module).__name__, module.config, self.dtype, batch_shape), call
+            scale = vae_scale(self.vae_config)
+            return denoise_inputs(type(module).__name__, module.config, self.dtype, batch_shape, scale), call
         if name == self.pipeline.vae:
             return decode_inputs(module, self.dtype, batch_shape), decode
         return text_inputs(module, batch_shape), call

@@ -8,7 +8,9 @@ The three phases of a generation and the call each one makes (shapes for an H x 
     text      every text encoder on its prompt tokens: CLIP 77, T5 / UMT5 / Mistral / Qwen2.5-VL 512
               (LLM encoders return every layer's hidden states: `output_hidden_states=True`)
     denoise   one transformer call: (H/16)(W/16) image tokens (VAE 8x, patch 2) and 512 text tokens
-    decode    `vae.decode` of [B, C, H/8, W/8] latents ([B, C, 1, H/8, W/8] for 3-D VAEs)
+    decode    `vae.decode` of [B, C, H/8, W/8] latents ([B, C, F, H/8, W/8] for 3-D VAEs, F = (frames - 1)/4 + 1)
+
+(8 is the released VAEs' scale; it is read from the VAE's config as diffusers' pipelines do.)
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from ...loading import build_skeleton
 from ..fakepg import meta_inputs
 from ..released import RELEASED_PIPELINES, build_component, released_pipeline
 
-VAE_SCALE = 8  # pixels per latent pixel, every supported VAE
 PATCH = 2  # latent pixels per token side, every supported transformer
 PROMPT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL / UMT5 prompt length the pipelines pad or cap to
 CLIP_TOKENS = 77
@@ -127,30 +128,42 @@ def _build_from_dir(directory: str, name: str, class_name: str, dtype: torch.dty
 
 @dataclass(frozen=True)
 class Shape:
-    """What is generated: batch, pixels, frames (1 for an image)."""
+    """What is generated: batch, pixels, frames (1 for an image), prompt tokens of the LLM / T5 encoders."""
 
     batch: int
     height: int
     width: int
     frames: int = 1
-
-    def __post_init__(self):
-        step = VAE_SCALE * PATCH
-        for what, value in (("height", self.height), ("width", self.width)):
-            if value < step or value % step:
-                raise PlanError(f"dtp fit: {what} {value} must be a positive multiple of {step} (VAE 8 x patch 2).")
+    text_tokens: int = PROMPT_TOKENS
 
 
-def denoise_inputs(class_name: str, config, dtype: torch.dtype, shape: Shape) -> dict:
+def vae_scale(vae_config) -> int:
+    """Pixels per latent pixel, as diffusers' pipelines compute it from the VAE's config."""
+    if "temperal_downsample" in vae_config:  # Qwen-Image / Wan 3-D VAEs
+        return 2 ** len(vae_config["temperal_downsample"])
+    return 2 ** (len(vae_config["block_out_channels"]) - 1)
+
+
+def latent_size(shape: Shape, scale: int) -> tuple[int, int]:
+    """(h, w) of the latents; PlanError when the image is not a whole number of tokens."""
+    step = scale * PATCH
+    for what, value in (("height", shape.height), ("width", shape.width)):
+        if value < step or value % step:
+            raise PlanError(f"dtp fit: {what} {value} must be a positive multiple of {step} (VAE {scale}x, patch 2).")
+    return shape.height // scale, shape.width // scale
+
+
+def denoise_inputs(class_name: str, config, dtype: torch.dtype, shape: Shape, scale: int) -> dict:
     """The transformer's forward kwargs (meta tensors) for one denoising call."""
-    img_tokens = (shape.height // (VAE_SCALE * PATCH)) * (shape.width // (VAE_SCALE * PATCH))
-    return meta_inputs(class_name, config, dtype, img_tokens=img_tokens, txt_tokens=PROMPT_TOKENS, batch=shape.batch)
+    h, w = latent_size(shape, scale)
+    img_tokens = (h // PATCH) * (w // PATCH)
+    return meta_inputs(class_name, config, dtype, img_tokens=img_tokens, txt_tokens=shape.text_tokens, batch=shape.batch)
 
 
 def decode_inputs(vae: torch.nn.Module, dtype: torch.dtype, shape: Shape) -> dict:
     """`vae.decode`'s latents (meta tensor) for `shape`."""
     channels = vae.config.get("latent_channels") or vae.config.get("z_dim")
-    h, w = shape.height // VAE_SCALE, shape.width // VAE_SCALE
+    h, w = latent_size(shape, vae_scale(vae.config))
     if type(vae).__name__ in VIDEO_VAES:
         frames = (shape.frames - 1) // 4 + 1
         size = (shape.batch, channels, frames, h, w)
@@ -166,7 +179,7 @@ def decode(vae, z):
 def text_inputs(encoder: torch.nn.Module, shape: Shape) -> dict:
     """Prompt token ids (meta) and the kwargs the pipelines pass to this text encoder."""
     name = type(encoder).__name__
-    tokens = CLIP_TOKENS if name.startswith("CLIP") else PROMPT_TOKENS
+    tokens = CLIP_TOKENS if name.startswith("CLIP") else shape.text_tokens
     ids = torch.zeros(shape.batch, tokens, dtype=torch.long, device="meta")
     if name in ENCODER_ONLY:
         return {"input_ids": ids}
