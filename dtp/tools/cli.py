@@ -26,6 +26,8 @@ def command_module(name: str):
         from . import verify as module
     elif name == "suggest":
         from . import suggest as module
+    elif name == "fit":
+        from . import fit as module
     else:
         raise AssertionError(f"no runner for command {name!r}")  # commands.py and this list are kept equal
     return module

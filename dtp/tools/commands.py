@@ -22,6 +22,7 @@ COMMANDS = {
     "check": "dtp.tools.check",
     "verify": "dtp.tools.verify",
     "suggest": "dtp.tools.suggest",
+    "fit": "dtp.tools.fit",
 }
 
 CP_MODES = ("ulysses", "ring")  # dtp.policy.CP_MODES
@@ -31,6 +32,8 @@ RELEASED_PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline")  
 DEMO_MODELS = ("flux", "qwenimage")  # the tiny pipelines of dtp.families.pipelines
 DEFAULT_TIMEOUT_S = 600  # dtp.tools.run.DEFAULT_TIMEOUT_S
 DEFAULT_TOL = 1e-5  # dtp.analysis.verify.DEFAULT_TOL
+FIT_TABLE_ROWS = 20  # dtp.tools.fit.TABLE_ROWS
+HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090")  # dtp.fit.hardware.HARDWARE
 DEFAULT_TEXT_TOKENS = 512  # dtp.tools.check.DEFAULT_TEXT_TOKENS
 
 
@@ -52,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--debug", action="store_true", help="on a failure, show the full traceback instead of the one-line message"
     )
-    for add in (_demo, _run, _check, _verify, _suggest):
+    for add in (_demo, _run, _check, _verify, _suggest, _fit):
         add(sub, common)
     return parser
 
@@ -224,3 +227,28 @@ def _suggest(sub, common) -> None:
     )
     p.add_argument("--tp", type=int, default=2, help="TP degree the suggestion must divide (default 2)")
     p.add_argument("-o", "--output", help="write the plan YAML here (default: print it)")
+
+
+def _fit(sub, common) -> None:
+    p = sub.add_parser(
+        "fit", help="will a pipeline fit N GPUs: per-rank peak memory and step time of every mesh", parents=[common]
+    )
+    p.add_argument(
+        "pipeline", metavar="PIPELINE", help="released pipeline (flux-pipeline, ...) or a pipeline directory"
+    )
+    p.add_argument("--gpus", type=int, required=True, help="number of GPUs (ranks)")
+    p.add_argument("--gpu-memory", required=True, help="memory per GPU, e.g. 24GiB, 80GB")
+    p.add_argument("--resolution", type=int, default=1024, help="square image side in pixels (default 1024)")
+    p.add_argument("--height", type=int, default=None, help="image height (default: --resolution)")
+    p.add_argument("--width", type=int, default=None, help="image width (default: --resolution)")
+    p.add_argument("--frames", type=int, default=None, help="video frames (video pipelines)")
+    p.add_argument("--batch", type=int, default=1, help="images per prompt (default 1)")
+    p.add_argument(
+        "--hardware",
+        default=None,
+        help=f"preset for the step time ({', '.join(HARDWARE_NAMES)}; default: nearest memory)",
+    )
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="weights and activations")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="also draw the per-rank memory of each row")
+    p.add_argument("--all", action="store_true", help=f"print every row (default: the best {FIT_TABLE_ROWS})")

@@ -10,8 +10,10 @@ from dtp import policy
 from dtp.analysis import verify
 from dtp.analysis.released import RELEASED_PIPELINES
 from dtp.families.pipelines import CHECKPOINTS
+from dtp.fit.hardware import HARDWARE
 from dtp.plan import bundled_plan_names
 from dtp.tools import check, commands, run
+from dtp.tools import fit as fit_command
 from dtp.tools.cli import command_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +51,8 @@ def test_the_copies_in_the_parsers_equal_their_homes():
     assert commands.DEFAULT_TOL == verify.DEFAULT_TOL
     assert commands.DEFAULT_TEXT_TOKENS == check.DEFAULT_TEXT_TOKENS
     assert set(commands.DEMO_MODELS) == set(CHECKPOINTS)
+    assert tuple(HARDWARE) == commands.HARDWARE_NAMES
+    assert commands.FIT_TABLE_ROWS == fit_command.TABLE_ROWS
 
 
 def test_every_command_has_a_runner():
@@ -65,6 +69,7 @@ def _required(name: str) -> list[str]:
         "check": ["flux", "--tp", "2"],
         "verify": ["M", "--tp", "2"],
         "suggest": ["M"],
+        "fit": ["flux-pipeline", "--gpus", "2", "--gpu-memory", "24GiB"],
     }.get(name, [])
 
 

@@ -27,6 +27,19 @@ ALLOWED = {
     "adapters": {"errors", "policy", "plan", "styles", "resolve", "runtime", "engine"},
     "families": {"errors"},
     "analysis": {"errors", "policy", "plan", "styles", "resolve", "runtime", "engine", "families"},
+    "fit": {
+        "errors",
+        "policy",
+        "plan",
+        "styles",
+        "resolve",
+        "runtime",
+        "engine",
+        "loading",
+        "pipeline",
+        "families",
+        "analysis",
+    },
     "testing": {
         "errors",
         "policy",
@@ -53,6 +66,7 @@ ALLOWED = {
         "adapters",
         "families",
         "analysis",
+        "fit",
     },
 }
 FACADE = {"__init__", "__main__"}  # the package facade exports everything; `python -m dtp` runs the CLI

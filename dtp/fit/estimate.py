@@ -1,0 +1,175 @@
+"""`dtp.fit`: will this pipeline fit `gpus` GPUs of `gpu_memory` each, with which mesh, and how fast.
+
+For every candidate (`candidates.py`) and one rank (rank 0; every rank of a candidate holds the same
+bytes, give or take a padded head):
+
+    weight_bytes[c]  = this rank's parameter bytes of component c           (`Measurer.phase`)
+    phase_bytes[p]   = activation peak of phase p on this rank              (`Measurer.phase`)
+                       text: the largest text encoder's; denoise: one transformer call; decode: the VAE's
+    peak_bytes       = max over phases p of (sum of weight_bytes of the components resident in p
+                                              + phase_bytes[p])
+    fits             = peak_bytes <= gpu_memory
+    step_seconds     = calls per step x `cost.call_seconds` of the transformer's traced FLOPs,
+                       its weight bytes and its collectives, on the hardware preset
+
+Rows that fit come first, fastest first (then smallest peak); the others follow by peak.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from ..errors import PlanError
+from ..policy import check_degree, parse_dtype
+from . import cost
+from .candidates import Candidate, candidates, layout
+from .hardware import hardware as find_hardware
+from .hardware import parse_memory
+from .measure import PHASES, Measurer
+from .pipelines import PROMPT_TOKENS, FitPipeline, Shape, fit_pipeline
+
+DEFAULT_PROMPT = "a photo of a cat"
+
+
+def fit(
+    pipeline: str,
+    gpus: int,
+    gpu_memory,
+    *,
+    resolution: int = 1024,
+    frames: int | None = None,
+    hardware: str | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    batch: int = 1,
+    dtype: str = "bf16",
+    text_tokens: int = PROMPT_TOKENS,
+) -> dict:
+    """The `dtp fit --json` object: `{"pipeline", "gpus", "gpu_memory_bytes", "hardware", "rows": [...]}`.
+
+    pipeline: a released pipeline name (`flux-pipeline`, ...) or a diffusers pipeline directory (configs only).
+    text_tokens: prompt length of the T5 / LLM text encoders and of the transformer's text stream (CLIP: 77).
+    gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`.
+    Each row: cfg, cp, tp, cp_mode, pad, quant, text_encoders, parallel_vae, weight_bytes (by component),
+    phase_bytes (by phase), peak_bytes, fits, step_seconds, command. `rejected` lists the candidates whose
+    plans do not fit the mesh, with the PlanError; `reason` says why nothing fits when no row does.
+    """
+    check_degree(gpus, "dtp fit: --gpus")
+    check_degree(batch, "dtp fit: --batch")
+    memory = parse_memory(gpu_memory)
+    hw = find_hardware(hardware, memory)
+    shape = Shape(batch, height or resolution, width or resolution, frames or 1, text_tokens)
+    spec = fit_pipeline(pipeline)
+    measurer = Measurer(spec, parse_dtype(dtype))
+    start = time.perf_counter()
+    rows, rejected = [], []
+    for candidate in candidates(spec, gpus):
+        try:
+            rows.append(estimate(candidate, spec, measurer, shape, memory, hw))
+        except PlanError as exc:
+            rejected.append({**_options(candidate), "reason": str(exc)})
+    rows = _drop_needless_padding(rows, rejected)
+    rows.sort(key=lambda r: (not r["fits"], r["step_seconds"] if r["fits"] else 0, r["peak_bytes"]))
+    return {
+        "pipeline": spec.name,
+        "title": spec.title,
+        "gpus": gpus,
+        "gpu_memory_bytes": memory,
+        "hardware": hw.name,
+        "dtype": dtype,
+        "batch": batch,
+        "height": shape.height,
+        "width": shape.width,
+        "frames": frames,
+        "rows": rows,
+        "rejected": rejected,
+        "reason": None if any(r["fits"] for r in rows) else why_none_fits(rows, rejected, memory),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape: Shape, memory: int, hw) -> dict:
+    """One row: per-rank weights, phase activations, peak, fit and step time of `candidate`."""
+    plan = layout(candidate, spec, shape.batch)
+    figures = {name: measurer.phase(name, setup, shape) for name, setup in plan.setups.items()}
+    weights = {name: f.weight_bytes for name, f in figures.items()}
+    phase_bytes = {
+        "text": max((figures[n].peak_bytes for n in spec.text_encoders), default=0),
+        "denoise": figures[spec.transformer].peak_bytes,
+        "decode": figures[spec.vae].peak_bytes,
+    }
+    totals = {p: sum(weights[n] for n in weights if p in plan.resident[n]) + phase_bytes[p] for p in PHASES}
+    peak_phase = max(PHASES, key=totals.get)
+    step = figures[spec.transformer]
+    seconds = spec.calls_per_step * cost.call_seconds(step.flops, weights[spec.transformer], step.collectives, hw)
+    return {
+        **_options(candidate),
+        "weight_bytes": weights,
+        "phase_bytes": phase_bytes,
+        "resident_bytes": {p: totals[p] - phase_bytes[p] for p in PHASES},
+        "peak_bytes": totals[peak_phase],
+        "peak_phase": peak_phase,
+        "fits": totals[peak_phase] <= memory,
+        "step_seconds": seconds,
+        "step_flops": step.flops,
+        "step_collective_bytes": sum(nbytes for _, nbytes, _ in step.collectives),
+        "command": command(candidate, spec, shape),
+    }
+
+
+def _options(c: Candidate) -> dict:
+    return {
+        "cfg": c.cfg,
+        "cp": c.cp,
+        "tp": c.tp,
+        "cp_mode": c.cp_mode,
+        "pad": c.pad,
+        "quant": c.quant,
+        "text_encoders": c.text_encoders,
+        "parallel_vae": c.parallel_vae,
+    }
+
+
+def _drop_needless_padding(rows: list[dict], rejected: list[dict]) -> list[dict]:
+    """pad=True rows whose unpadded twin runs: padding would only cost (a twin is the same row with pad False)."""
+    unpadded = {_key(r) for r in rows if not r["pad"]}
+    return [r for r in rows if not r["pad"] or _key(r) not in unpadded]
+
+
+def _key(row: dict) -> tuple:
+    return tuple(row[k] for k in ("cfg", "cp", "tp", "cp_mode", "quant", "text_encoders", "parallel_vae"))
+
+
+def command(c: Candidate, spec: FitPipeline, shape: Shape) -> str | None:
+    """The `dtp run` command line that runs `c` (None for options `dtp run` does not have yet)."""
+    if c.text_encoders == "offloaded":
+        return None  # dtp run keeps every component on the GPU; see the README's `dtp fit` section
+    args = ["--model-dir", spec.model_dir, "--prompt", DEFAULT_PROMPT, "--height", str(shape.height)]
+    args += ["--width", str(shape.width)]
+    if c.cp > 1:
+        args += ["--cp", str(c.cp), "--cp-mode", c.cp_mode]
+    if c.pad:
+        args.append("--pad")
+    if c.text_encoders == "whole" and c.world > 1:
+        args.append("--whole-text-encoders")
+    launcher = ["python", "-m", "dtp", "run"] if c.world == 1 else ["torchrun", "--nproc-per-node", str(c.world)]
+    if c.world > 1:
+        launcher += ["-m", "dtp", "run"]
+    return shlex.join(launcher + args)
+
+
+def why_none_fits(rows: list[dict], rejected: list[dict], memory: int) -> str:
+    """The sentence `dtp fit` prints when no candidate fits."""
+    if not rows:
+        reasons = "; ".join(sorted({r["reason"] for r in rejected}))[:600]
+        return f"no candidate can run: {reasons}"
+    best = min(rows, key=lambda r: r["peak_bytes"])
+    phase = best["peak_phase"]
+    return (
+        f"the smallest peak, {best['peak_bytes'] / 1e9:.1f} GB (cp={best['cp']} tp={best['tp']}, text encoders "
+        f"{best['text_encoders']}), exceeds {memory / 1e9:.1f} GB by {(best['peak_bytes'] - memory) / 1e9:.1f} GB; "
+        f"it is reached in the {phase} phase: {best['resident_bytes'][phase] / 1e9:.1f} GB of weights + "
+        f"{best['phase_bytes'][phase] / 1e9:.1f} GB of activations. More GPUs, more memory per GPU, a lower "
+        f"resolution or (once available) quantized weights would lower it."
+    )

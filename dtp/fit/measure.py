@@ -1,0 +1,135 @@
+"""Per-rank figures of one component under one setup, measured at full size without memory, cached.
+
+    phase(component, setup, shape)   the full-size component built on the meta device with each block list
+                                     cut to its first element (two for text encoders, see below), sharded by
+                                     its plan on rank 0 of a fake world (`fakepg.py`) as
+                                     `dtp.parallelize_pipeline` does (context parallelism included), made of
+                                     fake cpu tensors and run on fake inputs under `trace.PhaseTrace`; gives
+                                     this rank's parameter bytes (outside the blocks + one block x their
+                                     number), the activation peak, FLOPs and collectives
+
+Text encoders that return every layer's hidden states keep one activation per layer alive, so their
+peak grows with depth: traced at depth 1 and 2, the peak is extrapolated linearly to the full depth
+(peak(n) = peak(1) + (n - 1) (peak(2) - peak(1))); a transformer's or a VAE's does not grow, and one
+block is traced (`trace.py`).
+
+A `Setup` is hashable and holds only what changes the figures, so candidates that differ elsewhere
+(e.g. the transformer's figures do not depend on what happens to the text encoders) share one
+measurement: `Measurer` caches by (component, setup, shape).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..analysis.fakepg import fake_world
+from ..engine import apply
+from ..pipeline import prepare_component
+from ..runtime.mesh import make_mesh
+from .pipelines import FitPipeline, Shape, call, decode, decode_inputs, denoise_inputs, text_inputs, vae_scale
+from .trace import (
+    Trace,
+    fake_like,
+    fake_mode,
+    param_bytes_by_scope,
+    scale_blocks,
+    scale_collectives,
+    to_fake,
+    trace_call,
+    truncate_blocks,
+)
+
+PHASES = ("text", "denoise", "decode")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How one component runs on a rank: what its figures depend on, nothing else."""
+
+    tp: int = 1
+    """Degree it is sharded over (1: whole on every rank)."""
+    cp: int = 1
+    """Context-parallel degree its sequence is split over (the transformer only)."""
+    cp_mode: str = "ulysses"
+    pad: bool = False
+    batch: int = 1
+    """Batch this rank runs it on (the cfg axis will halve the transformer's)."""
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.cp
+
+
+@dataclass(frozen=True)
+class PhaseFigures:
+    """One component's forward in its phase, on one rank, at full depth."""
+
+    weight_bytes: int
+    """This rank's parameter bytes."""
+    peak_bytes: int
+    flops: int
+    collectives: tuple
+    """(op, result bytes, group size) per collective."""
+
+
+class Measurer:
+    """Builds, shards and traces components of one pipeline in one dtype; every result cached."""
+
+    def __init__(self, pipeline: FitPipeline, dtype: torch.dtype):
+        self.pipeline = pipeline
+        self.dtype = dtype
+        self._phases: dict = {}
+        self.vae_config = pipeline.build(pipeline.vae, dtype).config
+
+    def phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures:
+        """The figures of `name`'s forward in its phase at `shape` (PlanError when its plan does not fit)."""
+        key = (name, setup, shape)
+        if key not in self._phases:
+            self._phases[key] = self._measure_phase(name, setup, shape)
+        return self._phases[key]
+
+    def _measure_phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures:
+        if name.startswith("text_encoder"):
+            one, two = (self._trace(name, setup, shape, depth) for depth in (1, 2))
+            ran = [n for path, n in one[2].items() if f"{path}.0" in one[0].flops]  # the lists the call ran
+            depth = max(ran, default=1)
+            peak = one[0].peak_bytes + (depth - 1) * max(two[0].peak_bytes - one[0].peak_bytes, 0)
+            return _figures(*one, peak)
+        trace, weights, lengths = self._trace(name, setup, shape, 1)
+        return _figures(trace, weights, lengths, trace.peak_bytes)
+
+    def _trace(self, name: str, setup: Setup, shape: Shape, depth: int):
+        """(trace, parameter bytes by scope, block multiplicities) of `name` cut to `depth` blocks per list."""
+        module = self.pipeline.build(name, self.dtype)
+        # A VAE's block lists are stages of different widths, not repeats: it is traced whole.
+        lengths = {} if name == self.pipeline.vae else truncate_blocks(module, keep=depth)
+        inputs, run = self._call(name, module, setup, shape)
+        with fake_world(setup.world):
+            mesh = make_mesh(tp=setup.tp, cp=setup.cp, device_type="cpu")
+            if setup.world > 1:
+                ready = prepare_component(name, module, mesh, cp_mode=setup.cp_mode, pad=setup.pad)
+                if ready is not None:
+                    apply(module, ready)
+            weights = param_bytes_by_scope(module)
+            with fake_mode():
+                to_fake(module)
+                trace = trace_call(module, run, {k: fake_like(v) for k, v in inputs.items()})
+        return trace, weights, {path: max(n // depth, 1) for path, n in lengths.items()}
+
+    def _call(self, name: str, module, setup: Setup, shape: Shape):
+        batch_shape = replace(shape, batch=setup.batch)
+        if name == self.pipeline.transformer:
+            scale = vae_scale(self.vae_config)
+            return denoise_inputs(type(module).__name__, module.config, self.dtype, batch_shape, scale), call
+        if name == self.pipeline.vae:
+            return decode_inputs(module, self.dtype, batch_shape), decode
+        return text_inputs(module, batch_shape), call
+
+
+def _figures(trace: Trace, weights, scale: dict, peak: int) -> PhaseFigures:
+    flops = sum(scale_blocks(trace.flops, scale).values())
+    records = tuple((op, nbytes, group) for op, nbytes, group, _ in scale_collectives(trace.collectives, scale))
+    weight_bytes = sum(scale_blocks(weights, scale).values())
+    return PhaseFigures(weight_bytes=int(weight_bytes), peak_bytes=int(peak), flops=int(flops), collectives=records)

@@ -1,0 +1,115 @@
+"""`dtp fit`'s table (in the style of `dtp check`) and its plot (stacked bars against the GPU memory line)."""
+
+from __future__ import annotations
+
+COMPONENT_COLORS = {"transformer": "#4C72B0", "vae": "#8172B2"}
+TEXT_COLORS = ["#55A868", "#64B5CD", "#8C8C8C"]
+PHASE_COLOR = "#C44E52"
+FREE_COLOR = "#EEEEEE"
+
+
+def label(row: dict) -> str:
+    """e.g. "cp2 ulysses tp2, te sharded, pad"."""
+    mesh = f"cp{row['cp']} {row['cp_mode']} tp{row['tp']}" if row["cp"] > 1 else f"tp{row['tp']}"
+    if row["cfg"] > 1:
+        mesh = f"cfg{row['cfg']} {mesh}"
+    extras = [f"te {row['text_encoders']}"] + (["pad"] if row["pad"] else []) + ([row["quant"]] if row["quant"] else [])
+    return ", ".join([mesh, *extras])
+
+
+def format_table(report: dict, limit: int | None = None) -> str:
+    """The `dtp fit` table: one line per row, best first, then the command of each fitting row."""
+    gb = report["gpu_memory_bytes"] / 1e9
+    frames = f" x {report['frames']} frames" if report.get("frames") else ""
+    lines = [
+        f"dtp fit: {report['pipeline']} ({report['title']}), {report['height']}x{report['width']}{frames}, batch "
+        f"{report['batch']}, {report['dtype']}, on {report['gpus']} x {gb:.1f} GB ({report['hardware']})",
+        "per rank (full-size components on the meta device, activations traced on fake tensors; GB = 1e9 bytes):",
+        f"  {'#':>2} {'candidate':<34} {'weights':>8} {'text':>6} {'denoise':>8} {'decode':>7} {'peak':>7} "
+        f"{'at':<8} {'fits':<4} {'s/step':>7}",
+    ]
+    rows = report["rows"][:limit] if limit else report["rows"]
+    for i, r in enumerate(rows, 1):
+        weights = max(r["resident_bytes"].values())
+        phases = r["phase_bytes"]
+        lines.append(
+            f"  {i:>2} {label(r):<34} {weights / 1e9:8.2f} {phases['text'] / 1e9:6.2f} {phases['denoise'] / 1e9:8.2f} "
+            f"{phases['decode'] / 1e9:7.2f} {r['peak_bytes'] / 1e9:7.2f} {r['peak_phase']:<8} "
+            f"{'yes' if r['fits'] else 'no':<4} {r['step_seconds']:7.3f}"
+        )
+    if limit and len(report["rows"]) > limit:
+        lines.append(f"  ... {len(report['rows']) - limit} more rows (--json for all)")
+    lines.append(
+        "weights = the largest resident set over the phases; text / denoise / decode = activation peak of the phase; "
+        "peak = max over phases of resident weights + activations; s/step = cost model (dtp/fit/cost.py)."
+    )
+    if report["reason"]:
+        lines.append(f"nothing fits: {report['reason']}")
+    else:
+        lines.append("commands (fitting rows, best first):")
+        for i, r in enumerate(rows, 1):
+            if r["fits"]:
+                lines.append(f"  {i:>2} {r['command'] or '(dtp run cannot offload text encoders yet)'}")
+    if report["rejected"]:
+        lines.append(f"{len(report['rejected'])} candidates refused by their plans (--json: 'rejected'), e.g.:")
+        lines.append(f"  {label(report['rejected'][0])}: {report['rejected'][0]['reason'][:200]}")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str, limit: int = 12) -> None:
+    """Stacked bars per row (weights by component, the peak phase's activations, free) and the memory line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"][:limit]
+    memory = report["gpu_memory_bytes"] / 1e9
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows) + 3), 5.5))
+    names = sorted({n for r in rows for n in r["weight_bytes"]}, key=_component_order)
+    colors = _colors(names)
+    for x, r in enumerate(rows):
+        bottom = 0.0
+        phase = r["peak_phase"]
+        for name in names:
+            if r["weight_bytes"].get(name) and _resident(r, name, phase):
+                height = r["weight_bytes"][name] / 1e9
+                ax.bar(x, height, bottom=bottom, color=colors[name], label=name if x == 0 else None)
+                bottom += height
+        act = r["phase_bytes"][phase] / 1e9
+        ax.bar(
+            x, act, bottom=bottom, color=PHASE_COLOR, hatch="//", label="activations (peak phase)" if x == 0 else None
+        )
+        bottom += act
+        if bottom < memory:
+            ax.bar(x, memory - bottom, bottom=bottom, color=FREE_COLOR, label="free" if x == 0 else None)
+        ax.text(x, bottom + memory * 0.01, phase, ha="center", fontsize=7)
+    ax.axhline(memory, color="black", linestyle="--", linewidth=1, label=f"GPU memory {memory:.0f} GB")
+    ax.set_xticks(range(len(rows)), [label(r).replace(", ", "\n") for r in rows], fontsize=7)
+    ax.set_ylabel("GB per rank")
+    ax.set_title(
+        f"{report['title']} {report['height']}x{report['width']} on {report['gpus']} x {memory:.0f} GB "
+        f"({report['hardware']}): per-rank peak of a generation"
+    )
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _resident(row: dict, name: str, phase: str) -> bool:
+    """Whether `name`'s weights are on the GPU in `phase` (offloaded text encoders only while encoding)."""
+    if row["text_encoders"] != "offloaded":
+        return True
+    if name.startswith("text_encoder"):
+        return phase == "text"
+    return not (name == "transformer" and phase == "text")
+
+
+def _component_order(name: str) -> tuple:
+    return (0 if name == "transformer" else 1 if name.startswith("text") else 2, name)
+
+
+def _colors(names: list[str]) -> dict[str, str]:
+    text = iter(TEXT_COLORS * 3)
+    return {n: COMPONENT_COLORS.get(n) or next(text) for n in names}

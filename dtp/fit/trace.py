@@ -1,0 +1,273 @@
+"""One pass over a phase's forward on fake tensors: its activation peak, its FLOPs and its collectives.
+
+`PhaseTrace` is a `TorchDispatchMode` that sees every op of a forward run under `FakeTensorMode`
+(shapes, dtypes and devices, no data, no memory) and records three things:
+
+    live bytes   every storage an op creates is counted until it is freed (a weakref finalizer on the
+                 storage), so `peak_bytes` = max over the forward of the bytes alive that were not
+                 there before (parameters, buffers and the inputs are left out: they are resident)
+    FLOPs        torch's own formulas (`torch.utils.flop_counter.flop_registry`: mm, addmm, bmm,
+                 convolution, scaled-dot-product attention), applied to each rank's *local* shapes
+                 (a DTensor argument counts as its local shard), so a colwise Linear of tp=4 counts
+                 1/4 of the full matmul and a replicated one all of it
+    collectives  the c10d / functional-collective ops with their result bytes (as `CollectiveCounter`)
+
+Why not torch's `MemTracker`: it refuses a module called twice in one region (Wan's frame-by-frame
+VAE, Qwen-Image's causal decoder) and counts parameters as well; live storages are all we need.
+Why fake tensors on the cpu device and not the meta device: scaled-dot-product attention picks its
+kernel by device; on meta it falls back to the math path, which materializes the full attention matrix
+(FLUX.1-dev at 1024^2: 4.6 GB instead of 0.49 GB); on cpu (fake) it takes the flash kernel, whose
+memory is what a GPU's flash / efficient attention needs too.
+
+Records are attributed to the outermost block (element of an `nn.ModuleList`) that was running,
+like `CollectiveCounter`, so a forward traced with each block list cut to its first element
+(`truncate_blocks`) gives the full model's figures by `scale_blocks`: FLOPs and collectives of the
+first block times the original count. The peak of a forward of identical blocks is the peak of one
+of them (only the residual stream crosses a block boundary), which a unit test checks on FLUX.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapper
+
+from ..analysis.collectives import COLLECTIVE_NAMESPACES, NOT_COLLECTIVES, block_paths
+
+FAKE_DEVICE = "cpu"  # fake tensors live "on" cpu: SDPA then takes its flash kernel (see the module docstring)
+
+
+@shape_wrapper
+def _cpu_flash_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+# torch's registry covers the CUDA attention kernels; the cpu flash kernel (what fake cpu tensors take) has
+# the same cost: 2 matmuls of [L, S] x d per head (4 L S d FLOPs per head and batch element).
+FLOP_FORMULAS = {
+    **flop_registry,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
+}
+
+
+@dataclass
+class Trace:
+    """What one traced forward did on this rank."""
+
+    peak_bytes: int = 0
+    """Largest sum of live bytes created during the forward (activations, workspace, outputs)."""
+    flops: Counter = field(default_factory=Counter)
+    """FLOPs by scope: block path (e.g. "transformer_blocks.0") or "" outside every block."""
+    collectives: list = field(default_factory=list)
+    """(op, bytes, group size, scope) for every collective: bytes of its result (of its input for a send)."""
+
+    def total_flops(self) -> int:
+        return sum(self.flops.values())
+
+
+class PhaseTrace(TorchDispatchMode):
+    """`with PhaseTrace(model, resident) as t: model(**inputs)`; then read `t.trace`.
+
+    `resident`: tensors alive before the forward (parameters, buffers, inputs); their storages are not
+    counted even when an op returns a view of one.
+    """
+
+    def __init__(self, model: nn.Module | None = None, resident=()):
+        super().__init__()
+        self.trace = Trace()
+        self.model = model
+        self._resident = {id(s): s for s in (_storage(t) for t in resident) if s is not None}
+        self._live: dict[int, int] = {}
+        self._current = 0
+        self._scopes: list[str] = []
+        self._handles = []
+
+    def __enter__(self):
+        if self.model is not None:
+            self._handles = scope_hooks(self.model, self._scopes)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        scope = self._scopes[0] if self._scopes else ""
+        packet = func._overloadpacket
+        if packet in FLOP_FORMULAS:
+            self.trace.flops[scope] += _flops(packet, args, kwargs, out)
+        op = func._schema.name.split("::")[-1].rstrip("_")
+        if func.namespace in COLLECTIVE_NAMESPACES and op not in NOT_COLLECTIVES:
+            nbytes = max(_bytes(out), _bytes(args[0]) if args else 0)
+            self.trace.collectives.append((op, nbytes, _group_size(args), scope))
+        for tensor in tree_leaves(out):
+            self._track(tensor)
+        self.trace.peak_bytes = max(self.trace.peak_bytes, self._current)
+        return out
+
+    def _track(self, tensor) -> None:
+        storage = _storage(tensor)
+        if storage is None or id(storage) in self._resident or id(storage) in self._live:
+            return
+        nbytes = storage.nbytes()
+        self._live[id(storage)] = nbytes
+        self._current += nbytes
+        weakref.finalize(storage, self._free, id(storage))
+
+    def _free(self, key: int) -> None:
+        self._current -= self._live.pop(key, 0)
+
+
+def _storage(tensor):
+    if isinstance(tensor, DTensor):
+        tensor = tensor._local_tensor
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    return tensor.untyped_storage()
+
+
+def _local(value):
+    return value._local_tensor if isinstance(value, DTensor) else value
+
+
+def _flops(packet, args, kwargs, out) -> int:
+    """torch's FLOP formula for `packet` on this rank's local shapes."""
+    local_args, local_kwargs, local_out = tree_map(_local, (args, kwargs, out))
+    return FLOP_FORMULAS[packet](*local_args, **local_kwargs, out_val=local_out)
+
+
+def _bytes(out) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+
+
+def _group_size(args) -> int:
+    """Ranks of the collective's group: a ProcessGroup argument (c10d ops) or a group name (functional ones)."""
+    for arg in args:
+        if isinstance(arg, torch.ScriptObject):  # c10d ops pass the ProcessGroup boxed
+            return dist.ProcessGroup.unbox(arg).size()
+        if isinstance(arg, str):
+            try:
+                return _resolve_process_group(arg).size()
+            except (RuntimeError, ValueError, KeyError):
+                continue
+    return 0
+
+
+def scope_hooks(model: nn.Module, scopes: list[str]) -> list:
+    """Forward hooks that keep `scopes` = the stack of blocks running (outermost first)."""
+    handles = []
+    for path in block_paths(model):
+        block = model.get_submodule(path)
+        handles.append(block.register_forward_pre_hook(lambda *_, p=path: scopes.append(p)))
+        handles.append(block.register_forward_hook(lambda *_, p=path: scopes.remove(p)))
+    return handles
+
+
+# ---------------------------------------------------------------------------------------------
+# blocks: trace one of each list, count all of them
+
+
+def block_lists(model: nn.Module) -> dict[str, int]:
+    """`{path: length}` of every `nn.ModuleList` that no other ModuleList encloses (the block stacks)."""
+    lists: dict[str, int] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and not any(name.startswith(f"{p}.") for p in lists):
+            lists[name] = len(module)
+    return lists
+
+
+def truncate_blocks(model: nn.Module, keep: int = 1) -> dict[str, int]:
+    """Cut every block list of `model` to its first `keep` elements, in place; returns the original lengths.
+
+    Only for models whose forward iterates its lists (`for block in self.blocks`), as diffusers' DiTs
+    and transformers' encoders do; `scale_blocks` then restores the full counts.
+    """
+    lengths = block_lists(model)
+    for path, length in lengths.items():
+        if length > keep:
+            parent, _, name = path.rpartition(".")
+            owner = model.get_submodule(parent) if parent else model
+            setattr(owner, name, nn.ModuleList(list(getattr(owner, name))[:keep]))
+    return lengths
+
+
+def param_bytes_by_scope(model: nn.Module) -> Counter:
+    """This rank's parameter bytes by block scope (as `PhaseTrace` scopes its records): local shards of DTensors."""
+    blocks = block_paths(model)
+    found = Counter()
+    for name, param in model.named_parameters():
+        local = param._local_tensor if isinstance(param, DTensor) else param
+        scope = next((b for b in blocks if name.startswith(f"{b}.")), "")
+        found[scope] += local.numel() * local.element_size()
+    return found
+
+
+def scale_blocks(values: Counter, lengths: dict[str, int]) -> Counter:
+    """`values` by scope with each list's first block counted `lengths[list]` times.
+
+    e.g. lengths {"transformer_blocks": 19}: values {"": a, "transformer_blocks.0": b} -> a + 19 b.
+    """
+    scaled = Counter()
+    for scope, value in values.items():
+        parent = scope.rpartition(".")[0]
+        scaled[scope] += value * (lengths.get(parent, 1) if scope else 1)
+    return scaled
+
+
+def scale_collectives(records: list, lengths: dict[str, int]) -> list:
+    """(op, bytes, group, scope) records with each first block's records repeated `lengths[list]` times."""
+    scaled = []
+    for record in records:
+        scope = record[-1]
+        scaled += [record] * (lengths.get(scope.rpartition(".")[0], 1) if scope else 1)
+    return scaled
+
+
+# ---------------------------------------------------------------------------------------------
+# fake tensors
+
+
+@contextlib.contextmanager
+def fake_mode():
+    """A `FakeTensorMode` that accepts meta tensors built before it (they become fake on use)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        yield mode
+
+
+def to_fake(model: nn.Module) -> nn.Module:
+    """Inside `fake_mode()`: every parameter and buffer of a meta model becomes a fake cpu tensor."""
+    return model.to_empty(device=FAKE_DEVICE)
+
+
+def fake_like(value):
+    """Inside `fake_mode()`: a tensor (or list of them) as a fake cpu tensor of the same shape and dtype."""
+    if isinstance(value, list):
+        return [fake_like(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return torch.empty_like(value, device=FAKE_DEVICE)
+    return value
+
+
+def trace_call(model: nn.Module, call, inputs: dict) -> Trace:
+    """Run `call(model, **inputs)` under `PhaseTrace` (no grad); the model and inputs must be fake already."""
+    resident = [*model.parameters(), *model.buffers(), *(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))]
+    with torch.no_grad(), PhaseTrace(model, resident) as tracer:
+        out = call(model, **inputs)
+        del out
+    return tracer.trace
