@@ -157,7 +157,9 @@ def denoise_inputs(class_name: str, config, dtype: torch.dtype, shape: Shape, sc
     """The transformer's forward kwargs (meta tensors) for one denoising call."""
     h, w = latent_size(shape, scale)
     img_tokens = (h // PATCH) * (w // PATCH)
-    return meta_inputs(class_name, config, dtype, img_tokens=img_tokens, txt_tokens=shape.text_tokens, batch=shape.batch)
+    return meta_inputs(
+        class_name, config, dtype, img_tokens=img_tokens, txt_tokens=shape.text_tokens, batch=shape.batch
+    )
 
 
 def decode_inputs(vae: torch.nn.Module, dtype: torch.dtype, shape: Shape) -> dict:
