@@ -45,11 +45,15 @@ def fit(
     batch: int = 1,
     dtype: str = "bf16",
     text_tokens: int = PROMPT_TOKENS,
+    only: dict | None = None,
+    measurer: Measurer | None = None,
 ) -> dict:
     """The `dtp fit --json` object: `{"pipeline", "gpus", "gpu_memory_bytes", "hardware", "rows": [...]}`.
 
     pipeline: a released pipeline name (`flux-pipeline`, ...) or a diffusers pipeline directory (configs only).
     text_tokens: prompt length of the T5 / LLM text encoders and of the transformer's text stream (CLIP: 77).
+    only: candidate fields to keep, e.g. `{"cp": 1}` (default: every candidate).
+    measurer: a `Measurer` of the same pipeline and dtype from an earlier call, to reuse its measurements.
     gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`.
     Each row: cfg, cp, tp, cp_mode, pad, quant, text_encoders, parallel_vae, weight_bytes (by component),
     phase_bytes (by phase), peak_bytes, fits, step_seconds, command. `rejected` lists the candidates whose
@@ -61,10 +65,12 @@ def fit(
     hw = find_hardware(hardware, memory)
     shape = Shape(batch, height or resolution, width or resolution, frames or 1, text_tokens)
     spec = fit_pipeline(pipeline)
-    measurer = Measurer(spec, parse_dtype(dtype))
+    measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
     rows, rejected = [], []
     for candidate in candidates(spec, gpus):
+        if only and any(_options(candidate)[k] != v for k, v in only.items()):
+            continue
         try:
             rows.append(estimate(candidate, spec, measurer, shape, memory, hw))
         except PlanError as exc:

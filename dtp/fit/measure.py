@@ -20,6 +20,7 @@ measurement: `Measurer` caches by (component, setup, shape).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 
 import torch
@@ -81,6 +82,7 @@ class Measurer:
         self.pipeline = pipeline
         self.dtype = dtype
         self._phases: dict = {}
+        self._templates: dict = {}
         self.vae_config = pipeline.build(pipeline.vae, dtype).config
 
     def phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures:
@@ -102,9 +104,8 @@ class Measurer:
 
     def _trace(self, name: str, setup: Setup, shape: Shape, depth: int):
         """(trace, parameter bytes by scope, block multiplicities) of `name` cut to `depth` blocks per list."""
-        module = self.pipeline.build(name, self.dtype)
-        # A VAE's block lists are stages of different widths, not repeats: it is traced whole.
-        lengths = {} if name == self.pipeline.vae else truncate_blocks(module, keep=depth)
+        module, lengths = self._template(name, depth)
+        module = copy.deepcopy(module)  # sharding mutates it; a meta copy costs next to nothing
         inputs, run = self._call(name, module, setup, shape)
         with fake_world(setup.world):
             mesh = make_mesh(tp=setup.tp, cp=setup.cp, device_type="cpu")
@@ -117,6 +118,16 @@ class Measurer:
                 to_fake(module)
                 trace = trace_call(module, run, {k: fake_like(v) for k, v in inputs.items()})
         return trace, weights, {path: max(n // depth, 1) for path, n in lengths.items()}
+
+    def _template(self, name: str, depth: int):
+        """(component on meta cut to `depth` blocks per list, the lists' full lengths), built once."""
+        key = (name, depth)
+        if key not in self._templates:
+            module = self.pipeline.build(name, self.dtype)
+            # A VAE's block lists are stages of different widths, not repeats: it is traced whole.
+            lengths = {} if name == self.pipeline.vae else truncate_blocks(module, keep=depth)
+            self._templates[key] = (module, lengths)
+        return self._templates[key]
 
     def _call(self, name: str, module, setup: Setup, shape: Shape):
         batch_shape = replace(shape, batch=setup.batch)

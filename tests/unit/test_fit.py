@@ -1,0 +1,173 @@
+"""`dtp fit`'s pieces against hand counts: FLOPs and live bytes of traced ops, collective bytes, the cost model,
+block truncation, memory sizes, candidates and commands. No process group beyond torch's fake one."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dtp
+from dtp.testing.tiny import tiny_inputs, tiny_model
+from dtp.tools import fakepg
+from dtp.tools.fit import cost
+from dtp.tools.fit.candidates import Candidate, candidates
+from dtp.tools.fit.estimate import command, why_none_fits
+from dtp.tools.fit.hardware import GIB, HARDWARE, hardware, parse_memory
+from dtp.tools.fit.pipelines import fit_pipeline
+from dtp.tools.fit.trace import (
+    PhaseTrace,
+    fake_like,
+    fake_mode,
+    scale_blocks,
+    to_fake,
+    trace_call,
+    truncate_blocks,
+)
+
+
+def _trace(fn, *tensors):
+    with fake_mode():
+        fakes = [fake_like(t) for t in tensors]
+        with torch.no_grad(), PhaseTrace(resident=fakes) as tracer:
+            fn(*fakes)
+    return tracer.trace
+
+
+def test_linear_flops_are_2_m_n_k():
+    """[2, 10, 64] x Linear(64 -> 48): 2 * 20 * 64 * 48 FLOPs, bias aside."""
+    layer = nn.Linear(64, 48)
+    trace = _trace(lambda x, w, b: F.linear(x, w, b), torch.ones(2, 10, 64), layer.weight, layer.bias)
+    assert trace.total_flops() == 2 * 20 * 64 * 48
+
+
+def test_attention_flops_are_4_b_h_l_s_d():
+    """SDPA of q [1, 4, 128, 16], k / v [1, 4, 96, 16]: QK^T and AV, 2 L S d each per head."""
+    q, kv = torch.ones(1, 4, 128, 16), torch.ones(1, 4, 96, 16)
+    trace = _trace(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, kv, kv)
+    assert trace.total_flops() == 4 * 1 * 4 * 128 * 96 * 16
+
+
+def test_peak_counts_live_storages_only():
+    """x (resident) -> a = 2x -> b = a + 1 -> del a -> c = b * b: at most two new [1000] fp32 tensors live at once."""
+
+    def fn(x):
+        a = x * 2
+        b = a + 1
+        del a
+        c = b * b
+        return c
+
+    trace = _trace(fn, torch.ones(1000))
+    assert trace.peak_bytes == 2 * 4000
+
+
+def test_views_of_resident_tensors_cost_nothing():
+    trace = _trace(lambda x: x.view(-1)[:10].unsqueeze(0).t(), torch.ones(50, 20))
+    assert trace.peak_bytes == 0
+
+
+def test_tp2_pair_flops_and_all_reduce_bytes():
+    """colwise Linear(32 -> 64) then rowwise Linear(64 -> 32) at tp=2, x [4, 32]: each rank does half the FLOPs
+    of the pair, and one all-reduce of the [4, 32] output over 2 ranks (512 bytes, wire 2 * 1/2 * 512)."""
+    from dtp.plan import Plan
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 32))
+    plan = Plan.from_dict({"0": "colwise", "1": "rowwise"})
+    with fakepg.fake_world(2):
+        dtp.parallelize(model, dtp.make_mesh(tp=2, device_type="cpu"), plan)
+        with fake_mode():
+            to_fake(model)
+            trace = trace_call(model, lambda m, x: m(x), {"x": torch.empty(4, 32)})
+    assert trace.total_flops() == (2 * 4 * 32 * 64 + 2 * 4 * 64 * 32) // 2
+    ((op, nbytes, group, _),) = trace.collectives
+    assert (op, nbytes, group) == ("all_reduce", 4 * 32 * 4, 2)
+    assert cost.wire_bytes(op, nbytes, group) == 512
+
+
+def test_wire_bytes_by_collective():
+    """Ring algorithms: all-reduce 2 (n-1)/n B, all-gather and all-to-all (n-1)/n B, send B; one rank: nothing."""
+    assert cost.wire_bytes("all_reduce", 800, 4) == 1200
+    assert cost.wire_bytes("all_gather_into_tensor", 800, 4) == 600
+    assert cost.wire_bytes("alltoall_base", 800, 4) == 600
+    assert cost.wire_bytes("send", 800, 2) == 800
+    assert cost.wire_bytes("all_reduce", 800, 1) == 0
+
+
+def test_call_seconds_on_h100():
+    """74.4 TFLOP (FLUX.1-dev at 1024^2) on one H100: 74.4e12 / (989e12 x 0.6) = 0.1254 s; an all-reduce of
+    28.3 MB at tp=4 adds 10 us + 1.5 x 28.3 MB / 450 GB/s = 104 us."""
+    h100 = HARDWARE["H100 SXM"]
+    assert cost.call_seconds(74.4e12, 0, (), h100) == pytest.approx(74.4e12 / (989e12 * 0.6))
+    assert cost.collective_seconds([("all_reduce", 28_311_552, 4)], h100) == pytest.approx(
+        10e-6 + 1.5 * 28_311_552 / 450e9
+    )
+    assert cost.compute_seconds(0, 3.35e12, h100) == pytest.approx(1.0)  # memory-bound: weights read once
+
+
+def test_truncated_blocks_give_the_full_models_figures():
+    """Tiny FLUX.1 (2 + 2 blocks) traced whole and cut to 1 + 1: same peak, FLOPs scaled back equal."""
+    inputs = tiny_inputs("FluxTransformer2DModel")
+    full = tiny_model("FluxTransformer2DModel")
+    cut = copy.deepcopy(full)
+    lengths = truncate_blocks(cut)
+    assert lengths == {"transformer_blocks": 2, "single_transformer_blocks": 2}
+    assert len(cut.transformer_blocks) == len(cut.single_transformer_blocks) == 1
+    traces = []
+    for model in (full, cut):
+        with fake_mode():
+            traces.append(trace_call(model, lambda m, **kw: m(**kw), {k: fake_like(v) for k, v in inputs.items()}))
+    assert traces[1].peak_bytes == traces[0].peak_bytes
+    assert sum(scale_blocks(traces[1].flops, lengths).values()) == traces[0].total_flops()
+    assert traces[1].total_flops() < traces[0].total_flops()
+
+
+def test_parse_memory_and_hardware():
+    assert parse_memory("24GiB") == 24 * GIB
+    assert parse_memory("80GB") == 80 * 10**9
+    assert parse_memory("49152 MiB") == 48 * GIB
+    for bad in ("24 GX", "lots", "-3GB"):
+        with pytest.raises(dtp.PlanError, match="24GiB"):
+            parse_memory(bad)
+    assert hardware(None, 24 * GIB).name == "RTX 4090"
+    assert hardware(None, 80 * 10**9).name in ("H100 SXM", "A100 80GB")
+    assert hardware("h100-sxm", 0).name == "H100 SXM"
+    with pytest.raises(dtp.PlanError, match="H200"):
+        hardware("B300", 0)
+
+
+def test_candidates_of_four_gpus():
+    """4 GPUs: (cp, tp) in (1, 4), (2, 2) x 2 modes, (4, 1) x 2 modes; sharded text encoders only with tp > 1."""
+    spec = fit_pipeline("flux-pipeline")
+    found = candidates(spec, 4)
+    meshes = {(c.cp, c.tp, c.cp_mode) for c in found}
+    assert meshes == {(1, 4, None), (2, 2, "ulysses"), (2, 2, "ring"), (4, 1, "ulysses"), (4, 1, "ring")}
+    assert all(c.world == 4 for c in found)
+    assert not [c for c in found if c.tp == 1 and c.text_encoders == "sharded"]
+    assert len(found) == (1 + 2) * 3 * 2 + 2 * 2 * 2  # tp > 1: 3 text-encoder modes; tp = 1: 2; x pad
+
+
+def test_command_names_every_option():
+    spec = fit_pipeline("flux-pipeline")
+    from dtp.tools.fit.pipelines import Shape
+
+    shape = Shape(1, 2048, 1024)
+    c = Candidate(cp=2, tp=4, cp_mode="ring", pad=True, text_encoders="whole")
+    assert command(c, spec, shape) == (
+        "torchrun --nproc-per-node 8 -m dtp run --model-dir ./FLUX.1-dev --prompt 'a photo of a cat' "
+        "--height 2048 --width 1024 --cp 2 --cp-mode ring --pad --whole-text-encoders"
+    )
+    assert command(Candidate(), spec, shape).startswith("python -m dtp run --model-dir ./FLUX.1-dev")
+    assert command(Candidate(tp=2, text_encoders="offloaded"), spec, shape) is None
+
+
+def test_why_none_fits_names_the_smallest_peak_and_its_phase():
+    row = dict(
+        cp=1, tp=2, text_encoders="sharded", peak_bytes=30e9, peak_phase="decode",
+        resident_bytes={"decode": 28e9}, phase_bytes={"decode": 2e9},
+    )  # fmt: skip
+    reason = why_none_fits([row, {**row, "peak_bytes": 40e9}], [], 24 * 10**9)
+    assert "30.0 GB" in reason and "by 6.0 GB" in reason and "decode phase: 28.0 GB of weights + 2.0 GB" in reason
