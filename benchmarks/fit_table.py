@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from dtp.tools.fit import fit
-from dtp.tools.fit.measure import Measurer
-from dtp.tools.fit.pipelines import fit_pipeline
-from dtp.tools.fit.report import format_table, label, plot
+from dtp.fit import fit
+from dtp.fit.measure import Measurer
+from dtp.fit.pipelines import fit_pipeline
+from dtp.fit.report import format_table, label, plot
 
 PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline")
 RESOLUTIONS = (1024, 2048)

@@ -11,14 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import dtp
-from dtp.testing.tiny import tiny_inputs, tiny_model
-from dtp.tools import fakepg
-from dtp.tools.fit import cost
-from dtp.tools.fit.candidates import Candidate, candidates
-from dtp.tools.fit.estimate import command, why_none_fits
-from dtp.tools.fit.hardware import GIB, HARDWARE, hardware, parse_memory
-from dtp.tools.fit.pipelines import fit_pipeline
-from dtp.tools.fit.trace import (
+from dtp.fit import cost
+from dtp.fit.candidates import Candidate, candidates
+from dtp.fit.estimate import command, why_none_fits
+from dtp.fit.hardware import GIB, HARDWARE, hardware, parse_memory
+from dtp.fit.pipelines import fit_pipeline
+from dtp.fit.trace import (
     PhaseTrace,
     fake_like,
     fake_mode,
@@ -27,6 +25,8 @@ from dtp.tools.fit.trace import (
     trace_call,
     truncate_blocks,
 )
+from dtp.testing.tiny import tiny_inputs, tiny_model
+from dtp.tools import fakepg
 
 
 def _trace(fn, *tensors):
@@ -152,7 +152,7 @@ def test_candidates_of_four_gpus():
 
 def test_command_names_every_option():
     spec = fit_pipeline("flux-pipeline")
-    from dtp.tools.fit.pipelines import Shape
+    from dtp.fit.pipelines import Shape
 
     shape = Shape(1, 2048, 1024)
     c = Candidate(cp=2, tp=4, cp_mode="ring", pad=True, text_encoders="whole")
