@@ -25,11 +25,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from .. import quant
 from ..plan import Style
 from ..resolve.layout import Layout
 from ..resolve.linears import LinearSpec
 
-LAYOUT_ATTR = "_dtp_layout"  # a sharded parameter's Layout, for `full_tensor`
+LAYOUT_ATTR = quant.LAYOUT_ATTR  # a sharded parameter's Layout, for `full_tensor`
 
 
 def local_parameter(local: torch.Tensor, layout: Layout | None, mesh, requires_grad: bool = True) -> nn.Parameter:
@@ -44,6 +45,8 @@ def local_parameter(local: torch.Tensor, layout: Layout | None, mesh, requires_g
 
 def shard_parameter(param: nn.Parameter, layout: Layout | None, mesh, device=None) -> nn.Parameter:
     """This rank's DTensor parameter cut from the full `param`; only the slice moves to `device`."""
+    if layout is not None and quant.is_quantized(param.data):  # torchao subclass: DTensors inside (dtp/quant)
+        return quant.sharded_parameter(quant.shard_weight(param.data, layout, mesh, device), layout)
     tensor = param.data
     local = tensor if layout is None else layout.local_slice(tensor, mesh.size(), mesh.get_local_rank())
     if device is not None:
@@ -62,6 +65,8 @@ class LinearStyle(ParallelStyle):
 
     def _apply(self, module: nn.Module, mesh) -> nn.Module:
         assert isinstance(module, nn.Linear), type(module)  # resolve refuses anything else
+        if quant.is_quantized(module.weight):  # distribute_module would try to broadcast the torchao subclass
+            return quant.distribute_quantized(module, mesh, self._partition, self._input, self._output)
         return distribute_module(module, mesh, self._partition, self._input, self._output)
 
     def _partition(self, name, module: nn.Module, mesh) -> None:

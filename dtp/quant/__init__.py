@@ -1,0 +1,11 @@
+"""Quantized weights under tensor parallelism (torchao Int8Tensor / Float8Tensor; diffusers' layerwise casting).
+
+`kinds` recognizes a quantized weight and says whether dtp can shard it exactly; `shard` slices its
+data and scales with the same `Layout` math as every other parameter; `check` refuses the rest in
+`prepare`, before anything is mutated.
+"""
+
+from .kinds import QuantKind, describe, is_quantized
+from .shard import LAYOUT_ATTR, distribute_quantized, rebuild, shard_weight, sharded_parameter
+
+__all__ = ["LAYOUT_ATTR", "QuantKind", "describe", "distribute_quantized", "is_quantized", "rebuild", "shard_weight", "sharded_parameter"]
