@@ -39,6 +39,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from .plan import Plan, plan_for
 from .policy import check_cp_mode
+from .quant import check_quantized
 from .resolve import CpResolved, Resolved, resolve, resolve_cp
 from .resolve.kv_share import share_kv
 from .resolve.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
@@ -101,6 +102,7 @@ def _check_locally(model: nn.Module, mesh, plan: Plan | None, cp_mode: str, devi
     tp_mesh = tp_submesh(mesh)
     tp, cp = tp_mesh.size(), cp_degree(mesh)
     resolved = resolve(plan if plan is not None else plan_for(model), model)
+    check_quantized(model, resolved.linears, resolved.plan.name)
     padding = None
     if pad:
         padding = pad_resolved(resolved, model, tp, tp * _head_factor(cp, cp_mode))

@@ -5,7 +5,18 @@ data and scales with the same `Layout` math as every other parameter; `check` re
 `prepare`, before anything is mutated.
 """
 
+from .check import check_quantized
 from .kinds import QuantKind, describe, is_quantized
 from .shard import LAYOUT_ATTR, distribute_quantized, rebuild, shard_weight, sharded_parameter
 
-__all__ = ["LAYOUT_ATTR", "QuantKind", "describe", "distribute_quantized", "is_quantized", "rebuild", "shard_weight", "sharded_parameter"]
+__all__ = [
+    "LAYOUT_ATTR",
+    "QuantKind",
+    "check_quantized",
+    "describe",
+    "distribute_quantized",
+    "is_quantized",
+    "rebuild",
+    "shard_weight",
+    "sharded_parameter",
+]

@@ -49,8 +49,13 @@ def describe(tensor) -> QuantKind | None:
         return None
     cls = type(tensor).__name__
     if cls not in SUPPORTED_CLASSES:
-        return QuantKind(cls, cls, "unknown", f"torchao's {cls} is not one dtp can slice (supported: Int8Tensor, "
-                         "Float8Tensor with per-row or per-tensor scales)")
+        return QuantKind(
+            cls,
+            cls,
+            "unknown",
+            f"torchao's {cls} is not one dtp can slice (supported: Int8Tensor, "
+            "Float8Tensor with per-row or per-tensor scales)",
+        )
     dynamic = getattr(tensor, "act_quant_kwargs", None) is not None
     scheme = ("int8" if cls == "Int8Tensor" else "fp8") + ("" if dynamic else "wo")
     granularity = _granularity(tensor)

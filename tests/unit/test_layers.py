@@ -11,6 +11,7 @@ LAYERS = [
     "policy",
     "plan",
     "resolve",
+    "quant",
     "runtime",
     "engine",
     "parallelize",

@@ -1,0 +1,53 @@
+"""Quantize a test model the way torchao would, on CPU and in fp32 (test fixture; needs torchao).
+
+`quantize(model, scheme)` with scheme in SCHEMES: int8wo / fp8wo call torchao's `quantize_` as a
+user does. fp8 (float8 dynamic activation, per-row weight and per-token activation scales) is built
+with the same `Float8Tensor.from_hp` call torchao's transform makes, because `quantize_` refuses it
+on a CPU (it asserts a CUDA capability >= 8.9) and on fp32 weights (it asserts bf16 for per-row),
+and the parity tests run fp32 on CPU. A Linear torchao's transform would skip (a dim not a
+multiple of 16) is skipped the same way.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+SCHEMES = ("int8wo", "fp8wo", "fp8")
+
+
+def quantize(model: nn.Module, scheme: str, filter_fn=None) -> nn.Module:
+    """Quantize every Linear of `model` (or those `filter_fn(module, fqn)` accepts) with `scheme`, in place."""
+    from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+    if scheme == "int8wo":
+        quantize_(model, Int8WeightOnlyConfig(), filter_fn=filter_fn)
+    elif scheme == "fp8wo":
+        quantize_(model, Float8WeightOnlyConfig(), filter_fn=filter_fn)
+    elif scheme == "fp8":
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear) and (filter_fn is None or filter_fn(module, name)):
+                _fp8_dynamic(module)
+    else:
+        raise ValueError(f"unknown scheme {scheme!r}; one of {SCHEMES}")
+    return model
+
+
+def _fp8_dynamic(linear: nn.Linear) -> None:
+    """torchao's Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()) transform, minus its checks."""
+    from torchao.float8.inference import Float8MMConfig
+    from torchao.quantization import PerRow
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import (
+        Float8Tensor,
+        QuantizeTensorToFloat8Kwargs,
+    )
+
+    out_features, in_features = linear.weight.shape
+    if out_features % 16 or in_features % 16:  # torchao's `_fp8_mm_compat` leaves these unquantized
+        return
+    weight = Float8Tensor.from_hp(
+        linear.weight.detach(),
+        granularity=PerRow(),
+        mm_config=Float8MMConfig(use_fast_accum=True),
+        act_quant_kwargs=QuantizeTensorToFloat8Kwargs(granularity=PerRow()),
+    )
+    linear.weight = nn.Parameter(weight, requires_grad=False)
