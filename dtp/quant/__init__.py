@@ -7,7 +7,7 @@ data and scales with the same `Layout` math as every other parameter; `check` re
 
 from .check import check_quantized
 from .kinds import QuantKind, describe, is_quantized
-from .shard import LAYOUT_ATTR, distribute_quantized, rebuild, shard_weight, sharded_parameter
+from .shard import LAYOUT_ATTR, distribute_quantized, full_weight, rebuild, shard_weight, sharded_parameter
 
 __all__ = [
     "LAYOUT_ATTR",
@@ -15,6 +15,7 @@ __all__ = [
     "check_quantized",
     "describe",
     "distribute_quantized",
+    "full_weight",
     "is_quantized",
     "rebuild",
     "shard_weight",

@@ -16,7 +16,10 @@ rowwise at tp = 2: rank 1 holds qdata[:, 16:32] and all 64 scales.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
+import torch.distributed._functional_collectives as funcol
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ..resolve.layout import Layout
@@ -106,3 +109,31 @@ def distribute_quantized(module: torch.nn.Module, mesh, partition_fn, input_fn, 
     module.register_forward_pre_hook(lambda _, inputs: input_fn(module, inputs, mesh))
     module.register_forward_hook(lambda _, inputs, output: output_fn(module, output, mesh))
     return module
+
+
+def full_weight(weight, layout: Layout):
+    """The unsharded quantized weight (same subclass, plain tensors) from every rank's piece; collective.
+
+    The inverse of `shard_weight`: `qdata` reassembled by `layout` (padding dropped), row-split scales
+    likewise, replicated ones taken as they are. Equal to the weight before sharding, bit for bit.
+    """
+    qdata = layout.assemble(_gather_locals(weight.qdata))
+    scale = _full_rows(weight.scale, layout)
+    zero_point = getattr(weight, "zero_point", None)
+    zero_point = None if zero_point is None else _full_rows(zero_point, layout)
+    block_size = _block_size(weight.block_size, weight.qdata.shape, qdata.shape)
+    return rebuild(weight, qdata, scale, block_size, zero_point)
+
+
+def _full_rows(values: DTensor, layout: Layout) -> torch.Tensor:
+    if isinstance(values.placements[0], Replicate):
+        return values.to_local()
+    return replace(layout, dim=0).assemble(_gather_locals(values))
+
+
+def _gather_locals(tensor: DTensor) -> list[torch.Tensor]:
+    """Every rank's local piece of `tensor`, in rank order. One-byte dtypes travel as uint8 (gloo has no float8)."""
+    local = tensor.to_local().contiguous()
+    raw = local.view(torch.uint8) if local.element_size() == 1 else local
+    gathered = funcol.all_gather_tensor(raw, gather_dim=0, group=tensor.device_mesh.get_group())
+    return [piece.view(local.dtype) for piece in torch.chunk(gathered, tensor.device_mesh.size(), dim=0)]

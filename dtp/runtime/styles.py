@@ -149,9 +149,11 @@ def style_for(spec: LinearSpec, *, device=None, weights_local: bool = False) -> 
 
 def full_tensor(param) -> torch.Tensor:
     """The original (unsharded) tensor of a parameter sharded by these styles; gathers over the mesh."""
+    layout = getattr(param, LAYOUT_ATTR, None)
+    if quant.is_quantized(param) and layout is not None:
+        return quant.full_weight(param, layout)  # the unsharded quantized weight (dtp/quant/shard.py)
     if not isinstance(param, DTensor):
         return param.detach()
-    layout = getattr(param, LAYOUT_ATTR, None)
     if layout is None:
         return param.full_tensor()
     gathered = param.redistribute(placements=[Replicate()]).to_local()
