@@ -14,6 +14,7 @@ from .loading import from_pretrained
 from .parallelize import parallelize, tp_candidates
 from .pipeline import parallelize_pipeline
 from .plan import Plan, Rule, Style, load_plan, plan_for
+from .quant import quantize
 from .resolve import Layout
 from .runtime.mesh import make_mesh
 from .tools.suggest import suggest_plan
@@ -37,6 +38,7 @@ __all__ = [
     "parallelize_pipeline",
     "plan_for",
     "prepare",
+    "quantize",
     "suggest_plan",
     "tp_candidates",
     "verify",

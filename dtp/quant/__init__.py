@@ -5,6 +5,7 @@ data and scales with the same `Layout` math as every other parameter; `check` re
 `prepare`, before anything is mutated.
 """
 
+from .after import keep_layout, quantize, quantize_linear, repair_padded_rows
 from .check import check_quantized
 from .kinds import QuantKind, describe, is_quantized
 from .shard import LAYOUT_ATTR, distribute_quantized, full_weight, rebuild, shard_weight, sharded_parameter
@@ -17,7 +18,11 @@ __all__ = [
     "distribute_quantized",
     "full_weight",
     "is_quantized",
+    "keep_layout",
+    "quantize",
+    "quantize_linear",
     "rebuild",
+    "repair_padded_rows",
     "shard_weight",
     "sharded_parameter",
 ]

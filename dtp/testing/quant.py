@@ -15,18 +15,29 @@ from torch import nn
 SCHEMES = ("int8wo", "fp8wo", "fp8")
 
 
-def quantize(model: nn.Module, scheme: str, filter_fn=None) -> nn.Module:
-    """Quantize every Linear of `model` (or those `filter_fn(module, fqn)` accepts) with `scheme`, in place."""
+def quantize(model: nn.Module, scheme: str, filter_fn=None, sharded: bool = False) -> nn.Module:
+    """Quantize every Linear of `model` (or those `filter_fn(module, fqn)` accepts) with `scheme`, in place.
+
+    sharded=True: through `dtp.quantize` (torchao's `quantize_` plus padded rows and layouts kept), for a
+    model `dtp.parallelize` sharded; else torchao's `quantize_` itself.
+    """
     from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
 
+    from ..quant import LAYOUT_ATTR, keep_layout
+    from ..quant import quantize as dtp_quantize
+
+    apply = dtp_quantize if sharded else quantize_
     if scheme == "int8wo":
-        quantize_(model, Int8WeightOnlyConfig(), filter_fn=filter_fn)
+        apply(model, Int8WeightOnlyConfig(), filter_fn=filter_fn)
     elif scheme == "fp8wo":
-        quantize_(model, Float8WeightOnlyConfig(), filter_fn=filter_fn)
+        apply(model, Float8WeightOnlyConfig(), filter_fn=filter_fn)
     elif scheme == "fp8":
         for name, module in model.named_modules():
             if isinstance(module, nn.Linear) and (filter_fn is None or filter_fn(module, name)):
+                layout = getattr(module.weight, LAYOUT_ATTR, None)
                 _fp8_dynamic(module)
+                if sharded and layout is not None:
+                    keep_layout(module, "weight", layout)
     else:
         raise ValueError(f"unknown scheme {scheme!r}; one of {SCHEMES}")
     return model

@@ -18,7 +18,11 @@ from dtp.runtime.styles import full_tensor
 from dtp.testing.quant import quantize
 from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
 
-CLASSES = {"flux": "FluxTransformer2DModel", "flux2": "Flux2Transformer2DModel", "qwenimage": "QwenImageTransformer2DModel"}
+CLASSES = {
+    "flux": "FluxTransformer2DModel",
+    "flux2": "Flux2Transformer2DModel",
+    "qwenimage": "QwenImageTransformer2DModel",
+}
 ORDERS = ("quantize_then_shard", "shard_then_quantize")
 
 
@@ -49,7 +53,7 @@ def quant_parity(name: str, scheme: str, order: str, mesh, pad: bool = False) ->
     if order == "quantize_then_shard":
         dtp.parallelize(quantize(model, scheme, filter_fn), mesh, pad=pad)
     else:
-        quantize(dtp.parallelize(model, mesh, pad=pad), scheme, filter_fn)
+        quantize(dtp.parallelize(model, mesh, pad=pad), scheme, filter_fn, sharded=True)
     out = output_tensor(model(**inputs))
     sharded = [m for m in model.modules() if hasattr(m, SPEC_ATTR) and describe(m.weight) is not None]
     return dict(
@@ -60,16 +64,22 @@ def quant_parity(name: str, scheme: str, order: str, mesh, pad: bool = False) ->
 
 
 def full_weights_exact(mesh, scheme: str, pad: bool = False) -> bool:
-    """`full_tensor` of every sharded quantized weight equals the weight before sharding, bit for bit."""
+    """`full_tensor` of every sharded quantized weight equals the one-process quantized weight, bit for bit,
+    in both orders (shard then quantize: the rowwise row scales torchao computed on DTensors are global)."""
     original = quantize(tiny_model(CLASSES["flux2"]), scheme)
-    model = dtp.parallelize(quantize(tiny_model(CLASSES["flux2"]), scheme), mesh, pad=pad)
     checked = 0
-    for path, module in model.named_modules():
-        if hasattr(module, SPEC_ATTR):
-            full, before = full_tensor(module.weight), original.get_submodule(path).weight
-            assert torch.equal(full.qdata.view(torch.uint8), before.qdata.view(torch.uint8)), path
-            assert torch.equal(full.scale, before.scale) and full.block_size == before.block_size, path
-            checked += 1
+    for order in ORDERS:
+        model = tiny_model(CLASSES["flux2"])
+        if order == "quantize_then_shard":
+            dtp.parallelize(quantize(model, scheme), mesh, pad=pad)
+        else:
+            quantize(dtp.parallelize(model, mesh, pad=pad), scheme, sharded=True)
+        for path, module in model.named_modules():
+            if hasattr(module, SPEC_ATTR):
+                full, before = full_tensor(module.weight), original.get_submodule(path).weight
+                assert torch.equal(full.qdata.view(torch.uint8), before.qdata.view(torch.uint8)), (order, path)
+                assert torch.equal(full.scale, before.scale) and full.block_size == before.block_size, (order, path)
+                checked += 1
     return checked > 0
 
 
