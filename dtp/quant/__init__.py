@@ -8,10 +8,12 @@ data and scales with the same `Layout` math as every other parameter; `check` re
 from .after import keep_layout, quantize, quantize_linear, repair_padded_rows
 from .check import check_quantized
 from .kinds import QuantKind, describe, is_quantized
+from .load import LoadQuantizer
 from .shard import LAYOUT_ATTR, distribute_quantized, full_weight, rebuild, shard_weight, sharded_parameter
 
 __all__ = [
     "LAYOUT_ATTR",
+    "LoadQuantizer",
     "QuantKind",
     "check_quantized",
     "describe",

@@ -72,7 +72,8 @@ class LinearStyle(ParallelStyle):
     def _partition(self, name, module: nn.Module, mesh) -> None:
         for param_name, param in list(module.named_parameters(recurse=False)):
             if self.weights_local:
-                assert isinstance(param.data, DTensor), f"{name}.{param_name} was not placed by the loader"
+                placed = isinstance(param.data, DTensor) or quant.is_quantized(param)  # quantized: DTensors inside
+                assert placed, f"{name}.{param_name} was not placed by the loader"
                 continue
             module.register_parameter(param_name, shard_parameter(param, self.layouts[param_name], mesh, self.device))
 

@@ -134,3 +134,27 @@ def run_quant_cases(mesh, schemes, pad: bool = False, controls: bool = True) -> 
         results["column_slice_control"] = column_slice_control(mesh)
         results["fp8_rowwise_refused"] = fp8_rowwise_refused(mesh)
     return results
+
+
+@torch.no_grad()
+def load_parity(path: str, mesh, scheme: str, pad: bool = False) -> dict:
+    """`dtp.from_pretrained(..., quantization_config=TorchAoConfig(...))` against diffusers' own one-process
+    `from_pretrained` with the same config: relative output diff, and the quantized weights bit for bit."""
+    from diffusers import FluxTransformer2DModel, TorchAoConfig
+    from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig
+
+    config = TorchAoConfig(Int8WeightOnlyConfig() if scheme == "int8wo" else Float8WeightOnlyConfig())
+    reference = FluxTransformer2DModel.from_pretrained(path, quantization_config=config, torch_dtype=torch.float32)
+    model = dtp.from_pretrained(FluxTransformer2DModel, path, mesh, quantization_config=config, pad=pad)
+    inputs = tiny_inputs(CLASSES["flux"], batch=2)
+    ref, out = output_tensor(reference(**inputs)), output_tensor(model(**inputs))
+    exact = all(
+        torch.equal(
+            full_tensor(m.weight).qdata.view(torch.uint8), reference.get_submodule(p).weight.qdata.view(torch.uint8)
+        )
+        and torch.equal(full_tensor(m.weight).scale, reference.get_submodule(p).weight.scale)
+        for p, m in model.named_modules()
+        if hasattr(m, SPEC_ATTR)
+    )
+    quantized = sum(describe(m.weight) is not None for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return dict(relative=float((out - ref).abs().max() / ref.abs().max()), weights_exact=exact, quantized=quantized)
