@@ -60,7 +60,7 @@ def repair_padded_rows(weight, layout: Layout):
     mesh = weight.qdata.device_mesh
     real = layout.local_slice(torch.ones(sum(layout.block_sizes), dtype=torch.bool), mesh.size(), mesh.get_local_rank())
     qdata, scale = weight.qdata.to_local().clone(), weight.scale.to_local().clone()
-    qdata[~real] = 0
+    qdata.view(torch.uint8)[~real] = 0  # one-byte data; float8 has no masked_fill (0x00 is +0.0 in both)
     scale[~real] = 1
     qdata = DTensor.from_local(qdata, mesh, weight.qdata.placements, run_check=False)
     scale = DTensor.from_local(scale, mesh, weight.scale.placements, run_check=False)

@@ -41,3 +41,16 @@ def check_quantized(model: nn.Module, linears, plan_name: str) -> None:
                 f"{problem}. Supported: {SUPPORTED}; or quantize after dtp.parallelize, or keep '{spec.path}' "
                 f"unquantized (quantize_'s filter_fn)."
             )
+
+
+def check_not_quantized(model: nn.Module, paths) -> None:
+    """PlanError before a LoRA is loaded onto a quantized Linear (dtp does not split adapters over quantized
+    bases; peft's torchao support does not cover DTensor-backed subclasses)."""
+    for path in paths:
+        kind = describe(getattr(model.get_submodule(path), "weight", None))
+        if kind is not None:
+            raise PlanError(
+                f"LoRA target '{path}' holds a quantized weight (scheme {kind.scheme}, torchao {kind.cls}); dtp does "
+                f"not load LoRAs onto quantized layers. Load the LoRA into the unquantized model, fuse it "
+                f"(fuse_lora), then quantize (dtp.quantize), or leave '{path}' unquantized."
+            )

@@ -21,16 +21,14 @@ def quantize(model: nn.Module, scheme: str, filter_fn=None, sharded: bool = Fals
     sharded=True: through `dtp.quantize` (torchao's `quantize_` plus padded rows and layouts kept), for a
     model `dtp.parallelize` sharded; else torchao's `quantize_` itself.
     """
-    from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+    from torchao.quantization import quantize_
 
-    from ..quant import LAYOUT_ATTR, keep_layout
+    from ..quant import LAYOUT_ATTR, config_for, keep_layout
     from ..quant import quantize as dtp_quantize
 
     apply = dtp_quantize if sharded else quantize_
-    if scheme == "int8wo":
-        apply(model, Int8WeightOnlyConfig(), filter_fn=filter_fn)
-    elif scheme == "fp8wo":
-        apply(model, Float8WeightOnlyConfig(), filter_fn=filter_fn)
+    if scheme in ("int8wo", "fp8wo"):
+        apply(model, config_for(scheme), filter_fn=filter_fn)
     elif scheme == "fp8":
         for name, module in model.named_modules():
             if isinstance(module, nn.Linear) and (filter_fn is None or filter_fn(module, name)):
