@@ -40,7 +40,7 @@ from ..policy import CP_MODES, check_degree, parse_dtype
 from ..quant import SCHEMES, config_for, quantize
 from ..resolve import Resolved
 from ..resolve.padding import overhead
-from ..runtime.memory import local_param_bytes
+from ..runtime.memory import local_param_bytes, local_tensor_bytes
 from ..runtime.mesh import make_mesh
 from .collectives import CollectiveCounter, implied_collectives
 from .fakepg import default_config, fake_world, meta_inputs, meta_model, read_config
@@ -289,7 +289,7 @@ def replicated_modules(model: torch.nn.Module, resolved: Resolved) -> list[dict]
             continue
         module = name.rpartition(".")[0]
         pattern = re.sub(r"\.\d+(?=\.|$)", ".*", module, count=1)
-        bytes_by[pattern] += param.numel() * param.element_size()
+        bytes_by[pattern] += local_tensor_bytes(param)  # quantized: data + scales
         paths_by.setdefault(pattern, set()).add(module)
     return [{"module": m, "count": len(paths_by[m]), "bytes": b} for m, b in bytes_by.most_common()]
 

@@ -7,6 +7,8 @@ error against the unquantized model, so a pass is never vacuous (that error is 1
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
@@ -40,27 +42,30 @@ def scheme_filter(model, scheme: str):
 
 
 @torch.no_grad()
-def quant_parity(name: str, scheme: str, order: str, mesh, pad: bool = False) -> dict:
-    """One case: (relative diff to the one-process quantized model, the scheme's own relative error,
-    how many sharded Linears hold a quantized weight)."""
+def quant_parity(name: str, scheme: str, mesh, pad: bool = False) -> dict:
+    """Both orders for one model and scheme: {order: (relative diff to the one-process quantized model, the
+    scheme's own relative error, how many sharded Linears hold a quantized weight)}."""
     cls = CLASSES[name]
-    inputs = tiny_inputs(cls, batch=2)
+    inputs = tiny_inputs(cls)
     base = output_tensor(tiny_model(cls)(**inputs))
     reference = tiny_model(cls)
     ref = output_tensor(quantize(reference, scheme, scheme_filter(reference, scheme))(**inputs))
-    model = tiny_model(cls)
-    filter_fn = scheme_filter(model, scheme)
-    if order == "quantize_then_shard":
-        dtp.parallelize(quantize(model, scheme, filter_fn), mesh, pad=pad)
-    else:
-        quantize(dtp.parallelize(model, mesh, pad=pad), scheme, filter_fn, sharded=True)
-    out = output_tensor(model(**inputs))
-    sharded = [m for m in model.modules() if hasattr(m, SPEC_ATTR) and describe(m.weight) is not None]
-    return dict(
-        relative=float((out - ref).abs().max() / ref.abs().max()),
-        quant_error=float((ref - base).abs().max() / base.abs().max()),
-        sharded_quantized=len(sharded),
-    )
+    results = {}
+    for order in ORDERS:
+        model = tiny_model(cls)
+        filter_fn = scheme_filter(model, scheme)
+        if order == "quantize_then_shard":
+            dtp.parallelize(quantize(model, scheme, filter_fn), mesh, pad=pad)
+        else:
+            quantize(dtp.parallelize(model, mesh, pad=pad), scheme, filter_fn, sharded=True)
+        out = output_tensor(model(**inputs))
+        sharded = [m for m in model.modules() if hasattr(m, SPEC_ATTR) and describe(m.weight) is not None]
+        results[order] = dict(
+            relative=float((out - ref).abs().max() / ref.abs().max()),
+            quant_error=float((ref - base).abs().max() / base.abs().max()),
+            sharded_quantized=len(sharded),
+        )
+    return results
 
 
 def full_weights_exact(mesh, scheme: str, pad: bool = False) -> bool:
@@ -91,7 +96,7 @@ def column_slice_control(mesh) -> dict:
     from torchao.quantization.quantize_.workflows.int8.int8_tensor import Int8Tensor
 
     cls = CLASSES["flux"]
-    inputs = tiny_inputs(cls, batch=2)
+    inputs = tiny_inputs(cls)
     plain = tiny_model(cls)
     ref = output_tensor(quantize(tiny_model(cls), "int8wo")(**inputs))
     model = dtp.parallelize(quantize(tiny_model(cls), "int8wo"), mesh)
@@ -124,15 +129,17 @@ def fp8_rowwise_refused(mesh) -> str:
 
 
 def run_quant_cases(mesh, schemes, pad: bool = False, controls: bool = True) -> dict:
+    start = time.process_time()
     results = {}
     for name in CLASSES:
         for scheme in schemes:
-            for order in ORDERS:
-                results[f"{name}/{scheme}/{order}"] = quant_parity(name, scheme, order, mesh, pad)
+            for order, found in quant_parity(name, scheme, mesh, pad).items():
+                results[f"{name}/{scheme}/{order}"] = found
     results["full_weights_exact"] = all(full_weights_exact(mesh, s, pad) for s in ("int8wo", "fp8wo"))
     if controls:
         results["column_slice_control"] = column_slice_control(mesh)
         results["fp8_rowwise_refused"] = fp8_rowwise_refused(mesh)
+    results["cpu_seconds"] = time.process_time() - start
     return results
 
 
@@ -146,7 +153,7 @@ def load_parity(path: str, mesh, scheme: str, pad: bool = False) -> dict:
     config = TorchAoConfig(Int8WeightOnlyConfig() if scheme == "int8wo" else Float8WeightOnlyConfig())
     reference = FluxTransformer2DModel.from_pretrained(path, quantization_config=config, torch_dtype=torch.float32)
     model = dtp.from_pretrained(FluxTransformer2DModel, path, mesh, quantization_config=config, pad=pad)
-    inputs = tiny_inputs(CLASSES["flux"], batch=2)
+    inputs = tiny_inputs(CLASSES["flux"])
     ref, out = output_tensor(reference(**inputs)), output_tensor(model(**inputs))
     exact = all(
         torch.equal(

@@ -111,3 +111,15 @@ def test_prepare_refuses_before_mutating(mesh, make, words):
     after = {n: (type(p), p.qdata) for n, p in model.named_parameters() if describe(p) is not None}
     assert before.keys() == after.keys()
     assert all(before[n][0] is after[n][0] and torch.equal(before[n][1], after[n][1]) for n in before)
+
+
+def test_lora_on_quantized_layers_refused(mesh):
+    """load_lora onto a sharded model whose Linears are quantized: a PlanError naming the layer and scheme."""
+    model = dtp.parallelize(quantize(tiny_model(FLUX), "int8wo"), mesh)
+    path = "transformer_blocks.0.attn.to_q"
+    lora = {
+        f"transformer.{path}.lora_A.weight": torch.zeros(4, 64),
+        f"transformer.{path}.lora_B.weight": torch.zeros(64, 4),
+    }
+    with pytest.raises(dtp.PlanError, match=r"transformer_blocks\.0\.attn\.to_q.*int8wo"):
+        dtp.load_lora(model, lora)
