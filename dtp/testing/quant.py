@@ -1,18 +1,20 @@
 """Quantize a test model the way torchao would, on CPU and in fp32 (test fixture; needs torchao).
 
 `quantize(model, scheme)` with scheme in SCHEMES: int8wo / fp8wo call torchao's `quantize_` as a
-user does. fp8 (float8 dynamic activation, per-row weight and per-token activation scales) is built
-with the same `Float8Tensor.from_hp` call torchao's transform makes, because `quantize_` refuses it
-on a CPU (it asserts a CUDA capability >= 8.9) and on fp32 weights (it asserts bf16 for per-row),
-and the parity tests run fp32 on CPU. A Linear torchao's transform would skip (a dim not a
-multiple of 16) is skipped the same way.
+user does; layerwise is diffusers' `enable_layerwise_casting` (float8 storage, fp32 compute).
+fp8 (float8 dynamic activation, per-row weight and per-token activation scales) is built with the
+same `Float8Tensor.from_hp` call torchao's transform makes, because `quantize_` refuses it on a CPU
+(it asserts a CUDA capability >= 8.9) and on fp32 weights (it asserts bf16 for per-row), and the
+parity tests run fp32 on CPU. A Linear torchao's transform would skip (a dim not a multiple of 16)
+is skipped the same way.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-SCHEMES = ("int8wo", "fp8wo", "fp8")
+SCHEMES = ("int8wo", "fp8wo", "fp8", "layerwise")
 
 
 def quantize(model: nn.Module, scheme: str, filter_fn=None, sharded: bool = False) -> nn.Module:
@@ -36,6 +38,8 @@ def quantize(model: nn.Module, scheme: str, filter_fn=None, sharded: bool = Fals
                 _fp8_dynamic(module)
                 if sharded and layout is not None:
                     keep_layout(module, "weight", layout)
+    elif scheme == "layerwise":  # diffusers' layerwise casting: float8 storage, fp32 compute (plain tensors)
+        model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
     else:
         raise ValueError(f"unknown scheme {scheme!r}; one of {SCHEMES}")
     return model

@@ -59,13 +59,18 @@ def quant_parity(name: str, scheme: str, mesh, pad: bool = False) -> dict:
         else:
             quantize(dtp.parallelize(model, mesh, pad=pad), scheme, filter_fn, sharded=True)
         out = output_tensor(model(**inputs))
-        sharded = [m for m in model.modules() if hasattr(m, SPEC_ATTR) and describe(m.weight) is not None]
+        sharded = [m for m in model.modules() if hasattr(m, SPEC_ATTR) and _quantized(m.weight)]
         results[order] = dict(
             relative=float((out - ref).abs().max() / ref.abs().max()),
             quant_error=float((ref - base).abs().max() / base.abs().max()),
             sharded_quantized=len(sharded),
         )
     return results
+
+
+def _quantized(weight) -> bool:
+    """A torchao subclass, or a plain float8 tensor (layerwise casting)."""
+    return describe(weight) is not None or weight.dtype == torch.float8_e4m3fn
 
 
 def full_weights_exact(mesh, scheme: str, pad: bool = False) -> bool:

@@ -29,7 +29,7 @@ def _run(rank, world_size, path):
     warnings.filterwarnings("ignore", module="torchao")
     two = init_device_mesh("cpu", (2, 2), mesh_dim_names=("rep", "tp"))["tp"]
     four = dtp.make_mesh(tp=4)["tp"]
-    results = {2: run_quant_cases(two, SCHEMES), 4: run_quant_cases(four, SCHEMES, controls=False)}
+    results = {2: run_quant_cases(two, (*SCHEMES, "layerwise")), 4: run_quant_cases(four, SCHEMES, controls=False)}
     for tp, mesh in ((2, two), (4, four)):
         results[tp]["load"] = {scheme: load_parity(path, mesh, scheme) for scheme in ("int8wo", "fp8wo")}
     return results
@@ -43,6 +43,7 @@ def results(tmp_path_factory):
 
 
 CASES = [f"{name}/{scheme}/{order}" for name in CLASSES for scheme in SCHEMES for order in ORDERS]
+LAYERWISE = [f"{name}/layerwise/{order}" for name in CLASSES for order in ORDERS]
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -55,6 +56,20 @@ def test_quantized_parity(results, tp, case):
         assert found["relative"] <= TOL, (tp, case, found)
         assert found["quant_error"] > 100 * TOL, found  # the quantization changed the output: not vacuous
         assert found["sharded_quantized"] > 0, found
+
+
+@pytest.mark.parametrize("case", LAYERWISE)
+def test_layerwise_casting_parity(results, case):
+    """diffusers' enable_layerwise_casting (float8 storage, fp32 compute), either order, tp=2: within 1e-5."""
+    for r in results:
+        found = r[2][case]
+        print(f"tp=2 {case}: {found['relative']:.2e} vs one process; scheme's own error {found['quant_error']:.2e}")
+        assert found["relative"] <= TOL and found["quant_error"] > 100 * TOL and found["sharded_quantized"] > 0, found
+
+
+def test_cpu_seconds(results):
+    """Not a bound: prints each rank's CPU seconds for the whole module (the suite's cost on idle cores)."""
+    print("cpu seconds per rank:", [round(r[2]["cpu_seconds"] + r[4]["cpu_seconds"], 1) for r in results])
 
 
 def test_full_weights_exact(results):
