@@ -40,6 +40,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from .plan import Plan, plan_for
 from .policy import check_cp_mode
+from .quant import check_quantized
 from .resolve import CpResolved, Resolved, resolve, resolve_cp
 from .resolve.kv_share import share_kv
 from .resolve.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
@@ -124,6 +125,7 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
     )
     tp, cp, cp_mode = parallelism.tp, parallelism.cp, parallelism.cp_mode
     resolved = resolve(plan if plan is not None else plan_for(model), model)
+    check_quantized(model, resolved.linears, resolved.plan.name)
     padding = None
     if parallelism.pad:
         padding = pad_resolved(resolved, model, tp, tp * _head_factor(cp, cp_mode))

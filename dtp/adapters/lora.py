@@ -28,6 +28,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..errors import PlanError
+from ..quant import check_not_quantized
 from .keys import LORA_KEY, base_linear, check_lora, peft_view, read_lora
 from .shard import PARTS, local_tensor, place_adapter, planned_spec
 
@@ -68,6 +69,7 @@ def load_lora(
 
     adapter_name = adapter_name or get_adapter_name(model)
     targets = check_lora(model, peft_sd, adapter_name, prefix)
+    check_not_quantized(model, [t.path for t in targets])
     specs = {t.path: planned_spec(base_linear(model, t.path)) for t in targets}
     mesh = _tp_mesh(model, specs)
     _check_peft_sizes_locally(model, specs)

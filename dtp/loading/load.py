@@ -34,6 +34,7 @@ from ..engine import apply, move_unsharded, prepare_with
 from ..plan import Plan
 from ..plan.transformers import is_transformers_model
 from ..policy import check_float_dtype
+from ..quant import LoadQuantizer
 from ..resolve import Layout
 from ..runtime.mesh import tp_submesh
 from ..runtime.parallelism import Parallelism
@@ -80,6 +81,7 @@ def from_pretrained(
     device=None,
     cp_mode: str = "ulysses",
     pad: bool = False,
+    quantization_config=None,
 ) -> nn.Module:
     """Build `model_class` from a diffusers or transformers folder, sharded on `mesh`'s `tp` axis, reading only
     this rank's slices.
@@ -96,6 +98,8 @@ def from_pretrained(
     On a mesh whose `cp` axis is > 1 the plan's cp section is applied as in `parallelize`
     (`cp_mode` "ulysses" or "ring"). `pad=True` zero-pads heads and widths tp does not divide (as in
     `parallelize`): each rank reads its real rows and makes its padded ones as zeros. Returns the model in eval mode.
+    `quantization_config` (diffusers' `TorchAoConfig`, or a torchao config; int8 / float8 weight-only): each
+    rank quantizes its slice of every Linear weight as it is read, with the whole row's scales (`dtp/quant/load.py`).
     """
     model, _ = load(
         model_class,
@@ -107,21 +111,33 @@ def from_pretrained(
         device=device,
         cp_mode=cp_mode,
         pad=pad,
+        quantization_config=quantization_config,
     )
     return model
 
 
 def load(
-    model_class, path, mesh, plan=None, *, subfolder=None, torch_dtype=None, device=None, cp_mode="ulysses", pad=False
+    model_class,
+    path,
+    mesh,
+    plan=None,
+    *,
+    subfolder=None,
+    torch_dtype=None,
+    device=None,
+    cp_mode="ulysses",
+    pad=False,
+    quantization_config=None,
 ):
     """`from_pretrained`, also returning this rank's `LoadStats`."""
     start = time.perf_counter()
     directory = os.path.join(path, subfolder) if subfolder else path
     model = build_skeleton(model_class, directory, torch_dtype)
+    quantizer = LoadQuantizer(model, quantization_config) if quantization_config is not None else None
     target = local_device(device if device is not None else tp_submesh(mesh).device_type)
     parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=target).for_model(model)
     prepared = prepare_with(model, parallelism, plan)
-    stats = load_prepared(model, prepared, directory, torch_dtype, start=start)
+    stats = load_prepared(model, prepared, directory, torch_dtype, start=start, quantizer=quantizer)
     return model, stats
 
 
@@ -142,7 +158,9 @@ def build_skeleton(model_class, directory: str, torch_dtype: torch.dtype | None 
     return text.build_text_on_meta(model_class, config, dtype, directory)
 
 
-def load_prepared(model: nn.Module, prepared, directory: str, torch_dtype=None, *, start=None) -> LoadStats:
+def load_prepared(
+    model: nn.Module, prepared, directory: str, torch_dtype=None, *, start=None, quantizer=None
+) -> LoadStats:
     """Fill the skeleton `model` (from `build_skeleton`, checked by `engine.prepare` into `prepared`) from the
     checkpoint in `directory`, this rank's slices only, and shard it (`engine.apply`); returns what it read.
 
@@ -155,7 +173,7 @@ def load_prepared(model: nn.Module, prepared, directory: str, torch_dtype=None, 
     target = prepared.device if prepared.device is not None else local_device(prepared.tp_mesh.device_type)
     layouts = prepared.resolved.param_layouts()
     dtypes = _target_dtypes(model, torch_dtype, transformers_model)
-    bytes_read = _read_into(model, checkpoint, keymap, layouts, dtypes, prepared.tp_mesh, target)
+    bytes_read = _read_into(model, checkpoint, keymap, layouts, dtypes, prepared.tp_mesh, target, quantizer)
     move_unsharded(model, target)  # buffers the checkpoint does not hold (non-persistent ones)
     _assert_materialized(model)
     apply(model, prepared, weights_local=True)
@@ -192,7 +210,7 @@ def _target_dtypes(model: nn.Module, torch_dtype, transformers_model: bool = Fal
 # reading
 
 
-def _read_into(model, checkpoint: Checkpoint, keymap: KeyMap, layouts, dtypes, tp_mesh, device) -> int:
+def _read_into(model, checkpoint: Checkpoint, keymap: KeyMap, layouts, dtypes, tp_mesh, device, quantizer=None) -> int:
     """Read every tensor of `keymap.reads` into `model`, in file order, then give each tie alias its
     member's Parameter; returns the bytes read.
 
@@ -216,6 +234,8 @@ def _read_into(model, checkpoint: Checkpoint, keymap: KeyMap, layouts, dtypes, t
                 bytes_read += counted.bytes_read
                 local = local.to(dtype=dtypes[key]).to(device)  # cast after slicing: only the slice
                 _install(model, key, local, key in layouts, layouts.get(key), tp_mesh)
+                if quantizer is not None:  # a selected Linear weight: quantized now, before the next read
+                    quantizer(model, key, layouts.get(key))
                 bar.update()
     for alias, key in keymap.aliases.items():  # one tied Parameter: read once, installed under every name
         module_path, _, name = alias.rpartition(".")

@@ -5,9 +5,13 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from .. import quant
+
 
 def local_tensor_bytes(tensor) -> int:
-    """Bytes this rank holds for `tensor`: its local shard for a DTensor."""
+    """Bytes this rank holds for `tensor`: its local shard for a DTensor; data + scales for a quantized one."""
+    if quant.is_quantized(tensor):
+        return quant.quantized_bytes(tensor)
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
     return local.numel() * local.element_size()
 

@@ -25,7 +25,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import ParallelStyle
 
-LAYOUT_ATTR = "_dtp_layout"  # a sharded parameter's Layout, for `full_tensor`
+from .. import quant
+
+LAYOUT_ATTR = quant.LAYOUT_ATTR  # a sharded parameter's Layout, for `full_tensor`
 
 
 def local_parameter(local: torch.Tensor, layout, mesh, requires_grad: bool = True) -> nn.Parameter:
@@ -40,6 +42,8 @@ def local_parameter(local: torch.Tensor, layout, mesh, requires_grad: bool = Tru
 
 def shard_parameter(param: nn.Parameter, layout, mesh, device=None) -> nn.Parameter:
     """This rank's DTensor parameter cut from the full `param`; only the slice moves to `device`."""
+    if layout is not None and quant.is_quantized(param.data):  # torchao subclass: DTensors inside (dtp/quant)
+        return quant.sharded_parameter(quant.shard_weight(param.data, layout, mesh, device), layout)
     tensor = param.data
     local = tensor if layout is None else layout.local_slice(tensor, mesh.size(), mesh.get_local_rank())
     if device is not None:
@@ -64,12 +68,15 @@ class LinearStyle(ParallelStyle):
 
     def _apply(self, module: nn.Module, mesh) -> nn.Module:
         assert isinstance(module, self.module_type), type(module)  # resolve refuses anything else
+        if quant.is_quantized(module.weight):  # distribute_module would try to broadcast the torchao subclass
+            return quant.distribute_quantized(module, mesh, self._partition, self._input, self._output)
         return distribute_module(module, mesh, self._partition, self._input, self._output)
 
     def _partition(self, name, module: nn.Module, mesh) -> None:
         for param_name, param in list(module.named_parameters(recurse=False)):
             if self.weights_local:
-                assert isinstance(param.data, DTensor), f"{name}.{param_name} was not placed by the loader"
+                placed = isinstance(param.data, DTensor) or quant.is_quantized(param)  # quantized: DTensors inside
+                assert placed, f"{name}.{param_name} was not placed by the loader"
                 continue
             module.register_parameter(param_name, shard_parameter(param, self.layouts[param_name], mesh, self.device))
 
@@ -132,9 +139,11 @@ class GatheredColwise(LinearStyle):
 
 def full_tensor(param) -> torch.Tensor:
     """The original (unsharded) tensor of a parameter sharded by these styles; gathers over the mesh."""
+    layout = getattr(param, LAYOUT_ATTR, None)
+    if quant.is_quantized(param) and layout is not None:
+        return quant.full_weight(param, layout)  # the unsharded quantized weight (dtp/quant/shard.py)
     if not isinstance(param, DTensor):
         return param.detach()
-    layout = getattr(param, LAYOUT_ATTR, None)
     if layout is None:
         return param.full_tensor()
     gathered = param.redistribute(placements=[Replicate()]).to_local()

@@ -41,11 +41,12 @@ from ..families import FAMILIES
 from ..pipeline import WHOLE, parallelize_pipeline
 from ..plan import Plan, bundled_plan_names, load_plan
 from ..policy import check_degree, parse_dtype
+from ..quant import config_for, quantize
 from ..resolve import Resolved
 from ..resolve.padding import overhead
 from ..runtime.cfg.cost import exchange_per_step
 from ..runtime.cfg.tree import leaves
-from ..runtime.memory import local_param_bytes
+from ..runtime.memory import local_param_bytes, local_tensor_bytes
 from ..runtime.mesh import make_mesh
 
 CHECK_DTYPES = ("fp32", "bf16", "fp16")
@@ -98,6 +99,7 @@ def _pipeline_or_model(args) -> dict:
         text_tokens=args.text_tokens,
         forward=args.forward,
         pad=args.pad,
+        quant=args.quant,
     )
 
 
@@ -118,6 +120,7 @@ def check(
     text_tokens: int = DEFAULT_TEXT_TOKENS,
     forward: bool = True,
     pad: bool = False,
+    quant: str | None = None,
 ) -> dict:
     """The `dtp check` report as a dict; PlanError on a bad target, config, degree or plan."""
     _check_degrees(tp, cp)
@@ -135,6 +138,7 @@ def check(
         text_tokens=text_tokens,
         forward=forward,
         pad=pad,
+        quant=quant,
     )
     report["config"] = config or report["config"]
     report["lint"] = lint_report(class_name, the_plan)
@@ -154,18 +158,24 @@ def measure(
     text_tokens: int = DEFAULT_TEXT_TOKENS,
     forward: bool = True,
     pad: bool = False,
+    quant: str | None = None,
 ) -> dict:
     """Build `class_name` on meta, shard it with `plan` (None: `plan_for`) on rank 0 of a fake world.
 
     `forward=False` skips the meta forward (and the measured collectives), for callers after memory only.
     `pad=True` zero-pads heads and widths tp does not divide; `report["padding"]` says what that costs
     (`padding.overhead`); `total_bytes` and `ideal_bytes` stay the unpadded model's.
+    `quant` (a `dtp.quant.SCHEMES` name): every Linear quantized by torchao first (on meta), so every byte
+    figure is the quantized one (data + scales).
     """
     model = meta_model(class_name, config, parse_dtype(dtype))
+    if quant is not None:
+        quantize(model, config_for(quant))
     with fake_world(tp * cp):
         prepared = prepare(model, make_mesh(tp=tp, cp=cp, device_type="cpu"), plan, cp_mode=cp_mode, pad=pad)
         unpadded = prepared.padding.unpadded if prepared.padding is not None else prepared.resolved
         report = _layout_report(model, unpadded, class_name, config, dtype, tp, cp, cp_mode, pad)
+        report["quant"] = quant
         report["padding"] = overhead(prepared.padding, model) if prepared.padding is not None else None
         # Weights only: the cp hooks are left out, so the meta forward counts the tensor-parallel collectives.
         apply(model, replace(prepared, cp_resolved=None))
@@ -179,7 +189,7 @@ def measure(
 
 
 def _layout_report(model, resolved: Resolved, class_name, config, dtype, tp, cp, cp_mode, pad) -> dict:
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    total = local_param_bytes(model)  # the model is not sharded yet: every parameter whole (quantized: data + scales)
     return {
         "model": class_name,
         "plan": resolved.plan.name,
@@ -244,7 +254,7 @@ def replicated_modules(model: torch.nn.Module, resolved: Resolved) -> list[dict]
         module = name.rpartition(".")[0]
         module = name if module in containers else module
         pattern = re.sub(r"\.\d+(?=\.|$)", ".*", module, count=1)
-        bytes_by[pattern] += param.numel() * param.element_size()
+        bytes_by[pattern] += local_tensor_bytes(param)  # quantized: data + scales
         paths_by.setdefault(pattern, set()).add(module)
     return [{"module": m, "count": len(paths_by[m]), "bytes": b} for m, b in bytes_by.most_common()]
 
@@ -411,7 +421,8 @@ def format_report(r: dict) -> str:
     lines = [
         f"dtp check: {r['model']}, plan {r['plan']}, tp={r['tp']} cp={r['cp']} "
         f"(meta device, fake process group of {r['world_size']} ranks)",
-        f"config: {r['config']}; parameters in {r['dtype']}",
+        f"config: {r['config']}; parameters in {r['dtype']}"
+        + (f", every Linear quantized {r['quant']} (data + scales)" if r.get("quant") else ""),
         f"  total parameters     {r['params'] / 1e9:10.3f} B  {_gb(r['total_bytes'])}",
         f"  per-rank bytes       {'':12} {_gb(r['per_rank_bytes'])}",
         f"  ideal total/tp       {'':12} {_gb(r['ideal_bytes'])}",

@@ -32,6 +32,7 @@ RELEASED_PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline")  
 DEMO_MODELS = ("flux", "qwenimage")  # the tiny pipelines of dtp.families.pipelines
 DEFAULT_TIMEOUT_S = 600  # dtp.tools.run.DEFAULT_TIMEOUT_S
 DEFAULT_TOL = 1e-5  # dtp.analysis.verify.DEFAULT_TOL
+QUANT_SCHEMES = ("fp8wo", "int8wo")  # sorted(dtp.quant.SCHEMES)
 FIT_TABLE_ROWS = 20  # dtp.tools.fit.TABLE_ROWS
 HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090")  # dtp.fit.hardware.HARDWARE
 DEFAULT_TEXT_TOKENS = 512  # dtp.tools.check.DEFAULT_TEXT_TOKENS
@@ -152,6 +153,9 @@ def _check(sub, common) -> None:
     p.add_argument("--cp", type=int, default=1, help="context-parallel degree (fake world size is cp * tp)")
     p.add_argument(
         "--cfg", type=int, default=1, help="cfg groups: also count the cfg exchange of one denoising step (default 1)"
+    )
+    p.add_argument(
+        "--quant", choices=QUANT_SCHEMES, help="quantize every Linear (torchao) before sharding: quantized bytes"
     )
     p.add_argument(
         "--cp-mode",

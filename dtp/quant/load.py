@@ -1,0 +1,54 @@
+"""Shard-on-load with quantization: each rank quantizes its own slice of every Linear weight as it is read.
+
+`from_pretrained(..., quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))` (or a torchao
+config itself): a Linear weight's slice is read, cast, wrapped as this rank's DTensor, then quantized
+by torchao on that DTensor, so a rowwise row's scale comes from an all-reduced amax (the whole row)
+and a colwise row is whole on its rank; padded rows are repaired (`after.py`). Held at any time: the
+quantized share read so far plus one high-precision slice. Which Linears are quantized follows
+diffusers' TorchAo quantizer: every `nn.Linear` weight except `modules_to_not_convert` and the
+model's `_keep_in_fp32_modules`.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import PlanError
+from .after import quantize_linear
+
+LOADABLE = ("Int8WeightOnlyConfig", "Float8WeightOnlyConfig")
+
+
+class LoadQuantizer:
+    """Quantizes, during loading, the Linear weights `quantization_config` selects."""
+
+    def __init__(self, model: nn.Module, quantization_config):
+        self.config, skip = torchao_config(quantization_config)
+        self.skip = [*skip, *(getattr(model, "_keep_in_fp32_modules", None) or [])]
+
+    def wants(self, model: nn.Module, key: str) -> bool:
+        module_path, _, name = key.rpartition(".")
+        if name != "weight" or any(s + "." in key or s == module_path for s in self.skip):
+            return False
+        return isinstance(model.get_submodule(module_path), nn.Linear)
+
+    def __call__(self, model: nn.Module, key: str, layout) -> None:
+        """Quantize the just-installed weight `key` (its slice when `layout` is given), if selected."""
+        if self.wants(model, key):
+            quantize_linear(model.get_submodule(key.rpartition(".")[0]), self.config, layout)
+
+
+def torchao_config(quantization_config) -> tuple[object, list[str]]:
+    """(torchao config, modules not to convert) from diffusers' TorchAoConfig or a torchao config; PlanError
+    for anything dtp cannot quantize slice by slice exactly (checked before a byte is read)."""
+    config = getattr(quantization_config, "quant_type", quantization_config)
+    skip = list(getattr(quantization_config, "modules_to_not_convert", None) or [])
+    name = type(config).__name__
+    granularity = type(getattr(config, "granularity", None)).__name__
+    if name not in LOADABLE or granularity not in ("PerRow", "PerTensor"):
+        raise PlanError(
+            f"quantization_config {name} (granularity {granularity}) is not one dtp can apply while loading "
+            f"slices: use TorchAoConfig({' or '.join(c + '()' for c in LOADABLE)}) with PerRow or PerTensor "
+            f"granularity, or load unquantized and call dtp.quantize(model, config) (colwise-only schemes)."
+        )
+    return config, skip

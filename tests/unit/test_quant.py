@@ -1,0 +1,125 @@
+"""Quantized weights: what dtp recognizes, and what `prepare` refuses before anything is mutated.
+
+Runs on torch's fake process group (tp=4, rank 0): the checks read shapes and scale layouts only.
+Parity on real collectives is in tests/distributed/test_quant_parity_*.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("torchao")
+
+from torchao.quantization import Int8WeightOnlyConfig, PerGroup, PerTensor, quantize_  # noqa: E402
+
+import dtp  # noqa: E402
+from dtp.quant import describe, shard_weight  # noqa: E402
+from dtp.resolve import Layout  # noqa: E402
+from dtp.testing.quant import quantize  # noqa: E402
+from dtp.testing.tiny import tiny_model  # noqa: E402
+
+FLUX = "FluxTransformer2DModel"
+
+
+@pytest.fixture(scope="module")
+def mesh(fake_world):
+    return dtp.make_mesh(tp=4, device_type="cpu")
+
+
+def _linear(out_features=32, in_features=64, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Linear(in_features, out_features)
+
+
+@pytest.mark.parametrize(
+    "scheme, expected",
+    [("int8wo", ("int8wo", "per_row")), ("fp8wo", ("fp8wo", "per_row")), ("fp8", ("fp8", "per_row"))],
+)
+def test_describe_schemes(scheme, expected):
+    linear = quantize(torch.nn.Sequential(_linear()), scheme)[0]
+    kind = describe(linear.weight)
+    assert (kind.scheme, kind.granularity) == expected and kind.supported
+
+
+def test_describe_plain_and_refused():
+    assert describe(torch.zeros(3, 4)) is None
+    assert describe(torch.zeros(3, 4, dtype=torch.float8_e4m3fn)) is None  # layerwise casting: a plain tensor
+    grouped = _linear()
+    quantize_(grouped, Int8WeightOnlyConfig(granularity=PerGroup(16)))
+    kind = describe(grouped.weight)
+    assert not kind.supported and "blocks" in kind.granularity, kind
+    per_tensor = _linear()
+    quantize_(per_tensor, Int8WeightOnlyConfig(granularity=PerTensor()))
+    assert describe(per_tensor.weight).granularity == "per_tensor"
+
+
+def _local_pieces(weight, layout, mesh):
+    sharded = shard_weight(weight, layout, mesh)
+    return sharded.qdata.to_local(), sharded.scale.to_local()
+
+
+def test_colwise_slices_rows_and_their_scales(mesh):
+    """Rank 0 of tp=4, colwise packed [16, 16]: rows 0:4 and 16:20, the same rows' scales (chunk per block)."""
+    linear = quantize(torch.nn.Sequential(_linear()), "int8wo")[0]
+    qdata, scale = _local_pieces(linear.weight, Layout(0, (16, 16)), mesh["tp"])
+    w = linear.weight
+    assert torch.equal(qdata, torch.cat([w.qdata[:16].chunk(4)[0], w.qdata[16:].chunk(4)[0]]))
+    assert torch.equal(scale, torch.cat([w.scale[:16].chunk(4)[0], w.scale[16:].chunk(4)[0]]))
+
+
+def test_rowwise_keeps_whole_row_scales(mesh):
+    """Rank 0 of tp=4, rowwise: columns 0:16, and every row's scale of the WHOLE row (not of the slice)."""
+    linear = quantize(torch.nn.Sequential(_linear()), "fp8wo")[0]
+    qdata, scale = _local_pieces(linear.weight, Layout(1, (64,)), mesh["tp"])
+    assert torch.equal(qdata.view(torch.uint8), linear.weight.qdata[:, :16].view(torch.uint8))
+    assert torch.equal(scale, linear.weight.scale)
+    sliced = quantize(torch.nn.Sequential(torch.nn.Linear(16, 32)), "fp8wo")[0]
+    with torch.no_grad():
+        sliced.weight = torch.nn.Parameter(type(linear.weight).from_hp(_linear().weight[:, :16].detach()), False)
+    assert not torch.equal(scale, sliced.weight.scale)  # the slice's own scales differ: the check can fail
+
+
+def test_padded_rows_get_scale_one(mesh):
+    """30 rows in 2 groups of 15, each padded to 32, at tp=4: rank 0 holds rows 0:15 and one padded row
+    (qdata 0, scale 1, so fp8's 0 / 0 never happens)."""
+    linear = quantize(torch.nn.Sequential(_linear(out_features=30)), "fp8wo")[0]
+    qdata, scale = _local_pieces(linear.weight, Layout(0, (30,), (64,), groups=2), mesh["tp"])
+    w = linear.weight
+    assert torch.equal(qdata[:15].view(torch.uint8), w.qdata[:15].view(torch.uint8))
+    assert torch.equal(scale[:15], w.scale[:15])
+    assert not qdata[15:].float().any() and torch.equal(scale[15:], torch.ones(1, 1))
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda m: quantize_(m, Int8WeightOnlyConfig(granularity=PerGroup(16))), ["int8wo", "blocks"]),
+        (lambda m: quantize(m, "fp8"), ["scheme fp8", "rowwise", "all-reduce"]),
+    ],
+    ids=["per-group int8", "fp8 dynamic on a rowwise layer"],
+)
+def test_prepare_refuses_before_mutating(mesh, make, words):
+    """A PlanError naming the key, the module and the scheme; every weight is as it was."""
+    model = tiny_model(FLUX)
+    make(model)
+    before = {n: (type(p), p.qdata.clone()) for n, p in model.named_parameters() if describe(p) is not None}
+    with pytest.raises(dtp.PlanError) as info:
+        dtp.parallelize(model, mesh)
+    message = str(info.value)
+    assert all(word in message for word in words) and "transformer_blocks.0." in message, message
+    after = {n: (type(p), p.qdata) for n, p in model.named_parameters() if describe(p) is not None}
+    assert before.keys() == after.keys()
+    assert all(before[n][0] is after[n][0] and torch.equal(before[n][1], after[n][1]) for n in before)
+
+
+def test_lora_on_quantized_layers_refused(mesh):
+    """load_lora onto a sharded model whose Linears are quantized: a PlanError naming the layer and scheme."""
+    model = dtp.parallelize(quantize(tiny_model(FLUX), "int8wo"), mesh)
+    path = "transformer_blocks.0.attn.to_q"
+    lora = {
+        f"transformer.{path}.lora_A.weight": torch.zeros(4, 64),
+        f"transformer.{path}.lora_B.weight": torch.zeros(64, 4),
+    }
+    with pytest.raises(dtp.PlanError, match=r"transformer_blocks\.0\.attn\.to_q.*int8wo"):
+        dtp.load_lora(model, lora)
