@@ -16,7 +16,7 @@ import dtp
 from dtp.engine import SPEC_ATTR
 from dtp.quant import describe, rebuild
 from dtp.resolve import resolve
-from dtp.runtime.styles import full_tensor
+from dtp.styles import full_tensor
 from dtp.testing.quant import quantize
 from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
 
