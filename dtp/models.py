@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .errors import PlanError
+from .resolve.flow import register_example_inputs
 
 
 def model_class(class_name: str):
@@ -319,3 +320,15 @@ INPUT_BUILDERS = {
     "HiDreamImageTransformer2DModel": _hidream_inputs,
     "QwenImage21Transformer2DModel": _qwen21_inputs,
 }
+
+
+def _flow_inputs(class_name: str, config: dict) -> dict:
+    """`example_inputs` for the meta forward `prepare` runs (resolve/flow.py); guidance when the model embeds it."""
+    kwargs = example_inputs(class_name, config)
+    if config.get("guidance_embeds") and "guidance" not in kwargs:
+        kwargs["guidance"] = torch.full((1,), 3.5)
+    return kwargs
+
+
+for _name in INPUT_BUILDERS:
+    register_example_inputs(_name, lambda config, name=_name: _flow_inputs(name, config))
