@@ -312,12 +312,24 @@ def _crash_message(resolved, specs, tp: int, failure: _Failure, trace) -> str:
     where = failure.stack[-1] if failure.stack and failure.stack[-1] else "<model>"
     spec = _blame(specs, failure.stack, trace)
     error = " ".join(str(failure.error).split())[:300]
+    missing = _as_key(where, spec) if where not in specs else None
+    unplanned = f" ('{missing}' is not in the plan: whole on every rank)" if missing else ""
     return (
-        f"plan {resolved.plan.name}{_key(spec)}: at tp={tp} the sharded forward fails in '{where}' "
+        f"plan {resolved.plan.name}{_key(spec)}: at tp={tp} the sharded forward fails in '{where}'{unplanned} "
         f"({type(failure.error).__name__}: {error}){_layer(spec)}. Checked on meta tensors with each rank's "
         f"shapes, before sharding: a colwise output must reach a rowwise layer (or attention) of the same block, "
         f"a rowwise layer must be fed a sharded activation, and q, k, v must be split alike."
     )
+
+
+def _as_key(path: str, spec: LinearSpec | None) -> str | None:
+    """`path` written like `spec`'s key when both are in one element of a list: the key it would have."""
+    if spec is None or "*" not in spec.rule.key:
+        return None
+    prefix = spec.rule.key.partition("*")[0]
+    index = spec.path[len(prefix) :].partition(".")[0]
+    element = f"{prefix}{index}."
+    return f"{prefix}*.{path[len(element) :]}" if path.startswith(element) else None
 
 
 def _shape_message(resolved, specs, tp: int, got, expected, trace) -> str:
