@@ -83,7 +83,8 @@ def _first_failure(resolved: Resolved, model: nn.Module, tp: int, structure: str
     result = _run(clone, inputs, trace, _unthinned(keep))
     specs = {spec.path: spec for spec in resolved.linears}
     if isinstance(result, _Failure):
-        return _crash_message(resolved, specs, tp, result, trace)
+        linears = {path for path, module in model.named_modules() if isinstance(module, nn.Linear)}
+        return _crash_message(resolved, specs, tp, result, trace, linears)
     if result != baseline:
         return _shape_message(resolved, specs, tp, result, baseline, trace)
     return None
@@ -308,11 +309,11 @@ def _blame(specs: dict[str, LinearSpec], stack: list[str], trace: list[str]) -> 
     return specs[sharded[-1]] if sharded else None
 
 
-def _crash_message(resolved, specs, tp: int, failure: _Failure, trace) -> str:
+def _crash_message(resolved, specs, tp: int, failure: _Failure, trace, linears: set[str]) -> str:
     where = failure.stack[-1] if failure.stack and failure.stack[-1] else "<model>"
     spec = _blame(specs, failure.stack, trace)
     error = " ".join(str(failure.error).split())[:300]
-    missing = _as_key(where, spec) if where not in specs else None
+    missing = _as_key(where, spec) if where in linears and where not in specs else None
     unplanned = f" ('{missing}' is not in the plan: whole on every rank)" if missing else ""
     return (
         f"plan {resolved.plan.name}{_key(spec)}: at tp={tp} the sharded forward fails in '{where}'{unplanned} "
