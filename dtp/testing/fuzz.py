@@ -26,6 +26,8 @@ from ..engine import prepare
 from ..errors import PlanError
 from ..parallelize import parallelize
 from ..plan import Plan, Rule, load_plan
+from ..resolve.heads import HEAD_ATTRS, WIDTH_ATTRS
+from ..resolve.text_attention import REWRITTEN_ATTRS
 from ..runtime.mesh import make_mesh
 from .tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 from .tiny_text import hidden_states, tiny_text_inputs, tiny_text_model
@@ -131,6 +133,19 @@ def mutate(arch: str, rng: random.Random, tp: int, pad: bool, linears: list[str]
     )
 
 
+def edited(arch: str, changes: dict, tp: int, pad: bool = False) -> Mutant:
+    """`arch`'s bundled plan with `changes` (key -> rule value, or None to drop it): a hand-made mutant."""
+    plan = load_plan(arch)
+    rules = {rule.key: rule_value(rule) for rule in plan.rules}
+    for key, value in changes.items():
+        rules.pop(key) if value is None else rules.__setitem__(key, value)
+    attention = tuple(plan.attention) if plan.attention is not None else None
+    edits = tuple(
+        f"{'drop' if v is None else 'set'} {k}" + (f": {v}" if v is not None else "") for k, v in changes.items()
+    )
+    return Mutant(arch, tuple(rules.items()), attention, tuple(plan.models), tp, pad, edits)
+
+
 def _edit(kind: str, rules: dict, attention: list | None, rng: random.Random, linears: list[str]) -> str:
     if kind == "drop" and rules:
         key = rng.choice(sorted(rules))
@@ -170,6 +185,26 @@ def mutants(arch: str, count: int, seed: int, tps=(2,), pads=(False, True)) -> l
     rng = random.Random(f"{arch}:{seed}")
     linears = linear_keys(make_model(arch))
     return [mutate(arch, rng, tps[i % len(tps)], pads[(i // len(tps)) % len(pads)], linears) for i in range(count)]
+
+
+def snapshot(model: nn.Module) -> tuple:
+    """What `prepare` must leave as it was: every tensor's value, the module tree, every head count and width."""
+    tensors = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    attrs = {
+        (name, attr): getattr(module, attr)
+        for name, module in model.named_modules()
+        for attr in HEAD_ATTRS + WIDTH_ATTRS + REWRITTEN_ATTRS
+        if isinstance(getattr(module, attr, None), int)
+    }
+    return tensors, attrs, [(name, type(module).__name__) for name, module in model.named_modules()]
+
+
+def unchanged(model: nn.Module, before: tuple) -> bool:
+    tensors, attrs, structure = snapshot(model)
+    same_values = tensors.keys() == before[0].keys() and all(
+        type(tensors[k]) is type(v) and torch.equal(tensors[k], v) for k, v in before[0].items()
+    )
+    return same_values and attrs == before[1] and structure == before[2]
 
 
 def check_prepare(mutant: Mutant, model: nn.Module, mesh) -> tuple[str, str]:

@@ -5,11 +5,9 @@ bundled plans they are mutated from still pass (the positive control).
 """
 
 import pytest
-import torch
-from torch.distributed.tensor import DTensor
 
 import dtp
-from dtp.resolve.heads import HEAD_ATTRS, WIDTH_ATTRS
+from dtp.testing.fuzz import snapshot, unchanged
 from dtp.testing.plans import edited
 from dtp.testing.tiny import tiny_model
 from dtp.tools.fakepg import fake_world
@@ -23,26 +21,11 @@ def mesh2():
         yield dtp.make_mesh(tp=2, device_type="cpu")
 
 
-def snapshot(model):
-    tensors = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    attrs = {
-        (name, attr): getattr(module, attr)
-        for name, module in model.named_modules()
-        for attr in HEAD_ATTRS + WIDTH_ATTRS
-        if hasattr(module, attr)
-    }
-    structure = [(name, type(module).__name__) for name, module in model.named_modules()]
-    return tensors, attrs, structure
-
-
 def refused(model, mesh, plan, match):
     before = snapshot(model)
     with pytest.raises(dtp.PlanError, match=match):
         dtp.parallelize(model, mesh, plan)
-    tensors, attrs, structure = snapshot(model)
-    assert structure == before[2] and attrs == before[1]
-    for key, value in before[0].items():
-        assert not isinstance(tensors[key], DTensor) and torch.equal(tensors[key], value), key
+    assert unchanged(model, before)
 
 
 def test_q_packed_blocks_silently_wrong(mesh2):
