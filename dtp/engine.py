@@ -42,6 +42,7 @@ from .plan import Plan, plan_for
 from .policy import check_cp_mode
 from .quant import check_quantized
 from .resolve import CpResolved, Resolved, resolve, resolve_cp
+from .resolve.exact import check_exact
 from .resolve.kv_share import share_kv
 from .resolve.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
 from .runtime.agree import check_agree, failed, fingerprint
@@ -133,6 +134,7 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
     else:
         check_unpadded(resolved, model, tp, lambda: supported_tp(model, resolved, cp, cp_mode, pad=True))
     resolved = share_kv(resolved, model, tp)
+    check_exact(resolved, model, tp)
     cp_resolved = None
     if cp > 1:
         cp_resolved = resolve_cp(resolved, model)

@@ -1,0 +1,92 @@
+"""The issue-26 plans: each passed every static check before, then crashed or (the first) ran silently wrong.
+
+Each must now be refused by `prepare` with a PlanError naming its key, the model untouched; the
+bundled plans they are mutated from still pass (the positive control).
+"""
+
+import pytest
+
+import dtp
+from dtp.testing.fuzz import snapshot, unchanged
+from dtp.testing.plans import edited
+from dtp.testing.tiny import tiny_model
+from dtp.tools.fakepg import fake_world
+
+FLUX, QWEN = "FluxTransformer2DModel", "QwenImageTransformer2DModel"
+
+
+@pytest.fixture(scope="module")
+def mesh2():
+    with fake_world(2):
+        yield dtp.make_mesh(tp=2, device_type="cpu")
+
+
+def refused(model, mesh, plan, match):
+    before = snapshot(model)
+    with pytest.raises(dtp.PlanError, match=match):
+        dtp.parallelize(model, mesh, plan)
+    assert unchanged(model, before)
+
+
+def test_q_packed_blocks_silently_wrong(mesh2):
+    """Qwen-Image, to_q packed [1, 3]: runs, off by 2.4e-2 without the alignment rule; refused."""
+    plan = edited(
+        dtp.load_plan("qwenimage"), {"transformer_blocks.*.attn.to_q": {"style": "packed_colwise", "blocks": [1, 3]}}
+    )
+    refused(tiny_model(QWEN), mesh2, plan, r"key 'transformer_blocks\.\*\.attn\.to_q'.*does not give rank 0 its heads")
+
+
+def test_v_dropped(mesh2):
+    """FLUX.1, single-stream to_v dropped: q, k sharded, v whole."""
+    plan = edited(dtp.load_plan("flux"), {"single_transformer_blocks.*.attn.to_v": None})
+    refused(tiny_model(FLUX), mesh2, plan, r"key 'single_transformer_blocks\.\*\.attn\.to_v'.*not in the plan")
+
+
+def test_rowwise_consumer_dropped(mesh2):
+    """FLUX.1, ff_context.net.2 dropped: the colwise net.0.proj has no rowwise consumer in its block."""
+    plan = edited(dtp.load_plan("flux"), {"transformer_blocks.*.ff_context.net.2": None})
+    refused(
+        tiny_model(FLUX),
+        mesh2,
+        plan,
+        r"key 'transformer_blocks\.\*\.ff_context\.net\.0\.proj'.*'transformer_blocks\.\*\.ff_context\.net\.2' is not "
+        r"in the plan",
+    )
+
+
+def test_colwise_added_on_an_embedder(mesh2):
+    """FLUX.1 with guidance: guidance_embedder.linear_1 colwise feeds the replicated linear_2."""
+    key = "time_text_embed.guidance_embedder.linear_1"
+    plan = edited(dtp.load_plan("flux"), {key: "colwise"})
+    refused(tiny_model(FLUX, guidance_embeds=True), mesh2, plan, rf"key '{key}'.*fails in")
+
+
+def test_rowwise_k(mesh2):
+    """FLUX.1, single-stream to_k rowwise: its input is whole, its output all-reduced whole; q is sharded."""
+    key = "single_transformer_blocks.*.attn.to_k"
+    plan = edited(dtp.load_plan("flux"), {key: "rowwise"})
+    refused(tiny_model(FLUX), mesh2, plan, rf"key '{key}'.*'rowwise'.*does not give rank 0 its heads")
+
+
+def test_gathered_q(mesh2):
+    """FLUX.1, to_q colwise_gathered: q whole, k and v sharded."""
+    key = "transformer_blocks.*.attn.to_q"
+    plan = edited(dtp.load_plan("flux"), {key: "colwise_gathered"})
+    refused(tiny_model(FLUX), mesh2, plan, r"key 'transformer_blocks\.\*\.attn\.to_q'.*'colwise_gathered'")
+
+
+@pytest.mark.parametrize("name, class_name", [("flux", FLUX), ("qwenimage", QWEN)])
+def test_bundled_plans_pass(mesh2, name, class_name):
+    """The plans the six are mutated from pass `prepare` (and `dtp.parallelize` shards them)."""
+    model = tiny_model(class_name, guidance_embeds=True) if class_name == FLUX else tiny_model(class_name)
+    dtp.engine.prepare(model, mesh2, dtp.load_plan(name))
+
+
+def test_declared_blocks(mesh2):
+    """FLUX.2's to_qkv_mlp_proj declares [q, k, v, gate, up] = [64, 64, 64, 192, 192]; [192, 192, 64, 64, 64]
+    passes the pair rule (to_out's blocks are [64, 192]) but is not where its forward splits: refused."""
+    key = "single_transformer_blocks.*.attn.to_qkv_mlp_proj"
+    plan = edited(dtp.load_plan("flux2"), {key: {"style": "packed_colwise", "blocks": [192, 192, 64, 64, 64]}})
+    model = tiny_model("Flux2Transformer2DModel")
+    with pytest.raises(dtp.PlanError, match=rf"key '{key}'.*declares blocks"):
+        dtp.engine.prepare(model, mesh2, plan)
