@@ -17,10 +17,10 @@ import collections
 import time
 from pathlib import Path
 
+from dtp.analysis.fakepg import fake_world
 from dtp.runtime.mesh import make_mesh
 from dtp.testing import fuzz
 from dtp.testing.launch import spawn
-from dtp.tools.fakepg import fake_world
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plan_fuzz.md"
 BATCH = 40  # accepted mutants per gloo group

@@ -13,10 +13,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dtp.analysis.fakepg import fake_world
 from dtp.runtime.mesh import make_mesh
 from dtp.testing import fuzz
 from dtp.testing.launch import spawn
-from dtp.tools.fakepg import fake_world
 
 EXAMPLES = 24
 TP = 2

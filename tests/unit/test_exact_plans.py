@@ -7,10 +7,10 @@ bundled plans they are mutated from still pass (the positive control).
 import pytest
 
 import dtp
+from dtp.analysis.fakepg import fake_world
 from dtp.testing.fuzz import snapshot, unchanged
 from dtp.testing.plans import edited
 from dtp.testing.tiny import tiny_model
-from dtp.tools.fakepg import fake_world
 
 FLUX, QWEN = "FluxTransformer2DModel", "QwenImageTransformer2DModel"
 
