@@ -14,6 +14,7 @@ LAYERS = [
     "runtime",
     "engine",
     "parallelize",
+    "vae",
     "loading",
     "pipeline",
     "adapters",
