@@ -20,7 +20,13 @@ def halo_counts(rows: ConvRows) -> tuple[int, int]:
 
 
 def exchange(x: torch.Tensor, dim: int, needs: list[tuple[int, int]], group, rank: int) -> torch.Tensor:
-    """`x` (this rank's strip) with its neighbours' rows attached along `dim`: [above | x | below].
+    """`x` (this rank's strip) with its neighbours' rows attached along `dim`: [above | x | below]."""
+    above, below = neighbour_rows(x, dim, needs, group, rank)
+    return torch.cat([t for t in (above, x, below) if t is not None], dim=dim)
+
+
+def neighbour_rows(x: torch.Tensor, dim: int, needs: list[tuple[int, int]], group, rank: int) -> tuple:
+    """(rows from the rank above, rows from the rank below) along `dim`, None where none are needed.
 
     needs[q] = (rows rank q takes from rank q - 1, rows it takes from rank q + 1), for every rank q.
     Rank r sends its last needs[r + 1][0] rows down and its first needs[r - 1][1] rows up.
@@ -52,7 +58,7 @@ def exchange(x: torch.Tensor, dim: int, needs: list[tuple[int, int]], group, ran
     if ops:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-    return torch.cat([t for t in (above, x, below) if t is not None], dim=dim)
+    return above, below
 
 
 def gather_rows(x: torch.Tensor, dim: int, counts: tuple[int, ...], group) -> torch.Tensor:

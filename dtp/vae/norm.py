@@ -38,12 +38,16 @@ def combine(stats: torch.Tensor, split: Split) -> tuple[torch.Tensor, torch.Tens
 
 
 def group_norm_rows(x: torch.Tensor, norm: nn.GroupNorm, split: Split) -> torch.Tensor:
-    """`norm(x)` for a strip (B, C, *positions) of any rank: global statistics, this rank's positions."""
-    mean, var = combine(local_stats(x, norm.num_groups), split)
-    grouped = x.reshape(x.shape[0], norm.num_groups, -1).float()
-    y = (grouped - mean[..., None]) * torch.rsqrt(var[..., None] + norm.eps)
-    y = y.reshape(x.shape)
-    if norm.affine:
-        shape = (1, -1) + (1,) * (x.dim() - 2)
-        y = y * norm.weight.float().reshape(shape) + norm.bias.float().reshape(shape)
-    return y.to(x.dtype)
+    """`norm(x)` for a strip (B, C, *positions) of any rank: global statistics, this rank's positions.
+
+    Applied as torch's own kernel does: y = x * scale + shift per (sample, channel), with
+    scale = weight / sqrt(v + eps) and shift = bias - m * scale (one output tensor, no temporaries).
+    """
+    batch, channels, groups = x.shape[0], x.shape[1], norm.num_groups
+    mean, var = combine(local_stats(x, groups), split)
+    rstd = torch.rsqrt(var + norm.eps).repeat_interleave(channels // groups, dim=1)  # (B, C)
+    mean = mean.repeat_interleave(channels // groups, dim=1)
+    scale = rstd * norm.weight.float() if norm.affine else rstd
+    shift = -scale * mean + (norm.bias.float() if norm.affine else 0.0)
+    shape = (batch, channels) + (1,) * (x.dim() - 2)
+    return torch.addcmul(shift.reshape(shape), x.float(), scale.reshape(shape)).to(x.dtype)
