@@ -18,6 +18,7 @@ from .resolve import Layout
 from .runtime.mesh import make_mesh
 from .tools.suggest import suggest_plan
 from .tools.verify import verify
+from .vae import parallelize_vae
 
 __all__ = [
     "ForwardError",
@@ -35,6 +36,7 @@ __all__ = [
     "make_mesh",
     "parallelize",
     "parallelize_pipeline",
+    "parallelize_vae",
     "plan_for",
     "prepare",
     "suggest_plan",

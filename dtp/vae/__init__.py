@@ -4,6 +4,6 @@ strips (row partition math) -> split (group + partition of a call) -> halo (coll
 attention (layers on strips) -> apply (`parallelize_vae`, class and layer checks, install / undo).
 """
 
-from .apply import SUPPORTED, parallelize_vae, remove_vae_parallel
+from .apply import SUPPORTED, CheckedVae, check_vae, install_vae, parallelize_vae, remove_vae_parallel
 
-__all__ = ["SUPPORTED", "parallelize_vae", "remove_vae_parallel"]
+__all__ = ["SUPPORTED", "CheckedVae", "check_vae", "install_vae", "parallelize_vae", "remove_vae_parallel"]

@@ -49,6 +49,13 @@ class VaeParallel:
     undo: list = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class CheckedVae:
+    """A VAE whose encoder/decoder layers all have a strip rule: `(path, layer)` per part that needs one."""
+
+    layers: dict
+
+
 def parallelize_vae(vae: nn.Module, mesh, *, gather_output: bool = True) -> nn.Module:
     """Split `vae`'s decode and encode along the height over every rank of `mesh`, in place; returns `vae`.
 
@@ -58,6 +65,11 @@ def parallelize_vae(vae: nn.Module, mesh, *, gather_output: bool = True) -> nn.M
         its own rows (rank r's rows of `split_rows(latent height, N)`, scaled), for callers that write strips.
     Raises PlanError, before changing anything, for a VAE class or a layer the split does not know.
     """
+    return install_vae(vae, check_vae(vae), mesh, gather_output=gather_output)
+
+
+def check_vae(vae: nn.Module) -> CheckedVae:
+    """Every check of `parallelize_vae`, nothing mutated: PlanError naming the class or the layer."""
     name = type(vae).__name__
     if name not in SUPPORTED:
         raise PlanError(
@@ -67,12 +79,17 @@ def parallelize_vae(vae: nn.Module, mesh, *, gather_output: bool = True) -> nn.M
     if getattr(vae, "_dtp_vae", None) is not None:
         raise PlanError(f"parallelize_vae: this {name} is already parallel; call remove_vae_parallel(vae) first.")
     parts = {part: getattr(vae, part) for part in ("encoder", "decoder") if getattr(vae, part, None) is not None}
-    layers = {part: _layers(module, part) for part, module in parts.items()}  # every check, nothing mutated
+    return CheckedVae({part: _layers(module, part) for part, module in parts.items()})
+
+
+def install_vae(vae: nn.Module, checked: CheckedVae, mesh, *, gather_output: bool = True) -> nn.Module:
+    """The mutation half of `parallelize_vae`, for a `check_vae` result of this VAE."""
     state = VaeParallel(Split.over(vae_group(mesh)), gather_output)
-    for part, module in parts.items():
-        for path, layer in layers[part]:
+    for part, layers in checked.layers.items():
+        module = getattr(vae, part)
+        for path, layer in layers:
             _install(layer, state, path)
-        factor = 2 ** sum(isinstance(layer, _downsample_types()) for _, layer in layers[part])
+        factor = 2 ** sum(isinstance(layer, _downsample_types()) for _, layer in layers)
         _replace_forward(module, _entry(module.forward, state, factor if part == "encoder" else 1), state)
     vae._dtp_vae = state
     return vae

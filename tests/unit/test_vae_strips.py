@@ -1,4 +1,4 @@
-"""Row-strip math of the parallel VAE (dtp/vae/strips.py), and the checks of parallelize_vae that run before it mutates."""
+"""Row-strip math of the parallel VAE (dtp/vae/strips.py); parallelize_vae checks that run before it mutates."""
 
 from __future__ import annotations
 
