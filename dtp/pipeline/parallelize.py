@@ -9,7 +9,9 @@ plan that does not fit the second component leaves the first one untouched.
 
 Meshes: a diffusers model gets the whole ("cp", "tp") mesh (its plan's `cp` section splits the
 sequence); a text encoder has no `cp` section and runs on the `tp` axis only, the same on every cp rank.
-A component without any plan (VAE, ...) stays whole and is reported as such.
+A component without any plan stays whole and is reported as such. The `vae` component of a class
+`dtp.parallelize_vae` knows is split along the height over every rank instead (plan "rows"); one it does
+not know stays whole, with the reason in its report.
 
 On a mesh with a `cfg` axis > 1 every denoiser (`transformer*`, `unet` components, planned or not) also
 gets the cfg wrapper (`runtime/cfg`): the guidance branches of each step run on different cfg groups.
@@ -29,9 +31,12 @@ from ..plan.transformers import is_transformers_model
 from ..runtime.cfg import check_cfg, install_cfg
 from ..runtime.memory import local_param_bytes
 from ..runtime.parallelism import Parallelism
+from ..vae import check_vae, install_vae
 
 WHOLE = None  # `plans={"vae": dtp.pipeline.WHOLE}`: leave that component whole
 DENOISERS = ("transformer", "unet")  # component name prefixes that the cfg axis wraps
+VAE_COMPONENT = "vae"  # split along the height by dtp.parallelize_vae unless `plans` names it
+VAE_PLAN = "rows"  # the report's plan name for a VAE split by rows
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ class ComponentReport:
     plan: str | None  # the plan's name, None when it stayed whole
     whole_bytes: int
     local_bytes: int
+    note: str = ""  # why a component stayed whole, where there is a reason to give
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class PipelineReport:
             )
         total = f"{'total':<16} {'':<36} {f'tp={self.tp}':<18}"
         rows.append(f"{total} {self.whole_bytes / 1e6:>10.2f} {self.local_bytes / 1e6:>13.2f}")
+        rows += [f"{c.name}: {c.note}" for c in self.components if c.note]
         return "\n".join(rows)
 
 
@@ -100,8 +107,11 @@ def parallelize_pipeline(
         raise ValueError(f"parallelize_pipeline: no module components {sorted(unknown)}; have {sorted(modules)}.")
     whole = {name: local_param_bytes(module) for name, module in modules.items()}
     parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=device)
-    prepared = {}
+    prepared, vaes = {}, {}
     for name, module in modules.items():  # every check of every component first ...
+        if name == VAE_COMPONENT and name not in plans:
+            vaes[name] = _check_vae(module, mesh)
+            continue
         given = [plans[name]] if name in plans else None
         ready = prepare_component(name, module, parallelism, plans=given)
         if ready is not None:
@@ -113,10 +123,28 @@ def parallelize_pipeline(
         apply(modules[name], ready)
     for name in denoisers:  # a planned one has it from `apply` already (idempotent)
         install_cfg(modules[name], mesh)
-    return PipelineReport(
-        parallelism.tp,
-        tuple(_report(name, module, prepared.get(name), whole[name]) for name, module in modules.items()),
-    )
+    for name, checked in vaes.items():
+        if not isinstance(checked, str):
+            install_vae(modules[name], checked, mesh)
+    reports = []
+    for name, module in modules.items():
+        report = _report(name, module, prepared.get(name), whole[name])
+        if name in vaes:
+            checked = vaes[name]
+            plan, note = (None, checked) if isinstance(checked, str) else (VAE_PLAN, "")
+            report = ComponentReport(name, report.class_name, plan, report.whole_bytes, report.local_bytes, note)
+        reports.append(report)
+    return PipelineReport(parallelism.tp, tuple(reports))
+
+
+def _check_vae(vae: nn.Module, mesh):
+    """`check_vae`'s result for a pipeline's VAE, or why it stays whole (a string)."""
+    if mesh.size() == 1:
+        return "whole (one rank)"
+    try:
+        return check_vae(vae)
+    except PlanError as exc:
+        return f"whole: {exc}"
 
 
 def prepare_component(name: str, module: nn.Module, parallelism: Parallelism, *, plans: list | None = None):

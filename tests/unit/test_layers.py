@@ -24,9 +24,22 @@ ALLOWED = {
     "engine": {"errors", "policy", "plan", "styles", "quant", "resolve", "runtime", "families"},
     "parallelize": {"errors", "policy", "plan", "styles", "quant", "resolve", "runtime", "engine", "families"},
     "loading": {"errors", "policy", "plan", "styles", "quant", "resolve", "runtime", "engine", "families"},
-    "pipeline": {"errors", "policy", "plan", "styles", "quant", "resolve", "runtime", "engine", "loading", "families"},
+    "pipeline": {
+        "errors",
+        "policy",
+        "plan",
+        "styles",
+        "quant",
+        "resolve",
+        "runtime",
+        "engine",
+        "loading",
+        "families",
+        "vae",
+    },
     "adapters": {"errors", "policy", "plan", "styles", "quant", "resolve", "runtime", "engine", "families"},
     "families": {"errors"},
+    "vae": {"errors", "policy"},
     "analysis": {"errors", "policy", "plan", "styles", "quant", "resolve", "runtime", "engine", "families"},
     "fit": {
         "errors",
@@ -54,6 +67,7 @@ ALLOWED = {
         "parallelize",
         "families",
         "analysis",
+        "vae",
     },
     "tools": {
         "errors",
@@ -71,6 +85,7 @@ ALLOWED = {
         "families",
         "analysis",
         "fit",
+        "vae",
     },
 }
 FACADE = {"__init__", "__main__"}  # the package facade exports everything; `python -m dtp` runs the CLI

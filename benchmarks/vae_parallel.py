@@ -1,0 +1,127 @@
+"""Parallel VAE: per-rank activation peak and decode time of AutoencoderKL at its released widths.
+
+FLUX.1's VAE configuration (block widths 128/256/512/512, 2 layers per block, 16 latent channels,
+32 groups), random weights, fp32, real tensors, one decode of a 512 x 512 image (64 x 64 latent)
+on N gloo processes (one thread each) with `dtp.parallelize_vae`, N = 1 the whole decode:
+
+- activation peak: torch's MemTracker (`torch.distributed._tools.mem_tracker`) over the decode,
+  peak of every tracked storage minus the VAE's parameters and buffers (the latent input counted);
+- time: wall time of the decode (best of `--repeats`), each process with one thread;
+- cpu s: CPU time of the decode in the process (on a shared, loaded machine wall time also waits for cores);
+- max |parallel - whole| / max |whole| against the whole fp32 decode, and both against the whole
+  decode in fp64 (`--fp64`): the fp32 noise floor a different summation order lands in.
+
+    python benchmarks/vae_parallel.py [--size 512] [--ranks 1 2 4] [--repeats 1] [--fp64]
+
+Writes benchmarks/results/vae_parallel.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from dtp.testing.launch import spawn
+from dtp.vae import parallelize_vae
+
+RESULT = Path(__file__).resolve().parent / "results" / "vae_parallel.md"
+FLUX_VAE = dict(
+    in_channels=3,
+    out_channels=3,
+    down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4,
+    block_out_channels=(128, 256, 512, 512),
+    layers_per_block=2,
+    latent_channels=16,
+    norm_num_groups=32,
+    use_quant_conv=False,
+    use_post_quant_conv=False,
+)
+
+
+def _vae():
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    return AutoencoderKL(**FLUX_VAE).eval()
+
+
+@torch.no_grad()
+def _decode_peak(vae, z) -> tuple[int, torch.Tensor]:
+    """Activation peak bytes of one decode (MemTracker peak minus parameters and buffers), and the image."""
+    tracker = MemTracker()
+    tracker.track_external(vae, z)
+    with tracker:
+        image = vae.decode(z).sample
+    peak = tracker.get_tracker_snapshot("peak")[z.device]
+    return peak["Total"] - peak.get("Parameter", 0) - peak.get("Buffer", 0), image
+
+
+@torch.no_grad()
+def _rank(rank: int, world: int, size: int, repeats: int, fp64: bool) -> dict:
+    import torch.distributed as dist
+
+    vae = _vae()
+    z = torch.randn(1, 16, size // 8, size // 8, generator=torch.Generator().manual_seed(1))
+    if world > 1:
+        parallelize_vae(vae, dist.group.WORLD)
+    times, cpu = [], []
+    for _ in range(repeats):
+        dist.barrier()
+        start, start_cpu = time.perf_counter(), time.process_time()
+        vae.decode(z)
+        times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    peak, image = _decode_peak(vae, z)
+    exact = vae.double().decode(z.double()).sample if fp64 and world == 1 else None
+    return dict(peak=peak, seconds=min(times), cpu=min(cpu), image=image if rank == 0 else None, fp64=exact)
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> str:
+    return f"{float((out.double() - ref.double()).abs().max() / ref.double().abs().max()):.1e}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=512)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--fp64", action="store_true", help="also decode whole in fp64 (the noise floor)")
+    args = parser.parse_args()
+    runs = {n: spawn(_rank, n, args.size, args.repeats, args.fp64, timeout_s=7200) for n in args.ranks}
+    whole = runs[1][0] if 1 in runs else None
+    rows = [
+        "| N | activation peak per rank (MB, max over ranks) | x whole | decode s (max over ranks) | x whole "
+        "| cpu s (max over ranks) | x whole | rel diff vs whole fp32 | rel diff vs whole fp64 |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for n, results in runs.items():
+        peak = max(r["peak"] for r in results)
+        seconds = max(r["seconds"] for r in results)
+        ratio_peak = f"{peak / whole['peak']:.3f}" if whole else "-"
+        ratio_time = f"{seconds / whole['seconds']:.3f}" if whole else "-"
+        cpu = max(r["cpu"] for r in results)
+        ratio_cpu = f"{cpu / whole['cpu']:.3f}" if whole else "-"
+        diff = _rel(results[0]["image"], whole["image"]) if whole else "-"
+        floor = _rel(results[0]["image"], whole["fp64"]) if whole and whole["fp64"] is not None else "-"
+        rows.append(
+            f"| {n} | {peak / 1e6:.1f} | {ratio_peak} | {seconds:.2f} | {ratio_time} | {cpu:.2f} | {ratio_cpu} "
+            f"| {diff} | {floor} |"
+        )
+    header = (
+        f"# Parallel VAE: AutoencoderKL (FLUX.1 widths), {args.size} x {args.size} decode, fp32, CPU/gloo, "
+        f"1 thread per process\n\nCommand: `python benchmarks/vae_parallel.py --size {args.size} "
+        f"--ranks {' '.join(map(str, args.ranks))} --repeats {args.repeats}{' --fp64' if args.fp64 else ''}`\n"
+    )
+    text = header + "\n" + "\n".join(rows) + "\n"
+    print(text)
+    RESULT.parent.mkdir(exist_ok=True)
+    RESULT.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Convolutions on row strips: each rank computes exactly its own output rows of the untiled convolution.
+
+y = conv(pad(x)) along the height: rank r's output rows [o0, o1) read the input rows
+[o0 * s - pad_top, (o1 - 1) * s + d * (k - 1) + 1 - pad_top) (`strips.conv_rows`). The rows it lacks come
+from its neighbours (`halo.neighbour_rows`); rows outside the image are the conv's zero padding, added
+only at the image's top (rank 0) and bottom (last rank). The width is untouched: padded as the conv would.
+So no seams, no overlap blending: the strips are the same rows the one-process conv computes.
+
+Two ways to compute it, same result:
+- `same` convs (stride 1, output height = input height, e.g. every 3x3 conv with padding 1): the
+  strip is convolved as is with the conv's own zero padding, then the p rows at each inner strip
+  edge, which saw zeros instead of the neighbour's rows, are recomputed from [halo | 2p own rows] and
+  written in place. Peak memory: input + output, as the untiled conv (no padded copy of the strip).
+- anything else (stride 2 downsampling, asymmetric padding): the strip with its halo and zero rows
+  concatenated, then convolved without height padding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .halo import halo_counts, neighbour_rows
+from .split import Split
+from .strips import conv_rows
+
+
+def conv2d_rows(x: torch.Tensor, conv: nn.Conv2d, split: Split, *, row_pad=None, width_pad=None) -> torch.Tensor:
+    """`conv(x)` for a (B, C, h, W) strip: this rank's output rows of the untiled convolution.
+
+    row_pad / width_pad: (before, after) zero padding of the untiled conv when it is not the conv's
+    own symmetric `padding` (AutoencoderKL's Downsample2D pads (0, 1) on both axes, then convolves with padding 0).
+    """
+    pad_h, pad_w = conv.padding
+    row_pad = row_pad or (pad_h, pad_h)
+    width_pad = width_pad or (pad_w, pad_w)
+    kernel, stride, dilation = conv.kernel_size[0], conv.stride[0], conv.dilation[0]
+    in_bounds = split.bounds(x.shape[2])
+    rows = [
+        conv_rows(
+            in_bounds, q, kernel=kernel, stride=stride, dilation=dilation, pad_top=row_pad[0], pad_bottom=row_pad[1]
+        )
+        for q in range(split.world)
+    ]
+    needs = [halo_counts(r) for r in rows]
+    above, below = neighbour_rows(x, 2, needs, split.group, split.rank)
+    same = stride == 1 and row_pad == (pad_h, pad_h) and dilation * (kernel - 1) == 2 * pad_h
+    if same and width_pad == (pad_w, pad_w) and x.shape[2] >= 2 * pad_h:
+        return _same_conv(x, conv, above, below)
+    mine = rows[split.rank]
+    # A negative halo: the window starts (ends) inside this rank's own strip; drop those rows.
+    start, stop = max(0, -mine.top), x.shape[2] - max(0, -mine.bottom)
+    x = x.narrow(2, start, stop - start)
+    top = _zeros_then(above, max(0, mine.top), x)
+    bottom = _then_zeros(below, max(0, mine.bottom), x)
+    x = torch.cat([t for t in (top, x, bottom) if t is not None], dim=2)
+    x = F.pad(x, (*width_pad, 0, 0))
+    return F.conv2d(x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+
+
+def _same_conv(x: torch.Tensor, conv: nn.Conv2d, above, below) -> torch.Tensor:
+    """A stride-1 'same' conv on a strip: zero-padded conv of the strip, inner edges recomputed in place.
+
+    Output row o reads input rows [o - p, o + p]; rows [0, p) of the strip's output therefore need
+    the p rows above it: recomputed from [above | x[:2p]] (3p rows in, p rows out), and likewise at the
+    bottom from [x[-2p:] | below].
+    """
+    p = conv.padding[0]
+    out = F.conv2d(x, conv.weight, conv.bias, 1, conv.padding, conv.dilation, conv.groups)
+    if p == 0:
+        return out
+    if above is not None:
+        edge = torch.cat([_zeros_then(above, p, x), x[:, :, : 2 * p]], dim=2)
+        out[:, :, :p] = _valid_rows(edge, conv)
+    if below is not None:
+        edge = torch.cat([x[:, :, -2 * p :], _then_zeros(below, p, x)], dim=2)
+        out[:, :, -p:] = _valid_rows(edge, conv)
+    return out
+
+
+def _valid_rows(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
+    """The conv with no height padding (its own width padding)."""
+    return F.conv2d(x, conv.weight, conv.bias, conv.stride, (0, conv.padding[1]), conv.dilation, conv.groups)
+
+
+def _zeros_then(rows, wanted: int, like: torch.Tensor):
+    """`wanted` rows ending with the received `rows`: what a neighbour did not send is outside the image (zeros)."""
+    got = 0 if rows is None else rows.shape[2]
+    if wanted == got:
+        return rows
+    zeros = like.new_zeros(like.shape[0], like.shape[1], wanted - got, like.shape[3])
+    return zeros if rows is None else torch.cat([zeros, rows], dim=2)
+
+
+def _then_zeros(rows, wanted: int, like: torch.Tensor):
+    """`wanted` rows starting with the received `rows`, zeros after (the image's bottom padding)."""
+    got = 0 if rows is None else rows.shape[2]
+    if wanted == got:
+        return rows
+    zeros = like.new_zeros(like.shape[0], like.shape[1], wanted - got, like.shape[3])
+    return zeros if rows is None else torch.cat([rows, zeros], dim=2)

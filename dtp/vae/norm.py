@@ -1,0 +1,53 @@
+"""GroupNorm over row strips with the statistics of the whole image, never of one strip.
+
+GroupNorm normalizes each (sample, group) over its channels and *all* positions. Each rank has
+n_r positions of it with mean m_r and variance v_r (`torch.var_mean`, biased); one all_gather of
+(n_r, m_r, v_r) and Chan's parallel combination give the untiled statistics:
+
+    n = sum n_r,   m = sum n_r m_r / n,   v = sum n_r (v_r + (m_r - m)^2) / n
+
+(no E[x^2] - E[x]^2 cancellation). Then y = (x - m) / sqrt(v + eps) * weight + bias per channel.
+Statistics are computed in fp32 whatever the activation dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .split import Split
+
+
+def local_stats(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """(3, B, G): count, mean and biased variance of each (sample, group) over this rank's positions."""
+    grouped = x.reshape(x.shape[0], groups, -1).float()
+    var, mean = torch.var_mean(grouped, dim=-1, unbiased=False)
+    return torch.stack([torch.full_like(mean, grouped.shape[-1]), mean, var])
+
+
+def combine(stats: torch.Tensor, split: Split) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole image's (mean, variance) per (sample, group) from every rank's `local_stats`."""
+    parts = [torch.empty_like(stats) for _ in range(split.world)]
+    dist.all_gather(parts, stats.contiguous(), group=split.group)
+    count, mean, var = torch.stack(parts).unbind(1)  # each (world, B, G)
+    total = count.sum(0)
+    global_mean = (count * mean).sum(0) / total
+    global_var = (count * (var + (mean - global_mean) ** 2)).sum(0) / total
+    return global_mean, global_var
+
+
+def group_norm_rows(x: torch.Tensor, norm: nn.GroupNorm, split: Split) -> torch.Tensor:
+    """`norm(x)` for a strip (B, C, *positions) of any rank: global statistics, this rank's positions.
+
+    Applied as torch's own kernel does: y = x * scale + shift per (sample, channel), with
+    scale = weight / sqrt(v + eps) and shift = bias - m * scale (one output tensor, no temporaries).
+    """
+    batch, channels, groups = x.shape[0], x.shape[1], norm.num_groups
+    mean, var = combine(local_stats(x, groups), split)
+    rstd = torch.rsqrt(var + norm.eps).repeat_interleave(channels // groups, dim=1)  # (B, C)
+    mean = mean.repeat_interleave(channels // groups, dim=1)
+    scale = rstd * norm.weight.float() if norm.affine else rstd
+    shift = -scale * mean + (norm.bias.float() if norm.affine else 0.0)
+    shape = (batch, channels) + (1,) * (x.dim() - 2)
+    return torch.addcmul(shift.reshape(shape), x.float(), scale.reshape(shape)).to(x.dtype)

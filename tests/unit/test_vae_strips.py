@@ -1,0 +1,86 @@
+"""Row-strip math of the parallel VAE (dtp/vae/strips.py); parallelize_vae checks that run before it mutates."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import dtp
+from dtp.testing.tiny_vae import tiny_vae
+from dtp.vae import parallelize_vae
+from dtp.vae.strips import bounds, conv_rows, scaled_bounds, split_rows
+
+
+@given(st.integers(1, 300), st.integers(1, 16))
+def test_split_rows_is_even_and_complete(total, parts):
+    assume(total >= parts)
+    counts = split_rows(total, parts)
+    assert sum(counts) == total and len(counts) == parts
+    assert max(counts) - min(counts) <= 1 and min(counts) >= 1
+
+
+def test_split_rows_example():
+    assert split_rows(13, 4) == (4, 3, 3, 3)
+    assert bounds((4, 3, 3, 3)) == (0, 4, 7, 10, 13)
+    assert scaled_bounds((4, 3, 3, 3), 2, 24) == (0, 32, 56, 80, 104)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 12),
+    st.integers(1, 5),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from(
+        [(1, 1, 1, 0, 0), (3, 1, 1, 1, 1), (3, 2, 1, 0, 1), (5, 1, 2, 4, 4), (4, 2, 1, 1, 1), (3, 1, 1, 2, 0)]
+    ),
+)
+def test_strips_compute_the_untiled_conv_rows(latent, world, factor, conv):
+    """Every rank's window of the padded input, convolved alone, gives exactly its rows of the whole conv;
+    the ranks' rows tile the output. Independent of the formula: a real conv1d over a random signal."""
+    assume(latent >= world)
+    kernel, stride, dilation, pad_top, pad_bottom = conv
+    assume(factor % stride == 0 and (factor // stride) * latent * stride == factor * latent)
+    in_bounds = scaled_bounds(split_rows(latent, world), 0, split_rows(latent, world)[0] * factor)
+    signal = torch.randn(1, 1, in_bounds[-1], dtype=torch.float64)
+    weight = torch.randn(1, 1, kernel, dtype=torch.float64)
+    padded = F.pad(signal, (pad_top, pad_bottom))
+    whole = F.conv1d(padded, weight, stride=stride, dilation=dilation)
+    pieces = []
+    for rank in range(world):
+        rows = conv_rows(
+            in_bounds, rank, kernel=kernel, stride=stride, dilation=dilation, pad_top=pad_top, pad_bottom=pad_bottom
+        )
+        first = in_bounds[rank] - rows.top + pad_top  # in padded coordinates
+        last = in_bounds[rank + 1] + rows.bottom + pad_top
+        assert rows.zeros_top == max(0, pad_top - first) and rows.zeros_bottom == max(0, last - pad_top - in_bounds[-1])
+        piece = F.conv1d(padded[..., first:last], weight, stride=stride, dilation=dilation)
+        assert piece.shape[-1] == rows.out[1] - rows.out[0]
+        torch.testing.assert_close(piece, whole[..., rows.out[0] : rows.out[1]], rtol=0, atol=0)
+        pieces.append(piece)
+    assert torch.equal(torch.cat(pieces, -1), whole)
+
+
+def test_unknown_vae_class_is_refused_untouched():
+    """An unsupported class: PlanError naming it, before anything changes."""
+    vae = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3, padding=1))
+    with pytest.raises(dtp.PlanError, match="Sequential is not supported"):
+        parallelize_vae(vae, object())
+    assert "forward" not in vae[0].__dict__
+
+
+def test_unknown_layer_is_refused_untouched():
+    """An AutoencoderKL with a layer the split has no rule for (a reflect-padded conv): PlanError naming
+    the layer, and no forward replaced anywhere."""
+    vae = tiny_vae("AutoencoderKL")
+    vae.decoder.conv_out.padding_mode = "reflect"
+    before = copy.deepcopy(vae.state_dict())
+    with pytest.raises(dtp.PlanError, match="decoder.conv_out pads"):
+        parallelize_vae(vae, object())
+    assert not any("forward" in m.__dict__ for m in vae.modules())
+    assert getattr(vae, "_dtp_vae", None) is None
+    assert all(torch.equal(before[k], v) for k, v in vae.state_dict().items())
