@@ -15,6 +15,23 @@ import torch.distributed as dist
 from ...errors import ForwardError
 
 
+def per_key_mask(attn_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A 4-D SDPA mask `[B|1, H|1, S_q|1, S_k]` that is the same for every head and query, as `[B|1, 1, 1, S_k]`.
+
+    torch SDPA processors often expand a per-key mask over heads and queries; CP needs only its key row.
+    A mask that really varies per head or query (causal, block-diagonal) is refused.
+    """
+    if attn_mask is None or attn_mask.ndim != 4 or (attn_mask.shape[1] == 1 and attn_mask.shape[2] == 1):
+        return attn_mask
+    first = attn_mask[:, :1, :1]
+    if not bool((attn_mask == first).all()):
+        raise ForwardError(
+            f"context-parallel attention supports per-key masks only; this {tuple(attn_mask.shape)} mask differs "
+            f"between heads or queries."
+        )
+    return first
+
+
 def key_mask(attn_mask: torch.Tensor | None, batch: int, keys: int) -> torch.Tensor | None:
     """The mask as `[B, S_k]` (bool or float), or None."""
     if attn_mask is None:
