@@ -16,6 +16,8 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
         proj_out: {dim: 1, expected_dims: 3}
       local: [blocks.*.attn2]                  # optional: attention whose keys stay whole on every rank
 
+`cp: {refused: "why"}` instead says the model cannot take CP; any cp > 1 is then a PlanError quoting it.
+
 `local` names attention modules whose keys and values are NOT split (cross-attention from the local
 image/video chunk to the whole text): each query chunk attends over every key already, so they run
 unchanged. Every other attention module is routed through CP attention (Ulysses or ring).
@@ -75,6 +77,7 @@ class CpPlan:
     splits: tuple[SplitRule, ...]
     gathers: tuple[GatherRule, ...]
     local_attention: tuple[str, ...] = ()  # attention globs whose keys are whole on every rank
+    refused: str | None = None  # `cp: {refused: why}`: this model cannot take CP; cp > 1 is a PlanError saying why
 
 
 _DIFFUSERS_INPUT = "ContextParallelInput"
@@ -85,6 +88,10 @@ def cp_plan_from_mapping(data, name: str) -> CpPlan:
     """Parse a dtp `cp` mapping (`{split: ..., gather: ...}`) or a diffusers `_cp_plan` dict."""
     if not isinstance(data, dict) or not data:
         raise PlanError(f"plan {name}: `cp` must be a non-empty mapping, got {data!r}.")
+    if set(data) == {"refused"}:
+        if not isinstance(data["refused"], str) or not data["refused"].strip():
+            raise PlanError(f"plan {name}: cp.refused must say why the model cannot take CP, got {data['refused']!r}.")
+        return CpPlan(splits=(), gathers=(), refused=data["refused"].strip())
     if set(data) <= {"split", "gather", "local"} and all(
         isinstance(data.get(k, {}), dict) for k in ("split", "gather")
     ):

@@ -80,6 +80,11 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
             f"plan {plan.name}: the mesh has a cp axis > 1 but the plan has no `cp` section saying which inputs "
             f"to split along the sequence; add one (see dtp/plan/cp.py) or build the mesh with cp=1."
         )
+    if plan.cp.refused is not None:
+        raise PlanError(
+            f"plan {plan.name}: {type(model).__name__} cannot take context parallelism: {plan.cp.refused} "
+            f"Use cp=1 (tensor parallelism only)."
+        )
     splits = []
     for rule in plan.cp.splits:
         for path, module in _expand(model, rule.key, plan.name):

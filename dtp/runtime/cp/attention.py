@@ -29,7 +29,8 @@ from torch import nn
 
 from ...errors import ForwardError
 from ...resolve.cp import DISPATCH_NAME, processor_module
-from .masks import key_mask
+from .adapters import install_adapter
+from .masks import split_mask
 from .ring import ring_attention
 from .sdpa import SdpaRoute
 from .ulysses import ulysses_attention
@@ -52,14 +53,16 @@ class CpAttention:
             )
         if args.get("parallel_config") is not None:
             raise ForwardError("this model also has a diffusers parallel_config; use either dtp CP or diffusers CP.")
-        mask = key_mask(args.get("attn_mask"), query.shape[0], key.shape[1])
+        mask, blind_rows = split_mask(args.get("attn_mask"), query.shape[0], key.shape[1])
         if self.mode == "ring":
-            return ring_attention(query, key, value, mask, group=self.group, scale=args.get("scale"))
+            out = ring_attention(query, key, value, mask, group=self.group, scale=args.get("scale"))
+        else:
 
-        def attend(q, k, v, attn_mask):
-            return original(q, k, v, attn_mask=attn_mask, scale=args.get("scale"), backend=args.get("backend"))
+            def attend(q, k, v, attn_mask):
+                return original(q, k, v, attn_mask=attn_mask, scale=args.get("scale"), backend=args.get("backend"))
 
-        return ulysses_attention(query, key, value, mask, group=self.group, attend=attend)
+            out = ulysses_attention(query, key, value, mask, group=self.group, attend=attend)
+        return out if blind_rows is None else out.masked_fill(blind_rows[:, :, None, None], 0.0)
 
 
 def patch_dispatch(module) -> None:
@@ -136,11 +139,12 @@ def install_attention(path: str, attn: nn.Module, attention) -> list:
     `attention(original, args)` is called instead of `dispatch_attention_fn(**args)` while `attn`
     runs (`CpAttention` in production; anything with that signature, e.g. a recorder in tests).
     """
+    handles = install_adapter(attn)
     module = processor_module(attn)
     if module is not None:
         patch_dispatch(module)
     scope = _Scope(path, attention)
-    return [
+    return handles + [
         attn.register_forward_pre_hook(scope.enter),
         attn.register_forward_hook(scope.exit, always_call=True),
     ]

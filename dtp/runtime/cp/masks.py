@@ -15,21 +15,32 @@ import torch.distributed as dist
 from ...errors import ForwardError
 
 
-def per_key_mask(attn_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """A 4-D SDPA mask `[B|1, H|1, S_q|1, S_k]` that is the same for every head and query, as `[B|1, 1, 1, S_k]`.
+def split_mask(attn_mask: torch.Tensor | None, batch: int, keys: int):
+    """`(key_mask, query_rows)` for CP attention: the mask of each key as `[B, S_k]` (or None), and
+    `[B, S_q]` bool rows whose queries see no key (output 0, as torch's SDPA gives them), or None.
 
-    torch SDPA processors often expand a per-key mask over heads and queries; CP needs only its key row.
-    A mask that really varies per head or query (causal, block-diagonal) is refused.
+    Accepted: `[B, S_k]`, and 4-D `[B|1, H|1, S_q|1, S_k]` masks that are the same for every head and
+    either the same for every query (a per-key mask expanded, as torch SDPA processors do) or a bool
+    outer product `valid_q & valid_k` (Chroma's padded prompt). Anything else (causal,
+    block-diagonal) is refused: CP attention would not reproduce it.
     """
-    if attn_mask is None or attn_mask.ndim != 4 or (attn_mask.shape[1] == 1 and attn_mask.shape[2] == 1):
-        return attn_mask
-    first = attn_mask[:, :1, :1]
-    if not bool((attn_mask == first).all()):
-        raise ForwardError(
-            f"context-parallel attention supports per-key masks only; this {tuple(attn_mask.shape)} mask differs "
-            f"between heads or queries."
-        )
-    return first
+    if attn_mask is None or attn_mask.ndim != 4:
+        return key_mask(attn_mask, batch, keys), None
+    if attn_mask.shape[1] > 1:
+        if not bool((attn_mask == attn_mask[:, :1]).all()):
+            raise ForwardError(f"context-parallel attention: the {tuple(attn_mask.shape)} mask differs between heads.")
+        attn_mask = attn_mask[:, :1]
+    rows = attn_mask[:, 0]  # [B, S_q|1, S_k]
+    if rows.shape[1] == 1 or bool((rows == rows[:, :1]).all()):
+        return key_mask(rows[:, 0], batch, keys), None
+    if rows.dtype == torch.bool:
+        valid_k, valid_q = rows.any(dim=1), rows.any(dim=2)  # [B, S_k], [B, S_q]
+        if bool((rows == (valid_q[:, :, None] & valid_k[:, None, :])).all()):
+            return key_mask(valid_k, batch, keys), ~valid_q
+    raise ForwardError(
+        f"context-parallel attention supports per-key masks (or a bool query x key outer product) only; this "
+        f"{tuple(attn_mask.shape)} mask is neither."
+    )
 
 
 def key_mask(attn_mask: torch.Tensor | None, batch: int, keys: int) -> torch.Tensor | None:

@@ -8,16 +8,14 @@ every SDPA call of that forward goes to the module's CP attention, and every oth
 through untouched. Nothing outside the hooked module's forward is affected, and diffusers is not edited.
 
 Layouts: torch's SDPA takes `[B, H, S, D]`; dtp's CP attention (like `dispatch_attention_fn`) takes
-`[B, S, H, D]`, so q, k, v are transposed in and the output back out. A mask must be per key
-(`[B|1, 1|H, 1|S_q, S_k]`, the same for every head and query); it is reduced to `[B, S_k]`.
+`[B, S, H, D]`, so q, k, v are transposed in and the output back out. The mask goes on as given
+(CP attention reduces it to a per-key mask, `masks.split_mask`).
 """
 
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-
-from .masks import per_key_mask
 
 
 def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -53,5 +51,5 @@ class SdpaRoute(TorchFunctionMode):
             return func(*args, **kwargs)
         given = _sdpa_arguments(*args, **kwargs)
         q, k, v = (given[name].transpose(1, 2) for name in ("query", "key", "value"))
-        routed = {**given, "query": q, "key": k, "value": v, "attn_mask": per_key_mask(given["attn_mask"])}
+        routed = {**given, "query": q, "key": k, "value": v}
         return self.scope.route(sdpa_bshd, routed).transpose(1, 2)
