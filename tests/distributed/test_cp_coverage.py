@@ -6,6 +6,8 @@ video tokens, padded prompts where the model takes a mask) at (cp, tp) in {(2, 2
 (Ulysses: 3 all-to-alls per module call; ring: cp key blocks per module call), whichever way its
 processor calls attention (diffusers' dispatcher, torch SDPA, or a dtp adapter). Negative control:
 CogVideoX with its attention marked `local` (so it attends over local tokens only) must fail parity.
+Also Lumina2 with 4 query / 2 kv heads at tp=4, no pad (kv heads shared by 2 ranks, as transformers
+attention does).
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_mode
 TOL = 1e-5
 MESHES = ((2, 2, "ulysses"), (2, 2, "ring"), (4, 1, "ulysses"), (4, 1, "ring"))  # (cp, tp, mode)
 FIRST_FOUR = {"flux", "flux2", "qwenimage", "zimage"}  # tests/distributed/test_cp_parity.py
-COVERED = sorted(name for name in PLAN_CLASSES if dtp.load_plan(name).cp is not None and name not in FIRST_FOUR)
+COVERED = sorted(
+    name
+    for name in PLAN_CLASSES
+    if dtp.load_plan(name).cp is not None and dtp.load_plan(name).cp.refused is None and name not in FIRST_FOUR
+)
 
 
 def _inputs(name: str) -> dict:
@@ -85,6 +91,12 @@ def _all_plans(rank: int, world: int) -> dict:
         results[name, "modules"] = _attention_modules(name)
         for cp, tp, mode in MESHES:
             results[name, cp, tp, mode] = _run(tiny_model(cls), dtp.make_mesh(tp=tp, cp=cp), mode, inputs, ref)
+    # Lumina2 with 4 query / 2 kv heads at tp=4 (no pad): each kv head shared by 2 ranks (kv_share.py).
+    cls, gqa = PLAN_CLASSES["lumina2"], dict(num_attention_heads=4, num_kv_heads=2, axes_dim_rope=(4, 4, 8))
+    inputs = _inputs("lumina2")
+    with torch.no_grad():
+        ref = output_tensor(tiny_model(cls, **gqa)(**inputs)).float()
+    results["lumina2_gqa"] = _run(tiny_model(cls, **gqa), dtp.make_mesh(tp=4, cp=1), "ulysses", inputs, ref)
     # Negative control: every CogVideoX attention marked `local` attends over this rank's tokens only.
     plan = dtp.load_plan("cogvideox")
     plan = dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, local_attention=("transformer_blocks.*.attn1",)))
@@ -126,3 +138,10 @@ def test_local_attention_over_split_keys_fails_parity(four):
         r = results["negative"]
         assert r["a2a"] == 0 and r["blocks"] == 0
         assert r["rel"] > 1e-2, r
+
+
+def test_lumina2_gqa_kv_heads_shared_at_tp4(four):
+    """Lumina2 tiny, 4 query / 2 kv heads, tp=4 without pad: max |out - ref| <= 1e-5 * max |ref|."""
+    for results in four:
+        r = results["lumina2_gqa"]
+        assert r["shape_ok"] and r["rel"] <= TOL, r
