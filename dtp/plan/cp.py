@@ -14,6 +14,13 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
           0: {dim: 0, expected_dims: 2, output: true}   # int key: element 0 of the module's OUTPUT
       gather:                                  # module path -> its output is all-gathered on `cp`
         proj_out: {dim: 1, expected_dims: 3}
+      local: [blocks.*.attn2]                  # optional: attention whose keys stay whole on every rank
+
+`cp: {refused: "why"}` instead says the model cannot take CP; any cp > 1 is then a PlanError quoting it.
+
+`local` names attention modules whose keys and values are NOT split (cross-attention from the local
+image/video chunk to the whole text): each query chunk attends over every key already, so they run
+unchanged. Every other attention module is routed through CP attention (Ulysses or ring).
 
 Rank r of `cp` keeps elements `[r * n / cp, (r + 1) * n / cp)` of a length-`n` dim, so a gather
 concatenating the chunks in rank order restores the original order. A diffusers `_cp_plan`
@@ -39,6 +46,11 @@ class SplitRule:
     expected_dims: if set, the tensor's ndim must equal it (catches a plan written for another layout).
     output: split the module's output (`name` is then an output index, or 0 for a bare tensor)
         instead of its input; for outputs computed from the whole sequence, such as RoPE tables.
+    segments: for a joint tensor (a [video | text] attention mask) whose `dim` concatenates the
+        sequences of these other inputs of the same module, in this order: each segment is cut on its
+        own, so the result lines up with the rank's [video_r | text_r] tokens. Segment lengths are
+        cp x the (local) lengths of the named inputs along dim 1. Example: mask [B, 1, 1, 24 + 8],
+        cp = 2, rank 1 -> mask[..., 12:24] ++ mask[..., 28:32].
     """
 
     key: str
@@ -46,6 +58,7 @@ class SplitRule:
     dim: int
     expected_dims: int | None = None
     output: bool = False
+    segments: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,8 @@ class CpPlan:
 
     splits: tuple[SplitRule, ...]
     gathers: tuple[GatherRule, ...]
+    local_attention: tuple[str, ...] = ()  # attention globs whose keys are whole on every rank
+    refused: str | None = None  # `cp: {refused: why}`: this model cannot take CP; cp > 1 is a PlanError saying why
 
 
 _DIFFUSERS_INPUT = "ContextParallelInput"
@@ -73,7 +88,13 @@ def cp_plan_from_mapping(data, name: str) -> CpPlan:
     """Parse a dtp `cp` mapping (`{split: ..., gather: ...}`) or a diffusers `_cp_plan` dict."""
     if not isinstance(data, dict) or not data:
         raise PlanError(f"plan {name}: `cp` must be a non-empty mapping, got {data!r}.")
-    if set(data) <= {"split", "gather"} and all(isinstance(v, dict) for v in data.values()):
+    if set(data) == {"refused"}:
+        if not isinstance(data["refused"], str) or not data["refused"].strip():
+            raise PlanError(f"plan {name}: cp.refused must say why the model cannot take CP, got {data['refused']!r}.")
+        return CpPlan(splits=(), gathers=(), refused=data["refused"].strip())
+    if set(data) <= {"split", "gather", "local"} and all(
+        isinstance(data.get(k, {}), dict) for k in ("split", "gather")
+    ):
         return _from_dtp(data, name)
     return _from_diffusers(data, name)
 
@@ -86,19 +107,34 @@ def _from_dtp(data: dict, name: str) -> CpPlan:
         for tensor, spec in entries.items():
             splits.append(_split_rule(key, tensor, spec, name))
     gathers = [_gather_rule(key, spec, name) for key, spec in data.get("gather", {}).items()]
-    return _checked(CpPlan(splits=tuple(splits), gathers=tuple(gathers)), name)
+    local = _local_attention(data.get("local", []), name)
+    return _checked(CpPlan(splits=tuple(splits), gathers=tuple(gathers), local_attention=local), name)
+
+
+def _local_attention(keys, name: str) -> tuple[str, ...]:
+    if not isinstance(keys, list) or not all(isinstance(key, str) and key for key in keys):
+        raise PlanError(f"plan {name}: cp.local must be a list of attention module paths, got {keys!r}.")
+    for key in keys:
+        _check_key(key, name)
+    return tuple(keys)
 
 
 def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     where = f"plan {name}: cp.split['{key}']['{tensor}']"
     _check_key(key, name)
-    if not isinstance(spec, dict) or "dim" not in spec or set(spec) - {"dim", "expected_dims", "output"}:
-        raise PlanError(f"{where}: expected {{dim: int, expected_dims: int?, output: bool?}}, got {spec!r}.")
+    if not isinstance(spec, dict) or "dim" not in spec or set(spec) - {"dim", "expected_dims", "output", "segments"}:
+        raise PlanError(
+            f"{where}: expected {{dim: int, expected_dims: int?, output: bool?, segments: [str]?}}, got {spec!r}."
+        )
     output = spec.get("output", False)
     if not isinstance(output, bool):
         raise PlanError(f"{where}: `output` must be true or false, got {output!r}.")
     _check_tensor_key(tensor, output, where)
-    return SplitRule(key, tensor, _int(spec["dim"], where, "dim"), _opt_int(spec.get("expected_dims"), where), output)
+    segments = spec.get("segments", [])
+    if not isinstance(segments, list) or not all(isinstance(n, str) for n in segments) or (segments and output):
+        raise PlanError(f"{where}: `segments` must be a list of input names of the same module, got {segments!r}.")
+    dim, expected = _int(spec["dim"], where, "dim"), _opt_int(spec.get("expected_dims"), where)
+    return SplitRule(key, tensor, dim, expected, output, tuple(segments))
 
 
 def _gather_rule(key, spec, name: str) -> GatherRule:

@@ -1,9 +1,10 @@
 """Bind a plan's `cp` section to a model and check it together with the TP degree. Mutates nothing.
 
 Checked before anything is hooked: every `cp` key addresses modules; split inputs are forward()
-parameters of those modules; every attention module's processor can be plugged (it calls
-`dispatch_attention_fn`); and, for Ulysses, every attention module's per-rank head count is
-divisible by cp: `(heads / tp) % cp == 0` for modules that TP shards, `heads % cp == 0` otherwise.
+parameters of those modules; every attention module not listed as `local` can be plugged (its
+processor calls `dispatch_attention_fn` or `F.scaled_dot_product_attention`, see `attention_routes`);
+and, for Ulysses, every attention module's per-rank head count is divisible by cp:
+`(heads / tp) % cp == 0` for modules that TP shards, `heads % cp == 0` otherwise.
 Sequence lengths are only known at call time: a length cp does not divide is refused then, with
 the length and the degree in the message (see `runtime/cp/sequence.py`).
 """
@@ -23,8 +24,10 @@ from .globs import expand
 from .resolved import Resolved
 
 # diffusers processors compute attention through this name imported into their own module; CP
-# replaces it there (runtime/cp/attention.py). A processor module without it cannot be plugged.
+# replaces it there (runtime/cp/attention.py). Processors that call torch's SDPA directly are routed
+# by a TorchFunctionMode scoped to the module's forward (runtime/cp/sdpa.py).
 DISPATCH_NAME = "dispatch_attention_fn"
+SDPA_NAME = "scaled_dot_product_attention"
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,11 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
             f"plan {plan.name}: the mesh has a cp axis > 1 but the plan has no `cp` section saying which inputs "
             f"to split along the sequence; add one (see dtp/plan/cp.py) or build the mesh with cp=1."
         )
+    if plan.cp.refused is not None:
+        raise PlanError(
+            f"plan {plan.name}: {type(model).__name__} cannot take context parallelism: {plan.cp.refused} "
+            f"Use cp=1 (tensor parallelism only)."
+        )
     splits = []
     for rule in plan.cp.splits:
         for path, module in _expand(model, rule.key, plan.name):
@@ -85,8 +93,11 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     _check_unique(plan.name, splits)
     gathers = [(path, rule) for rule in plan.cp.gathers for path, _ in _expand(model, rule.key, plan.name)]
     tp_paths = {spec.path for spec in resolved.attention}
+    local = {path for key in plan.cp.local_attention for path, _ in _expand(model, key, plan.name)}
     attention = tuple(
-        CpAttentionSpec(path, module.heads, path in tp_paths) for path, module in _attention_modules(plan.name, model)
+        CpAttentionSpec(path, module.heads, path in tp_paths)
+        for path, module in _attention_modules(plan.name, model)
+        if path not in local
     )
     return CpResolved(plan.name, tuple(splits), tuple(gathers), attention)
 
@@ -100,11 +111,12 @@ def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module) 
     if rule.output:
         return
     params = inspect.signature(module.forward).parameters
-    if rule.name not in params:
-        raise PlanError(
-            f"plan {plan_name}, cp key '{rule.key}': '{path or '<model>'}' ({type(module).__name__}) has no forward() "
-            f"parameter '{rule.name}'; parameters: {', '.join(params)}."
-        )
+    for name in (rule.name, *rule.segments):
+        if name not in params:
+            raise PlanError(
+                f"plan {plan_name}, cp key '{rule.key}': '{path or '<model>'}' ({type(module).__name__}) has no "
+                f"forward() parameter '{name}'; parameters: {', '.join(params)}."
+            )
 
 
 def _check_unique(plan_name: str, splits) -> None:
@@ -125,11 +137,11 @@ def _attention_modules(plan_name: str, model: nn.Module) -> list[tuple[str, nn.M
     for path, module in model.named_modules():
         if getattr(module, "processor", None) is None:
             continue
-        if processor_module(module) is None:
+        if not attention_routes(module):
             raise PlanError(
-                f"plan {plan_name}: attention '{path}' uses {type(module.processor).__name__}, which does not call "
-                f"dispatch_attention_fn; dtp context parallelism cannot plug into it (its attention would see "
-                f"only local tokens). Set a processor that does, or use cp=1."
+                f"plan {plan_name}: attention '{path}' uses {type(module.processor).__name__}, which calls neither "
+                f"dispatch_attention_fn nor F.scaled_dot_product_attention; dtp context parallelism cannot plug into "
+                f"it (its attention would see only local tokens). Set a processor that does, or use cp=1."
             )
         if not is_int(getattr(module, "heads", None)):
             raise PlanError(f"plan {plan_name}: attention '{path}' has no integer `heads`; cannot check cp.")
@@ -147,3 +159,24 @@ def processor_module(attn: nn.Module):
     processor = getattr(attn, "processor", None)
     module = sys.modules.get(type(processor).__module__) if processor is not None else None
     return module if module is not None and callable(getattr(module, DISPATCH_NAME, None)) else None
+
+
+def attention_routes(attn: nn.Module) -> tuple[str, ...]:
+    """How CP can reach `attn`'s attention: `"dispatch"` and/or `"sdpa"`, from the names its processor's
+    `__call__` uses (nested functions included); empty when it calls neither (e.g. Sana's linear attention)."""
+    processor = getattr(attn, "processor", None)
+    names = _code_names(type(processor).__call__.__code__) if processor is not None else set()
+    routes = []
+    if DISPATCH_NAME in names and processor_module(attn) is not None:
+        routes.append("dispatch")
+    if SDPA_NAME in names:
+        routes.append("sdpa")
+    return tuple(routes)
+
+
+def _code_names(code) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _code_names(const)
+    return names

@@ -10,7 +10,9 @@ kv heads (GQA) are part of the bookkeeping even where the module stores no count
 processor derives `kv_heads = to_k width // (q width // heads)`, and contiguous colwise k/v
 shards hold whole kv heads, grouped with their q heads, only when tp divides the kv head count.
 Lumina2-2B: 24 q / 8 kv heads of 96; `to_k` is 768 wide, which tp = 16 divides (48 per rank),
-but 48 is half a head: the kv constraint (8) refuses it. A width tp divides is not enough.
+but 48 is half a head: contiguous shards cannot serve it. Such modules share kv heads instead when
+tp is a multiple of the kv heads (`kv_share.py`, the rule transformers attention uses): at tp = 16
+each kv head is held whole by 2 ranks (24 q heads still need pad=True there; 4 q / 2 kv at tp = 4 not).
 """
 
 from __future__ import annotations
@@ -57,7 +59,11 @@ class AttentionSpec:
             if attr != GROUPS_ATTR
         ]
         if self.kv_heads is not None:
-            found.append(Constraint(self.kv_heads, f"kv heads (k width / head_dim) of {self.path}", self.key))
+            found.append(
+                Constraint(
+                    self.kv_heads, f"kv heads (k width / head_dim) of {self.path}", self.key, shareable=self.shares_kv
+                )
+            )
         return found
 
     def counts(self) -> tuple[int | None, int | None]:
@@ -78,7 +84,7 @@ class AttentionSpec:
     def local_values(self, tp: int) -> dict[str, int]:
         """Per-rank values: counts and widths / tp; kv counts * replicas / tp; groups = local q / local kv."""
         local = {
-            attr: value * self.kv_replicas // tp if attr in KV_COUNTS else value // tp
+            attr: value * self.kv_replicas // tp if attr in KV_COUNTS + KV_WIDTH_ATTRS else value // tp
             for attr, value in self.values
             if attr != GROUPS_ATTR
         }
@@ -96,7 +102,12 @@ def attention_spec(path: str, module: nn.Module, key: str) -> AttentionSpec | No
     values = tuple(
         (attr, getattr(module, attr)) for attr in HEAD_ATTRS + WIDTH_ATTRS if is_int(getattr(module, attr, None))
     )
-    return AttentionSpec(path=path, key=key, values=values, kv_heads=derived_kv_heads(module))
+    # A processor that derives its kv heads from the widths only (Lumina2: `to_k` width // head_dim, no kv
+    # count attribute) reads the shared layout right too: each rank's k/v hold whole kv heads (kv_share.py,
+    # the rule transformers attention uses). Modules with a kv count attribute keep the stricter rule.
+    kv_heads = derived_kv_heads(module)
+    shares = kv_heads is not None and not any(is_int(getattr(module, a, None)) for a in KV_COUNTS)
+    return AttentionSpec(path=path, key=key, values=values, kv_heads=kv_heads, shares_kv=shares)
 
 
 def derived_kv_heads(module: nn.Module) -> int | None:

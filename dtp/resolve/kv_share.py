@@ -17,9 +17,9 @@ Example: Qwen2.5-VL-7B (Qwen-Image's text encoder), 28 query / 4 kv heads of 128
 each group of 7 pads to 8, so rank 5 holds query heads 18-20 plus one zero head, and kv head 2
 (as rank 4 does); k_proj's 512 rows are read as 4 pieces of 128, each by two ranks.
 
-Only transformers attention modules share kv heads (`AttentionSpec.shares_kv`): their forward reads
-`num_key_value_groups`, which is rewritten. diffusers processors derive kv heads from widths and
-keep the stricter rule (tp divides the kv heads; pad=True pads whole groups instead).
+Modules that share kv heads (`AttentionSpec.shares_kv`): transformers attention (its forward reads
+`num_key_value_groups`, which is rewritten) and diffusers attention whose processor derives kv heads
+from the widths (Lumina2: local k width // head_dim = 1 kv head per rank, n_rep = local q heads).
 """
 
 from __future__ import annotations

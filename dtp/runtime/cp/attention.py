@@ -1,8 +1,11 @@
 """Plugging CP attention into diffusers' processors without editing diffusers.
 
-Every bundled processor (Flux, Flux2, Qwen-Image, Z-Image) computes attention through the name
-`dispatch_attention_fn` imported into its own module (`transformer_flux.dispatch_attention_fn`, ...).
-We replace that module-level name, once per processor module, with a thin dispatcher that reads a
+Two routes, both active only while a CP-enabled attention module runs. (1) Most newer processors
+(Flux, Flux2, Qwen-Image, Z-Image, Wan, LTX, HunyuanVideo, Cosmos, ...) compute attention through the
+name `dispatch_attention_fn` imported into their own module (`transformer_flux.dispatch_attention_fn`,
+...). (2) Processors that call `F.scaled_dot_product_attention` directly are reached by a
+TorchFunctionMode entered for the module's forward (`sdpa.py`). For route (1)
+we replace that module-level name, once per processor module, with a thin dispatcher that reads a
 ContextVar: unset, it calls the original function with the original arguments (so models that were
 never parallelized, in the same process, are untouched); set, it runs Ulysses or ring attention on
 the `cp` group stored in it. The ContextVar is set only while a CP-enabled attention module runs:
@@ -26,8 +29,10 @@ from torch import nn
 
 from ...errors import ForwardError
 from ...resolve.cp import DISPATCH_NAME, processor_module
-from .masks import key_mask
+from .adapters import install_adapter
+from .masks import split_mask
 from .ring import ring_attention
+from .sdpa import SdpaRoute
 from .ulysses import ulysses_attention
 
 _ACTIVE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("dtp_cp_attention", default=None)
@@ -48,14 +53,16 @@ class CpAttention:
             )
         if args.get("parallel_config") is not None:
             raise ForwardError("this model also has a diffusers parallel_config; use either dtp CP or diffusers CP.")
-        mask = key_mask(args.get("attn_mask"), query.shape[0], key.shape[1])
+        mask, blind_rows = split_mask(args.get("attn_mask"), query.shape[0], key.shape[1])
         if self.mode == "ring":
-            return ring_attention(query, key, value, mask, group=self.group, scale=args.get("scale"))
+            out = ring_attention(query, key, value, mask, group=self.group, scale=args.get("scale"))
+        else:
 
-        def attend(q, k, v, attn_mask):
-            return original(q, k, v, attn_mask=attn_mask, scale=args.get("scale"), backend=args.get("backend"))
+            def attend(q, k, v, attn_mask):
+                return original(q, k, v, attn_mask=attn_mask, scale=args.get("scale"), backend=args.get("backend"))
 
-        return ulysses_attention(query, key, value, mask, group=self.group, attend=attend)
+            out = ulysses_attention(query, key, value, mask, group=self.group, attend=attend)
+        return out if blind_rows is None else out.masked_fill(blind_rows[:, :, None, None], 0.0)
 
 
 def patch_dispatch(module) -> None:
@@ -71,8 +78,7 @@ def patch_dispatch(module) -> None:
             return original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        scope.calls += 1
-        return scope.attention(original, dict(bound.arguments))
+        return scope.route(original, dict(bound.arguments))
 
     dispatch._dtp_cp_original = original
     dispatch.__doc__ = original.__doc__
@@ -82,26 +88,41 @@ def patch_dispatch(module) -> None:
 class _Scope:
     """Forward hooks that make `attention` the active CP attention while one module runs.
 
-    A module that finishes without calling the dispatcher (a processor that calls SDPA directly)
-    attended over its local tokens only, a silently wrong result: that is a ForwardError.
+    A module that finishes without calling the dispatcher or SDPA (e.g. a processor with its own
+    attention math) attended over its local tokens only, a silently wrong result: that is a ForwardError.
     """
 
     def __init__(self, path: str, attention):
         self.path, self.attention = path, attention
         self.calls = 0
+        self.busy = False  # CP attention is running: SDPA calls it makes on whole sequences pass through
         self.tokens = []  # a stack: tolerate re-entrant calls
+        self.modes = []
+
+    def route(self, original, args: dict):
+        """Run CP attention for one attention call (from either route)."""
+        self.calls += 1
+        self.busy = True
+        try:
+            return self.attention(original, args)
+        finally:
+            self.busy = False
 
     def enter(self, module, args):
         self.calls = 0
         self.tokens.append(_ACTIVE.set(self))
+        mode = SdpaRoute(self)
+        mode.__enter__()
+        self.modes.append(mode)
 
     def exit(self, module, args, output):
+        self.modes.pop().__exit__(None, None, None)
         _ACTIVE.reset(self.tokens.pop())
         if self.calls == 0 and output is not None:  # output None: the forward raised; keep its error
             raise ForwardError(
                 f"attention '{self.path}' ({type(module.processor).__name__}) ran without calling "
-                f"dispatch_attention_fn, so it attended over this rank's tokens only; use a processor that "
-                f"calls it, or cp=1."
+                f"dispatch_attention_fn or F.scaled_dot_product_attention, so it attended over this rank's "
+                f"tokens only; use a processor that calls one of them, or cp=1."
             )
 
 
@@ -112,14 +133,18 @@ def active_attention():
 
 
 def install_attention(path: str, attn: nn.Module, attention) -> list:
-    """Patch `attn`'s processor module and scope `attention` to `attn`'s forward; returns hook handles.
+    """Patch `attn`'s processor module (if it has the dispatcher) and scope `attention` (both routes) to
+    `attn`'s forward; returns hook handles.
 
     `attention(original, args)` is called instead of `dispatch_attention_fn(**args)` while `attn`
     runs (`CpAttention` in production; anything with that signature, e.g. a recorder in tests).
     """
-    patch_dispatch(processor_module(attn))
+    handles = install_adapter(attn)
+    module = processor_module(attn)
+    if module is not None:
+        patch_dispatch(module)
     scope = _Scope(path, attention)
-    return [
+    return handles + [
         attn.register_forward_pre_hook(scope.enter),
         attn.register_forward_hook(scope.exit, always_call=True),
     ]

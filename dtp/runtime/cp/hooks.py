@@ -25,18 +25,38 @@ class SplitInputs:
 
     def __call__(self, module, args, kwargs):
         bound = self.signature.bind(*args, **kwargs)
-        for rule in self.rules:
+        # Joint tensors last: their segment lengths are read from the other inputs once those are local.
+        for rule in sorted(self.rules, key=lambda r: bool(r.segments)):
             value = bound.arguments.get(rule.name)
             if value is None:
                 continue
-            if not isinstance(value, torch.Tensor):
-                raise ForwardError(
-                    f"cp split of input '{rule.name}' of '{self.path or '<model>'}': got a "
-                    f"{type(value).__name__}, not a tensor."
-                )
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
-            bound.arguments[rule.name] = local_chunk(value, rule.dim, self.rank, self.cp, what, rule.expected_dims)
+            if rule.segments:
+                bound.arguments[rule.name] = self._split_segments(value, rule, bound.arguments, what)
+            else:
+                bound.arguments[rule.name] = self._split(value, rule, what)
         return bound.args, bound.kwargs
+
+    def _split_segments(self, value, rule: SplitRule, arguments: dict, what: str):
+        """Cut each segment of a joint tensor on its own (see `SplitRule.segments`)."""
+        if not isinstance(value, torch.Tensor) or any(arguments.get(n) is None for n in rule.segments):
+            raise ForwardError(f"cp split of {what}: needs a tensor and the inputs {', '.join(rule.segments)}.")
+        lengths = [arguments[n].shape[1] * self.cp for n in rule.segments]
+        if sum(lengths) != value.shape[rule.dim]:
+            raise ForwardError(
+                f"cp split of {what}: dim {rule.dim} has {value.shape[rule.dim]} elements, not the "
+                f"{' + '.join(map(str, lengths))} of its segments {', '.join(rule.segments)}."
+            )
+        pieces = value.split(lengths, dim=rule.dim)
+        return torch.cat([self._split(p, rule, f"{what} segment {n}") for p, n in zip(pieces, rule.segments)], rule.dim)
+
+    def _split(self, value, rule: SplitRule, what: str):
+        """A tensor, or a tuple/list of tensors (RoPE (cos, sin) pairs passed as one argument): each is cut."""
+        if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            return type(value)(self._split(v, rule, f"{what}[{i}]") for i, v in enumerate(value))
+        if not isinstance(value, torch.Tensor):
+            raise ForwardError(f"cp split of {what}: got a {type(value).__name__}, not a tensor (or tuple of them).")
+        return local_chunk(value, rule.dim, self.rank, self.cp, what, rule.expected_dims)
 
 
 class SplitOutputs:

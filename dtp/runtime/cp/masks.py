@@ -15,6 +15,34 @@ import torch.distributed as dist
 from ...errors import ForwardError
 
 
+def split_mask(attn_mask: torch.Tensor | None, batch: int, keys: int):
+    """`(key_mask, query_rows)` for CP attention: the mask of each key as `[B, S_k]` (or None), and
+    `[B, S_q]` bool rows whose queries see no key (output 0, as torch's SDPA gives them), or None.
+
+    Accepted: `[B, S_k]`, and 4-D `[B|1, H|1, S_q|1, S_k]` masks that are the same for every head and
+    either the same for every query (a per-key mask expanded, as torch SDPA processors do) or a bool
+    outer product `valid_q & valid_k` (Chroma's padded prompt). Anything else (causal,
+    block-diagonal) is refused: CP attention would not reproduce it.
+    """
+    if attn_mask is None or attn_mask.ndim != 4:
+        return key_mask(attn_mask, batch, keys), None
+    if attn_mask.shape[1] > 1:
+        if not bool((attn_mask == attn_mask[:, :1]).all()):
+            raise ForwardError(f"context-parallel attention: the {tuple(attn_mask.shape)} mask differs between heads.")
+        attn_mask = attn_mask[:, :1]
+    rows = attn_mask[:, 0]  # [B, S_q|1, S_k]
+    if rows.shape[1] == 1 or bool((rows == rows[:, :1]).all()):
+        return key_mask(rows[:, 0], batch, keys), None
+    if rows.dtype == torch.bool:
+        valid_k, valid_q = rows.any(dim=1), rows.any(dim=2)  # [B, S_k], [B, S_q]
+        if bool((rows == (valid_q[:, :, None] & valid_k[:, None, :])).all()):
+            return key_mask(valid_k, batch, keys), ~valid_q
+    raise ForwardError(
+        f"context-parallel attention supports per-key masks (or a bool query x key outer product) only; this "
+        f"{tuple(attn_mask.shape)} mask is neither."
+    )
+
+
 def key_mask(attn_mask: torch.Tensor | None, batch: int, keys: int) -> torch.Tensor | None:
     """The mask as `[B, S_k]` (bool or float), or None."""
     if attn_mask is None:

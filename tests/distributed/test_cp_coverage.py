@@ -1,0 +1,147 @@
+"""Context parallelism for every bundled plan with a `cp` section beyond the first four: gloo parity.
+
+ONE 4-process group for the whole module: for each plan, a tiny model with batch 2 (text + image or
+video tokens, padded prompts where the model takes a mask) at (cp, tp) in {(2, 2), (4, 1)} x
+{ulysses, ring}, against the single-process reference. Every CP attention module must really route
+(Ulysses: 3 all-to-alls per module call; ring: cp key blocks per module call), whichever way its
+processor calls attention (diffusers' dispatcher, torch SDPA, or a dtp adapter). Negative control:
+CogVideoX with its attention marked `local` (so it attends over local tokens only) must fail parity.
+Also Lumina2 with 4 query / 2 kv heads at tp=4, no pad (kv heads shared by 2 ranks, as transformers
+attention does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import dtp
+import dtp.runtime.cp.ring as ring_module
+import dtp.runtime.cp.ulysses as ulysses_module
+from dtp.resolve import resolve, resolve_cp
+from dtp.testing.launch import spawn
+from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
+
+TOL = 1e-5
+MESHES = ((2, 2, "ulysses"), (2, 2, "ring"), (4, 1, "ulysses"), (4, 1, "ring"))  # (cp, tp, mode)
+FIRST_FOUR = {"flux", "flux2", "qwenimage", "zimage"}  # tests/distributed/test_cp_parity.py
+COVERED = sorted(
+    name
+    for name in PLAN_CLASSES
+    if dtp.load_plan(name).cp is not None and dtp.load_plan(name).cp.refused is None and name not in FIRST_FOUR
+)
+
+
+def _inputs(name: str) -> dict:
+    cls = PLAN_CLASSES[name]
+    inputs = tiny_inputs(cls, batch=2)
+    if name == "cogvideox":  # CogVideoX-5B passes 3-D RoPE (cos, sin) over the video tokens to every block
+        g = torch.Generator().manual_seed(3)
+        tokens = inputs["hidden_states"].shape[1] * (inputs["hidden_states"].shape[-1] // 2) ** 2
+        inputs["image_rotary_emb"] = tuple(torch.randn(tokens, 16, generator=g) for _ in range(2))
+    return inputs
+
+
+class _Counter:
+    """Counts calls of a module-level function, to prove that the CP attention path really ran."""
+
+    def __init__(self, module, name):
+        self.module, self.name, self.calls = module, name, 0
+        self.original = getattr(module, name)
+
+    def __enter__(self):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return self.original(*args, **kwargs)
+
+        setattr(self.module, self.name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        setattr(self.module, self.name, self.original)
+
+
+@torch.no_grad()
+def _run(model, mesh, mode: str, inputs: dict, ref: torch.Tensor, plan=None) -> dict:
+    model = dtp.parallelize(model, mesh, plan, cp_mode=mode)
+    with _Counter(ulysses_module, "seq_to_heads") as a2a, _Counter(ring_module, "block_attention") as blocks:
+        out = output_tensor(model(**inputs)).float()
+    return dict(
+        rel=float((out - ref).abs().max() / ref.abs().max()),
+        a2a=a2a.calls,
+        blocks=blocks.calls,
+        shape_ok=out.shape == ref.shape,
+    )
+
+
+def _attention_modules(name: str) -> int:
+    model = tiny_model(PLAN_CLASSES[name])
+    return len(resolve_cp(resolve(dtp.load_plan(name), model), model).attention)
+
+
+def _all_plans(rank: int, world: int) -> dict:
+    torch.set_num_threads(1)
+    results = {}
+    for name in COVERED:
+        cls, inputs = PLAN_CLASSES[name], _inputs(name)
+        with torch.no_grad():
+            ref = output_tensor(tiny_model(cls)(**inputs)).float()
+        results[name, "modules"] = _attention_modules(name)
+        for cp, tp, mode in MESHES:
+            results[name, cp, tp, mode] = _run(tiny_model(cls), dtp.make_mesh(tp=tp, cp=cp), mode, inputs, ref)
+    # Lumina2 with 4 query / 2 kv heads at tp=4 (no pad): each kv head shared by 2 ranks (kv_share.py).
+    cls, gqa = PLAN_CLASSES["lumina2"], dict(num_attention_heads=4, num_kv_heads=2, axes_dim_rope=(4, 4, 8))
+    inputs = _inputs("lumina2")
+    with torch.no_grad():
+        ref = output_tensor(tiny_model(cls, **gqa)(**inputs)).float()
+    results["lumina2_gqa"] = _run(tiny_model(cls, **gqa), dtp.make_mesh(tp=4, cp=1), "ulysses", inputs, ref)
+    # Negative control: every CogVideoX attention marked `local` attends over this rank's tokens only.
+    plan = dtp.load_plan("cogvideox")
+    plan = dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, local_attention=("transformer_blocks.*.attn1",)))
+    inputs = _inputs("cogvideox")
+    with torch.no_grad():
+        ref = output_tensor(tiny_model(PLAN_CLASSES["cogvideox"])(**inputs)).float()
+    model = tiny_model(PLAN_CLASSES["cogvideox"])
+    results["negative"] = _run(model, dtp.make_mesh(tp=1, cp=4), "ulysses", inputs, ref, plan)
+    return results
+
+
+@pytest.fixture(scope="module")
+def four():
+    return spawn(_all_plans, 4)
+
+
+def test_covers_the_video_models():
+    assert {"wan", "skyreels_v2", "hunyuanvideo", "ltx_video", "cogvideox", "cosmos"} <= set(COVERED)
+
+
+@pytest.mark.parametrize("name", COVERED)
+@pytest.mark.parametrize("cp,tp,mode", MESHES)
+def test_parity(four, name, cp, tp, mode):
+    """Tiny model, batch 2, at (cp, tp, mode) on 4 gloo ranks: max |out - ref| <= 1e-5 * max |ref|, and
+    every CP attention module routed once per forward."""
+    for rank, results in enumerate(four):
+        r, modules = results[name, cp, tp, mode], results[name, "modules"]
+        assert r["shape_ok"], (rank, name, r)
+        assert r["rel"] <= TOL, (rank, name, cp, tp, mode, r)
+        if mode == "ulysses":
+            assert (r["a2a"], r["blocks"]) == (3 * modules, 0), (rank, name, r, modules)
+        else:
+            assert (r["a2a"], r["blocks"]) == (0, cp * modules), (rank, name, r, modules)
+
+
+def test_local_attention_over_split_keys_fails_parity(four):
+    """Negative control: CogVideoX's joint attention left local at cp=4 is far off the reference."""
+    for results in four:
+        r = results["negative"]
+        assert r["a2a"] == 0 and r["blocks"] == 0
+        assert r["rel"] > 1e-2, r
+
+
+def test_lumina2_gqa_kv_heads_shared_at_tp4(four):
+    """Lumina2 tiny, 4 query / 2 kv heads, tp=4 without pad: max |out - ref| <= 1e-5 * max |ref|."""
+    for results in four:
+        r = results["lumina2_gqa"]
+        assert r["shape_ok"] and r["rel"] <= TOL, r
