@@ -199,7 +199,7 @@ def verify(
         picklable factory, or a diffusers class name (built from `config`, default its tiny config,
         with weights drawn from `seed`).
     plan: a `Plan`, a bundled plan name or YAML path, or None for `plan_for(model)`.
-    example_inputs: forward keyword arguments; default `dtp.models.example_inputs` for known classes.
+    example_inputs: forward keyword arguments; default `dtp.families.example_inputs` for known classes.
     checks: False binds the plan without the pair, attention-ownership and head-listing checks (the
         paths, Linear targets, blocks and divisibility are still checked), to see what a plan those
         checks refuse would do.

@@ -1,6 +1,6 @@
 """Tiny random-weight pipelines for the cfg axis, in memory: PixArt-Sigma (one call on a doubled batch)
 and Wan 2.1 text-to-video (two calls per step). Qwen-Image (two calls with true_cfg_scale) is in
-`dtp.testing.pipelines`.
+`dtp.families.pipelines`.
 
     PixArtSigmaPipeline  PixArtTransformer2DModel (dtp.tiny's config: 4 heads of 16, 2 blocks, learned
                          sigma), AutoencoderKL (8, 16 channels: 32 x 32 pixels <-> 4 x 16 x 16 latents),

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dtp.families.pipelines import tiny_qwenimage_pipeline
 from dtp.testing.cfg_pipelines import PIXART_CALL, WAN_CALL, tiny_pixart_sigma_pipeline, tiny_wan_pipeline
-from dtp.testing.pipelines import tiny_qwenimage_pipeline
 
 PROMPT, NEGATIVE = "a cat holding a sign that says hello", "blurry, low quality!"  # even lengths: cp=2 splits them
 STEPS = 3  # step 0 learns the pair; steps 1 and 2 run it on the two cfg groups

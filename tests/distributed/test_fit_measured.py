@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import dtp
+from dtp.families.pipelines import tiny_checkpoint
 from dtp.testing.launch import spawn
-from dtp.testing.pipelines import tiny_checkpoint
 from dtp.tools.run import load_pipeline
 
 SIZE = 128
