@@ -13,7 +13,6 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import PlanError
-from ..plan import PACKED_BLOCKS_ATTR
 from .alignment import check_alignment
 from .flow import check_flow
 from .layout import block_sizes
@@ -35,7 +34,7 @@ def check_declared_blocks(resolved: Resolved, model: nn.Module) -> None:
     [3072, 3072, 3072, 18432]; `blocks: [1, 1, 1, 1]` would cut it into 4 x 6912: refused.
     """
     for spec in resolved.linears:
-        attr = PACKED_BLOCKS_ATTR.get(spec.style)
+        attr = spec.style.blocks_attr
         declared = getattr(model.get_submodule(spec.path), attr, None) if attr else None
         if not declared or spec.rule.blocks is None:
             continue
