@@ -94,7 +94,7 @@ def meta_inputs(
 ) -> dict:
     """Forward kwargs for a full-size model of a bundled architecture, as meta tensors.
 
-    The shapes come from the same builders as the tiny inputs (`models.py`), fed the full config; the
+    The shapes come from the same builders as the tiny inputs (`dtp/families/`), fed the full config; the
     values are never read. Floating tensors take the model's dtype. PlanError for other classes.
     """
     kwargs = example_inputs(class_name, dict(config), seed=0, batch=batch, img_tokens=img_tokens, txt_tokens=txt_tokens)

@@ -14,7 +14,7 @@ A dtp plan dict (a YAML file reads into one) looks like::
 Rule values: a style name, or a mapping with `style` and optionally `blocks` (packed styles only)
 and `optional` (a boolean, keys with `*` only). The styles:
 
-- `colwise` / `rowwise` / `packed_*` / `colwise_gathered`: nn.Linear splits (see `types.Style`).
+- `colwise` / `rowwise` / `packed_*` / `colwise_gathered`: nn.Linear splits (see `dtp/styles/`).
 - `rmsnorm_across_heads`: an RMSNorm (torch `nn.RMSNorm` or diffusers `RMSNorm`) whose width is a
   colwise q/k projection's full output (all heads), as in Wan, SkyReels-V2, LTX and HiDream. Its
   weight is split like the heads and the engine swaps the module for a distributed RMSNorm

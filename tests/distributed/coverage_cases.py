@@ -16,7 +16,7 @@ from dtp.testing.tiny import PLAN_CLASSES, model_class, output_tensor, tiny_inpu
 # Plans bundled before issue 10; their parity lives in test_tp_parity_2.py / _4.py.
 EARLIER_PLANS = ("flux", "flux2", "qwenimage", "zimage")
 COVERAGE_PLANS = tuple(sorted(set(PLAN_CLASSES) - set(EARLIER_PLANS)))
-BATCH = 2  # sample 1 has a padded prompt where the model takes a text mask (see dtp/models.py)
+BATCH = 2  # sample 1 has a padded prompt where the model takes a text mask (see dtp/families/shapes.py)
 
 
 def run_cases(rank, world_size, tp, wan_checkpoint=None):
