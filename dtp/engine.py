@@ -3,9 +3,13 @@
 `parallelize`, `from_pretrained`, `dtp check` (and every later entry point: pipelines, adapters)
 call these two, so a check added to `prepare` guards all of them and they all fail the same way.
 
+The mesh and the options travel as one `runtime.parallelism.Parallelism` (built once at each entry point;
+`prepare_with` takes one directly). A style is a `dtp.styles.Style` class: `apply` asks each planned
+module's style for its torch ParallelStyle.
+
 `prepare` checks, in this order (the first failure raises PlanError, the model untouched):
   1. options: `cp_mode` is a known mode;
-  2. the mesh: it has a `tp` axis (and maybe `cp`); the degrees are read from it;
+  2. the mesh: it has a `tp` axis (and maybe `cp`, `cfg`); the degrees are read from it;
   3. the plan: given, or `plan_for(model)`;
   4. the plan against the model (`resolve`): paths, globs (optional members), Linear and Embedding
      targets, packed blocks, attention modules and their head bookkeeping (kv heads too),
@@ -15,6 +19,9 @@ call these two, so a check added to `prepare` guards all of them and they all fa
      heads and widths are zero-padded to multiples of tp (`resolve/padding.py`; exact), and
      `Prepared.resolved` is the padded binding (the refusal without it suggests pad=True); kv heads
      fewer than tp are shared by tp / kv ranks (`resolve/kv_share.py`, transformers attention);
+     then the plan shards exactly at this tp (`resolve/exact.py`): declared packed blocks, whole heads
+     in one order across q/k/v/o (`alignment.py`), and rank 0's forward on meta tensors with local
+     shapes (`flow.py`, cached per model structure, plan and tp);
   6. the `cp` section, when the mesh's `cp` axis is > 1: sites, pluggable attention, Ulysses heads
      (padded heads are multiples of tp * cp under Ulysses, so they divide);
   7. the device: of the mesh's device type; with a `cfg` axis > 1, the model can run on the cfg groups
