@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dtp
+from dtp.analysis import fakepg
 from dtp.fit import cost
 from dtp.fit.candidates import Candidate, candidates
 from dtp.fit.estimate import command, why_none_fits
@@ -26,7 +27,6 @@ from dtp.fit.trace import (
     truncate_blocks,
 )
 from dtp.testing.tiny import tiny_inputs, tiny_model
-from dtp.tools import fakepg
 
 
 def _trace(fn, *tensors):
