@@ -1,6 +1,6 @@
 """The coverage table: every bundled plan, its valid TP degrees at full size, per-rank / ideal weights.
 
-Generated from `dtp check` (`dtp.tools.check.check`, meta device + torch's fake process group, bf16,
+Generated from `dtp check` (`dtp.analysis.check.check`, meta device + torch's fake process group, bf16,
 full-size configs = class defaults + `each family's RELEASED (dtp/families/)`), so it cannot drift
 from what the tool reports. The ratio is taken at tp = 8, or at the largest valid degree below 8.
 
@@ -13,8 +13,8 @@ import time
 
 from report import write_report
 
+from dtp.analysis.check import check
 from dtp.plan import bundled_plan_names, load_plan
-from dtp.tools.check import check
 
 MAX_TP = 8
 

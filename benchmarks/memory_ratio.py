@@ -15,10 +15,10 @@ import time
 
 from report import write_report
 
+from dtp.analysis.check import measure
 from dtp.errors import PlanError
 from dtp.plan import Plan, load_plan
 from dtp.testing.tiny import PLAN_CLASSES, model_class
-from dtp.tools.check import measure
 
 DEGREES = (2, 4, 8)
 

@@ -19,9 +19,9 @@ import time
 
 from report import write_report
 
+from dtp.analysis.check import measure
 from dtp.plan import load_plan
 from dtp.testing.tiny import PLAN_CLASSES
-from dtp.tools.check import measure
 
 CASES = {
     "zimage": (3, 4, 6, 7, 8),

@@ -11,7 +11,7 @@ fake process group of `tp` ranks, as `dtp check` does for one model:
 
 The VAE stays whole in both (no plan). Configs are the released checkpoints' (config.json values
 written out in `dtp/analysis/released.py`: no model hub here); each measurement is `dtp check PIPELINE`'s
-(`dtp.tools.check.check_pipeline`). Each text encoder gets the first of its bundled plans that fits
+(`dtp.analysis.check.check_pipeline`). Each text encoder gets the first of its bundled plans that fits
 the degree (CLIP-L at tp=8: clip-mlp); one whose plans do not fit stays whole, and the table says why.
 
     python benchmarks/pipeline_memory.py      # prints the table, writes benchmarks/results/pipeline_memory.md
@@ -23,8 +23,8 @@ import time
 
 from report import write_report
 
+from dtp.analysis.check import check_pipeline
 from dtp.analysis.released import RELEASED_PIPELINES
-from dtp.tools.check import check_pipeline
 
 DEGREES = (2, 4, 8)
 

@@ -2,7 +2,7 @@
 
 Each model is built at full size on the meta device, every Linear quantized by torchao (int8 or float8
 weight-only, per-row scales: data + scales counted), sharded with its bundled plan on rank 0 of a fake
-process group of 8, and its parameters' local bytes summed (`dtp.tools.check.check`). The bound the
+process group of 8, and its parameters' local bytes summed (`dtp.analysis.check.check`). The bound the
 issue sets: per rank <= 1.05 x (quantized total / 8).
 
     python benchmarks/quant_bytes.py     # prints the table, writes benchmarks/results/quant_bytes.md
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from dtp.tools.check import check
+from dtp.analysis.check import check
 
 RESULTS = Path(__file__).resolve().parent / "results" / "quant_bytes.md"
 MODELS = ("flux", "flux2", "qwenimage")

@@ -27,7 +27,7 @@ COMMANDS = {
 
 CP_MODES = ("ulysses", "ring")  # dtp.policy.CP_MODES
 DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")  # dtp.policy.DTYPES
-CHECK_DTYPES = ("fp32", "bf16", "fp16")  # dtp.tools.check.CHECK_DTYPES
+CHECK_DTYPES = ("fp32", "bf16", "fp16")  # dtp.analysis.check.CHECK_DTYPES
 RELEASED_PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline")  # dtp.analysis.released
 DEMO_MODELS = ("flux", "qwenimage")  # the tiny pipelines of dtp.families.pipelines
 DEFAULT_TIMEOUT_S = 600  # dtp.tools.run.DEFAULT_TIMEOUT_S
@@ -35,7 +35,7 @@ DEFAULT_TOL = 1e-5  # dtp.analysis.verify.DEFAULT_TOL
 QUANT_SCHEMES = ("fp8wo", "int8wo")  # sorted(dtp.quant.SCHEMES)
 FIT_TABLE_ROWS = 20  # dtp.tools.fit.TABLE_ROWS
 HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090")  # dtp.fit.hardware.HARDWARE
-DEFAULT_TEXT_TOKENS = 512  # dtp.tools.check.DEFAULT_TEXT_TOKENS
+DEFAULT_TEXT_TOKENS = 512  # dtp.analysis.check.DEFAULT_TEXT_TOKENS
 
 
 def bundled_plan_names() -> list[str]:

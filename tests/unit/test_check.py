@@ -8,12 +8,12 @@ import torch
 
 import dtp
 from dtp import PlanError
+from dtp.analysis.check import check, measure
 from dtp.analysis.fakepg import meta_model
 from dtp.plan.io import load_plan
 from dtp.resolve import resolve
 from dtp.resolve.layout import rank_ranges
 from dtp.testing.tiny import TINY_CONFIGS
-from dtp.tools.check import check, measure
 from dtp.tools.cli import main
 
 RATIO_LIMIT = 1.05  # per-rank / (total / tp) at tp = 8, the target

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from dtp.analysis.check import check
 from dtp.tools import cli
-from dtp.tools.check import check
 
 
 def test_check_pad_full_size_zimage_tp8():

@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 
+from dtp.analysis.check import check_pipeline
 from dtp.analysis.released import RELEASED_PIPELINES, build_pipeline, released_pipeline
 from dtp.plan.io import load_plan
 from dtp.resolve import resolve
 from dtp.resolve.layout import rank_ranges
-from dtp.tools.check import check_pipeline, format_pipeline_report
+from dtp.tools.check import format_pipeline_report
 from dtp.tools.cli import main
 
 # Parameters of the public checkpoints (model cards and safetensors headers), not of our configs.

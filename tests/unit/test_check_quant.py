@@ -10,8 +10,8 @@ FLUX = "FluxTransformer2DModel"
 def test_check_reports_quantized_bytes():
     """`dtp check --quant int8wo` on the tiny FLUX.1 at tp=2: total and per-rank bytes are the int8 ones
     (data 1 byte per weight + 4-byte row scales), against fp32's 4 bytes per weight."""
+    from dtp.analysis.check import measure
     from dtp.testing.tiny import TINY_CONFIGS
-    from dtp.tools.check import measure
 
     plain = measure(FLUX, None, tp=2, config=TINY_CONFIGS[FLUX], dtype="fp32", forward=False)
     int8 = measure(FLUX, None, tp=2, config=TINY_CONFIGS[FLUX], dtype="fp32", forward=False, quant="int8wo")

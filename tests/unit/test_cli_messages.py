@@ -4,13 +4,13 @@ itself named, `dtp verify`'s summary, and pad=True suggested for a vision tower 
 import pytest
 
 import dtp
+from dtp.analysis.check import describe_input, replicated_modules
 from dtp.analysis.fakepg import fake_world
 from dtp.analysis.verify import MODEL, Site, VerifyReport
 from dtp.plan import load_plan
 from dtp.resolve import resolve
 from dtp.testing.tiny import tiny_inputs, tiny_model
 from dtp.testing.tiny_vision import meta_vision_model
-from dtp.tools.check import describe_input, replicated_modules
 
 WAN, COGVIDEOX, LTX, FLUX = (
     "WanTransformer3DModel",

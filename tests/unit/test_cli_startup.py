@@ -7,12 +7,12 @@ import types
 from pathlib import Path
 
 from dtp import policy
-from dtp.analysis import verify
+from dtp.analysis import check, verify
 from dtp.analysis.released import RELEASED_PIPELINES
 from dtp.families.pipelines import CHECKPOINTS
 from dtp.fit.hardware import HARDWARE
 from dtp.plan import bundled_plan_names
-from dtp.tools import check, commands, run
+from dtp.tools import commands, run
 from dtp.tools import fit as fit_command
 from dtp.tools.cli import command_module
 

@@ -10,8 +10,8 @@ from torch.distributed.tensor import DTensor
 
 import dtp
 import dtp.loading.load
+from dtp.analysis.check import measure
 from dtp.testing.tiny import TINY_CONFIGS, model_class, tiny_model
-from dtp.tools.check import measure
 
 FLUX = "FluxTransformer2DModel"
 SIX_HEADS = dict(num_attention_heads=6, attention_head_dim=16)  # tp=4 divides the widths (96), not the heads

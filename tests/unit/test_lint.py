@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 import dtp
+from dtp.analysis.check import check
 from dtp.analysis.lint import format_lint, lint, lint_report
 from dtp.testing.plans import edited as edit_plan
 from dtp.testing.tiny import PLAN_CLASSES, model_class, tiny_inputs, tiny_model
-from dtp.tools.check import check
 
 
 def edited(name: str, changes: dict, attention=None) -> dtp.Plan:
