@@ -84,7 +84,8 @@ def main() -> None:
     one = spawn(job, 1, args.layers, args.img_tokens, args.steps)[0]
     two = spawn(job, 2, args.layers, args.img_tokens, args.steps)
     rows = [
-        "| step | 1 process wall (s) | cfg=2 wall (s) | ratio | 1 process CPU (s) | cfg=2 CPU, busiest rank (s) | ratio |",
+        "| step | 1 process wall (s) | cfg=2 wall (s) | ratio "
+        "| 1 process CPU (s) | cfg=2 CPU, busiest rank (s) | ratio |",
         "|---|---|---|---|---|---|---|",
     ]
     for mode, label in (("pair", "two calls (Qwen-Image true cfg, Wan)"), ("batch", "doubled batch (SD3, PixArt)")):
