@@ -43,7 +43,8 @@ def run(args) -> int:
     quiet_libraries()
     model_dir = tiny_checkpoint(args.model)
     print(f"checkpoint: {model_dir}", flush=True)
-    _check_tp(model_dir, args.plan, args.nproc // args.cfg, args.pad)
+    what = f"--nproc {args.nproc}" if args.cfg == 1 else f"tp {args.nproc // args.cfg} (--nproc / --cfg)"
+    _check_tp(model_dir, args.plan, args.nproc // args.cfg, args.pad, what)
     with tempfile.TemporaryDirectory(prefix="dtp-demo-") as tmp:
         work = Path(tmp)
         sharded = _generate(model_dir, args, work / "tp", nproc=args.nproc, output=args.output)
@@ -73,7 +74,7 @@ def _check_args(args) -> None:
         raise SystemExit(f"dtp demo: --size {args.size} is not a multiple of 4; try {args.size + 4 - args.size % 4}.")
 
 
-def _check_tp(model_dir: Path, plan_name: str, tp: int, pad: bool = False) -> None:
+def _check_tp(model_dir: Path, plan_name: str, tp: int, pad: bool = False, what: str | None = None) -> None:
     """Refuse a TP degree the plan cannot take before launching anything (a meta-device model, no weights)."""
     cls = transformer_class(model_dir)
     with torch.device("meta"):
@@ -83,7 +84,7 @@ def _check_tp(model_dir: Path, plan_name: str, tp: int, pad: bool = False) -> No
     if tp not in supported:
         padded = "" if pad else f"; with --pad: {', '.join(map(str, tp_candidates(model, plan, pad=True)))}"
         raise SystemExit(
-            f"dtp demo: tp {tp} (--nproc / --cfg) is not a TP degree plan '{plan_name}' supports for this model; "
+            f"dtp demo: {what or f'--nproc {tp}'} is not a TP degree plan '{plan_name}' supports for this model; "
             f"supported: {', '.join(map(str, supported))}{padded}."
         )
 

@@ -24,8 +24,9 @@ three paths, the same on every rank:
             yes -> B' returns group 1's output (no forward)
 
 A decision that depends on tensor values (hit or not, predict or not) is agreed by one all-reduce of
-two flags over the whole mesh, so no rank runs a forward its peers skip. Stateful diffusers hooks
-(caches keyed by "cond"/"uncond") are refused: group 1 would run the uncond branch inside "cond".
+two flags over the whole mesh on every pair-or-whole call, so no rank runs a forward its peers skip.
+Stateful diffusers hooks (caches keyed by "cond"/"uncond") are refused: group 1 would run the uncond
+branch inside "cond".
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class _Pending:
     output: object  # what group 1 computed for it
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity, as the forward it replaces
 class CfgParallel:
     """The replacement `forward` of one model (see the module docstring)."""
 
@@ -121,8 +122,9 @@ class CfgParallel:
         template = self._learn(arguments)
         predicted = {**arguments, **template} if template else None
         predict = predicted is not None and not same(predicted, arguments)
-        if self.pending is not None or predict:
-            hit, predict = (bool(v) for v in agree_min([int(hit), int(predict)], self.mesh))
+        # Always agreed (not only when this rank sees a reason to): a decision read from tensor values must
+        # never let one rank skip a collective its peers enter.
+        hit, predict = (bool(v) for v in agree_min([int(hit), int(predict)], self.mesh))
         if hit:
             self.stats.hits += 1
             output, self.pending, self.last = self.pending.output, None, None
