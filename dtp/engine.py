@@ -15,6 +15,8 @@ call these two, so a check added to `prepare` guards all of them and they all fa
      heads and widths are zero-padded to multiples of tp (`resolve/padding.py`; exact), and
      `Prepared.resolved` is the padded binding (the refusal without it suggests pad=True); kv heads
      fewer than tp are shared by tp / kv ranks (`resolve/kv_share.py`, transformers attention);
+     then the bound plan is exact (`resolve/exact.py`): declared packed blocks, every rank's q/k/v/o
+     on its whole heads in one order, and rank 0's forward on meta tensors with local shapes;
   6. the `cp` section, when the mesh's `cp` axis is > 1: sites, pluggable attention, Ulysses heads
      (padded heads are multiples of tp * cp under Ulysses, so they divide);
   7. the device: of the mesh's device type;
