@@ -37,10 +37,11 @@ from .resolved import Resolved
 
 # Direct children of an attention module, by role. Joint attention's two streams share the roles:
 # text and image heads are concatenated along the sequence, so they must be the same heads.
-Q_NAMES = ("to_q", "add_q_proj", "q_proj", "q")
-K_NAMES = ("to_k", "add_k_proj", "k_proj", "k")
-V_NAMES = ("to_v", "add_v_proj", "v_proj", "v")
-O_NAMES = ("to_out.0", "to_out", "to_add_out", "o_proj", "out_proj", "o", "proj")
+# (HiDream's text stream: `to_q_t`, ..., `to_out_t`.)
+Q_NAMES = ("to_q", "add_q_proj", "to_q_t", "q_proj", "q")
+K_NAMES = ("to_k", "add_k_proj", "to_k_t", "k_proj", "k")
+V_NAMES = ("to_v", "add_v_proj", "to_v_t", "v_proj", "v")
+O_NAMES = ("to_out.0", "to_out", "to_add_out", "to_out_t", "o_proj", "out_proj", "o", "proj")
 FUSED_NAMES = ("to_qkv", "to_added_qkv", "qkv", "to_qkv_mlp_proj")  # [q | k | v (| more)] along the output
 
 
