@@ -37,10 +37,11 @@ from .resolved import Resolved
 
 # Direct children of an attention module, by role. Joint attention's two streams share the roles:
 # text and image heads are concatenated along the sequence, so they must be the same heads.
-Q_NAMES = ("to_q", "add_q_proj", "q_proj", "q")
-K_NAMES = ("to_k", "add_k_proj", "k_proj", "k")
-V_NAMES = ("to_v", "add_v_proj", "v_proj", "v")
-O_NAMES = ("to_out.0", "to_out", "to_add_out", "o_proj", "out_proj", "o", "proj")
+# (HiDream's text stream: `to_q_t`, ..., `to_out_t`.)
+Q_NAMES = ("to_q", "add_q_proj", "to_q_t", "q_proj", "q")
+K_NAMES = ("to_k", "add_k_proj", "to_k_t", "k_proj", "k")
+V_NAMES = ("to_v", "add_v_proj", "to_v_t", "v_proj", "v")
+O_NAMES = ("to_out.0", "to_out", "to_add_out", "to_out_t", "o_proj", "out_proj", "o", "proj")
 FUSED_NAMES = ("to_qkv", "to_added_qkv", "qkv", "to_qkv_mlp_proj")  # [q | k | v (| more)] along the output
 
 
@@ -207,7 +208,7 @@ def _suggested_key(attention: AttentionSpec, name: str) -> str:
 
 
 def _describe(index: torch.Tensor, head_dim: int) -> str:
-    """'heads [0, 1]' for whole heads (zero heads as '0-pad'), else the feature ranges."""
+    """'heads [0, 1]' for whole heads (a zero-padded head as 'zero'), else the feature ranges."""
     rows = index.tolist()
     if len(rows) % head_dim == 0:
         found = []
@@ -224,13 +225,14 @@ def _describe(index: torch.Tensor, head_dim: int) -> str:
 
 
 def _ranges(rows: list[int]) -> str:
-    """0-based [start:stop) runs of 1-based indices: [1, 2, 3, 9, 10] -> '0:3, 8:10'."""
-    runs, start, prev = [], None, None
-    for v in rows + [None]:
-        if start is not None and (v is None or v != prev + 1 or v == 0):
-            runs.append(f"{start - 1}:{prev}" if start else "zero")
-            start = None
-        if v is not None and start is None:
-            start = v
-        prev = v
-    return ", ".join(runs[:6]) + (", ..." if len(runs) > 6 else "")
+    """0-based [start:stop) runs of 1-based indices, zero rows as 'zero': [1, 2, 3, 9, 0] -> '0:3, 8:9, zero'."""
+    runs: list[list[int]] = []
+    for v in rows:
+        if runs and v and runs[-1][-1] and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        elif runs and not v and not runs[-1][-1]:
+            continue
+        else:
+            runs.append([v])
+    text = [f"{run[0] - 1}:{run[-1]}" if run[0] else "zero" for run in runs]
+    return ", ".join(text[:6]) + (", ..." if len(text) > 6 else "")

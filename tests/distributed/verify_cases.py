@@ -33,14 +33,15 @@ CASES = {
         lambda: edited(dtp.load_plan("flux2"), {"transformer_blocks.*.ff.linear_in": "colwise"}),
         False,
     ),
-    # Q, K, V, gate, up (64, 64, 64, 192, 192) cut as (192, 64, 64, 64, 192): every width pairs, the checks pass.
+    # Q, K, V, gate, up (64, 64, 64, 192, 192) cut as (192, 64, 64, 64, 192): every width pairs; since issue 26
+    # `prepare` refuses it (the Linear declares other blocks), so verified unchecked.
     "flux2/wrong_packed_split": (
         "Flux2Transformer2DModel",
         lambda: edited(
             dtp.load_plan("flux2"),
             {"single_transformer_blocks.*.attn.to_qkv_mlp_proj": WRONG_QKV_MLP},
         ),
-        True,
+        False,
     ),
     # Z-Image reshapes with attn.heads: the main layers' attention left out of `attention` (checks bypassed).
     "zimage/heads_dropped": (
@@ -50,7 +51,8 @@ CASES = {
         ),
         False,
     ),
-    "flux/swapped_pair": ("FluxTransformer2DModel", swapped_pair, True),
+    # Refused by `prepare` since issue 26 (block 0's sharded forward fails on meta tensors): verified unchecked.
+    "flux/swapped_pair": ("FluxTransformer2DModel", swapped_pair, False),
     # Wan's QK-norm runs over all heads (inner_dim): q/k sharded with the norm left replicated. The engine
     # refuses this plan up front (an unplanned norm across heads); verify, checks bypassed, still names it.
     "wan/qk_norm_replicated": ("WanTransformer3DModel", lambda: WAN_ATTENTION_PLAN, False),

@@ -4,13 +4,20 @@ Each must now be refused by `prepare` with a PlanError naming its key, the model
 bundled plans they are mutated from still pass (the positive control).
 """
 
+from dataclasses import replace
+
 import pytest
 
 import dtp
 from dtp.analysis.fakepg import fake_world
+from dtp.resolve import resolve
+from dtp.resolve.alignment import check_alignment
+from dtp.resolve.kv_share import share_kv
+from dtp.resolve.padding import pad_resolved
 from dtp.testing.fuzz import snapshot, unchanged
 from dtp.testing.plans import edited
 from dtp.testing.tiny import tiny_model
+from dtp.testing.tiny_text import tiny_grouped_qwen
 
 FLUX, QWEN = "FluxTransformer2DModel", "QwenImageTransformer2DModel"
 
@@ -90,3 +97,16 @@ def test_declared_blocks(mesh2):
     model = tiny_model("Flux2Transformer2DModel")
     with pytest.raises(dtp.PlanError, match=rf"key '{key}'.*declares blocks"):
         dtp.engine.prepare(model, mesh2, plan)
+
+
+def test_alignment_with_shared_kv_and_padding():
+    """Qwen2.5-VL in small (6 q / 2 kv heads) at tp=4, pad=True: each kv head on 2 ranks, each group of 3 q heads
+    padded to 4. The bound plan aligns; the same plan with q not grouped by kv head (plain contiguous padding,
+    rank 1 then holds q heads of both groups next to kv head 0) is refused."""
+    model = tiny_grouped_qwen()
+    resolved = resolve(dtp.load_plan("qwen2_5_vl"), model)
+    bound = share_kv(pad_resolved(resolved, model, 4).resolved, model, 4)
+    check_alignment(bound, model, 4)
+    ungrouped = tuple(replace(s, groups=1) if s.path.endswith("q_proj") else s for s in bound.linears)
+    with pytest.raises(dtp.PlanError, match=r"self_attn\.q_proj.*does not give rank 1 its heads"):
+        check_alignment(replace(bound, linears=ungrouped), model, 4)
