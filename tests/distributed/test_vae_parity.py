@@ -18,9 +18,10 @@ import dtp.vae.norm as norm_module
 from dtp.testing.launch import spawn
 from dtp.testing.tiny_vae import tiny_vae
 from dtp.vae import parallelize_vae, remove_vae_parallel
+from dtp.vae.strips import bounds, split_rows
 
 TOL = 1e-5
-WAN, QWEN = "AutoencoderKLWan", "AutoencoderKLQwenImage"
+WAN, QWEN, FLUX2 = "AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLFlux2"
 LATENT = (2, 4, 7, 6)  # batch 2, 4 channels, 7 x 6 latent rows x columns: 2, 3, 4 ranks all leave a remainder
 
 
@@ -30,8 +31,8 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def _kl(group) -> dict:
-    vae = tiny_vae("AutoencoderKL")
+def _kl(group, cls: str = "AutoencoderKL") -> dict:
+    vae = tiny_vae(cls)
     z = torch.randn(LATENT, generator=torch.Generator().manual_seed(1))
     image = torch.randn(2, 3, 28, 24, generator=torch.Generator().manual_seed(2))
     ref_dec = vae.decode(z).sample
@@ -44,6 +45,10 @@ def _kl(group) -> dict:
         result["halo_short"] = _rel(vae.decode(z).sample, ref_dec)
     remove_vae_parallel(vae)
     result["removed"] = _rel(vae.decode(z).sample, ref_dec)
+    parallelize_vae(vae, group, gather_output=False)  # each rank keeps its rows: split_rows(7, n), x 4 pixels
+    n, rank = vae._dtp_vae.split.world, vae._dtp_vae.split.rank
+    rows = [4 * r for r in bounds(split_rows(LATENT[2], n))]
+    result["strip"] = _rel(vae.decode(z).sample, ref_dec[:, :, rows[rank] : rows[rank + 1]])
     return result
 
 
@@ -98,6 +103,8 @@ def _four_proc(rank: int, world: int) -> dict:
     for n, group in groups.items():
         if rank < n:
             results[n] = dict(kl=_kl(group), wan=_video(WAN, group), qwen=_video(QWEN, group))
+            if n == 3:
+                results[n]["flux2"] = _kl(group, FLUX2)
         dist.barrier()
     mesh = dtp.make_mesh(tp=2, cp=2)  # a 2-D mesh, flattened: all 4 ranks
     results[4] = dict(kl=_kl(mesh), wan=_video(WAN, mesh), qwen=_video(QWEN, mesh))
@@ -115,6 +122,12 @@ def test_autoencoder_kl_parity(four, n, op):
     """AutoencoderKL, latent 7 x 6 (batch 2) on n ranks: max |parallel - untiled| <= 1e-5 * max |untiled|."""
     for rank in range(n):
         assert four[rank][n]["kl"][op] <= TOL, (rank, four[rank][n]["kl"])
+
+
+@pytest.mark.parametrize("op", ("decode", "encode"))
+def test_flux2_vae_parity(four, op):
+    """AutoencoderKLFlux2 (FLUX.2's VAE: the same Encoder / Decoder), latent 7 x 6, batch 2, on 3 ranks."""
+    assert all(four[rank][3]["flux2"][op] <= TOL for rank in range(3)), [four[r][3]["flux2"] for r in range(3)]
 
 
 @pytest.mark.parametrize("n", (2, 3, 4))
@@ -140,6 +153,12 @@ def test_negative_controls_fail(four, n, control):
 def test_video_halo_one_row_short_fails(four, n, vae):
     """The causal video VAEs' negative control: a halo one row short breaks the bound."""
     assert max(four[rank][n][vae]["halo_short"] for rank in range(n)) > 100 * TOL
+
+
+@pytest.mark.parametrize("n", (2, 3, 4))
+def test_output_left_distributed(four, n):
+    """gather_output=False: each rank's decode is its own rows of the untiled image (uneven strips)."""
+    assert all(four[rank][n]["kl"]["strip"] <= TOL for rank in range(n))
 
 
 def test_remove_restores_whole_decode(four):
