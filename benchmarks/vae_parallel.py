@@ -13,7 +13,11 @@ on N gloo processes (one thread each) with `dtp.parallelize_vae`, N = 1 the whol
 
     python benchmarks/vae_parallel.py [--size 512] [--ranks 1 2 4] [--repeats 1] [--fp64]
 
-Writes benchmarks/results/vae_parallel.md.
+Full size without compute (`--fake`): the same decode under FakeTensorMode on torch's fake process
+group, one process playing rank 0 and the last rank of N in turn (`--sizes 512 1024 2048 --ranks 1 2 4 8`):
+the activation peak per rank (MemTracker's activation bytes) vs the whole decode.
+
+Writes benchmarks/results/vae_parallel.md (or vae_parallel_full_size.md with --fake).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dtp.testing.launch import spawn
 from dtp.vae import parallelize_vae
 
 RESULT = Path(__file__).resolve().parent / "results" / "vae_parallel.md"
+FULL_SIZE = RESULT.with_name("vae_parallel_full_size.md")
 FLUX_VAE = dict(
     in_channels=3,
     out_channels=3,
@@ -57,7 +62,7 @@ def _decode_peak(vae, z) -> tuple[int, torch.Tensor]:
     tracker.track_external(vae, z)
     with tracker:
         image = vae.decode(z).sample
-    peak = tracker.get_tracker_snapshot("peak")[z.device]
+    peak = {getattr(k, "value", k): v for k, v in tracker.get_tracker_snapshot("peak")[z.device].items()}
     return peak["Total"] - peak.get("Parameter", 0) - peak.get("Buffer", 0), image
 
 
@@ -85,13 +90,56 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> str:
     return f"{float((out.double() - ref.double()).abs().max() / ref.double().abs().max()):.1e}"
 
 
+def _fake_peak(world: int, rank: int, size: int) -> int:
+    """Activation peak of rank `rank`'s decode among `world`, under FakeTensorMode on the fake process group."""
+    import torch.distributed as dist
+    from diffusers import AutoencoderKL
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        with torch.device("meta"):
+            vae = AutoencoderKL(**FLUX_VAE).eval()
+        if world > 1:
+            parallelize_vae(vae, dist.group.WORLD)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            vae.to_empty(device="cpu")
+            return _decode_peak(vae, torch.randn(1, 16, size // 8, size // 8))[0]
+    finally:
+        dist.destroy_process_group()
+
+
+def fake_main(args) -> None:
+    rows = ["| size | N | rank 0 peak (MB) | last rank peak (MB) | x whole (max of the two) |", "|--:|--:|--:|--:|--:|"]
+    for size in args.sizes:
+        whole = None
+        for n in args.ranks:
+            peaks = [_fake_peak(n, r, size) for r in sorted({0, n - 1})]
+            whole = whole or max(peaks)
+            rows.append(f"| {size}^2 | {n} | {peaks[0] / 1e6:.0f} | {peaks[-1] / 1e6:.0f} | {max(peaks) / whole:.3f} |")
+            print(rows[-1], flush=True)
+    text = (
+        "# Parallel VAE, full size: AutoencoderKL (FLUX.1 widths) decode, fp32, activation peak per rank\n\n"
+        "FakeTensorMode + torch's fake process group + MemTracker (no compute). Command: "
+        f"`python benchmarks/vae_parallel.py --fake --sizes {' '.join(map(str, args.sizes))} "
+        f"--ranks {' '.join(map(str, args.ranks))}`\n\n" + "\n".join(rows) + "\n"
+    )
+    print(text)
+    FULL_SIZE.write_text(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--fp64", action="store_true", help="also decode whole in fp64 (the noise floor)")
+    parser.add_argument("--fake", action="store_true", help="full-size peaks under FakeTensorMode (no compute)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048])
     args = parser.parse_args()
+    if args.fake:
+        return fake_main(args)
     runs = {n: spawn(_rank, n, args.size, args.repeats, args.fp64, timeout_s=7200) for n in args.ranks}
     whole = runs[1][0] if 1 in runs else None
     rows = [

@@ -17,6 +17,35 @@ TINY_VAE_CONFIGS = {
         norm_num_groups=4,
         mid_block_add_attention=True,
     ),
+    # FLUX.2's VAE: the same Encoder / Decoder (plus quant convs and a latent BatchNorm outside them).
+    "AutoencoderKLFlux2": dict(
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(8, 16, 16),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+    ),
+    # Causal video VAEs: 3 levels (spatial factor 4), 2 temporal halvings (5 frames <-> 2 latent frames,
+    # 9 <-> 3), RMS norms, mid-block attention per frame.
+    "AutoencoderKLWan": dict(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[True, True],
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    ),
+    "AutoencoderKLQwenImage": dict(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[True, True],
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    ),
 }
 
 

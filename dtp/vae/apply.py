@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..errors import ForwardError, PlanError
+from . import video
 from .attention import SequenceGather
 from .conv import conv2d_rows
 from .group import vae_group
@@ -32,9 +33,11 @@ from .split import Split
 from .strips import bounds, split_rows
 
 # VAE classes whose encoder and decoder are diffusers' `Encoder` / `Decoder` (vae.py): 2-D convs,
-# GroupNorm, one mid-block self-attention, nearest upsampling, stride-2 downsampling.
+# GroupNorm, one mid-block self-attention, nearest upsampling, stride-2 downsampling. Rows are dim 2.
 IMAGE_VAES = ("AutoencoderKL", "AutoencoderKLFlux2")
-SUPPORTED = IMAGE_VAES
+# Causal video VAEs (video.py): (B, C, T, H, W) activations, rows are dim 3.
+VIDEO_VAES = ("AutoencoderKLWan", "AutoencoderKLQwenImage")
+SUPPORTED = IMAGE_VAES + VIDEO_VAES
 
 # Layers that act on each position (row) alone: nothing to exchange.
 ROW_LOCAL = (nn.SiLU, nn.ReLU, nn.GELU, nn.Dropout, nn.Identity, nn.Linear)
@@ -89,8 +92,9 @@ def install_vae(vae: nn.Module, checked: CheckedVae, mesh, *, gather_output: boo
         module = getattr(vae, part)
         for path, layer in layers:
             _install(layer, state, path)
-        factor = 2 ** sum(isinstance(layer, _downsample_types()) for _, layer in layers)
-        _replace_forward(module, _entry(module.forward, state, factor if part == "encoder" else 1), state)
+        factor = 2 ** sum(_downsamples(layer) for _, layer in layers)
+        dim = 3 if type(vae).__name__ in VIDEO_VAES else 2
+        _replace_forward(module, _entry(module.forward, state, factor if part == "encoder" else 1, dim), state)
     vae._dtp_vae = state
     return vae
 
@@ -106,10 +110,13 @@ def remove_vae_parallel(vae: nn.Module) -> nn.Module:
     return vae
 
 
-def _downsample_types():
+def _downsamples(layer: nn.Module) -> bool:
+    """Whether `layer` halves the height (a stride-2 downsampling the strips must align to)."""
     from diffusers.models.downsampling import Downsample2D
 
-    return (Downsample2D,)
+    if isinstance(layer, Downsample2D):
+        return True
+    return video.layer_kind(layer) == "resample" and layer.mode.startswith("downsample")
 
 
 def _layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
@@ -123,7 +130,12 @@ def _layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
         full = f"{prefix}.{path}" if path else prefix
         if any(path.startswith(p + ".") for p in inside):
             continue  # handled by its parent's rule
-        if isinstance(module, Downsample2D):
+        kind = video.layer_kind(module)
+        if kind is not None:
+            if _video_layer(module, kind, full):
+                found.append((full, module))
+            inside |= _owned(module, kind, path)
+        elif isinstance(module, Downsample2D):
             _check_downsample(module, full)
             found.append((full, module))
             inside.add(path)
@@ -143,6 +155,32 @@ def _layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
                 f"known: Conv2d, GroupNorm, Attention, Upsample2D, Downsample2D, {_names(ROW_LOCAL)}."
             )
     return found
+
+
+def _video_layer(module: nn.Module, kind: str, path: str) -> bool:
+    """Check a causal video VAE layer; True when it needs a strip rule installed."""
+    if kind == "rms_norm" and not module.channel_first:
+        raise PlanError(
+            f"parallelize_vae: {path} normalizes over the last dim; only channel-first RMS_norm is row-local."
+        )
+    if kind == "resample":
+        reason = video.check_resample(module)
+        if reason is not None:
+            raise PlanError(f"parallelize_vae: {path} ({type(module).__name__}) has no row-strip rule for {reason}.")
+        return module.mode.startswith("downsample")
+    if kind == "causal_conv" and module.padding_mode != "zeros":
+        raise PlanError(f"parallelize_vae: {path} pads with padding_mode={module.padding_mode!r}; only zeros is split.")
+    return kind in ("causal_conv", "attention")
+
+
+def _owned(module: nn.Module, kind: str, path: str) -> set[str]:
+    """Paths whose children a video layer's own rule covers: the attention block's; downsampling's pad + conv
+    (`resample`; its causal `time_conv` keeps its own rule)."""
+    if kind == "attention":
+        return {path}
+    if kind == "resample" and module.mode.startswith("downsample"):
+        return {f"{path}.resample" if path else "resample"}
+    return set()
 
 
 def _names(types) -> str:
@@ -188,7 +226,15 @@ def _install(layer: nn.Module, state: VaeParallel, path: str) -> None:
     from diffusers.models.downsampling import Downsample2D
 
     split = state.split
-    if isinstance(layer, Downsample2D):
+    kind = video.layer_kind(layer)
+    if kind == "causal_conv":
+        _replace_forward(layer, lambda x, cache_x=None: video.causal_conv3d_rows(x, layer, split, cache_x), state)
+    elif kind == "attention":
+        _replace_forward(layer, lambda x: video.attention_block_rows(layer, x, split), state)
+    elif kind == "resample":  # downsampling: ZeroPad2d + stride-2 conv as one strip conv
+        seq = layer.resample
+        _replace_forward(seq, lambda x: video.downsample_rows(x, seq[1], split), state)
+    elif isinstance(layer, Downsample2D):
         # Downsample2D pads (0, 1, 0, 1) and convolves with padding 0 when its padding is 0.
         pads = (0, 1) if layer.padding == 0 else None
 
@@ -219,15 +265,15 @@ def _replace_forward(module: nn.Module, forward, state: VaeParallel) -> None:
     state.undo.append(lambda: module.__dict__.pop("forward", None))
 
 
-def _entry(forward, state: VaeParallel, factor: int):
+def _entry(forward, state: VaeParallel, factor: int, dim: int):
     """The encoder's / decoder's forward on this rank's rows: split at entry, gathered at exit.
 
-    factor: input rows per latent row (the encoder's downsampling, 1 for the decoder).
+    factor: input rows per latent row (the encoder's downsampling, 1 for the decoder); dim: the rows' dim.
     """
     split = state.split
 
     def run(sample, *args, **kwargs):
-        height = sample.shape[2]
+        height = sample.shape[dim]
         latent_rows, rest = divmod(height, factor)
         if rest or latent_rows < split.world:
             raise ForwardError(
@@ -237,10 +283,10 @@ def _entry(forward, state: VaeParallel, factor: int):
         split.units = split_rows(latent_rows, split.world)
         try:
             b = bounds(split.units)
-            mine = sample.narrow(2, b[split.rank] * factor, split.units[split.rank] * factor)
+            mine = sample.narrow(dim, b[split.rank] * factor, split.units[split.rank] * factor)
             out = forward(mine, *args, **kwargs)
             if state.gather_output:
-                out = gather_rows(out, 2, split.counts(out.shape[2]), split.group)
+                out = gather_rows(out, dim, split.counts(out.shape[dim]), split.group)
             return out
         finally:
             split.units = None

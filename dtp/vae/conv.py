@@ -36,27 +36,37 @@ def conv2d_rows(x: torch.Tensor, conv: nn.Conv2d, split: Split, *, row_pad=None,
     row_pad = row_pad or (pad_h, pad_h)
     width_pad = width_pad or (pad_w, pad_w)
     kernel, stride, dilation = conv.kernel_size[0], conv.stride[0], conv.dilation[0]
-    in_bounds = split.bounds(x.shape[2])
-    rows = [
-        conv_rows(
-            in_bounds, q, kernel=kernel, stride=stride, dilation=dilation, pad_top=row_pad[0], pad_bottom=row_pad[1]
-        )
-        for q in range(split.world)
-    ]
-    needs = [halo_counts(r) for r in rows]
-    above, below = neighbour_rows(x, 2, needs, split.group, split.rank)
     same = stride == 1 and row_pad == (pad_h, pad_h) and dilation * (kernel - 1) == 2 * pad_h
     if same and width_pad == (pad_w, pad_w) and x.shape[2] >= 2 * pad_h:
+        above, below = _halo(x, 2, split, kernel, stride, dilation, row_pad)[1:]
         return _same_conv(x, conv, above, below)
-    mine = rows[split.rank]
-    # A negative halo: the window starts (ends) inside this rank's own strip; drop those rows.
-    start, stop = max(0, -mine.top), x.shape[2] - max(0, -mine.bottom)
-    x = x.narrow(2, start, stop - start)
-    top = _zeros_then(above, max(0, mine.top), x)
-    bottom = _then_zeros(below, max(0, mine.bottom), x)
-    x = torch.cat([t for t in (top, x, bottom) if t is not None], dim=2)
+    x = rows_for_conv(x, 2, split, kernel=kernel, stride=stride, dilation=dilation, pads=row_pad)
     x = F.pad(x, (*width_pad, 0, 0))
     return F.conv2d(x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+
+
+def rows_for_conv(
+    x: torch.Tensor, dim: int, split: Split, *, kernel: int, stride: int, dilation: int, pads
+) -> torch.Tensor:
+    """Exactly the input rows (along `dim`) this rank's output rows of the conv read: its strip with the
+    neighbours' halo rows and, at the image's edges, the zero padding; `pads` = (pad_top, pad_bottom) of the
+    untiled conv. Convolve the result with no padding along `dim`."""
+    mine, above, below = _halo(x, dim, split, kernel, stride, dilation, pads)
+    # A negative halo: the window starts (ends) inside this rank's own strip; drop those rows.
+    start, stop = max(0, -mine.top), x.shape[dim] - max(0, -mine.bottom)
+    x = x.narrow(dim, start, stop - start)
+    top = _zeros_then(above, max(0, mine.top), x, dim)
+    bottom = _then_zeros(below, max(0, mine.bottom), x, dim)
+    return torch.cat([t for t in (top, x, bottom) if t is not None], dim=dim)
+
+
+def _halo(x: torch.Tensor, dim: int, split: Split, kernel: int, stride: int, dilation: int, pads) -> tuple:
+    """(this rank's ConvRows, rows from the rank above, rows from the rank below) for a conv along `dim`."""
+    in_bounds = split.bounds(x.shape[dim])
+    geometry = dict(kernel=kernel, stride=stride, dilation=dilation, pad_top=pads[0], pad_bottom=pads[1])
+    rows = [conv_rows(in_bounds, q, **geometry) for q in range(split.world)]
+    above, below = neighbour_rows(x, dim, [halo_counts(r) for r in rows], split.group, split.rank)
+    return rows[split.rank], above, below
 
 
 def _same_conv(x: torch.Tensor, conv: nn.Conv2d, above, below) -> torch.Tensor:
@@ -71,10 +81,10 @@ def _same_conv(x: torch.Tensor, conv: nn.Conv2d, above, below) -> torch.Tensor:
     if p == 0:
         return out
     if above is not None:
-        edge = torch.cat([_zeros_then(above, p, x), x[:, :, : 2 * p]], dim=2)
+        edge = torch.cat([_zeros_then(above, p, x, 2), x[:, :, : 2 * p]], dim=2)
         out[:, :, :p] = _valid_rows(edge, conv)
     if below is not None:
-        edge = torch.cat([x[:, :, -2 * p :], _then_zeros(below, p, x)], dim=2)
+        edge = torch.cat([x[:, :, -2 * p :], _then_zeros(below, p, x, 2)], dim=2)
         out[:, :, -p:] = _valid_rows(edge, conv)
     return out
 
@@ -84,19 +94,25 @@ def _valid_rows(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
     return F.conv2d(x, conv.weight, conv.bias, conv.stride, (0, conv.padding[1]), conv.dilation, conv.groups)
 
 
-def _zeros_then(rows, wanted: int, like: torch.Tensor):
+def _zeros_then(rows, wanted: int, like: torch.Tensor, dim: int):
     """`wanted` rows ending with the received `rows`: what a neighbour did not send is outside the image (zeros)."""
-    got = 0 if rows is None else rows.shape[2]
+    got = 0 if rows is None else rows.shape[dim]
     if wanted == got:
         return rows
-    zeros = like.new_zeros(like.shape[0], like.shape[1], wanted - got, like.shape[3])
-    return zeros if rows is None else torch.cat([zeros, rows], dim=2)
+    zeros = like.new_zeros(_shape(like, dim, wanted - got))
+    return zeros if rows is None else torch.cat([zeros, rows], dim=dim)
 
 
-def _then_zeros(rows, wanted: int, like: torch.Tensor):
+def _then_zeros(rows, wanted: int, like: torch.Tensor, dim: int):
     """`wanted` rows starting with the received `rows`, zeros after (the image's bottom padding)."""
-    got = 0 if rows is None else rows.shape[2]
+    got = 0 if rows is None else rows.shape[dim]
     if wanted == got:
         return rows
-    zeros = like.new_zeros(like.shape[0], like.shape[1], wanted - got, like.shape[3])
-    return zeros if rows is None else torch.cat([rows, zeros], dim=2)
+    zeros = like.new_zeros(_shape(like, dim, wanted - got))
+    return zeros if rows is None else torch.cat([rows, zeros], dim=dim)
+
+
+def _shape(x: torch.Tensor, dim: int, rows: int) -> list[int]:
+    shape = list(x.shape)
+    shape[dim] = rows
+    return shape

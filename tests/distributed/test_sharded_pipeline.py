@@ -87,11 +87,11 @@ def results():
 
 
 def test_every_planned_component_is_sharded(results):
-    """transformer and text encoders (CLIP, T5; Qwen2.5-VL) by their bundled plans; FLUX.1's VAE split by rows
-    (dtp.parallelize_vae), Qwen-Image's whole (its class is not supported yet)."""
+    """transformer and text encoders (CLIP, T5; Qwen2.5-VL) by their bundled plans; the VAEs split by rows
+    (dtp.parallelize_vae)."""
     expected = {
         "flux": {"transformer": "flux", "text_encoder": "clip", "text_encoder_2": "t5", "vae": "rows"},
-        "qwenimage": {"transformer": "qwenimage", "text_encoder": "qwen2_5_vl", "vae": None},
+        "qwenimage": {"transformer": "qwenimage", "text_encoder": "qwen2_5_vl", "vae": "rows"},
     }
     for rank in results:
         for pipeline, plans in expected.items():

@@ -1,7 +1,9 @@
 """Parallel VAE parity on gloo: strip-split decode/encode against the untiled one-process VAE.
 
-One 4-process group; subgroups of 2 and 3 ranks and the whole group (also as a 2 x 2 mesh) run
-AutoencoderKL decode and encode at N = 2, 3, 4 with a latent height none of them divides (7), batch 2.
+One 4-process group; subgroups of 2 and 3 ranks and the whole group (as a 2 x 2 mesh, flattened) run
+AutoencoderKL, AutoencoderKLWan and AutoencoderKLQwenImage decode and encode at N = 2, 3, 4 with a latent
+height none of them divides (7), batch 2; the video VAEs on 5- and 9-frame videos (2 and 3 latent frames);
+AutoencoderKLFlux2 at N = 3, AutoencoderKLQwenImage (Wan's layers under other names) at N = 4.
 Tolerance: max |parallel - untiled| <= 1e-5 * max |untiled|. Negative controls: per-strip GroupNorm
 statistics and a halo one row short each exceed it.
 """
@@ -17,8 +19,10 @@ import dtp.vae.norm as norm_module
 from dtp.testing.launch import spawn
 from dtp.testing.tiny_vae import tiny_vae
 from dtp.vae import parallelize_vae, remove_vae_parallel
+from dtp.vae.strips import bounds, split_rows
 
 TOL = 1e-5
+WAN, QWEN, FLUX2 = "AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLFlux2"
 LATENT = (2, 4, 7, 6)  # batch 2, 4 channels, 7 x 6 latent rows x columns: 2, 3, 4 ranks all leave a remainder
 
 
@@ -28,8 +32,8 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def _kl(group) -> dict:
-    vae = tiny_vae("AutoencoderKL")
+def _kl(group, cls: str = "AutoencoderKL") -> dict:
+    vae = tiny_vae(cls)
     z = torch.randn(LATENT, generator=torch.Generator().manual_seed(1))
     image = torch.randn(2, 3, 28, 24, generator=torch.Generator().manual_seed(2))
     ref_dec = vae.decode(z).sample
@@ -42,6 +46,27 @@ def _kl(group) -> dict:
         result["halo_short"] = _rel(vae.decode(z).sample, ref_dec)
     remove_vae_parallel(vae)
     result["removed"] = _rel(vae.decode(z).sample, ref_dec)
+    parallelize_vae(vae, group, gather_output=False)  # each rank keeps its rows: split_rows(7, n), x 4 pixels
+    n, rank = vae._dtp_vae.split.world, vae._dtp_vae.split.rank
+    rows = [4 * r for r in bounds(split_rows(LATENT[2], n))]
+    result["strip"] = _rel(vae.decode(z).sample, ref_dec[:, :, rows[rank] : rows[rank + 1]])
+    return result
+
+
+@torch.no_grad()
+def _video(cls: str, group) -> dict:
+    """Decode of 2 and 3 latent frames (5 and 9 video frames), encode of 5 and 9 frames; halo one row short."""
+    vae = tiny_vae(cls)
+    latents = {f: torch.randn(2, 4, f, 7, 6, generator=torch.Generator().manual_seed(f)) for f in (2, 3)}
+    videos = {f: torch.randn(2, 3, f, 28, 24, generator=torch.Generator().manual_seed(f)) for f in (5, 9)}
+    ref_dec = {f: vae.decode(z).sample for f, z in latents.items()}
+    ref_enc = {f: vae.encode(x).latent_dist.mean for f, x in videos.items()}
+    assert [r.shape[2] for r in ref_dec.values()] == [5, 9]
+    parallelize_vae(vae, group)
+    result = {f"decode_{r.shape[2]}": _rel(vae.decode(latents[f]).sample, r) for f, r in ref_dec.items()}
+    result |= {f"encode_{f}": _rel(vae.encode(videos[f]).latent_dist.mean, r) for f, r in ref_enc.items()}
+    with _patched(conv_module, "halo_counts", _one_short):
+        result["halo_short"] = _rel(vae.decode(latents[2]).sample, ref_dec[2])
     return result
 
 
@@ -78,9 +103,12 @@ def _four_proc(rank: int, world: int) -> dict:
     groups = {n: dist.new_group(list(range(n))) for n in (2, 3)}  # every rank creates every group
     for n, group in groups.items():
         if rank < n:
-            results[n] = _kl(group)
+            results[n] = dict(kl=_kl(group), wan=_video(WAN, group))
+            if n == 3:
+                results[n]["flux2"] = _kl(group, FLUX2)
         dist.barrier()
-    results[4] = _kl(dtp.make_mesh(tp=2, cp=2))  # a 2-D mesh, flattened: all 4 ranks
+    mesh = dtp.make_mesh(tp=2, cp=2)  # a 2-D mesh, flattened: all 4 ranks
+    results[4] = dict(kl=_kl(mesh), wan=_video(WAN, mesh), qwen=_video(QWEN, mesh))
     return results
 
 
@@ -94,16 +122,47 @@ def four():
 def test_autoencoder_kl_parity(four, n, op):
     """AutoencoderKL, latent 7 x 6 (batch 2) on n ranks: max |parallel - untiled| <= 1e-5 * max |untiled|."""
     for rank in range(n):
-        assert four[rank][n][op] <= TOL, (rank, four[rank][n])
+        assert four[rank][n]["kl"][op] <= TOL, (rank, four[rank][n]["kl"])
+
+
+@pytest.mark.parametrize("op", ("decode", "encode"))
+def test_flux2_vae_parity(four, op):
+    """AutoencoderKLFlux2 (FLUX.2's VAE: the same Encoder / Decoder), latent 7 x 6, batch 2, on 3 ranks."""
+    assert all(four[rank][3]["flux2"][op] <= TOL for rank in range(3)), [four[r][3]["flux2"] for r in range(3)]
+
+
+VIDEO_CASES = [(2, "wan"), (3, "wan"), (4, "wan"), (4, "qwen")]  # Qwen-Image's VAE: Wan's layers, renamed
+
+
+@pytest.mark.parametrize("n, vae", VIDEO_CASES)
+def test_video_vae_parity(four, n, vae):
+    """AutoencoderKLWan / AutoencoderKLQwenImage, latent 7 x 6, batch 2, on n ranks: decode to 5 and 9 frames,
+    encode 5 and 9 frames: max |parallel - untiled| <= 1e-5 * max |untiled|."""
+    for rank in range(n):
+        got = four[rank][n][vae]
+        assert {k for k in got if k != "halo_short"} == {"decode_5", "decode_9", "encode_5", "encode_9"}
+        assert all(v <= TOL for k, v in got.items() if k != "halo_short"), (rank, got)
 
 
 @pytest.mark.parametrize("n", (2, 3, 4))
 @pytest.mark.parametrize("control", ("strip_stats", "halo_short"))
 def test_negative_controls_fail(four, n, control):
     """Per-strip GroupNorm statistics, or a halo one row short, break the bound on some rank."""
-    assert max(four[rank][n][control] for rank in range(n)) > 100 * TOL, [four[r][n] for r in range(n)]
+    assert max(four[rank][n]["kl"][control] for rank in range(n)) > 100 * TOL, [four[r][n] for r in range(n)]
+
+
+@pytest.mark.parametrize("n, vae", VIDEO_CASES)
+def test_video_halo_one_row_short_fails(four, n, vae):
+    """The causal video VAEs' negative control: a halo one row short breaks the bound."""
+    assert max(four[rank][n][vae]["halo_short"] for rank in range(n)) > 100 * TOL
+
+
+@pytest.mark.parametrize("n", (2, 3, 4))
+def test_output_left_distributed(four, n):
+    """gather_output=False: each rank's decode is its own rows of the untiled image (uneven strips)."""
+    assert all(four[rank][n]["kl"]["strip"] <= TOL for rank in range(n))
 
 
 def test_remove_restores_whole_decode(four):
     """remove_vae_parallel: the VAE decodes whole again, bit for bit on every rank."""
-    assert all(four[rank][4]["removed"] == 0.0 for rank in range(4))
+    assert all(four[rank][4]["kl"]["removed"] == 0.0 for rank in range(4))

@@ -1,0 +1,107 @@
+"""Causal video VAEs (AutoencoderKLWan, AutoencoderKLQwenImage) on row strips: height split, time untouched.
+
+Their activations are (B, C, T, H, W); the strips split H (dim 3). Each diffusers class family has the
+same layers under its own prefix (`WanCausalConv3d`, `QwenImageCausalConv3d`, ...):
+- CausalConv3d: time padded causally (2 p_t frames before, or the frames cached from the previous
+  chunk), H by the strip rule (halo rows of the time-extended input, `conv.rows_for_conv`), W as is.
+  The temporal caches (`feat_cache`) hold the inputs' last frames, i.e. this rank's rows of them: the
+  caches are kept per strip, and the halo is exchanged on the cache-extended tensor, as the conv sees it.
+- RMS_norm: normalizes over channels at each position: row-local, nothing to exchange.
+- Resample: nearest(-exact) x2 upsampling (row-local) then a 3x3 conv on (B*T, C, H, W) frames; or
+  downsampling by ZeroPad2d((0, 1, 0, 1)) + a stride-2 conv, run as one strip conv with row padding (0, 1).
+- AttentionBlock: single-head attention per frame over all H x W positions: local queries, K and V
+  gathered over ranks (`attention.py`'s rule, here written out for the block's fused to_qkv).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .conv import conv2d_rows, rows_for_conv
+from .halo import gather_rows
+from .split import Split
+
+FAMILIES = ("Wan", "QwenImage")  # class-name prefixes of the causal video VAEs' layers
+
+
+def layer_kind(module: nn.Module) -> str | None:
+    """'causal_conv', 'rms_norm', 'upsample', 'resample', 'attention' for a video-VAE layer, else None."""
+    name = type(module).__name__
+    for family in FAMILIES:
+        if name.startswith(family):
+            kind = name[len(family) :]
+            return {
+                "CausalConv3d": "causal_conv",
+                "RMS_norm": "rms_norm",
+                "Upsample": "upsample",
+                "Resample": "resample",
+                "AttentionBlock": "attention",
+            }.get(kind)
+    return None
+
+
+def causal_conv3d_rows(x: torch.Tensor, conv: nn.Conv3d, split: Split, cache_x=None) -> torch.Tensor:
+    """A Wan-style CausalConv3d's forward on a (B, C, T, h, W) strip: this rank's output rows.
+
+    conv._padding = (w, w, h, h, 2 p_t, 0) as F.pad takes it; conv.padding is (0, 0, 0).
+    """
+    w_left, w_right, h_top, h_bottom, t_front, t_back = conv._padding
+    if cache_x is not None and t_front > 0:
+        x = torch.cat([cache_x.to(x.device), x], dim=2)
+        t_front -= cache_x.shape[2]
+    x = rows_for_conv(
+        x,
+        3,
+        split,
+        kernel=conv.kernel_size[1],
+        stride=conv.stride[1],
+        dilation=conv.dilation[1],
+        pads=(h_top, h_bottom),
+    )
+    x = F.pad(x, (w_left, w_right, 0, 0, t_front, t_back))
+    return F.conv3d(x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+
+
+def downsample_rows(x: torch.Tensor, conv: nn.Conv2d, split: Split) -> torch.Tensor:
+    """Sequential(ZeroPad2d((0, 1, 0, 1)), Conv2d(stride 2, padding 0)) on a (B*T, C, h, W) strip."""
+    return conv2d_rows(x, conv, split, row_pad=(0, 1), width_pad=(0, 1))
+
+
+def attention_block_rows(block: nn.Module, x: torch.Tensor, split: Split) -> torch.Tensor:
+    """The AttentionBlock's forward on a (B, C, T, h, W) strip: per frame, local queries over all keys.
+
+    Same steps as diffusers' WanAttentionBlock.forward, with K and V of every rank's rows gathered
+    along the sequence (rank order = row-major order) before the attention.
+    """
+    identity = x
+    batch, channels, time, height, width = x.shape
+    x = x.permute(0, 2, 1, 3, 4).reshape(batch * time, channels, height, width)
+    x = block.norm(x)
+    qkv = block.to_qkv(x).reshape(batch * time, 1, channels * 3, -1).permute(0, 1, 3, 2).contiguous()
+    q, k, v = qkv.chunk(3, dim=-1)
+    counts = tuple(c * width for c in split.counts(height))
+    k = gather_rows(k.contiguous(), 2, counts, split.group)
+    v = gather_rows(v.contiguous(), 2, counts, split.group)
+    x = F.scaled_dot_product_attention(q, k, v)
+    x = x.squeeze(1).permute(0, 2, 1).reshape(batch * time, channels, height, width)
+    x = block.proj(x)
+    x = x.view(batch, time, channels, height, width).permute(0, 2, 1, 3, 4)
+    return x + identity
+
+
+def check_resample(resample: nn.Module) -> str | None:
+    """Why a Resample has no strip rule (None when it has one)."""
+    seq = resample.resample
+    if resample.mode in ("upsample2d", "upsample3d"):
+        up, conv = seq[0], seq[1]
+        if up.mode not in ("nearest", "nearest-exact") or tuple(up.scale_factor) != (2.0, 2.0):
+            return f"upsampling {up.mode} x {up.scale_factor}"
+        return None
+    if resample.mode in ("downsample2d", "downsample3d"):
+        pad, conv = seq[0], seq[1]
+        if not isinstance(pad, nn.ZeroPad2d) or tuple(pad.padding) != (0, 1, 0, 1) or conv.padding != (0, 0):
+            return f"downsampling by {pad} then {conv}"
+        return None
+    return None if resample.mode == "none" else f"mode {resample.mode}"
