@@ -1,11 +1,13 @@
 """Quantized weights under TP on 4 gloo processes: tp=2 (two tp groups of a (2, 2) mesh) and tp=4.
 
 Tiny FLUX.1, FLUX.2 and Qwen-Image, each scheme (torchao int8 weight-only, float8 weight-only, float8
-dynamic activation with per-row scales on every non-rowwise Linear), both orders (quantize then
+dynamic activation with per-row weight and per-token activation scales; a rowwise layer's token
+scales from the all-reduced amax), both orders (quantize then
 `dtp.parallelize`, and `dtp.parallelize` then quantize), against the one-process model quantized the
 same way: max |sharded - ref| <= 1e-5 * max |ref| (measured 2.3e-7..8.1e-7), next to the scheme's own
 error against fp32 (1.3e-2..2.0e-1), so the bound is not vacuous. Negative control: rowwise layers
-quantized from their column slices miss it (5.0e-3).
+quantized from their column slices miss it (5.0e-3), and so do float8-dynamic rowwise layers
+whose token scales come from the local features only.
 """
 
 import pytest
@@ -85,11 +87,19 @@ def test_column_slice_quantization_fails(results):
         assert found["relative"] > 100 * TOL, found
 
 
-def test_fp8_dynamic_rowwise_refused(results):
-    """fp8 dynamic activation on a rowwise layer: a PlanError naming the module and the scheme, model untouched."""
+def test_local_token_scales_fail(results):
+    """Negative control: float8 dynamic activation with each rank's local token amax on rowwise layers misses it."""
     for r in results:
-        message = r[2]["fp8_rowwise_refused"]
-        assert "transformer_blocks.0.attn.to_out.0" in message and "scheme fp8" in message, message
+        found = r[2]["local_token_scale_control"]
+        print(f"local token scales: {found['relative']:.2e} vs one process (scheme's own {found['quant_error']:.2e})")
+        assert found["relative"] > 100 * TOL, found
+
+
+def test_int8_dynamic_rowwise_refused(results):
+    """int8 dynamic activation on a rowwise layer: a PlanError naming the module and the scheme, model untouched."""
+    for r in results:
+        message = r[2]["int8_dynamic_rowwise_refused"]
+        assert "transformer_blocks.0.attn.to_out.0" in message and "scheme int8" in message, message
 
 
 @pytest.mark.parametrize("tp", [2, 4])

@@ -11,7 +11,13 @@ import torch
 
 pytest.importorskip("torchao")
 
-from torchao.quantization import Int8WeightOnlyConfig, PerGroup, PerTensor, quantize_  # noqa: E402
+from torchao.quantization import (  # noqa: E402
+    Int8DynamicActivationInt8WeightConfig,
+    Int8WeightOnlyConfig,
+    PerGroup,
+    PerTensor,
+    quantize_,
+)
 
 import dtp  # noqa: E402
 from dtp.quant import describe, shard_weight  # noqa: E402
@@ -95,9 +101,9 @@ def test_padded_rows_get_scale_one(mesh):
     "make, words",
     [
         (lambda m: quantize_(m, Int8WeightOnlyConfig(granularity=PerGroup(16))), ["int8wo", "blocks"]),
-        (lambda m: quantize(m, "fp8"), ["scheme fp8", "rowwise", "all-reduce"]),
+        (lambda m: quantize_(m, Int8DynamicActivationInt8WeightConfig()), ["scheme int8", "rowwise", "all-reduce"]),
     ],
-    ids=["per-group int8", "fp8 dynamic on a rowwise layer"],
+    ids=["per-group int8", "int8 dynamic on a rowwise layer"],
 )
 def test_prepare_refuses_before_mutating(mesh, make, words):
     """A PlanError naming the key, the module and the scheme; every weight is as it was."""
