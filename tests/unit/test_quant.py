@@ -129,3 +129,17 @@ def test_lora_on_quantized_layers_refused(mesh):
     }
     with pytest.raises(dtp.PlanError, match=r"transformer_blocks\.0\.attn\.to_q.*int8wo"):
         dtp.load_lora(model, lora)
+
+
+def test_from_pretrained_refuses_unloadable_configs():
+    """A quantization_config dtp cannot apply slice by slice: PlanError naming it, before anything is read."""
+    from diffusers import TorchAoConfig
+
+    from dtp.quant.load import torchao_config
+
+    config, skip = torchao_config(TorchAoConfig(Int8WeightOnlyConfig(), modules_to_not_convert=["proj_out"]))
+    assert type(config).__name__ == "Int8WeightOnlyConfig" and skip == ["proj_out"]
+    with pytest.raises(dtp.PlanError, match="Int8DynamicActivationInt8WeightConfig"):
+        torchao_config(TorchAoConfig(Int8DynamicActivationInt8WeightConfig()))
+    with pytest.raises(dtp.PlanError, match="PerGroup"):
+        torchao_config(Int8WeightOnlyConfig(granularity=PerGroup(16)))
