@@ -17,6 +17,8 @@ import os
 import sys
 import time
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import load_memory  # noqa: E402  (the checkpoint and the peak-RSS helpers)
@@ -38,6 +40,7 @@ def measure(rank: int, world_size: int, scheme: str, path: str) -> dict:
 
     mesh = dtp.make_mesh(tp=world_size, device_type="cpu")
     config = TorchAoConfig(config_for(scheme))
+    dtp.quantize(torch.nn.Linear(16, 16), config_for(scheme))  # torchao's code loaded before the baseline
     gc.collect()
     load_memory._reset_peak()
     before_kb = load_memory._proc_status_kb("VmRSS")
