@@ -7,10 +7,10 @@ data and scales with the same `Layout` math as every other parameter; `check` re
 
 from .after import keep_layout, quantize, quantize_linear, repair_padded_rows
 from .check import check_not_quantized, check_quantized
-from .kinds import QuantKind, describe, is_quantized
+from .kinds import LAYOUT_ATTR, QuantKind, describe, is_quantized
 from .load import LoadQuantizer
 from .schemes import SCHEMES, config_for, quantized_bytes
-from .shard import LAYOUT_ATTR, distribute_quantized, full_weight, rebuild, shard_weight, sharded_parameter
+from .shard import distribute_quantized, full_weight, rebuild, shard_weight, sharded_parameter
 
 __all__ = [
     "LAYOUT_ATTR",

@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
-from .kinds import is_quantized
-from .shard import LAYOUT_ATTR, rebuild, sharded_parameter
+from .dynamic import install_dynamic_rowwise
+from .kinds import LAYOUT_ATTR, is_quantized
+from .shard import rebuild, sharded_parameter
 
 
 def quantize(model: torch.nn.Module, config, filter_fn=None) -> torch.nn.Module:
@@ -50,6 +51,7 @@ def keep_layout(module: torch.nn.Module, name: str, layout) -> None:
     if not is_quantized(param) or not isinstance(param.qdata, DTensor):
         return
     module._parameters[name] = sharded_parameter(repair_padded_rows(param, layout), layout)
+    install_dynamic_rowwise(module)
 
 
 def repair_padded_rows(weight, layout):

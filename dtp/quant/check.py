@@ -9,7 +9,7 @@ from .kinds import describe
 
 SUPPORTED = (
     "torchao Int8WeightOnlyConfig / Float8WeightOnlyConfig (per-row or per-tensor scales), "
-    "Float8DynamicActivationFloat8WeightConfig on colwise layers, or diffusers' enable_layerwise_casting"
+    "Float8DynamicActivationFloat8WeightConfig (per-row), or diffusers' enable_layerwise_casting"
 )
 
 
@@ -17,9 +17,9 @@ def check_quantized(model: nn.Module, linears, plan_name: str) -> None:
     """PlanError for the first planned Linear/Embedding whose weight is quantized in a way dtp cannot shard.
 
     `linears` are the resolved LinearSpecs. Refused: torchao subclasses other than Int8Tensor /
-    Float8Tensor, per-group or block scales, static activation scales, quantized embeddings, and a
-    dynamic-activation scheme on a rowwise layer (its per-token activation scales need the whole
-    token's amax, an all-reduce torchao's kernels do not make).
+    Float8Tensor, per-group or block scales, static activation scales, quantized embeddings, and int8
+    dynamic activation on a rowwise layer (its per-token activation scales need the whole token's amax;
+    dtp all-reduces it for float8 only, `dynamic.py`).
     """
     for spec in linears:
         weight = getattr(model.get_submodule(spec.path), "weight", None)
@@ -29,10 +29,10 @@ def check_quantized(model: nn.Module, linears, plan_name: str) -> None:
         problem = kind.problem
         if problem is None and spec.style.is_embedding:
             problem = "dtp does not shard quantized embeddings"
-        if problem is None and kind.scheme in ("fp8", "int8") and spec.style.shard_dim == 1:
+        if problem is None and kind.scheme == "int8" and spec.style.shard_dim == 1:
             problem = (
-                "a rowwise layer with dynamic activation quantization needs each token's scale from the whole "
-                "token (an all-reduce of the amax over tp), which torchao's kernels do not make"
+                "a rowwise layer with int8 dynamic activation quantization needs each token's scale from the "
+                "whole token (an all-reduce of the amax over tp), which dtp makes for float8 only (quant/dynamic.py)"
             )
         if problem is not None:
             raise PlanError(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 SUPPORTED_CLASSES = ("Int8Tensor", "Float8Tensor")
+LAYOUT_ATTR = "_dtp_layout"  # on a sharded parameter: its Layout (the styles set it too; `full_tensor` reads it)
 
 
 @dataclass(frozen=True)

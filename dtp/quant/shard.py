@@ -22,7 +22,8 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from .kinds import describe
+from .dynamic import install_dynamic_rowwise
+from .kinds import LAYOUT_ATTR, describe
 
 
 def shard_weight(weight, layout, mesh, device=None):
@@ -90,9 +91,6 @@ def rebuild(weight, qdata, scale, block_size, zero_point=None):
     )
 
 
-LAYOUT_ATTR = "_dtp_layout"  # the same attribute the styles set on a sharded parameter (for `full_tensor`)
-
-
 def sharded_parameter(weight, layout) -> torch.nn.Parameter:
     """A frozen Parameter around a sharded quantized weight, its layout recorded like the styles' parameters."""
     param = torch.nn.Parameter(weight, requires_grad=False)
@@ -105,6 +103,7 @@ def distribute_quantized(module: torch.nn.Module, mesh, partition_fn, input_fn, 
     without torch's last step (replicating every parameter that is not a DTensor instance by a broadcast,
     which the subclass does not implement; its DTensors are inside it)."""
     partition_fn("", module, mesh)
+    install_dynamic_rowwise(module)
     module.register_forward_pre_hook(lambda _, inputs: input_fn(module, inputs, mesh))
     module.register_forward_hook(lambda _, inputs, output: output_fn(module, output, mesh))
     return module

@@ -34,11 +34,8 @@ def rowwise_paths(model) -> set[str]:
 
 
 def scheme_filter(model, scheme: str):
-    """fp8 (dynamic activation) is refused on rowwise layers: quantize only the others with it."""
-    if scheme != "fp8":
-        return None
-    skip = rowwise_paths(model)
-    return lambda module, fqn: isinstance(module, torch.nn.Linear) and fqn not in skip
+    """Every Linear (torchao's default); kept as a hook for schemes that must skip some."""
+    return None
 
 
 @torch.no_grad()
@@ -120,9 +117,12 @@ def column_slice_control(mesh) -> dict:
     )
 
 
-def fp8_rowwise_refused(mesh) -> str:
-    """fp8 dynamic activation on every Linear (rowwise ones too): the PlanError's text, the model untouched."""
-    model = quantize(tiny_model(CLASSES["flux"]), "fp8")
+def int8_dynamic_rowwise_refused(mesh) -> str:
+    """int8 dynamic activation on every Linear (rowwise ones too): the PlanError's text, the model untouched."""
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    model = tiny_model(CLASSES["flux"])
+    quantize_(model, Int8DynamicActivationInt8WeightConfig())
     before = {n: type(p.qdata) for n, p in model.named_parameters() if describe(p) is not None}
     try:
         dtp.parallelize(model, mesh)
@@ -131,6 +131,25 @@ def fp8_rowwise_refused(mesh) -> str:
         assert after == before and DTensor not in after.values()
         return str(error)
     return "no error"
+
+
+def local_token_scale_control(mesh) -> dict:
+    """Negative control for float8 dynamic activation: rowwise layers with each rank's LOCAL token amax (the
+    all-reduce of `quant/dynamic.py` skipped). Must miss the bound."""
+    import dtp.quant.dynamic as dynamic
+
+    real = dynamic.funcol
+
+    class LocalMax:
+        @staticmethod
+        def all_reduce(tensor, op, group):
+            return tensor if op == "max" else real.all_reduce(tensor, op, group)
+
+    dynamic.funcol = LocalMax
+    try:
+        return quant_parity("flux", "fp8", mesh)["quantize_then_shard"]
+    finally:
+        dynamic.funcol = real
 
 
 def run_quant_cases(mesh, schemes, pad: bool = False, controls: bool = True) -> dict:
@@ -143,7 +162,8 @@ def run_quant_cases(mesh, schemes, pad: bool = False, controls: bool = True) -> 
     results["full_weights_exact"] = all(full_weights_exact(mesh, s, pad) for s in ("int8wo", "fp8wo"))
     if controls:
         results["column_slice_control"] = column_slice_control(mesh)
-        results["fp8_rowwise_refused"] = fp8_rowwise_refused(mesh)
+        results["int8_dynamic_rowwise_refused"] = int8_dynamic_rowwise_refused(mesh)
+        results["local_token_scale_control"] = local_token_scale_control(mesh)
     results["cpu_seconds"] = time.process_time() - start
     return results
 

@@ -33,7 +33,7 @@ def _run(rank, world_size, path):
 def results(tmp_path_factory):
     path = tmp_path_factory.mktemp("flux")
     tiny_model(CLASSES["flux"]).save_pretrained(path, safe_serialization=True)
-    return spawn(_run, 3, str(path))
+    return spawn(_run, 3, str(path), timeout_s=1800)
 
 
 @pytest.mark.parametrize("case", [f"{n}/{s}/{o}" for n in CLASSES for s in SCHEMES for o in ORDERS])

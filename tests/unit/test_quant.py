@@ -11,7 +11,13 @@ import torch
 
 pytest.importorskip("torchao")
 
-from torchao.quantization import Int8WeightOnlyConfig, PerGroup, PerTensor, quantize_  # noqa: E402
+from torchao.quantization import (  # noqa: E402
+    Int8DynamicActivationInt8WeightConfig,
+    Int8WeightOnlyConfig,
+    PerGroup,
+    PerTensor,
+    quantize_,
+)
 
 import dtp  # noqa: E402
 from dtp.quant import describe, shard_weight  # noqa: E402
@@ -95,9 +101,9 @@ def test_padded_rows_get_scale_one(mesh):
     "make, words",
     [
         (lambda m: quantize_(m, Int8WeightOnlyConfig(granularity=PerGroup(16))), ["int8wo", "blocks"]),
-        (lambda m: quantize(m, "fp8"), ["scheme fp8", "rowwise", "all-reduce"]),
+        (lambda m: quantize_(m, Int8DynamicActivationInt8WeightConfig()), ["scheme int8", "rowwise", "all-reduce"]),
     ],
-    ids=["per-group int8", "fp8 dynamic on a rowwise layer"],
+    ids=["per-group int8", "int8 dynamic on a rowwise layer"],
 )
 def test_prepare_refuses_before_mutating(mesh, make, words):
     """A PlanError naming the key, the module and the scheme; every weight is as it was."""
@@ -123,3 +129,17 @@ def test_lora_on_quantized_layers_refused(mesh):
     }
     with pytest.raises(dtp.PlanError, match=r"transformer_blocks\.0\.attn\.to_q.*int8wo"):
         dtp.load_lora(model, lora)
+
+
+def test_from_pretrained_refuses_unloadable_configs():
+    """A quantization_config dtp cannot apply slice by slice: PlanError naming it, before anything is read."""
+    from diffusers import TorchAoConfig
+
+    from dtp.quant.load import torchao_config
+
+    config, skip = torchao_config(TorchAoConfig(Int8WeightOnlyConfig(), modules_to_not_convert=["proj_out"]))
+    assert type(config).__name__ == "Int8WeightOnlyConfig" and skip == ["proj_out"]
+    with pytest.raises(dtp.PlanError, match="Int8DynamicActivationInt8WeightConfig"):
+        torchao_config(TorchAoConfig(Int8DynamicActivationInt8WeightConfig()))
+    with pytest.raises(dtp.PlanError, match="PerGroup"):
+        torchao_config(Int8WeightOnlyConfig(granularity=PerGroup(16)))

@@ -1,0 +1,113 @@
+"""Per-rank host memory of shard-on-load with quantization: `dtp.from_pretrained(..., quantization_config=...)`.
+
+The mid-size FLUX.1 checkpoint of `load_memory.py` (dim 1536, ~1.16 GB fp32, several files) loaded on
+tp = 2 and 4 gloo processes with diffusers' `TorchAoConfig(Int8WeightOnlyConfig())` (and float8): each
+rank reads its fp32 slices and quantizes each Linear weight as it arrives. Peak RSS increase (VmHWM
+after the load minus VmRSS before it, peak reset via /proc/self/clear_refs) against the bound the
+issue sets: 1.25 x the rank's quantized share (local data + scales + unquantized parameters) + 150 MB.
+
+    python benchmarks/quant_load_memory.py [--workdir benchmarks/_work] [--tp 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import load_memory  # noqa: E402  (the checkpoint and the peak-RSS helpers)
+
+MB = load_memory.MB
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "quant_load_memory.md")
+
+
+def measure(rank: int, world_size: int, scheme: str, path: str) -> dict:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from diffusers import FluxTransformer2DModel, TorchAoConfig
+
+    import dtp
+    from dtp.loading.load import load
+    from dtp.quant import config_for
+    from dtp.runtime.memory import local_param_bytes
+
+    mesh = dtp.make_mesh(tp=world_size, device_type="cpu")
+    config = TorchAoConfig(config_for(scheme))
+    dtp.quantize(torch.nn.Linear(16, 16), config_for(scheme))  # torchao's code loaded before the baseline
+    gc.collect()
+    load_memory._reset_peak()
+    before_kb = load_memory._proc_status_kb("VmRSS")
+    start = time.perf_counter()
+    model, stats = load(FluxTransformer2DModel, path, mesh, quantization_config=config)
+    seconds = time.perf_counter() - start
+    peak_kb = load_memory._proc_status_kb("VmHWM")
+    return dict(
+        rank=rank,
+        increase=(peak_kb - before_kb) * 1024,
+        share=local_param_bytes(model),
+        bytes_read=stats.bytes_read,
+        seconds=seconds,
+    )
+
+
+HEADER = (
+    "| tp | scheme | peak RSS increase (MB) | quantized share (MB) | increase / share | bound 1.25 x share + 150 MB "
+    "| within bound | fp32 bytes read (MB) | load time (s) |\n|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def _row(r: dict) -> str:
+    bound = 1.25 * r["share"] + load_memory.FIXED_MB * MB
+    return (
+        f"| {r['tp']} | {r['scheme']} | {r['increase'] / MB:.0f} | {r['share'] / MB:.0f} | "
+        f"{r['increase'] / r['share']:.2f} | {bound / MB:.0f} | {'yes' if r['increase'] <= bound else 'no'} | "
+        f"{r['bytes_read'] / MB:.0f} | {r['slowest']:.1f} |"
+    )
+
+
+def main() -> None:
+    from dtp.testing.launch import spawn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "_work"))
+    parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--schemes", nargs="+", default=["int8wo", "fp8wo"])
+    args = parser.parse_args()
+    path = os.path.join(args.workdir, "flux-mid")
+    load_memory.write_checkpoint(path)
+    print(HEADER, flush=True)
+    rows = []
+    for tp in args.tp:
+        for scheme in args.schemes:
+            ranks = spawn(measure, tp, scheme, path, backend="gloo")
+            worst = max(ranks, key=lambda r: r["increase"] / (1.25 * r["share"] + load_memory.FIXED_MB * MB))
+            rows.append(dict(tp=tp, scheme=scheme, **worst, slowest=max(r["seconds"] for r in ranks)))
+            print(_row(rows[-1]), flush=True)
+    lines = [
+        "# Shard-on-load with quantization: per-rank host memory",
+        "",
+        f"Command: `python benchmarks/quant_load_memory.py {' '.join(sys.argv[1:])}`".replace(" `", " `").strip(),
+        "",
+        f"Checkpoint: FluxTransformer2DModel {load_memory.CONFIG} (fp32, {load_memory.SHARD_SIZE} files), "
+        "loaded with diffusers' TorchAoConfig; each row is the rank closest to its bound. 2 shared cores: "
+        "times are noisy.",
+        "",
+        HEADER,
+        *(_row(r) for r in rows),
+        "",
+    ]
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as f:
+        f.write("\n".join(lines))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
