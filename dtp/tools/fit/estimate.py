@@ -77,7 +77,7 @@ def fit(
             rows.append(estimate(candidate, spec, measurer, shape, memory, hw))
         except PlanError as exc:
             rejected.append({**_options(candidate), "reason": str(exc)})
-    rows = _drop_needless_padding(rows, rejected)
+    rows = _drop_needless_padding(rows)
     rows.sort(key=lambda r: (not r["fits"], r["step_seconds"] if r["fits"] else 0, r["peak_bytes"]))
     return {
         "pipeline": spec.name,
@@ -139,7 +139,7 @@ def _options(c: Candidate) -> dict:
     }
 
 
-def _drop_needless_padding(rows: list[dict], rejected: list[dict]) -> list[dict]:
+def _drop_needless_padding(rows: list[dict]) -> list[dict]:
     """pad=True rows whose unpadded twin runs: padding would only cost (a twin is the same row with pad False)."""
     unpadded = {_key(r) for r in rows if not r["pad"]}
     return [r for r in rows if not r["pad"] or _key(r) not in unpadded]
