@@ -27,7 +27,7 @@ from .candidates import Candidate, candidates, layout
 from .hardware import hardware as find_hardware
 from .hardware import parse_memory
 from .measure import PHASES, Measurer
-from .pipelines import PROMPT_TOKENS, FitPipeline, Shape, fit_pipeline
+from .pipelines import PROMPT_TOKENS, VIDEO_FRAMES, FitPipeline, Shape, fit_pipeline
 
 DEFAULT_PROMPT = "a photo of a cat"
 
@@ -54,7 +54,8 @@ def fit(
     text_tokens: prompt length of the T5 / LLM text encoders and of the transformer's text stream (CLIP: 77).
     only: candidate fields to keep, e.g. `{"cp": 1}` (default: every candidate).
     measurer: a `Measurer` of the same pipeline and dtype from an earlier call, to reuse its measurements.
-    gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`.
+    gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`; frames
+        to 81 for a video pipeline (`wan-pipeline`), None for an image one.
     Each row: cfg, cp, tp, cp_mode, pad, quant, text_encoders, parallel_vae, weight_bytes (by component),
     phase_bytes (by phase), peak_bytes, fits, step_seconds, command. `rejected` lists the candidates whose
     plans do not fit the mesh, with the PlanError; `reason` says why nothing fits when no row does.
@@ -63,8 +64,9 @@ def fit(
     check_degree(batch, "dtp fit: --batch")
     memory = parse_memory(gpu_memory)
     hw = find_hardware(hardware, memory)
-    shape = Shape(batch, height or resolution, width or resolution, frames or 1, text_tokens)
     spec = fit_pipeline(pipeline)
+    frames = frames or (VIDEO_FRAMES if spec.is_video else None)
+    shape = Shape(batch, height or resolution, width or resolution, frames or 1, text_tokens)
     measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
     rows, rejected = [], []
@@ -75,7 +77,7 @@ def fit(
             rows.append(estimate(candidate, spec, measurer, shape, memory, hw))
         except PlanError as exc:
             rejected.append({**_options(candidate), "reason": str(exc)})
-    rows = _drop_needless_padding(rows, rejected)
+    rows = _drop_needless_padding(rows)
     rows.sort(key=lambda r: (not r["fits"], r["step_seconds"] if r["fits"] else 0, r["peak_bytes"]))
     return {
         "pipeline": spec.name,
@@ -137,7 +139,7 @@ def _options(c: Candidate) -> dict:
     }
 
 
-def _drop_needless_padding(rows: list[dict], rejected: list[dict]) -> list[dict]:
+def _drop_needless_padding(rows: list[dict]) -> list[dict]:
     """pad=True rows whose unpadded twin runs: padding would only cost (a twin is the same row with pad False)."""
     unpadded = {_key(r) for r in rows if not r["pad"]}
     return [r for r in rows if not r["pad"] or _key(r) not in unpadded]

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..analysis.fakepg import meta_inputs
-from ..analysis.released import RELEASED_PIPELINES, build_component, released_pipeline
+from ..analysis.released import RELEASED_PIPELINES, Component, ReleasedPipeline, build_component
 from ..errors import PlanError
 from ..loading import build_skeleton
 
@@ -31,6 +31,7 @@ PATCH = 2  # latent pixels per token side, every supported transformer
 PROMPT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL / UMT5 prompt length the pipelines pad or cap to
 CLIP_TOKENS = 77
 VIDEO_VAES = ("AutoencoderKLQwenImage", "AutoencoderKLWan")  # 3-D latents [B, C, frames, h, w]
+VIDEO_TRANSFORMERS = ("WanTransformer3DModel",)
 ENCODER_ONLY = ("CLIPTextModel", "CLIPTextModelWithProjection", "T5EncoderModel", "UMT5EncoderModel")
 # Pipelines that run classifier-free guidance as two transformer calls per step at their recommended settings.
 TWO_CALLS = ("QwenImageTransformer2DModel", "WanTransformer3DModel")
@@ -39,7 +40,34 @@ CHECKPOINT_DIRS = {
     "flux-pipeline": "./FLUX.1-dev",
     "flux2-pipeline": "./FLUX.2-dev",
     "qwenimage-pipeline": "./Qwen-Image",
+    "wan-pipeline": "./Wan2.1-T2V-14B-Diffusers",
 }
+VIDEO_FRAMES = 81  # Wan's default clip length
+# google/umt5-xxl encoder (Wan 2.1 text_encoder): 5.68 B parameters.
+UMT5_XXL = dict(
+    vocab_size=256384,
+    d_model=4096,
+    d_kv=64,
+    d_ff=10240,
+    num_layers=24,
+    num_heads=64,
+    relative_attention_num_buckets=32,
+    feed_forward_proj="gated-gelu",
+    tie_word_embeddings=False,
+)
+# Video pipelines `dtp fit` knows besides `released.RELEASED_PIPELINES`. Wan 2.1 T2V 14B: the diffusers class
+# defaults of WanTransformer3DModel (40 layers, 40 heads of 128) and AutoencoderKLWan are the 14B checkpoint's.
+VIDEO_PIPELINES = {
+    "wan-pipeline": ReleasedPipeline(
+        title="Wan2.1-T2V-14B",
+        components={
+            "transformer": Component(class_name="WanTransformer3DModel"),
+            "text_encoder": Component(class_name="UMT5EncoderModel", config=UMT5_XXL, config_class="UMT5Config"),
+            "vae": Component(class_name="AutoencoderKLWan", config={}),
+        },
+    )
+}
+PIPELINES = {**RELEASED_PIPELINES, **VIDEO_PIPELINES}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,14 +97,18 @@ class FitPipeline:
         return [n for n in self.classes if n.startswith("text_encoder")]
 
     @property
+    def is_video(self) -> bool:
+        return self.classes[self.transformer] in VIDEO_TRANSFORMERS
+
+    @property
     def calls_per_step(self) -> int:
         return 2 if self.classes[self.transformer] in TWO_CALLS else 1
 
 
 def fit_pipeline(source: str) -> FitPipeline:
     """A released pipeline by name, else a diffusers pipeline directory; PlanError naming both otherwise."""
-    if source in RELEASED_PIPELINES:
-        released = released_pipeline(source)
+    if source in PIPELINES:
+        released = PIPELINES[source]
         return FitPipeline(
             name=source,
             title=released.title,
@@ -87,7 +119,7 @@ def fit_pipeline(source: str) -> FitPipeline:
     index = Path(source) / "model_index.json"
     if not index.is_file():
         raise PlanError(
-            f"'{source}' is neither a released pipeline ({', '.join(RELEASED_PIPELINES)}) nor a pipeline "
+            f"'{source}' is neither a released pipeline ({', '.join(PIPELINES)}) nor a pipeline "
             f"directory with a model_index.json."
         )
     classes = _model_classes(json.loads(index.read_text()))
@@ -156,10 +188,30 @@ def latent_size(shape: Shape, scale: int) -> tuple[int, int]:
 def denoise_inputs(class_name: str, config, dtype: torch.dtype, shape: Shape, scale: int) -> dict:
     """The transformer's forward kwargs (meta tensors) for one denoising call."""
     h, w = latent_size(shape, scale)
+    if class_name in VIDEO_TRANSFORMERS:
+        return _video_inputs(config, dtype, shape, h, w)
     img_tokens = (h // PATCH) * (w // PATCH)
     return meta_inputs(
         class_name, config, dtype, img_tokens=img_tokens, txt_tokens=shape.text_tokens, batch=shape.batch
     )
+
+
+def latent_frames(frames: int) -> int:
+    """Latent frames of a clip: the video VAEs compress time 4x after the first frame."""
+    return (frames - 1) // 4 + 1
+
+
+def _video_inputs(config, dtype: torch.dtype, shape: Shape, h: int, w: int) -> dict:
+    """Wan's forward kwargs: latents [B, C, F', h, w] (patch (1, 2, 2) inside the model), T5 states [B, L, 4096]."""
+    latents = (shape.batch, config["in_channels"], latent_frames(shape.frames), h, w)
+    return {
+        "hidden_states": torch.empty(latents, dtype=dtype, device="meta"),
+        "timestep": torch.zeros(shape.batch, dtype=torch.long, device="meta"),
+        "encoder_hidden_states": torch.empty(
+            shape.batch, shape.text_tokens, config["text_dim"], dtype=dtype, device="meta"
+        ),
+        "return_dict": False,
+    }
 
 
 def decode_inputs(vae: torch.nn.Module, dtype: torch.dtype, shape: Shape) -> dict:
@@ -167,8 +219,7 @@ def decode_inputs(vae: torch.nn.Module, dtype: torch.dtype, shape: Shape) -> dic
     channels = vae.config.get("latent_channels") or vae.config.get("z_dim")
     h, w = latent_size(shape, vae_scale(vae.config))
     if type(vae).__name__ in VIDEO_VAES:
-        frames = (shape.frames - 1) // 4 + 1
-        size = (shape.batch, channels, frames, h, w)
+        size = (shape.batch, channels, latent_frames(shape.frames), h, w)
     else:
         size = (shape.batch, channels, h, w)
     return {"z": torch.empty(size, dtype=dtype, device="meta")}

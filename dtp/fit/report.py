@@ -68,13 +68,14 @@ def plot(report: dict, path: str, limit: int = 12) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows) + 3), 5.5))
     names = sorted({n for r in rows for n in r["weight_bytes"]}, key=_component_order)
     colors = _colors(names)
+    labelled: set[str] = set()
     for x, r in enumerate(rows):
         bottom = 0.0
         phase = r["peak_phase"]
         for name in names:
             if r["weight_bytes"].get(name) and _resident(r, name, phase):
                 height = r["weight_bytes"][name] / 1e9
-                ax.bar(x, height, bottom=bottom, color=colors[name], label=name if x == 0 else None)
+                ax.bar(x, height, bottom=bottom, color=colors[name], label=_once(name, labelled))
                 bottom += height
         act = r["phase_bytes"][phase] / 1e9
         ax.bar(
@@ -91,10 +92,18 @@ def plot(report: dict, path: str, limit: int = 12) -> None:
         f"{report['title']} {report['height']}x{report['width']} on {report['gpus']} x {memory:.0f} GB "
         f"({report['hardware']}): per-rank peak of a generation"
     )
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _once(name: str, labelled: set[str]) -> str | None:
+    """The legend label the first time a component is drawn, then None (one legend entry each)."""
+    if name in labelled:
+        return None
+    labelled.add(name)
+    return name
 
 
 def _resident(row: dict, name: str, phase: str) -> bool:

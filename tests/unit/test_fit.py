@@ -171,3 +171,30 @@ def test_why_none_fits_names_the_smallest_peak_and_its_phase():
     )  # fmt: skip
     reason = why_none_fits([row, {**row, "peak_bytes": 40e9}], [], 24 * 10**9)
     assert "30.0 GB" in reason and "by 6.0 GB" in reason and "decode phase: 28.0 GB of weights + 2.0 GB" in reason
+
+
+def test_fit_of_a_pipeline_directory_sorts_and_explains():
+    """The tiny FLUX.1 checkpoint at tp=2: with memory between the peaks, fitting rows come first and smallest
+    peaks fit; with 1 kB nothing fits and the reason names the smallest peak; sharded text encoders hold half
+    of the whole ones' bytes (+ replicated norms)."""
+    from dtp.fit.measure import Measurer
+    from dtp.fit.pipelines import fit_pipeline
+    from dtp.testing.pipelines import tiny_checkpoint
+
+    directory = str(tiny_checkpoint("flux"))
+    measurer = Measurer(fit_pipeline(directory), torch.float32)
+    options = dict(height=64, width=64, dtype="fp32", only={"cp": 1}, measurer=measurer)
+    peaks = sorted(r["peak_bytes"] for r in dtp.fit(directory, 2, "1GB", **options)["rows"])
+    assert len(peaks) == 3 and peaks[0] < peaks[-1]  # text encoders offloaded < sharded < whole
+    memory = (peaks[0] + peaks[-1]) // 2
+    rows = dtp.fit(directory, 2, memory, **options)["rows"]
+    assert [r["fits"] for r in rows] == [p <= memory for p in peaks]
+    for r in rows:
+        assert r["peak_bytes"] == max(r["resident_bytes"][p] + r["phase_bytes"][p] for p in r["phase_bytes"])
+    by_te = {r["text_encoders"]: r for r in rows}
+    sharded, whole = by_te["sharded"]["weight_bytes"], by_te["whole"]["weight_bytes"]
+    assert 0.5 * whole["text_encoder_2"] <= sharded["text_encoder_2"] < 0.6 * whole["text_encoder_2"]
+    assert by_te["sharded"]["command"].endswith("--height 64 --width 64")
+    none = dtp.fit(directory, 2, 1000, **options)
+    assert not any(r["fits"] for r in none["rows"])
+    assert f"the smallest peak, {peaks[0] / 1e9:.1f} GB" in none["reason"]
