@@ -63,8 +63,8 @@ TINY_CONFIGS = {
     ),
     # Issue 10 coverage: 4 heads of 16 (tp 1, 2, 4), two blocks of each kind, so that heterogeneous
     # blocks (SD3's and Mochi's context-only last block, SD3.5-M's dual attention) are present.
-    # Lumina2: 8 q / 4 kv heads of 8 (GQA; tp 1, 2, 4: at tp 8 every width divides, the kv heads
-    # do not). Mochi: heads of 24 so that both SwiGLU halves (256 and 64 wide) divide by 4.
+    # Lumina2: 8 q / 4 kv heads of 8 (GQA; tp 1, 2, 4, 8: at tp 8 each kv head is shared by 2 ranks).
+    # Mochi: heads of 24 so that both SwiGLU halves (256 and 64 wide) divide by 4.
     # Cosmos: no padding-mask channel (its resize needs torchvision). HiDream: 4 routed experts,
     # top-2, as HiDream-I1.
     "PixArtTransformer2DModel": dict(
