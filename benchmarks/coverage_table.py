@@ -26,6 +26,8 @@ def row(name: str) -> str:
     tp = max(t for t in degrees if t <= MAX_TP)
     report = check(name, tp=tp, forward=False)
     cp = "ulysses, ring" if plan.cp is not None else "none (reason in the plan header)"
+    if plan.cp is not None and plan.cp.refused:
+        cp = "refused (reason in the plan header)"
     return (
         f"| {', '.join(plan.models)} | plans/{name}.yaml | {report['params'] / 1e9:.2f} B | "
         f"{', '.join(map(str, degrees))} | {report['ratio']:.3f} at tp={tp} | {cp} |"

@@ -9,6 +9,7 @@ from .shapes import square_side, text_mask
 CLASS_NAME = "Lumina2Transformer2DModel"
 PLAN = "lumina2"
 
+# 8 q / 4 kv heads of 8 (GQA; tp 1, 2, 4, 8: at tp 8 each kv head is shared by 2 ranks).
 TINY = dict(
     sample_size=8,
     patch_size=2,

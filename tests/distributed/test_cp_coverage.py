@@ -27,11 +27,8 @@ from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_mode
 TOL = 1e-5
 MESHES = ((2, 2, "ulysses"), (2, 2, "ring"), (4, 1, "ulysses"), (4, 1, "ring"))  # (cp, tp, mode)
 FIRST_FOUR = {"flux", "flux2", "qwenimage", "zimage"}  # tests/distributed/test_cp_parity.py
-COVERED = sorted(
-    name
-    for name in PLAN_CLASSES
-    if dtp.load_plan(name).cp is not None and dtp.load_plan(name).cp.refused is None and name not in FIRST_FOUR
-)
+PLANS = {name: dtp.load_plan(name) for name in PLAN_CLASSES if name not in FIRST_FOUR}  # parsed once: YAML is slow
+COVERED = sorted(name for name, plan in PLANS.items() if plan.cp is not None and plan.cp.refused is None)
 
 
 def _inputs(name: str) -> dict:
@@ -76,35 +73,31 @@ def _run(model, mesh, mode: str, inputs: dict, ref: torch.Tensor, plan=None) -> 
     )
 
 
-def _attention_modules(name: str) -> int:
-    model = tiny_model(PLAN_CLASSES[name])
-    return len(resolve_cp(resolve(dtp.load_plan(name), model), model).attention)
-
-
 def _all_plans(rank: int, world: int) -> dict:
     torch.set_num_threads(1)
     results = {}
+    meshes = {(cp, tp): dtp.make_mesh(tp=tp, cp=cp) for cp, tp in ((2, 2), (4, 1), (1, 4))}
     for name in COVERED:
-        cls, inputs = PLAN_CLASSES[name], _inputs(name)
+        cls, inputs, plan = PLAN_CLASSES[name], _inputs(name), PLANS[name]
+        reference = tiny_model(cls)
         with torch.no_grad():
-            ref = output_tensor(tiny_model(cls)(**inputs)).float()
-        results[name, "modules"] = _attention_modules(name)
+            ref = output_tensor(reference(**inputs)).float()
+        results[name, "modules"] = len(resolve_cp(resolve(plan, reference), reference).attention)
         for cp, tp, mode in MESHES:
-            results[name, cp, tp, mode] = _run(tiny_model(cls), dtp.make_mesh(tp=tp, cp=cp), mode, inputs, ref)
+            results[name, cp, tp, mode] = _run(tiny_model(cls), meshes[cp, tp], mode, inputs, ref, plan)
     # Lumina2 with 4 query / 2 kv heads at tp=4 (no pad): each kv head shared by 2 ranks (kv_share.py).
     cls, gqa = PLAN_CLASSES["lumina2"], dict(num_attention_heads=4, num_kv_heads=2, axes_dim_rope=(4, 4, 8))
     inputs = _inputs("lumina2")
     with torch.no_grad():
         ref = output_tensor(tiny_model(cls, **gqa)(**inputs)).float()
-    results["lumina2_gqa"] = _run(tiny_model(cls, **gqa), dtp.make_mesh(tp=4, cp=1), "ulysses", inputs, ref)
+    results["lumina2_gqa"] = _run(tiny_model(cls, **gqa), meshes[1, 4], "ulysses", inputs, ref, PLANS["lumina2"])
     # Negative control: every CogVideoX attention marked `local` attends over this rank's tokens only.
-    plan = dtp.load_plan("cogvideox")
+    plan = PLANS["cogvideox"]
     plan = dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, local_attention=("transformer_blocks.*.attn1",)))
     inputs = _inputs("cogvideox")
     with torch.no_grad():
         ref = output_tensor(tiny_model(PLAN_CLASSES["cogvideox"])(**inputs)).float()
-    model = tiny_model(PLAN_CLASSES["cogvideox"])
-    results["negative"] = _run(model, dtp.make_mesh(tp=1, cp=4), "ulysses", inputs, ref, plan)
+    results["negative"] = _run(tiny_model(PLAN_CLASSES["cogvideox"]), meshes[4, 1], "ulysses", inputs, ref, plan)
     return results
 
 

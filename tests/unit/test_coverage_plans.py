@@ -16,6 +16,7 @@ from dtp.errors import ForwardError
 from dtp.plan import Style, bundled_plan_names, load_plan
 from dtp.resolve import resolve
 from dtp.resolve.heads import derived_kv_heads
+from dtp.resolve.kv_share import share_kv
 from dtp.runtime.outputs import _cut
 from dtp.testing.tiny import tiny_model
 
@@ -108,14 +109,18 @@ def test_optional_member_none_everywhere_is_fine():
 # ---- kv heads (Lumina2 tiny: 8 q / 4 kv heads of 8) ------------------------------------------------
 
 
-def test_kv_heads_limit_tp_where_every_width_divides():
-    resolved = resolve(dtp.load_plan("lumina2"), tiny_model(LUMINA2))
+def test_kv_heads_are_shared_where_tp_exceeds_them():
+    """tp=8 > 4 kv heads: each kv head is held whole by 2 ranks (kv_share.py, the rule transformers attention
+    uses); the processor derives 1 local kv head from the local k width. Parity: test_cp_coverage.py."""
+    model = tiny_model(LUMINA2)
+    resolved = resolve(dtp.load_plan("lumina2"), model)
     kv = [c for c in resolved.constraints if c.what.startswith("kv heads")]
-    assert kv and {c.value for c in kv} == {4}
+    assert kv and {c.value for c in kv} == {4} and all(c.shareable for c in kv)
     assert all(c.value % 8 == 0 for c in resolved.constraints if c not in kv)  # widths and q heads allow 8
-    assert resolved.candidates() == [1, 2, 4]
-    with pytest.raises(dtp.PlanError, match="kv heads"):
-        resolved.check_tp(8)
+    assert resolved.candidates() == [1, 2, 4, 8]
+    shared = share_kv(resolved, model, 8)
+    assert {spec.kv_replicas for spec in shared.attention} == {2}
+    assert {s.replicas for s in shared.linears if s.path.endswith(("attn.to_k", "attn.to_v"))} == {2}
 
 
 @given(st.integers(1, 8), st.integers(1, 8), st.sampled_from([2, 4, 8, 16]))
