@@ -3,8 +3,8 @@
 Dynamo's "eager" backend traces exactly what the other backends trace, so it finds every graph break and
 recompilation without AOT or C++ compilation; one case compiles with inductor. Forms: `torch.compile(model)`
 and diffusers' regional `compile_repeated_blocks(fullgraph=True)` (fullgraph: a break would raise).
-Every case: 0 graph breaks, no recompilation over 3 timesteps, max |compiled - eager| <= 1e-5 * max |eager|;
-ring attention is a known exception (see RING).
+Every case: 0 graph breaks, no recompilation over 3 timesteps, max |compiled - eager| <= 1e-5 * max |eager|
+(ring attention with dynamo's `enable_p2p_compilation`, i.e. TORCHDYNAMO_ENABLE_P2P_COMPILATION=1).
 The whole matrix with inductor and its cold-compile times: benchmarks/compile.py.
 """
 
@@ -30,14 +30,7 @@ def results():
     return spawn(run_matrix, 2, MATRIX)
 
 
-RING = "ring attention's batch_isend_irecv: dynamo compiles P2P ops only with TORCHDYNAMO_ENABLE_P2P_COMPILATION=1"
-
-
-@pytest.mark.parametrize(
-    "key",
-    [pytest.param(k, marks=pytest.mark.xfail(reason=RING)) if k[0] == "cp-ring" else k for k in MATRIX],
-    ids=["/".join(k) for k in MATRIX],
-)
+@pytest.mark.parametrize("key", MATRIX, ids=["/".join(k) for k in MATRIX])
 def test_compiles_without_breaks_or_recompiles(results, key):
     for rank, per_rank in enumerate(results):
         r = per_rank[key]
