@@ -1,8 +1,9 @@
 """torch.compile keeps working on a dtp-sharded tiny FLUX.1 (2 gloo processes, one spawned group).
 
 Dynamo's "eager" backend traces exactly what the other backends trace, so it finds every graph break and
-recompilation without AOT or C++ compilation; DTP_COMPILE_MATRIX=full adds the other cases and one inductor case. Forms: `torch.compile(model)`
-and diffusers' regional `compile_repeated_blocks(fullgraph=True)` (fullgraph: a break would raise).
+recompilation without AOT or C++ compilation; DTP_COMPILE_MATRIX=full adds the other cases and one inductor
+case. Forms: `torch.compile(model)` and diffusers' regional `compile_repeated_blocks(fullgraph=True)`
+(fullgraph: a break would raise).
 Every case: 0 graph breaks, no recompilation over 3 timesteps, max |compiled - eager| <= 1e-5 * max |eager|
 (ring attention with dynamo's `enable_p2p_compilation`, i.e. TORCHDYNAMO_ENABLE_P2P_COMPILATION=1).
 The whole matrix with inductor and its cold-compile times: benchmarks/compile.py.
