@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,16 +36,21 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--forms", default=",".join(FORMS))
     args = parser.parse_args()
-    matrix = [(c, f, args.backend) for f in args.forms.split(",") for c in args.cases.split(",")]
-    start = time.perf_counter()
-    results = spawn(run_matrix, 2, matrix, timeout_s=7200)
-    table = format_table(results, args.backend, time.perf_counter() - start)
-    print(table)
+    matrix = [(c, f, args.backend) for c in args.cases.split(",") for f in args.forms.split(",")]
+    results = spawn(run_matrix, 2, matrix, partial(write_partial, args.backend, time.perf_counter()), timeout_s=7200)
+    print(write_partial(args.backend, None, results[0], results))
+
+
+def write_partial(backend: str, start: float | None, rank0: dict, ranks: list[dict] | None = None) -> str:
+    """The table so far (rank 0's results while the run goes on; every rank's at the end) into RESULT."""
+    wall = "" if start is None else f"{time.perf_counter() - start:.0f} s so far"
+    table = format_table(ranks or [rank0], backend, wall)
     RESULT.parent.mkdir(exist_ok=True)
     RESULT.write_text(table + "\n")
+    return table
 
 
-def format_table(results: list[dict], backend: str, wall_s: float) -> str:
+def format_table(results: list[dict], backend: str, wall: str) -> str:
     lines = [
         f"# torch.compile on a dtp-sharded tiny FLUX.1 (backend {backend}, 2 gloo processes, "
         f"{os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
@@ -63,7 +69,7 @@ def format_table(results: list[dict], backend: str, wall_s: float) -> str:
             f"| {key[0]} | {key[1]} | {breaks} | {r['graphs']} | {r['recompiles']} | {r['first_call_s']:.1f} "
             f"| {r['first_call_cpu_s']:.1f} | {worst:.1e} |"
         )
-    lines += ["", f"wall time of the whole run: {wall_s:.0f} s (rank 0's numbers; graph breaks and diff: worst rank)"]
+    lines += ["", f"rank 0's times; graph breaks and diff: the worst rank of those reported. {wall}".rstrip()]
     return "\n".join(lines)
 
 

@@ -171,7 +171,8 @@ def _check(sub, common) -> None:
     p.add_argument("--plan", help="plan to use with a class name (default: plan_for the class)")
     p.add_argument(
         "--config",
-        help="diffusers config.json (default: the class's full-size config, dtp.analysis.fakepg.default_config)",
+        help="diffusers config.json (default: the released model's full-size config: the class defaults plus "
+        "dtp's released overrides)",
     )
     p.add_argument("--dtype", choices=CHECK_DTYPES, default="bf16", help="parameter dtype (default bf16)")
     p.add_argument(

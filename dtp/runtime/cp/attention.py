@@ -4,14 +4,17 @@ Two routes, both active only while a CP-enabled attention module runs. (1) Most 
 (Flux, Flux2, Qwen-Image, Z-Image, Wan, LTX, HunyuanVideo, Cosmos, ...) compute attention through the
 name `dispatch_attention_fn` imported into their own module (`transformer_flux.dispatch_attention_fn`,
 ...). (2) Processors that call `F.scaled_dot_product_attention` directly are reached by a
-TorchFunctionMode entered for the module's forward (`sdpa.py`). For route (1)
-we replace that module-level name, once per processor module, with a thin dispatcher that reads a
-ContextVar: unset, it calls the original function with the original arguments (so models that were
-never parallelized, in the same process, are untouched); set, it runs Ulysses or ring attention on
-the `cp` group stored in it. The ContextVar is set only while a CP-enabled attention module runs:
-a forward pre-hook on that module sets it, a forward hook registered with `always_call=True` resets
-it even when the forward raises. So the effect is contained to the attention modules of the model
-that `parallelize` was called on, and `remove_cp` (removing the hooks) undoes it.
+TorchFunctionMode entered for the module's forward (`sdpa.py`). For route (1) we replace that
+module-level name, once per processor module, with a thin dispatcher that reads a stack of active
+scopes: empty, it calls the original function with the original arguments (so models that were never
+parallelized, in the same process, are untouched); else it runs Ulysses or ring attention on the `cp`
+group of the innermost scope. A scope is pushed only while a CP-enabled attention module runs: a forward
+pre-hook on that module pushes it, a forward hook registered with `always_call=True` pops it even when
+the forward raises. A plain list rather than a ContextVar because torch.compile traces list pushes and
+pops but breaks its graph at `ContextVar.set` (with `fullgraph=True`, as diffusers'
+`compile_repeated_blocks` uses it, that is an error); the cost is that two threads running CP attention
+in one process at once would share the stack. So the effect is contained to the attention modules of
+the model that `parallelize` was called on, and `remove_cp` (removing the hooks) undoes it.
 
 Why not diffusers' own `_parallel_config` route: its ring/Ulysses templates need a backend that
 returns the log-sum-exp (none on CPU), build their own 1-D mesh, and diffusers refuses CP with TP.
@@ -21,7 +24,6 @@ Why not wrap the processor object: diffusers filters processor kwargs by
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 from dataclasses import dataclass
 
@@ -35,7 +37,7 @@ from .ring import ring_attention
 from .sdpa import SdpaRoute
 from .ulysses import ulysses_attention
 
-_ACTIVE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("dtp_cp_attention", default=None)
+_ACTIVE: list = []  # the scopes of the attention modules running now, innermost last
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ def patch_dispatch(module) -> None:
     signature = inspect.signature(original)
 
     def dispatch(*args, **kwargs):
-        scope = _ACTIVE.get()
+        scope = _ACTIVE[-1] if _ACTIVE else None
         if scope is None:
             return original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
@@ -96,7 +98,6 @@ class _Scope:
         self.path, self.attention = path, attention
         self.calls = 0
         self.busy = False  # CP attention is running: SDPA calls it makes on whole sequences pass through
-        self.tokens = []  # a stack: tolerate re-entrant calls
         self.modes = []
 
     def route(self, original, args: dict):
@@ -110,14 +111,14 @@ class _Scope:
 
     def enter(self, module, args):
         self.calls = 0
-        self.tokens.append(_ACTIVE.set(self))
+        _ACTIVE.append(self)
         mode = SdpaRoute(self)
         mode.__enter__()
         self.modes.append(mode)
 
     def exit(self, module, args, output):
         self.modes.pop().__exit__(None, None, None)
-        _ACTIVE.reset(self.tokens.pop())
+        _ACTIVE.pop()
         if self.calls == 0 and output is not None:  # output None: the forward raised; keep its error
             raise ForwardError(
                 f"attention '{self.path}' ({type(module.processor).__name__}) ran without calling "
@@ -128,7 +129,7 @@ class _Scope:
 
 def active_attention():
     """The attention callable the dispatcher routes to right now, or None outside a hooked module's forward."""
-    scope = _ACTIVE.get()
+    scope = _ACTIVE[-1] if _ACTIVE else None
     return None if scope is None else scope.attention
 
 
