@@ -76,12 +76,13 @@ def per_rank_qk_norm(mesh) -> float:
 
 
 def rope_uncut_error(mesh) -> str:
-    """Negative control: LTX with its RoPE tables left whole (no shard_output rule) must fail loudly."""
+    """Negative control: LTX with its RoPE tables left whole (no shard_output rule) must fail loudly: since the
+    flow check (resolve/flow.py), `prepare` refuses it with a PlanError before sharding; "ran" would be silent."""
     plan = dtp.load_plan("ltx_video")
     plan = dataclasses.replace(plan, rules=tuple(r for r in plan.rules if r.key != "rope"))
     try:
         _relative("ltx_video", _sharded("ltx_video", mesh, plan))
-    except RuntimeError as exc:
+    except (RuntimeError, dtp.PlanError) as exc:
         return type(exc).__name__
     return "ran"
 

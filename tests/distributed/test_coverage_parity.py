@@ -58,7 +58,7 @@ def test_negative_control_per_rank_qk_norm_fails_parity(results):
 
 def test_negative_control_uncut_rope_fails_loudly(results):
     """LTX without its `rope: shard_output` rule raises at the first forward instead of running."""
-    assert all(r["ltx_video/rope_uncut"] == "RuntimeError" for r in results)
+    assert all(r["ltx_video/rope_uncut"] == "PlanError" for r in results)  # refused by prepare, before sharding
 
 
 def test_shard_on_load_reads_norm_slices(results):
