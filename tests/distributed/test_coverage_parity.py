@@ -57,7 +57,7 @@ def test_negative_control_per_rank_qk_norm_fails_parity(results):
 
 
 def test_negative_control_uncut_rope_fails_loudly(results):
-    """LTX without its `rope: shard_output` rule raises at the first forward instead of running."""
+    """LTX without its `rope: shard_output` rule is refused by `prepare` (the flow check) instead of running."""
     assert all(r["ltx_video/rope_uncut"] == "PlanError" for r in results)  # refused by prepare, before sharding
 
 
