@@ -29,6 +29,7 @@ from ..analysis.fakepg import fake_world
 from ..engine import apply
 from ..pipeline import prepare_component
 from ..runtime.mesh import make_mesh
+from ..runtime.parallelism import Parallelism
 from .pipelines import FitPipeline, Shape, call, decode, decode_inputs, denoise_inputs, text_inputs, vae_scale
 from .trace import (
     Trace,
@@ -110,7 +111,7 @@ class Measurer:
         with fake_world(setup.world):
             mesh = make_mesh(tp=setup.tp, cp=setup.cp, device_type="cpu")
             if setup.world > 1:
-                ready = prepare_component(name, module, mesh, cp_mode=setup.cp_mode, pad=setup.pad)
+                ready = prepare_component(name, module, Parallelism.build(mesh, cp_mode=setup.cp_mode, pad=setup.pad))
                 if ready is not None:
                     apply(module, ready)
             weights = param_bytes_by_scope(module)

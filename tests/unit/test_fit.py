@@ -179,7 +179,7 @@ def test_fit_of_a_pipeline_directory_sorts_and_explains():
     of the whole ones' bytes (+ replicated norms)."""
     from dtp.fit.measure import Measurer
     from dtp.fit.pipelines import fit_pipeline
-    from dtp.testing.pipelines import tiny_checkpoint
+    from dtp.families.pipelines import tiny_checkpoint
 
     directory = str(tiny_checkpoint("flux"))
     measurer = Measurer(fit_pipeline(directory), torch.float32)
