@@ -177,9 +177,9 @@ def test_fit_of_a_pipeline_directory_sorts_and_explains():
     """The tiny FLUX.1 checkpoint at tp=2: with memory between the peaks, fitting rows come first and smallest
     peaks fit; with 1 kB nothing fits and the reason names the smallest peak; sharded text encoders hold half
     of the whole ones' bytes (+ replicated norms)."""
+    from dtp.families.pipelines import tiny_checkpoint
     from dtp.fit.measure import Measurer
     from dtp.fit.pipelines import fit_pipeline
-    from dtp.families.pipelines import tiny_checkpoint
 
     directory = str(tiny_checkpoint("flux"))
     measurer = Measurer(fit_pipeline(directory), torch.float32)

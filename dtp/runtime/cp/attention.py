@@ -30,13 +30,14 @@ from dataclasses import dataclass
 from torch import nn
 
 from ...errors import ForwardError
-from ...resolve.cp import DISPATCH_NAME, processor_module
+from ...resolve.cp import DISPATCH_NAME, attention_routes, processor_module
 from .adapters import install_adapter
 from .masks import split_mask
 from .ring import ring_attention
 from .sdpa import SdpaRoute
 from .ulysses import ulysses_attention
 
+SDPA_ROUTE = "sdpa"  # `resolve.cp.attention_routes`: the processor calls F.scaled_dot_product_attention itself
 _ACTIVE: list = []  # the scopes of the attention modules running now, innermost last
 
 
@@ -94,8 +95,11 @@ class _Scope:
     attention math) attended over its local tokens only, a silently wrong result: that is a ForwardError.
     """
 
-    def __init__(self, path: str, attention):
+    def __init__(self, path: str, attention, sdpa: bool = True):
         self.path, self.attention = path, attention
+        # Enter the SDPA route only for processors that call SDPA themselves: the mode sees every torch call
+        # of the forward, and torch.compile cannot trace through it (a dispatcher-only processor needs none).
+        self.sdpa = sdpa
         self.calls = 0
         self.busy = False  # CP attention is running: SDPA calls it makes on whole sequences pass through
         self.modes = []
@@ -112,12 +116,14 @@ class _Scope:
     def enter(self, module, args):
         self.calls = 0
         _ACTIVE.append(self)
-        mode = SdpaRoute(self)
-        mode.__enter__()
-        self.modes.append(mode)
+        if self.sdpa:
+            mode = SdpaRoute(self)
+            mode.__enter__()
+            self.modes.append(mode)
 
     def exit(self, module, args, output):
-        self.modes.pop().__exit__(None, None, None)
+        if self.sdpa:
+            self.modes.pop().__exit__(None, None, None)
         _ACTIVE.pop()
         if self.calls == 0 and output is not None:  # output None: the forward raised; keep its error
             raise ForwardError(
@@ -144,7 +150,7 @@ def install_attention(path: str, attn: nn.Module, attention) -> list:
     module = processor_module(attn)
     if module is not None:
         patch_dispatch(module)
-    scope = _Scope(path, attention)
+    scope = _Scope(path, attention, sdpa=SDPA_ROUTE in attention_routes(attn))
     return handles + [
         attn.register_forward_pre_hook(scope.enter),
         attn.register_forward_hook(scope.exit, always_call=True),
