@@ -174,5 +174,5 @@ def test_malformed_yaml(tmp_path, text, match):
 
 
 def test_world_size_must_equal_cp_times_tp(fake_world):
-    with pytest.raises(dtp.PlanError, match=r"world size 4 != cp \* tp = 1 \* 3"):
+    with pytest.raises(dtp.PlanError, match=r"world size 4 != cfg \* cp \* tp = 1 \* 1 \* 3"):
         dtp.make_mesh(tp=3, device_type="cpu")

@@ -220,7 +220,7 @@ FULL_SIZE_TP = {
     "hunyuanimage": [1, 2, 4, 7, 14, 28],
     "hunyuanvideo": [1, 2, 3, 4, 6, 8, 12, 24],
     "ltx_video": [1, 2, 4, 8, 16, 32],
-    "lumina2": [1, 2, 4, 8],
+    "lumina2": [1, 2, 4, 8, 24],  # 24 q / 8 kv heads: at tp=24 each kv head is shared by 3 ranks
     "mochi": [1, 2, 4, 8],
     "pixart": [1, 2, 4, 8, 16],
     "qwenimage21": [1, 2, 4, 8, 16, 32],
