@@ -50,7 +50,7 @@ class CollectiveCounter(TorchDispatchMode):
 
     def __enter__(self):
         if self.model is not None:
-            self._handles = _scope_hooks(self.model, self._scopes)
+            self._handles = scope_hooks(self.model, self._scopes)
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -88,7 +88,8 @@ def block_paths(model: nn.Module) -> list[str]:
     return paths
 
 
-def _scope_hooks(model: nn.Module, scopes: list[str]) -> list:
+def scope_hooks(model: nn.Module, scopes: list[str]) -> list:
+    """Forward hooks that keep `scopes` = the stack of blocks running (outermost first)."""
     handles = []
     for path in block_paths(model):
         block = model.get_submodule(path)

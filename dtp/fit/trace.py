@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapper
 
-from ..analysis.collectives import COLLECTIVE_NAMESPACES, NOT_COLLECTIVES, block_paths
+from ..analysis.collectives import COLLECTIVE_NAMESPACES, NOT_COLLECTIVES, block_paths, scope_hooks
 
 FAKE_DEVICE = "cpu"  # fake tensors live "on" cpu: SDPA then takes its flash kernel (see the module docstring)
 
@@ -165,16 +165,6 @@ def _group_size(args) -> int:
             except (RuntimeError, ValueError, KeyError):
                 continue
     return 0
-
-
-def scope_hooks(model: nn.Module, scopes: list[str]) -> list:
-    """Forward hooks that keep `scopes` = the stack of blocks running (outermost first)."""
-    handles = []
-    for path in block_paths(model):
-        block = model.get_submodule(path)
-        handles.append(block.register_forward_pre_hook(lambda *_, p=path: scopes.append(p)))
-        handles.append(block.register_forward_hook(lambda *_, p=path: scopes.remove(p)))
-    return handles
 
 
 # ---------------------------------------------------------------------------------------------
