@@ -52,9 +52,10 @@ def references(cases) -> dict:
     return {case: generate(CASES[case][0](), case) for case in cases}
 
 
-def rank_job(rank: int, world: int, runs: list[tuple[dict, list[str]]], swapped: list[str]) -> dict:
-    """Each run's cases on its mesh (`make_mesh` keywords); `swapped` cases once more on the first mesh with
-    the groups' results exchanged the wrong way round (the negative control)."""
+def rank_job(rank: int, world: int, runs: list[tuple[dict, list[str]]], swapped: list[str], loaded=None) -> dict:
+    """Each run's cases on its mesh (`make_mesh` keywords); `loaded` = (checkpoint, lora): `loaded_job` on the
+    first mesh; `swapped` cases once more on the first mesh with the groups' results exchanged the wrong way
+    round (the negative control)."""
     import dtp
     import dtp.runtime.cfg.wrapper as wrapper
     from dtp.runtime.cfg import CFG_ATTR
@@ -67,6 +68,8 @@ def rank_job(rank: int, world: int, runs: list[tuple[dict, list[str]]], swapped:
             dtp.parallelize_pipeline(pipe, mesh)
             out[(tag(dims), case)] = generate(pipe, case)
             out[(tag(dims), case, "stats")] = vars(getattr(pipe.transformer, CFG_ATTR).stats).copy()
+    if loaded is not None:
+        out["loaded"] = loaded_job(*loaded, runs[0][0])
     real = wrapper.gather_parts
     wrapper.gather_parts = lambda output, group: real(output, group)[::-1]  # each group takes the other's branch
     try:
@@ -82,3 +85,38 @@ def rank_job(rank: int, world: int, runs: list[tuple[dict, list[str]]], swapped:
 def tag(dims: dict) -> str:
     """ "cfg=2,tp=2" for make_mesh(cfg=2, tp=2)."""
     return ",".join(f"{k}={v}" for k, v in dims.items())
+
+
+# ---- the cfg axis composed with shard-on-load, LoRA and the parallel VAE -------------------------------------
+
+LORA_SCALE = 0.8
+LOADED_CASE = "qwenimage"  # its call arguments: true cfg with a negative prompt, two calls per step
+
+
+def loaded_pipeline(checkpoint, lora, mesh=None, lora_scale: float = LORA_SCALE):
+    """The tiny Qwen-Image checkpoint with a LoRA on its transformer at weight `lora_scale`.
+
+    With a mesh: `dtp.load_pipeline` (transformer and text encoder shard-on-load on each cfg group's tp axis,
+    the VAE split by rows over all ranks) and dtp's LoRA loader; without: diffusers' own loaders.
+    """
+    from diffusers import DiffusionPipeline
+
+    import dtp
+
+    if mesh is None:
+        pipe = DiffusionPipeline.from_pretrained(checkpoint)
+        pipe.load_lora_weights(lora, adapter_name="lora")
+    else:
+        pipe = dtp.load_pipeline(checkpoint, mesh)
+        dtp.load_lora_weights(pipe, lora, adapter_name="lora")
+    pipe.transformer.set_adapters("lora", weights=lora_scale)
+    return pipe
+
+
+def loaded_job(checkpoint, lora, dims: dict) -> dict:
+    """On the ranks: the loaded pipeline on `make_mesh(**dims)`, its pixels and the cfg wrapper's counters."""
+    import dtp
+    from dtp.runtime.cfg import CFG_ATTR
+
+    pipe = loaded_pipeline(checkpoint, lora, dtp.make_mesh(**dims))
+    return {"pixels": generate(pipe, LOADED_CASE), "stats": vars(getattr(pipe.transformer, CFG_ATTR).stats).copy()}

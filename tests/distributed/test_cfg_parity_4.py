@@ -2,16 +2,22 @@
 
 One process group: at (cfg=2, tp=2) Qwen-Image with true_cfg_scale (two calls per step), PixArt-Sigma
 (a doubled batch) and Wan (video, two calls); at (cfg=2, cp=2) Qwen-Image with its sequence split
-(Ulysses) inside each group; then the negative control at (cfg=2, tp=2).
+(Ulysses) inside each group; the composition at (cfg=2, tp=2): the Qwen-Image checkpoint through
+`dtp.load_pipeline` (shard-on-load, sharded text encoder, parallel VAE over all 4 ranks) with a LoRA; then
+the negative control at (cfg=2, tp=2).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from cfg_cases import STEPS, rank_job, references, tag
+from cfg_cases import LOADED_CASE, STEPS, generate, loaded_pipeline, rank_job, references, tag
+from lora_cases import random_lora
+from safetensors.torch import save_file
 
+from dtp.families.pipelines import tiny_checkpoint
 from dtp.testing.launch import spawn
+from dtp.testing.tiny import tiny_model
 from dtp.tools.demo import compare
 
 MEAN_TOL = 1e-6
@@ -26,8 +32,17 @@ def refs():
 
 
 @pytest.fixture(scope="module")
-def results():
-    return spawn(rank_job, 4, RUNS, SWAPPED)
+def loaded(tmp_path_factory):
+    """The tiny Qwen-Image checkpoint and a LoRA file on every Linear of its transformer."""
+    tmp = tmp_path_factory.mktemp("cfg_loaded")
+    lora = tmp / "lora.safetensors"
+    save_file(random_lora(tiny_model("QwenImageTransformer2DModel"), seed=10), str(lora))
+    return str(tiny_checkpoint("qwenimage", root=tmp)), str(lora)
+
+
+@pytest.fixture(scope="module")
+def results(loaded):
+    return spawn(rank_job, 4, RUNS, SWAPPED, loaded)
 
 
 @pytest.mark.parametrize("mesh,case", CHECKS)
@@ -57,3 +72,16 @@ def test_swapped_branches_fail_the_tolerance(results, refs, case):
     """Negative control: at (cfg=2, tp=2), each group taking the other's branch fails both tolerances."""
     mean, p99, ok = compare(results[0][("swapped", case)], refs[case])
     assert mean > MEAN_TOL and not ok, (case, mean, p99)
+
+
+def test_loaded_pipeline_with_lora_matches_one_process(results, loaded):
+    """cfg=2 x tp=2 with everything a user loads: shard-on-load, the LoRA, the sharded text encoder and the VAE
+    split over all 4 ranks give the one-process image of diffusers' own loaders (and the pair path ran)."""
+    reference = generate(loaded_pipeline(*loaded), LOADED_CASE)
+    lora_off = generate(loaded_pipeline(*loaded, lora_scale=0.0), LOADED_CASE)
+    assert compare(lora_off, reference)[0] > 1e-3, "the LoRA must move the image, else this test proves nothing"
+    for rank in results:
+        image = rank["loaded"]["pixels"]
+        mean, p99, ok = compare(image, reference)
+        assert mean <= MEAN_TOL and ok, (mean, p99)
+    assert results[0]["loaded"]["stats"] == dict(batch=0, predicted=STEPS - 1, hits=STEPS - 1, whole=2)
