@@ -28,7 +28,8 @@ def _bundled_dir():
 def load_plan(name_or_path) -> Plan:
     """A bundled plan by name (`"flux"`) or a YAML file by path."""
     path = Path(str(name_or_path))
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    # A folder of the current directory that happens to share a bundled plan's name ("flux") is not a plan file.
+    if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.is_file():
             raise PlanError(f"plan file {path} does not exist.")
         return _plan_from_yaml(path.read_text(), str(path))

@@ -79,3 +79,13 @@ def test_plan_for_unknown_model_says_what_to_do():
 def test_unknown_bundled_name_lists_the_bundled_ones():
     with pytest.raises(dtp.PlanError, match="no bundled plan named 'nope'.*flux"):
         dtp.load_plan("nope")
+
+
+def test_a_folder_named_like_a_bundled_plan_does_not_shadow_it(tmp_path, monkeypatch):
+    """`load_plan("flux")` in a directory holding a folder `flux` (a checkpoint, say) is still the bundled plan;
+    a missing YAML path is an error that names it."""
+    (tmp_path / "flux").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert "FluxTransformer2DModel" in dtp.load_plan("flux").models
+    with pytest.raises(dtp.PlanError, match="plan file missing.yaml does not exist"):
+        dtp.load_plan("missing.yaml")
