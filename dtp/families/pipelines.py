@@ -103,8 +103,8 @@ def tiny_flux_pipeline():
         vae=vae,
         text_encoder=_clip_text_encoder(width=cfg["pooled_projection_dim"], seed=2),
         tokenizer=_clip_tokenizer(),
-        text_encoder_2=_t5_encoder(width=cfg["joint_attention_dim"], seed=3),
-        tokenizer_2=_t5_tokenizer(),
+        text_encoder_2=t5_encoder(width=cfg["joint_attention_dim"], seed=3),
+        tokenizer_2=t5_tokenizer(),
         # Every weight ~ N(0, 0.2): large enough that the transformer shapes the image (zeroing its
         # proj_out moves pixels by 0.15 on average) and a 1 % weight error fails the pixel tolerance.
         transformer=tiny_model(FLUX_TRANSFORMER_CLASS, seed=0),
@@ -124,7 +124,8 @@ def _clip_tokenizer():
     return CLIPTokenizer(vocab={p: i for i, p in enumerate(pieces)}, merges=[], model_max_length=77)
 
 
-def _t5_tokenizer():
+def t5_tokenizer():
+    """A T5 tokenizer of single characters, for every tiny pipeline with a T5-family text encoder."""
     from transformers import T5Tokenizer
 
     # Unigram over single characters (each also with the word-start marker), no sentinel tokens.
@@ -151,23 +152,26 @@ def _clip_text_encoder(width: int, seed: int):
     return CLIPTextModel(config).eval()
 
 
-def _t5_encoder(width: int, seed: int):
-    from transformers import T5Config, T5EncoderModel
+def t5_encoder(width: int, seed: int, model_class=None):
+    """A 1-layer T5-family encoder of `width` (T5 v1.1 / UMT5: gated GELU, as FLUX.1's T5-XXL: wi_0, wi_1 -> wo),
+    weights from `seed`; `model_class` defaults to transformers' T5EncoderModel (UMT5EncoderModel for Wan)."""
+    from transformers import T5EncoderModel
 
+    model_class = model_class or T5EncoderModel
     torch.manual_seed(seed)
-    config = T5Config(
-        vocab_size=len(_t5_tokenizer()),
+    config = model_class.config_class(
+        vocab_size=len(t5_tokenizer()),
         d_model=width,
         d_kv=width // 4,
         d_ff=2 * width,
         num_layers=1,
         num_heads=4,
         relative_attention_num_buckets=8,
-        feed_forward_proj="gated-gelu",  # T5 v1.1, as FLUX.1's T5-XXL (wi_0, wi_1 -> wo)
+        feed_forward_proj="gated-gelu",
         pad_token_id=0,
         eos_token_id=1,
     )
-    return T5EncoderModel(config).eval()
+    return model_class(config).eval()
 
 
 # ---- Qwen-Image ------------------------------------------------------------------------------

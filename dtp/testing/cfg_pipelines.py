@@ -14,16 +14,13 @@ only knows the released sample sizes). Every weight is drawn from a fixed seed, 
 
 from __future__ import annotations
 
-import string
-
 import torch
 
+from ..families.pipelines import t5_encoder, t5_tokenizer
 from .tiny import TINY_CONFIGS, tiny_model
 
 PIXART_CALL = dict(height=32, width=32, use_resolution_binning=False, max_sequence_length=16, clean_caption=False)
 WAN_CALL = dict(height=16, width=16, num_frames=5, max_sequence_length=16)
-
-_CHARS = string.ascii_letters + string.digits + string.punctuation
 
 
 def tiny_pixart_sigma_pipeline():
@@ -45,8 +42,8 @@ def tiny_pixart_sigma_pipeline():
         sample_size=32,
     )
     return PixArtSigmaPipeline(
-        tokenizer=_t5_tokenizer(),
-        text_encoder=_t5(T5EncoderModel, cfg["caption_channels"], seed=2),
+        tokenizer=t5_tokenizer(),
+        text_encoder=t5_encoder(cfg["caption_channels"], seed=2, model_class=T5EncoderModel),
         vae=vae,
         transformer=tiny_model("PixArtTransformer2DModel", seed=0),
         scheduler=DPMSolverMultistepScheduler(),
@@ -72,37 +69,9 @@ def tiny_wan_pipeline():
         scale_factor_spatial=2,
     )
     return WanPipeline(
-        tokenizer=_t5_tokenizer(),
-        text_encoder=_t5(UMT5EncoderModel, cfg["text_dim"], seed=2),
+        tokenizer=t5_tokenizer(),
+        text_encoder=t5_encoder(cfg["text_dim"], seed=2, model_class=UMT5EncoderModel),
         vae=vae,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
         transformer=tiny_model("WanTransformer3DModel", seed=0),
     )
-
-
-def _t5_tokenizer():
-    from transformers import T5Tokenizer
-
-    # Unigram over single characters (each also with the word-start marker), no sentinel tokens.
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
-    pieces += [(p, -3.0) for c in _CHARS for p in (c, "\u2581" + c)]
-    return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=512)
-
-
-def _t5(model_class, width: int, seed: int):
-    """A 1-layer T5-family encoder (T5 v1.1 / UMT5: gated GELU) of `width`, weights from `seed`."""
-    config_class = model_class.config_class
-    torch.manual_seed(seed)
-    config = config_class(
-        vocab_size=len(_t5_tokenizer()),
-        d_model=width,
-        d_kv=width // 4,
-        d_ff=2 * width,
-        num_layers=1,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        feed_forward_proj="gated-gelu",
-        pad_token_id=0,
-        eos_token_id=1,
-    )
-    return model_class(config).eval()
