@@ -92,9 +92,27 @@ TINY_VAE_CONFIGS = {
         timestep_conditioning=True,
         patch_size=2,
     ),
+    # LTX-Video 0.9.5-style: space-to-depth LTXVideoDownsampler3d (spatial, temporal, 2 x spatiotemporal) and
+    # residual depth-to-space LTXVideoUpsampler3d (upscale_factor 2): factor 2 x 8 in H (7 x 6 -> 112 x 96),
+    # 8 in time (9 frames <-> 2 latent frames).
+    "AutoencoderKLLTXVideo095": dict(
+        latent_channels=4,
+        block_out_channels=(8, 16, 16, 16, 16),
+        decoder_block_out_channels=(8, 16, 32),
+        down_block_types=("LTXVideo095DownBlock3D",) * 4,
+        layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1),
+        spatio_temporal_scaling=(True,) * 4,
+        decoder_spatio_temporal_scaling=(True,) * 3,
+        decoder_inject_noise=(False,) * 4,
+        downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+        upsample_residual=(True,) * 3,
+        upsample_factor=(2,) * 3,
+        patch_size=2,
+    ),
 }
 # Configs of one class under another name (a model version): key -> diffusers class.
-CLASS_OF = {"AutoencoderKLWan22": "AutoencoderKLWan"}
+CLASS_OF = {"AutoencoderKLWan22": "AutoencoderKLWan", "AutoencoderKLLTXVideo095": "AutoencoderKLLTXVideo"}
 
 
 def tiny_vae(cls: str, seed: int = 0):

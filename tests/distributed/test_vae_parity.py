@@ -3,7 +3,8 @@
 One 4-process group; subgroups of 2 and 3 ranks and the whole group (as a 2 x 2 mesh, flattened) run
 AutoencoderKL, AutoencoderKLWan, AutoencoderKLHunyuanVideo and AutoencoderKLLTXVideo decode and encode at
 N = 2, 3, 4 with a latent height none of them divides (7), batch 2; the video VAEs on 5- and 9-frame videos
-(2 and 3 latent frames); AutoencoderKLFlux2 and Wan 2.2's VAE (AvgDown3D / DupUp3D, patchify) at N = 3,
+(2 and 3 latent frames); AutoencoderKLFlux2, Wan 2.2's VAE (AvgDown3D / DupUp3D, patchify) and LTX 0.9.5's
+(space-to-depth Downsampler3d, residual depth-to-space Upsampler3d; 9 frames <-> 2 latent frames) at N = 3,
 AutoencoderKLQwenImage (Wan's layers under other names) at N = 4. At N = 4 HunyuanVideo and LTX run on a
 ("cfg", "tp") = (2, 2) mesh: the VAE flattens every axis and equals one process on every rank.
 Tolerance: max |parallel - untiled| <= 1e-5 * max |untiled|. Negative controls: per-strip GroupNorm
@@ -26,6 +27,7 @@ from dtp.vae.strips import bounds, split_rows
 TOL = 1e-5
 WAN, QWEN, FLUX2 = "AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLFlux2"
 HUNYUAN, LTX, WAN22 = "AutoencoderKLHunyuanVideo", "AutoencoderKLLTXVideo", "AutoencoderKLWan22"
+LTX095 = "AutoencoderKLLTXVideo095"
 PIXELS = {LTX: 8, WAN22: 8}  # image rows per latent row (4 for the others)
 LATENT = (2, 4, 7, 6)  # batch 2, 4 channels, 7 x 6 latent rows x columns: 2, 3, 4 ranks all leave a remainder
 
@@ -78,6 +80,18 @@ def _video(cls: str, group) -> dict:
     return result
 
 
+@torch.no_grad()
+def _ltx095(group) -> dict:
+    """LTX 0.9.5-style VAE: decode 2 latent frames (9 video frames) and encode 9 frames of 112 x 96."""
+    vae = tiny_vae(LTX095)
+    z = torch.randn(2, 4, 2, 7, 6, generator=torch.Generator().manual_seed(1))
+    video = torch.randn(2, 3, 9, 112, 96, generator=torch.Generator().manual_seed(2))
+    ref_dec, ref_enc = vae.decode(z).sample, vae.encode(video).latent_dist.mean
+    parallelize_vae(vae, group)
+    decode, encode = vae.decode(z).sample, vae.encode(video).latent_dist.mean
+    return dict(decode_9=_rel(decode, ref_dec), encode_9=_rel(encode, ref_enc))
+
+
 def _strip_stats(stats, split):
     """Negative control: each strip normalized with its own statistics."""
     return stats[1], stats[2]
@@ -114,7 +128,7 @@ def _four_proc(rank: int, world: int) -> dict:
             results[n] = dict(kl=_kl(group), wan=_video(WAN, group), hunyuan=_video(HUNYUAN, group))
             results[n]["ltx"] = _video(LTX, group)
             if n == 3:
-                results[n] |= dict(flux2=_kl(group, FLUX2), wan22=_video(WAN22, group))
+                results[n] |= dict(flux2=_kl(group, FLUX2), wan22=_video(WAN22, group), ltx095=_ltx095(group))
         dist.barrier()
     mesh = dtp.make_mesh(tp=2, cp=2)  # a 2-D mesh, flattened: all 4 ranks
     results[4] = dict(kl=_kl(mesh), wan=_video(WAN, mesh), qwen=_video(QWEN, mesh))
@@ -155,6 +169,12 @@ def test_video_vae_parity(four, n, vae):
         got = four[rank][n][vae]
         assert {k for k in got if k != "halo_short"} == {"decode_5", "decode_9", "encode_5", "encode_9"}
         assert all(v <= TOL for k, v in got.items() if k != "halo_short"), (rank, got)
+
+
+def test_ltx_095_vae_parity(four):
+    """LTX 0.9.5-style VAE (Downsampler3d / residual Upsampler3d), latent 7 x 6, batch 2, on 3 ranks: decode to 9
+    frames and encode 9 frames: max |parallel - untiled| <= 1e-5 * max |untiled|."""
+    assert all(v <= TOL for rank in range(3) for v in four[rank][3]["ltx095"].values()), four[0][3]["ltx095"]
 
 
 @pytest.mark.parametrize("n", (2, 3, 4))
