@@ -46,15 +46,81 @@ TINY_VAE_CONFIGS = {
         latents_mean=[0.0] * 4,
         latents_std=[1.0] * 4,
     ),
+    # Wan 2.2's VAE (is_residual: AvgDown3D / DupUp3D shortcuts, patchify by 2 outside the encoder/decoder):
+    # spatial factor 2 x 4, so a 7 x 6 latent decodes to 56 x 48.
+    "AutoencoderKLWan22": dict(
+        base_dim=8,
+        decoder_base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[True, True],
+        is_residual=True,
+        patch_size=2,
+        in_channels=12,
+        out_channels=12,
+        scale_factor_spatial=8,
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    ),
+    # HunyuanVideo: 3 levels, 2 spatial and 2 temporal (causal) up/downsamplings (5 frames <-> 2, 9 <-> 3),
+    # replicate-padded causal convs, GroupNorm 4 groups, mid-block attention over all frames (causal mask).
+    "AutoencoderKLHunyuanVideo": dict(
+        latent_channels=4,
+        down_block_types=("HunyuanVideoDownBlock3D",) * 3,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 3,
+        block_out_channels=(8, 16, 16),
+        layers_per_block=1,
+        norm_num_groups=4,
+        spatial_compression_ratio=4,
+        temporal_compression_ratio=4,
+    ),
+    # LTX-Video 0.9.1-style: patch 2, two (T, H, W) stride-2 convs (spatial factor 8: 7 x 6 -> 56 x 48,
+    # 5 frames <-> 2, 9 <-> 3), RMS norms, a non-causal decoder with timestep conditioning (decode(z, temb)).
+    "AutoencoderKLLTXVideo": dict(
+        latent_channels=4,
+        block_out_channels=(8, 16, 16),
+        decoder_block_out_channels=(16, 16, 16),  # equal widths: diffusers 0.42 up blocks with conv_in lose temb
+        down_block_types=("LTXVideoDownBlock3D",) * 3,
+        layers_per_block=(1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, False),
+        decoder_spatio_temporal_scaling=(True, True, False),
+        decoder_inject_noise=(False,) * 4,
+        upsample_residual=(False,) * 3,
+        upsample_factor=(1,) * 3,
+        timestep_conditioning=True,
+        patch_size=2,
+    ),
+    # LTX-Video 0.9.5-style: space-to-depth LTXVideoDownsampler3d (spatial, temporal, 2 x spatiotemporal) and
+    # residual depth-to-space LTXVideoUpsampler3d (upscale_factor 2): factor 2 x 8 in H (7 x 6 -> 112 x 96),
+    # 8 in time (9 frames <-> 2 latent frames).
+    "AutoencoderKLLTXVideo095": dict(
+        latent_channels=4,
+        block_out_channels=(8, 16, 16, 16, 16),
+        decoder_block_out_channels=(8, 16, 32),
+        down_block_types=("LTXVideo095DownBlock3D",) * 4,
+        layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1),
+        spatio_temporal_scaling=(True,) * 4,
+        decoder_spatio_temporal_scaling=(True,) * 3,
+        decoder_inject_noise=(False,) * 4,
+        downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+        upsample_residual=(True,) * 3,
+        upsample_factor=(2,) * 3,
+        patch_size=2,
+    ),
 }
+# Configs of one class under another name (a model version): key -> diffusers class.
+CLASS_OF = {"AutoencoderKLWan22": "AutoencoderKLWan", "AutoencoderKLLTXVideo095": "AutoencoderKLLTXVideo"}
 
 
 def tiny_vae(cls: str, seed: int = 0):
-    """A random-weight VAE of class `cls` from TINY_VAE_CONFIGS, weights ~ N(0, 0.2) from `seed`, fp32, eval."""
+    """A random-weight VAE of config `cls` from TINY_VAE_CONFIGS, weights ~ N(0, 0.2) from `seed`, fp32, eval."""
     import diffusers
 
     torch.manual_seed(seed)
-    vae = getattr(diffusers, cls)(**TINY_VAE_CONFIGS[cls]).eval()
+    vae = getattr(diffusers, CLASS_OF.get(cls, cls))(**TINY_VAE_CONFIGS[cls]).eval()
     with torch.no_grad():
         for p in vae.parameters():
             p.normal_(0, 0.2)

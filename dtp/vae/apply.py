@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..errors import ForwardError, PlanError
-from . import video
+from . import hunyuan, ltx, video
 from .attention import SequenceGather
-from .conv import conv2d_rows
+from .conv import conv2d_rows, conv3d_rows
 from .group import vae_group
 from .halo import gather_rows
 from .norm import group_norm_rows
@@ -35,12 +35,16 @@ from .strips import bounds, split_rows
 # VAE classes whose encoder and decoder are diffusers' `Encoder` / `Decoder` (vae.py): 2-D convs,
 # GroupNorm, one mid-block self-attention, nearest upsampling, stride-2 downsampling. Rows are dim 2.
 IMAGE_VAES = ("AutoencoderKL", "AutoencoderKLFlux2")
-# Causal video VAEs (video.py): (B, C, T, H, W) activations, rows are dim 3.
-VIDEO_VAES = ("AutoencoderKLWan", "AutoencoderKLQwenImage")
+# Video VAEs (video.py: Wan's causal layers; hunyuan.py; ltx.py): (B, C, T, H, W) activations, rows are dim 3.
+VIDEO_VAES = ("AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLHunyuanVideo", "AutoencoderKLLTXVideo")
 SUPPORTED = IMAGE_VAES + VIDEO_VAES
 
 # Layers that act on each position (row) alone: nothing to exchange.
 ROW_LOCAL = (nn.SiLU, nn.ReLU, nn.GELU, nn.Dropout, nn.Identity, nn.Linear)
+# Wan 2.2's residual shortcuts (is_residual=True): space-to-depth (AvgDown3D: mean over channel groups of
+# f_t x f_s x f_s blocks) and depth-to-space (DupUp3D) by f_s in H. Strip bounds are multiples of f_s at
+# every grid (strips.py), so each strip maps to whole rows: row-local.
+ROW_LOCAL_NAMES = ("AvgDown3D", "DupUp3D")
 
 
 @dataclass
@@ -92,7 +96,7 @@ def install_vae(vae: nn.Module, checked: CheckedVae, mesh, *, gather_output: boo
         module = getattr(vae, part)
         for path, layer in layers:
             _install(layer, state, path)
-        factor = 2 ** sum(_downsamples(layer) for _, layer in layers)
+        factor = _height_factor(module)
         dim = 3 if type(vae).__name__ in VIDEO_VAES else 2
         _replace_forward(module, _entry(module.forward, state, factor if part == "encoder" else 1, dim), state)
     vae._dtp_vae = state
@@ -110,13 +114,24 @@ def remove_vae_parallel(vae: nn.Module) -> nn.Module:
     return vae
 
 
-def _downsamples(layer: nn.Module) -> bool:
-    """Whether `layer` halves the height (a stride-2 downsampling the strips must align to)."""
+def _height_factor(part: nn.Module) -> int:
+    """Input rows per latent row of an encoder (1 for a decoder): the product of its downsamplings' H
+    strides, times LTX's patchify factor. The encoder's input is split in multiples of it."""
+    factor = ltx.patch_factor(part) if type(part).__name__ == "LTXVideoEncoder3d" else 1
+    for layer in part.modules():
+        factor *= _height_stride(layer)
+    return factor
+
+
+def _height_stride(layer: nn.Module) -> int:
+    """The factor by which `layer` divides the height (a downsampling the strips must align to), else 1."""
     from diffusers.models.downsampling import Downsample2D
 
     if isinstance(layer, Downsample2D):
-        return True
-    return video.layer_kind(layer) == "resample" and layer.mode.startswith("downsample")
+        return layer.conv.stride[0]
+    if video.layer_kind(layer) == "resample" and layer.mode.startswith("downsample"):
+        return 2
+    return hunyuan.height_stride(layer) * ltx.height_stride(layer)
 
 
 def _layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
@@ -131,10 +146,22 @@ def _layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
         if any(path.startswith(p + ".") for p in inside):
             continue  # handled by its parent's rule
         kind = video.layer_kind(module)
+        family = _family(module)
         if kind is not None:
             if _video_layer(module, kind, full):
                 found.append((full, module))
             inside |= _owned(module, kind, path)
+        elif family is not None:
+            rules, kind = family
+            reason = rules.check(module, kind)
+            if reason is not None:
+                name = type(module).__name__
+                raise PlanError(f"parallelize_vae: {full} ({name}) has no row-strip rule for {reason}.")
+            if rules is hunyuan and kind in ("causal_conv", "mid_block"):
+                found.append((full, module))
+            inside |= rules.owned(module, kind, path)
+        elif type(module).__name__ in ROW_LOCAL_NAMES:
+            pass
         elif isinstance(module, Downsample2D):
             _check_downsample(module, full)
             found.append((full, module))
@@ -144,7 +171,7 @@ def _layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
             found.append((full, module))  # its children (group_norm, to_q, ...) get their own rules
         elif isinstance(module, Upsample2D):
             _check_upsample(module, full)  # nearest x2 is row-local; its conv is found as a child
-        elif isinstance(module, nn.Conv2d):
+        elif isinstance(module, (nn.Conv2d, nn.Conv3d)):
             _check_conv(module, full)
             found.append((full, module))
         elif isinstance(module, nn.GroupNorm):
@@ -152,9 +179,19 @@ def _layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
         elif not list(module.children()) and not isinstance(module, ROW_LOCAL):
             raise PlanError(
                 f"parallelize_vae: layer {full} ({type(module).__name__}) has no row-strip rule; "
-                f"known: Conv2d, GroupNorm, Attention, Upsample2D, Downsample2D, {_names(ROW_LOCAL)}."
+                f"known: Conv2d, Conv3d, GroupNorm, Attention, Upsample2D, Downsample2D, {_names(ROW_LOCAL)}, "
+                f"{', '.join(ROW_LOCAL_NAMES)} and the video VAEs' layers (video.py, hunyuan.py, ltx.py)."
             )
     return found
+
+
+def _family(module: nn.Module):
+    """(rules module, kind) for a HunyuanVideo or LTX VAE layer, else None."""
+    for rules in (hunyuan, ltx):
+        kind = rules.layer_kind(module)
+        if kind is not None:
+            return rules, kind
+    return None
 
 
 def _video_layer(module: nn.Module, kind: str, path: str) -> bool:
@@ -187,7 +224,7 @@ def _names(types) -> str:
     return ", ".join(t.__name__ for t in types)
 
 
-def _check_conv(conv: nn.Conv2d, path: str) -> None:
+def _check_conv(conv: nn.Conv2d | nn.Conv3d, path: str) -> None:
     if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
         raise PlanError(
             f"parallelize_vae: {path} pads with {conv.padding!r} / padding_mode={conv.padding_mode!r}; "
@@ -227,7 +264,11 @@ def _install(layer: nn.Module, state: VaeParallel, path: str) -> None:
 
     split = state.split
     kind = video.layer_kind(layer)
-    if kind == "causal_conv":
+    if hunyuan.layer_kind(layer) == "causal_conv":
+        _replace_forward(layer, lambda x: hunyuan.causal_conv3d_rows(x, layer, split), state)
+    elif hunyuan.layer_kind(layer) == "mid_block":
+        _replace_forward(layer, lambda x: hunyuan.mid_block_rows(layer, x, split), state)
+    elif kind == "causal_conv":
         _replace_forward(layer, lambda x, cache_x=None: video.causal_conv3d_rows(x, layer, split, cache_x), state)
     elif kind == "attention":
         _replace_forward(layer, lambda x: video.attention_block_rows(layer, x, split), state)
@@ -245,6 +286,9 @@ def _install(layer: nn.Module, state: VaeParallel, path: str) -> None:
     elif isinstance(layer, nn.Conv2d):
         if layer.kernel_size[0] > 1 or layer.stride[0] > 1 or layer.padding[0] > 0:
             _replace_forward(layer, lambda x: conv2d_rows(x, layer, split), state)
+    elif isinstance(layer, nn.Conv3d):
+        if layer.kernel_size[1] > 1 or layer.stride[1] > 1 or layer.padding[1] > 0:
+            _replace_forward(layer, lambda x: conv3d_rows(x, layer, split), state)
     elif isinstance(layer, nn.GroupNorm):
         _replace_forward(layer, lambda x: group_norm_rows(x, layer, split), state)
     elif isinstance(layer, Attention):

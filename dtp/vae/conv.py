@@ -46,18 +46,35 @@ def conv2d_rows(x: torch.Tensor, conv: nn.Conv2d, split: Split, *, row_pad=None,
 
 
 def rows_for_conv(
-    x: torch.Tensor, dim: int, split: Split, *, kernel: int, stride: int, dilation: int, pads
+    x: torch.Tensor, dim: int, split: Split, *, kernel: int, stride: int, dilation: int, pads, edge: str = "zeros"
 ) -> torch.Tensor:
     """Exactly the input rows (along `dim`) this rank's output rows of the conv read: its strip with the
-    neighbours' halo rows and, at the image's edges, the zero padding; `pads` = (pad_top, pad_bottom) of the
-    untiled conv. Convolve the result with no padding along `dim`."""
+    neighbours' halo rows and, at the image's edges, the padding; `pads` = (pad_top, pad_bottom) of the
+    untiled conv. Convolve the result with no padding along `dim`.
+
+    edge: "zeros" (zero padding) or "replicate" (the image's first / last row repeated, as
+    F.pad(mode="replicate") does; HunyuanVideo's causal convs). Replicate padding is a clamp of the row
+    index, independent per dim, so padding the rows here and the other dims afterwards equals one F.pad.
+    """
     mine, above, below = _halo(x, dim, split, kernel, stride, dilation, pads)
     # A negative halo: the window starts (ends) inside this rank's own strip; drop those rows.
     start, stop = max(0, -mine.top), x.shape[dim] - max(0, -mine.bottom)
     x = x.narrow(dim, start, stop - start)
-    top = _zeros_then(above, max(0, mine.top), x, dim)
-    bottom = _then_zeros(below, max(0, mine.bottom), x, dim)
+    top = _zeros_then(above, max(0, mine.top), x, dim, edge)
+    bottom = _then_zeros(below, max(0, mine.bottom), x, dim, edge)
     return torch.cat([t for t in (top, x, bottom) if t is not None], dim=dim)
+
+
+def conv3d_rows(x: torch.Tensor, conv: nn.Conv3d, split: Split) -> torch.Tensor:
+    """`conv(x)` for a (B, C, T, h, W) strip of an nn.Conv3d with zero padding: this rank's output rows.
+
+    Rows are dim 3; time and width are padded as the conv pads them (padding (p_t, p_h, p_w)).
+    """
+    pad_t, pad_h, pad_w = conv.padding
+    x = rows_for_conv(
+        x, 3, split, kernel=conv.kernel_size[1], stride=conv.stride[1], dilation=conv.dilation[1], pads=(pad_h, pad_h)
+    )
+    return F.conv3d(x, conv.weight, conv.bias, conv.stride, (pad_t, 0, pad_w), conv.dilation, conv.groups)
 
 
 def _halo(x: torch.Tensor, dim: int, split: Split, kernel: int, stride: int, dilation: int, pads) -> tuple:
@@ -94,22 +111,32 @@ def _valid_rows(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
     return F.conv2d(x, conv.weight, conv.bias, conv.stride, (0, conv.padding[1]), conv.dilation, conv.groups)
 
 
-def _zeros_then(rows, wanted: int, like: torch.Tensor, dim: int):
-    """`wanted` rows ending with the received `rows`: what a neighbour did not send is outside the image (zeros)."""
+def _zeros_then(rows, wanted: int, like: torch.Tensor, dim: int, edge: str = "zeros"):
+    """`wanted` rows ending with the received `rows`: what a neighbour did not send is outside the image
+    (zeros, or the image's first row repeated: the first of `rows`, else of the strip `like`)."""
     got = 0 if rows is None else rows.shape[dim]
     if wanted == got:
         return rows
-    zeros = like.new_zeros(_shape(like, dim, wanted - got))
-    return zeros if rows is None else torch.cat([zeros, rows], dim=dim)
+    first = (like if rows is None else rows).narrow(dim, 0, 1)
+    pad = _padding(first, like, dim, wanted - got, edge)
+    return pad if rows is None else torch.cat([pad, rows], dim=dim)
 
 
-def _then_zeros(rows, wanted: int, like: torch.Tensor, dim: int):
-    """`wanted` rows starting with the received `rows`, zeros after (the image's bottom padding)."""
+def _then_zeros(rows, wanted: int, like: torch.Tensor, dim: int, edge: str = "zeros"):
+    """`wanted` rows starting with the received `rows`, padding after (the image's bottom: zeros or its last row)."""
     got = 0 if rows is None else rows.shape[dim]
     if wanted == got:
         return rows
-    zeros = like.new_zeros(_shape(like, dim, wanted - got))
-    return zeros if rows is None else torch.cat([rows, zeros], dim=dim)
+    last = like.narrow(dim, like.shape[dim] - 1, 1) if rows is None else rows.narrow(dim, rows.shape[dim] - 1, 1)
+    pad = _padding(last, like, dim, wanted - got, edge)
+    return pad if rows is None else torch.cat([rows, pad], dim=dim)
+
+
+def _padding(row: torch.Tensor, like: torch.Tensor, dim: int, count: int, edge: str) -> torch.Tensor:
+    if edge == "replicate":
+        return row.expand(_shape(like, dim, count))
+    assert edge == "zeros", edge
+    return like.new_zeros(_shape(like, dim, count))
 
 
 def _shape(x: torch.Tensor, dim: int, rows: int) -> list[int]:

@@ -1,9 +1,12 @@
 """Parallel VAE parity on gloo: strip-split decode/encode against the untiled one-process VAE.
 
 One 4-process group; subgroups of 2 and 3 ranks and the whole group (as a 2 x 2 mesh, flattened) run
-AutoencoderKL, AutoencoderKLWan and AutoencoderKLQwenImage decode and encode at N = 2, 3, 4 with a latent
-height none of them divides (7), batch 2; the video VAEs on 5- and 9-frame videos (2 and 3 latent frames);
-AutoencoderKLFlux2 at N = 3, AutoencoderKLQwenImage (Wan's layers under other names) at N = 4.
+AutoencoderKL, AutoencoderKLWan, AutoencoderKLHunyuanVideo and AutoencoderKLLTXVideo decode and encode at
+N = 2, 3, 4 with a latent height none of them divides (7), batch 2; the video VAEs on 5- and 9-frame videos
+(2 and 3 latent frames); AutoencoderKLFlux2, Wan 2.2's VAE (AvgDown3D / DupUp3D, patchify) and LTX 0.9.5's
+(space-to-depth Downsampler3d, residual depth-to-space Upsampler3d; 9 frames <-> 2 latent frames) at N = 3,
+AutoencoderKLQwenImage (Wan's layers under other names) at N = 4. At N = 4 HunyuanVideo and LTX run on a
+("cfg", "tp") = (2, 2) mesh: the VAE flattens every axis and equals one process on every rank.
 Tolerance: max |parallel - untiled| <= 1e-5 * max |untiled|. Negative controls: per-strip GroupNorm
 statistics and a halo one row short each exceed it.
 """
@@ -23,6 +26,9 @@ from dtp.vae.strips import bounds, split_rows
 
 TOL = 1e-5
 WAN, QWEN, FLUX2 = "AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLFlux2"
+HUNYUAN, LTX, WAN22 = "AutoencoderKLHunyuanVideo", "AutoencoderKLLTXVideo", "AutoencoderKLWan22"
+LTX095 = "AutoencoderKLLTXVideo095"
+PIXELS = {LTX: 8, WAN22: 8}  # image rows per latent row (4 for the others)
 LATENT = (2, 4, 7, 6)  # batch 2, 4 channels, 7 x 6 latent rows x columns: 2, 3, 4 ranks all leave a remainder
 
 
@@ -55,19 +61,35 @@ def _kl(group, cls: str = "AutoencoderKL") -> dict:
 
 @torch.no_grad()
 def _video(cls: str, group) -> dict:
-    """Decode of 2 and 3 latent frames (5 and 9 video frames), encode of 5 and 9 frames; halo one row short."""
+    """Decode of 2 and 3 latent frames (5 and 9 video frames), encode of 5 and 9 frames; halo one row short.
+    LTX's decoder is timestep-conditioned: decode(z, temb) with a different timestep per sample."""
     vae = tiny_vae(cls)
+    pixels = PIXELS.get(cls, 4)
+    kwargs = dict(temb=torch.tensor([0.05, 0.3])) if cls == LTX else {}
     latents = {f: torch.randn(2, 4, f, 7, 6, generator=torch.Generator().manual_seed(f)) for f in (2, 3)}
-    videos = {f: torch.randn(2, 3, f, 28, 24, generator=torch.Generator().manual_seed(f)) for f in (5, 9)}
-    ref_dec = {f: vae.decode(z).sample for f, z in latents.items()}
+    shape = (2, 3, 7 * pixels, 6 * pixels)
+    videos = {f: torch.randn(*shape[:2], f, *shape[2:], generator=torch.Generator().manual_seed(f)) for f in (5, 9)}
+    ref_dec = {f: vae.decode(z, **kwargs).sample for f, z in latents.items()}
     ref_enc = {f: vae.encode(x).latent_dist.mean for f, x in videos.items()}
     assert [r.shape[2] for r in ref_dec.values()] == [5, 9]
     parallelize_vae(vae, group)
-    result = {f"decode_{r.shape[2]}": _rel(vae.decode(latents[f]).sample, r) for f, r in ref_dec.items()}
+    result = {f"decode_{r.shape[2]}": _rel(vae.decode(latents[f], **kwargs).sample, r) for f, r in ref_dec.items()}
     result |= {f"encode_{f}": _rel(vae.encode(videos[f]).latent_dist.mean, r) for f, r in ref_enc.items()}
     with _patched(conv_module, "halo_counts", _one_short):
-        result["halo_short"] = _rel(vae.decode(latents[2]).sample, ref_dec[2])
+        result["halo_short"] = _rel(vae.decode(latents[2], **kwargs).sample, ref_dec[2])
     return result
+
+
+@torch.no_grad()
+def _ltx095(group) -> dict:
+    """LTX 0.9.5-style VAE: decode 2 latent frames (9 video frames) and encode 9 frames of 112 x 96."""
+    vae = tiny_vae(LTX095)
+    z = torch.randn(2, 4, 2, 7, 6, generator=torch.Generator().manual_seed(1))
+    video = torch.randn(2, 3, 9, 112, 96, generator=torch.Generator().manual_seed(2))
+    ref_dec, ref_enc = vae.decode(z).sample, vae.encode(video).latent_dist.mean
+    parallelize_vae(vae, group)
+    decode, encode = vae.decode(z).sample, vae.encode(video).latent_dist.mean
+    return dict(decode_9=_rel(decode, ref_dec), encode_9=_rel(encode, ref_enc))
 
 
 def _strip_stats(stats, split):
@@ -103,12 +125,15 @@ def _four_proc(rank: int, world: int) -> dict:
     groups = {n: dist.new_group(list(range(n))) for n in (2, 3)}  # every rank creates every group
     for n, group in groups.items():
         if rank < n:
-            results[n] = dict(kl=_kl(group), wan=_video(WAN, group))
+            results[n] = dict(kl=_kl(group), wan=_video(WAN, group), hunyuan=_video(HUNYUAN, group))
+            results[n]["ltx"] = _video(LTX, group)
             if n == 3:
-                results[n]["flux2"] = _kl(group, FLUX2)
+                results[n] |= dict(flux2=_kl(group, FLUX2), wan22=_video(WAN22, group), ltx095=_ltx095(group))
         dist.barrier()
     mesh = dtp.make_mesh(tp=2, cp=2)  # a 2-D mesh, flattened: all 4 ranks
     results[4] = dict(kl=_kl(mesh), wan=_video(WAN, mesh), qwen=_video(QWEN, mesh))
+    cfg_mesh = dtp.make_mesh(cfg=2, tp=2)  # the cfg axis too is flattened: one split over all 4 ranks
+    results[4] |= dict(hunyuan=_video(HUNYUAN, cfg_mesh), ltx=_video(LTX, cfg_mesh))
     return results
 
 
@@ -131,17 +156,25 @@ def test_flux2_vae_parity(four, op):
     assert all(four[rank][3]["flux2"][op] <= TOL for rank in range(3)), [four[r][3]["flux2"] for r in range(3)]
 
 
-VIDEO_CASES = [(2, "wan"), (3, "wan"), (4, "wan"), (4, "qwen")]  # Qwen-Image's VAE: Wan's layers, renamed
+# Qwen-Image's VAE: Wan's layers, renamed; wan22: Wan 2.2's residual VAE; N = 4 hunyuan / ltx on the cfg mesh.
+VIDEO_CASES = [(2, "wan"), (3, "wan"), (4, "wan"), (4, "qwen"), (3, "wan22")]
+VIDEO_CASES += [(n, vae) for vae in ("hunyuan", "ltx") for n in (2, 3, 4)]
 
 
 @pytest.mark.parametrize("n, vae", VIDEO_CASES)
 def test_video_vae_parity(four, n, vae):
-    """AutoencoderKLWan / AutoencoderKLQwenImage, latent 7 x 6, batch 2, on n ranks: decode to 5 and 9 frames,
-    encode 5 and 9 frames: max |parallel - untiled| <= 1e-5 * max |untiled|."""
+    """AutoencoderKLWan (2.1, 2.2) / QwenImage / HunyuanVideo / LTXVideo, latent 7 x 6, batch 2, on n ranks: decode
+    to 5 and 9 frames, encode 5 and 9 frames: max |parallel - untiled| <= 1e-5 * max |untiled|."""
     for rank in range(n):
         got = four[rank][n][vae]
         assert {k for k in got if k != "halo_short"} == {"decode_5", "decode_9", "encode_5", "encode_9"}
         assert all(v <= TOL for k, v in got.items() if k != "halo_short"), (rank, got)
+
+
+def test_ltx_095_vae_parity(four):
+    """LTX 0.9.5-style VAE (Downsampler3d / residual Upsampler3d), latent 7 x 6, batch 2, on 3 ranks: decode to 9
+    frames and encode 9 frames: max |parallel - untiled| <= 1e-5 * max |untiled|."""
+    assert all(v <= TOL for rank in range(3) for v in four[rank][3]["ltx095"].values()), four[0][3]["ltx095"]
 
 
 @pytest.mark.parametrize("n", (2, 3, 4))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import diffusers
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import dtp
-from dtp.testing.tiny_vae import tiny_vae
+from dtp.testing.tiny_vae import TINY_VAE_CONFIGS, tiny_vae
 from dtp.vae import parallelize_vae
 from dtp.vae.strips import bounds, conv_rows, scaled_bounds, split_rows
 
@@ -84,3 +85,22 @@ def test_unknown_layer_is_refused_untouched():
     assert not any("forward" in m.__dict__ for m in vae.modules())
     assert getattr(vae, "_dtp_vae", None) is None
     assert all(torch.equal(before[k], v) for k, v in vae.state_dict().items())
+
+
+def test_ltx_noise_injection_is_refused_untouched():
+    """LTX's decoder_inject_noise draws torch.randn(H, W) per call over the whole image: a strip would draw other
+    numbers, so it is refused (naming the resnet and the reason) before anything changes."""
+    config = dict(TINY_VAE_CONFIGS["AutoencoderKLLTXVideo"], decoder_inject_noise=(True,) * 4)
+    vae = diffusers.AutoencoderKLLTXVideo(**config).eval()
+    with pytest.raises(dtp.PlanError, match=r"decoder\.mid_block\.resnets\.0 .*inject_noise"):
+        parallelize_vae(vae, object())
+    assert not any("forward" in m.__dict__ for m in vae.modules())
+
+
+def test_hunyuan_reflect_padding_is_refused_untouched():
+    """A HunyuanVideo causal conv padded other than replicate / zeros has no strip rule: PlanError naming it."""
+    vae = tiny_vae("AutoencoderKLHunyuanVideo")
+    vae.decoder.conv_out.pad_mode = "reflect"
+    with pytest.raises(dtp.PlanError, match=r"decoder\.conv_out .*pad_mode='reflect'"):
+        parallelize_vae(vae, object())
+    assert not any("forward" in m.__dict__ for m in vae.modules())
