@@ -80,14 +80,24 @@ class SplitOutputs:
 
 
 class GatherOutput:
-    """Forward hook: all-gather the module's output tensor on the `cp` group, in rank order."""
+    """Forward hook: all-gather the module's output on the `cp` group, in rank order.
+
+    A bare tensor, or every tensor of a tuple (HiDream's dual-stream block returns (image, text), each
+    split on its own by the block's pre-hook, so each is gathered on its own).
+    """
 
     def __init__(self, path: str, rule: GatherRule, group):
         self.path, self.rule, self.group = path, rule, group
 
     def __call__(self, module, args, output):
+        if isinstance(output, tuple) and output and all(isinstance(o, torch.Tensor) for o in output):
+            return tuple(self._gather(o, f"output {i} of '{self.path}'") for i, o in enumerate(output))
         if not isinstance(output, torch.Tensor):
             raise ForwardError(
-                f"cp gather at '{self.path}': the module returned a {type(output).__name__}, not a tensor."
+                f"cp gather at '{self.path}': the module returned a {type(output).__name__}, not a tensor "
+                f"(or a tuple of tensors)."
             )
-        return gather_chunks(output, self.rule.dim, self.group, f"output of '{self.path}'", self.rule.expected_dims)
+        return self._gather(output, f"output of '{self.path}'")
+
+    def _gather(self, x: torch.Tensor, what: str) -> torch.Tensor:
+        return gather_chunks(x, self.rule.dim, self.group, what, self.rule.expected_dims)
