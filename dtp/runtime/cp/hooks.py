@@ -28,8 +28,8 @@ class SplitInputs:
         # Joint tensors last: their segment lengths are read from the other inputs once those are local.
         for rule in sorted(self.rules, key=lambda r: bool(r.segments)):
             value = bound.arguments.get(rule.name)
-            if value is None:
-                continue
+            if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
+                continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
             if rule.segments:
                 bound.arguments[rule.name] = self._split_segments(value, rule, bound.arguments, what)
