@@ -51,6 +51,10 @@ class SplitRule:
         own, so the result lines up with the rank's [video_r | text_r] tokens. Segment lengths are
         cp x the (local) lengths of the named inputs along dim 1. Example: mask [B, 1, 1, 24 + 8],
         cp = 2, rank 1 -> mask[..., 12:24] ++ mask[..., 28:32].
+    when_dims: split the tensor only when it has this many dims and pass it whole otherwise: a
+        timestep is per sample ([B], the same for every token, whole on every rank) or per token
+        ([B, S], Wan 2.2 ti2v / LTX; [B, S, D] embeddings for Cosmos' per-frame timesteps), and only
+        the per-token form is cut, with its tokens.
     """
 
     key: str
@@ -59,6 +63,7 @@ class SplitRule:
     expected_dims: int | None = None
     output: bool = False
     segments: tuple[str, ...] = ()
+    when_dims: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class CpPlan:
     refused: str | None = None  # `cp: {refused: why}`: this model cannot take CP; cp > 1 is a PlanError saying why
 
 
+_SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims"}
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
 
@@ -122,9 +128,10 @@ def _local_attention(keys, name: str) -> tuple[str, ...]:
 def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     where = f"plan {name}: cp.split['{key}']['{tensor}']"
     _check_key(key, name)
-    if not isinstance(spec, dict) or "dim" not in spec or set(spec) - {"dim", "expected_dims", "output", "segments"}:
+    if not isinstance(spec, dict) or "dim" not in spec or set(spec) - _SPLIT_FIELDS:
         raise PlanError(
-            f"{where}: expected {{dim: int, expected_dims: int?, output: bool?, segments: [str]?}}, got {spec!r}."
+            f"{where}: expected {{dim: int, expected_dims: int?, output: bool?, segments: [str]?, when_dims: int?}}, "
+            f"got {spec!r}."
         )
     output = spec.get("output", False)
     if not isinstance(output, bool):
@@ -134,7 +141,10 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     if not isinstance(segments, list) or not all(isinstance(n, str) for n in segments) or (segments and output):
         raise PlanError(f"{where}: `segments` must be a list of input names of the same module, got {segments!r}.")
     dim, expected = _int(spec["dim"], where, "dim"), _opt_int(spec.get("expected_dims"), where)
-    return SplitRule(key, tensor, dim, expected, output, tuple(segments))
+    when = _opt_int(spec.get("when_dims"), where, "when_dims")
+    if when is not None and expected is not None:
+        raise PlanError(f"{where}: `when_dims` (split only tensors of that many dims) excludes `expected_dims`.")
+    return SplitRule(key, tensor, dim, expected, output, tuple(segments), when)
 
 
 def _gather_rule(key, spec, name: str) -> GatherRule:
@@ -209,5 +219,5 @@ def _int(value, where: str, field: str) -> int:
     return value
 
 
-def _opt_int(value, where: str) -> int | None:
-    return None if value is None else check_degree(value, f"{where}: `expected_dims`")
+def _opt_int(value, where: str, field: str = "expected_dims") -> int | None:
+    return None if value is None else check_degree(value, f"{where}: `{field}`")

@@ -7,6 +7,7 @@ import torch
 from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
 
 import dtp
+from dtp.families import released_overrides
 from dtp.plan.cp import GatherRule, SplitRule, cp_plan_from_mapping
 from dtp.plan.io import _bundled_dir
 from dtp.resolve import resolve, resolve_cp
@@ -167,8 +168,8 @@ def test_zimage_heads_limit_ulysses_at_full_size():
 def test_full_size_models_resolve_cp_on_meta(name):
     """Default (full-size) configs on the meta device: the cp section fits, and Ulysses candidates follow
     (heads / tp) % cp == 0 with the model's real head count."""
-    with torch.device("meta"):
-        model = model_class(PLAN_CLASSES[name])()
+    with torch.device("meta"):  # the released config (HiDream's class defaults cannot be built)
+        model = model_class(PLAN_CLASSES[name])(**released_overrides(PLAN_CLASSES[name]))
     plan = dtp.load_plan(name)
     cp_resolved = resolve_cp(resolve(plan, model), model)
     heads = {spec.heads for spec in cp_resolved.attention}

@@ -28,8 +28,8 @@ class SplitInputs:
         # Joint tensors last: their segment lengths are read from the other inputs once those are local.
         for rule in sorted(self.rules, key=lambda r: bool(r.segments)):
             value = bound.arguments.get(rule.name)
-            if value is None:
-                continue
+            if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
+                continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
             if rule.segments:
                 bound.arguments[rule.name] = self._split_segments(value, rule, bound.arguments, what)
@@ -80,14 +80,24 @@ class SplitOutputs:
 
 
 class GatherOutput:
-    """Forward hook: all-gather the module's output tensor on the `cp` group, in rank order."""
+    """Forward hook: all-gather the module's output on the `cp` group, in rank order.
+
+    A bare tensor, or every tensor of a tuple (HiDream's dual-stream block returns (image, text), each
+    split on its own by the block's pre-hook, so each is gathered on its own).
+    """
 
     def __init__(self, path: str, rule: GatherRule, group):
         self.path, self.rule, self.group = path, rule, group
 
     def __call__(self, module, args, output):
+        if isinstance(output, tuple) and output and all(isinstance(o, torch.Tensor) for o in output):
+            return tuple(self._gather(o, f"output {i} of '{self.path}'") for i, o in enumerate(output))
         if not isinstance(output, torch.Tensor):
             raise ForwardError(
-                f"cp gather at '{self.path}': the module returned a {type(output).__name__}, not a tensor."
+                f"cp gather at '{self.path}': the module returned a {type(output).__name__}, not a tensor "
+                f"(or a tuple of tensors)."
             )
-        return gather_chunks(output, self.rule.dim, self.group, f"output of '{self.path}'", self.rule.expected_dims)
+        return self._gather(output, f"output of '{self.path}'")
+
+    def _gather(self, x: torch.Tensor, what: str) -> torch.Tensor:
+        return gather_chunks(x, self.rule.dim, self.group, what, self.rule.expected_dims)
