@@ -11,12 +11,14 @@ model's `_keep_in_fp32_modules`.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from ..errors import PlanError
 from .after import quantize_linear
 
-LOADABLE = ("Int8WeightOnlyConfig", "Float8WeightOnlyConfig")
+LOADABLE = ("Int8WeightOnlyConfig", "Float8WeightOnlyConfig", "Float8DynamicActivationFloat8WeightConfig")
+FP8_DYNAMIC = "Float8DynamicActivationFloat8WeightConfig"
 
 
 class LoadQuantizer:
@@ -24,6 +26,7 @@ class LoadQuantizer:
 
     def __init__(self, model: nn.Module, quantization_config):
         self.config, skip = torchao_config(quantization_config)
+        check_runnable(self.config, getattr(model, "dtype", None))
         self.skip = [*skip, *(getattr(model, "_keep_in_fp32_modules", None) or [])]
 
     def wants(self, model: nn.Module, key: str) -> bool:
@@ -44,11 +47,51 @@ def torchao_config(quantization_config) -> tuple[object, list[str]]:
     config = getattr(quantization_config, "quant_type", quantization_config)
     skip = list(getattr(quantization_config, "modules_to_not_convert", None) or [])
     name = type(config).__name__
-    granularity = type(getattr(config, "granularity", None)).__name__
-    if name not in LOADABLE or granularity not in ("PerRow", "PerTensor"):
+    granularity = _granularity_names(config)
+    if name not in LOADABLE or not set(granularity.split(", ")) <= {"PerRow", "PerTensor"}:
         raise PlanError(
             f"quantization_config {name} (granularity {granularity}) is not one dtp can apply while loading "
             f"slices: use TorchAoConfig({' or '.join(c + '()' for c in LOADABLE)}) with PerRow or PerTensor "
             f"granularity, or load unquantized and call dtp.quantize(model, config) (colwise-only schemes)."
         )
     return config, skip
+
+
+def _granularity_names(config) -> str:
+    """ "PerRow", or "PerRow, PerRow" for a float8 dynamic config's [activation, weight] granularities."""
+    granularity = getattr(config, "granularity", None)
+    values = granularity if isinstance(granularity, (list, tuple)) else [granularity]
+    return ", ".join(type(value).__name__ for value in values)
+
+
+def check_runnable(config, dtype) -> None:
+    """PlanError, before a byte is read, where torchao itself would stop mid-load with a bare AssertionError:
+    float8 dynamic activation needs a CUDA GPU of capability >= 8.9 (torchao's float8 matmul), and with PerRow
+    scales bfloat16 weights (`torch_dtype=torch.bfloat16`)."""
+    if type(config).__name__ != FP8_DYNAMIC:
+        return
+    from torchao.float8.inference import _check_hardware_support
+
+    try:
+        _check_hardware_support(config.granularity)
+    except AssertionError as error:
+        raise PlanError(
+            f"quantization_config {FP8_DYNAMIC} needs a CUDA GPU of compute capability >= 8.9 (or an XPU) for "
+            f"torchao's float8 matmul ({error or 'torchao refused this machine'}); use Float8WeightOnlyConfig or "
+            f"Int8WeightOnlyConfig here."
+        ) from None
+    if "PerRow" in _granularity_names(config) and dtype is not None and dtype != torch.bfloat16:
+        raise PlanError(
+            f"quantization_config {FP8_DYNAMIC} with PerRow scales quantizes bfloat16 weights only (torchao); "
+            f"the model loads as {dtype}: pass torch_dtype=torch.bfloat16 (dtp run: --dtype bf16)."
+        )
+
+
+def diffusers_config(quantization_config):
+    """diffusers' TorchAoConfig for a torchao config (diffusers' own `from_pretrained` takes only its own
+    config classes); a diffusers config as it is. For the one-process pipeline, the reference."""
+    if type(quantization_config).__module__.startswith("diffusers"):
+        return quantization_config
+    from diffusers import TorchAoConfig
+
+    return TorchAoConfig(quantization_config)

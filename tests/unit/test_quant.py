@@ -143,3 +143,22 @@ def test_from_pretrained_refuses_unloadable_configs():
         torchao_config(TorchAoConfig(Int8DynamicActivationInt8WeightConfig()))
     with pytest.raises(dtp.PlanError, match="PerGroup"):
         torchao_config(Int8WeightOnlyConfig(granularity=PerGroup(16)))
+
+
+def test_rank_agreement_fingerprint_includes_the_quantization(mesh):
+    """Ranks quantized differently (none, int8wo, fp8wo) fingerprint differently, and the difference report
+    names the schemes; equal quantization gives equal items."""
+    from dtp.engine import prepare
+    from dtp.runtime.agree import describe as describe_difference
+    from dtp.runtime.agree import fingerprint
+
+    def items(scheme):
+        model = tiny_model(FLUX) if scheme is None else quantize(tiny_model(FLUX), scheme)
+        prepared = prepare(model, mesh, dtp.load_plan("flux"))
+        return fingerprint(model, prepared.resolved, prepared.cp_resolved, mesh, {})
+
+    plain, int8, fp8 = items(None), items("int8wo"), items("fp8wo")
+    assert items("int8wo") == int8
+    assert len({str(plain), str(int8), str(fp8)}) == 3
+    message = describe_difference({0: int8, 1: fp8, 2: plain})
+    assert "quantized weights is int8wo x" in message and "fp8wo x" in message and "none on ranks [2]" in message
