@@ -1,11 +1,11 @@
 """Quantized weights under TP on 4 gloo processes: tp=2 (two tp groups of a (2, 2) mesh) and tp=4.
 
 Tiny FLUX.1, FLUX.2 and Qwen-Image, each scheme (torchao int8 weight-only, float8 weight-only, float8
-dynamic activation with per-row weight and per-token activation scales; a rowwise layer's token
-scales from the all-reduced amax), both orders (quantize then `dtp.parallelize`, and `dtp.parallelize`
-then quantize), against the one-process model quantized the same way: every sharded quantized Linear fed
-the one-process model's input is within 1e-5 relative of its output (measured 3.3e-7..5.6e-7), and so is
-the whole forward (2.3e-7..8.1e-7) except where the one-process model itself moves more than 1e-5 when
+dynamic activation with per-row weight and per-token activation scales, and FLUX.1 with per-tensor ones;
+a rowwise layer's token or tensor scale from the all-reduced amax), both orders (quantize then
+`dtp.parallelize`, and `dtp.parallelize` then quantize), against the one-process model quantized the
+same way: every sharded quantized Linear fed the one-process model's input is within 1e-5 relative of its
+output (measured 3.3e-7..5.6e-7), and so is the whole forward (2.3e-7..8.1e-7) except where the one-process model itself moves more than 1e-5 when
 its input is nudged by one fp32 rounding step (float8 dynamic activation rounds every activation; tiny
 Qwen-Image at tp=4: 6.7e-2 sharded, 6.7e-2 nudged, see quant_cases.py). The scheme's own error against
 fp32 (1.3e-2..2.0e-1) is printed next to it, so the bound is not vacuous. Negative controls: rowwise
@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("torchao")
 
-from quant_cases import CLASSES, ORDERS, load_parity, pipeline_parity, run_quant_cases  # noqa: E402
+from quant_cases import CLASSES, ORDERS, load_parity, pipeline_parity, quant_parity, run_quant_cases  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
 import dtp  # noqa: E402
@@ -37,6 +37,7 @@ def _run(rank, world_size, path, pipeline_dir):
     two = init_device_mesh("cpu", (2, 2), mesh_dim_names=("rep", "tp"))["tp"]
     four = dtp.make_mesh(tp=4)["tp"]
     results = {2: run_quant_cases(two, (*SCHEMES, "layerwise")), 4: run_quant_cases(four, FOUR, controls=False)}
+    results[2] |= {f"flux/fp8t/{order}": found for order, found in quant_parity("flux", "fp8t", two).items()}
     results[2]["load"] = {scheme: load_parity(path, two, scheme) for scheme in ("int8wo", "fp8wo")}
     results[4]["load"] = {"int8wo": load_parity(path, four, "int8wo")}
     results[2]["pipeline"] = {scheme: pipeline_parity(pipeline_dir, two, scheme) for scheme in ("int8wo", "fp8wo")}
@@ -70,7 +71,10 @@ def check_parity(tp: int, case: str, found: dict) -> None:
     assert found["sharded_quantized"] > 0, found
 
 
-@pytest.mark.parametrize("tp_case", [(2, c) for c in CASES] + FOUR_CASES)
+PER_TENSOR = [(2, f"flux/fp8t/{order}") for order in ORDERS]  # float8 dynamic, per-tensor scales (torchao's default)
+
+
+@pytest.mark.parametrize("tp_case", [(2, c) for c in CASES] + FOUR_CASES + PER_TENSOR)
 def test_quantized_parity(results, tp_case):
     """Sharded and quantized (either order) equals the one-process quantized model within 1e-5 relative."""
     tp, case = tp_case

@@ -162,3 +162,29 @@ def test_rank_agreement_fingerprint_includes_the_quantization(mesh):
     assert len({str(plain), str(int8), str(fp8)}) == 3
     message = describe_difference({0: int8, 1: fp8, 2: plain})
     assert "quantized weights is int8wo x" in message and "fp8wo x" in message and "none on ranks [2]" in message
+
+
+def test_fp8_dynamic_load_refused_where_torchao_cannot_run_it():
+    """`--quant fp8` (float8 dynamic activation, per row): a PlanError before a byte is read where torchao would
+    stop mid-load with a bare AssertionError (no CUDA capability >= 8.9 here; float32 weights with PerRow)."""
+    from dtp.quant import config_for
+    from dtp.quant.load import check_runnable
+
+    config = config_for("fp8")
+    assert type(config).__name__ == "Float8DynamicActivationFloat8WeightConfig"
+    assert [type(g).__name__ for g in config.granularity] == ["PerRow", "PerRow"]
+    if not torch.cuda.is_available():
+        with pytest.raises(dtp.PlanError, match="capability >= 8.9"):
+            check_runnable(config, torch.bfloat16)
+    check_runnable(config_for("int8wo"), torch.float32)  # weight-only: runs anywhere
+
+
+def test_run_quant_flag_is_a_torchao_config():
+    """`dtp run --quant SCHEME` parses to `dtp.quant.config_for(SCHEME)`; its choices are every scheme."""
+    from dtp.quant import SCHEMES
+    from dtp.tools import commands, run
+
+    assert tuple(sorted(SCHEMES)) == commands.RUN_QUANT_SCHEMES
+    args = commands.build_parser().parse_args(["run", "--model-dir", "m", "--prompt", "p", "--quant", "int8wo"])
+    assert type(run._quant(args)).__name__ == "Int8WeightOnlyConfig"
+    assert run._quant(commands.build_parser().parse_args(["run", "--model-dir", "m", "--prompt", "p"])) is None
