@@ -4,13 +4,15 @@ Tiny FLUX.1, FLUX.2 and Qwen-Image, each scheme (torchao int8 weight-only, float
 dynamic activation with per-row weight and per-token activation scales, and FLUX.1 with per-tensor ones;
 a rowwise layer's token or tensor scale from the all-reduced amax), both orders (quantize then
 `dtp.parallelize`, and `dtp.parallelize` then quantize), against the one-process model quantized the
-same way: every sharded quantized Linear fed the one-process model's input is within 1e-5 relative of its
-output (measured 3.3e-7..5.6e-7), and so is the whole forward (2.3e-7..8.1e-7) except where the one-process model itself moves more than 1e-5 when
-its input is nudged by one fp32 rounding step (float8 dynamic activation rounds every activation; tiny
-Qwen-Image at tp=4: 6.7e-2 sharded, 6.7e-2 nudged, see quant_cases.py). The scheme's own error against
-fp32 (1.3e-2..2.0e-1) is printed next to it, so the bound is not vacuous. Negative controls: rowwise
-layers quantized from their column slices miss it (5.0e-3), and so do float8-dynamic rowwise layers
-whose token scales come from the local features only (4.7e-2 per layer).
+same way: every sharded quantized Linear fed the one-process model's input is within 1e-5 relative of
+its output (measured 3.3e-7..5.6e-7), and so is the whole forward (2.3e-7..8.1e-7) except where the
+one-process model itself moves more than 1e-5 when its input is nudged by one fp32 rounding step
+(float8 dynamic activation rounds every activation; tiny Qwen-Image at tp=4: 6.7e-2 sharded, 6.7e-2
+nudged, see quant_cases.py). The scheme's own error against fp32 (1.3e-2..2.0e-1) is printed next to
+it, so the bound is not vacuous. Negative controls: rowwise layers quantized from their column slices
+miss it (5.0e-3), and so do float8-dynamic rowwise layers whose token scales come from the local
+features only (4.7e-2 per layer). `dtp.load_pipeline(..., quantization_config=...)` at tp=2 against
+the one-process pipeline loaded the same way.
 """
 
 import pytest
