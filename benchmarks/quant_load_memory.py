@@ -5,14 +5,18 @@ tp = 2 and 4 gloo processes with diffusers' `TorchAoConfig(Int8WeightOnlyConfig(
 rank reads its fp32 slices and quantizes each Linear weight as it arrives. Peak RSS increase (VmHWM
 after the load minus VmRSS before it, peak reset via /proc/self/clear_refs) against the bound the
 issue sets: 1.25 x the rank's quantized share (local data + scales + unquantized parameters) + 150 MB.
+Each configuration runs with dtp's heap trim after every quantized weight (`dtp.quant.load.trim_heap`,
+glibc malloc_trim) and, for comparison, without it (`--compare-trim`); `--dtypes fp32 bf16` loads the
+fp32 checkpoint as it is or cast to bfloat16 slice by slice (the dtype real FLUX checkpoints have).
 
-    python benchmarks/quant_load_memory.py [--workdir benchmarks/_work] [--tp 2 4]
+    python benchmarks/quant_load_memory.py [--workdir benchmarks/_work] [--tp 2 4] [--dtypes fp32 bf16]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import os
 import sys
 import time
@@ -27,16 +31,20 @@ MB = load_memory.MB
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "quant_load_memory.md")
 
 
-def measure(rank: int, world_size: int, scheme: str, path: str) -> dict:
+def measure(rank: int, world_size: int, scheme: str, path: str, dtype: str = "fp32", trim: bool = True) -> dict:
     import warnings
 
     warnings.filterwarnings("ignore")
     from diffusers import FluxTransformer2DModel, TorchAoConfig
 
     import dtp
+    import dtp.quant.load
     from dtp.loading.load import load
     from dtp.quant import config_for
     from dtp.runtime.memory import local_param_bytes
+
+    if not trim:
+        dtp.quant.load.trim_heap = lambda: None
 
     mesh = dtp.make_mesh(tp=world_size, device_type="cpu")
     config = TorchAoConfig(config_for(scheme))
@@ -44,9 +52,10 @@ def measure(rank: int, world_size: int, scheme: str, path: str) -> dict:
     gc.collect()
     load_memory._reset_peak()
     before_kb = load_memory._proc_status_kb("VmRSS")
-    start = time.perf_counter()
-    model, stats = load(FluxTransformer2DModel, path, mesh, quantization_config=config)
-    seconds = time.perf_counter() - start
+    start, cpu_start = time.perf_counter(), time.process_time()
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    model, stats = load(FluxTransformer2DModel, path, mesh, quantization_config=config, torch_dtype=torch_dtype)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     peak_kb = load_memory._proc_status_kb("VmHWM")
     return dict(
         rank=rank,
@@ -54,21 +63,24 @@ def measure(rank: int, world_size: int, scheme: str, path: str) -> dict:
         share=local_param_bytes(model),
         bytes_read=stats.bytes_read,
         seconds=seconds,
+        cpu_seconds=cpu_seconds,
     )
 
 
 HEADER = (
-    "| tp | scheme | peak RSS increase (MB) | quantized share (MB) | increase / share | bound 1.25 x share + 150 MB "
-    "| within bound | fp32 bytes read (MB) | load time (s) |\n|---|---|---|---|---|---|---|---|---|"
+    "| tp | scheme | dtype | heap trim | peak RSS increase (MB) | quantized share (MB) | increase / share "
+    "| bound 1.25 x share + 150 MB | within bound | bytes read (MB) | load time (s) "
+    "| load CPU time (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def _row(r: dict) -> str:
     bound = 1.25 * r["share"] + load_memory.FIXED_MB * MB
     return (
-        f"| {r['tp']} | {r['scheme']} | {r['increase'] / MB:.0f} | {r['share'] / MB:.0f} | "
+        f"| {r['tp']} | {r['scheme']} | {r['dtype']} | {'yes' if r['trim'] else 'no'} | "
+        f"{r['increase'] / MB:.0f} | {r['share'] / MB:.0f} | "
         f"{r['increase'] / r['share']:.2f} | {bound / MB:.0f} | {'yes' if r['increase'] <= bound else 'no'} | "
-        f"{r['bytes_read'] / MB:.0f} | {r['slowest']:.1f} |"
+        f"{r['bytes_read'] / MB:.0f} | {r['slowest']:.1f} | {r['cpu']:.1f} |"
     )
 
 
@@ -79,25 +91,37 @@ def main() -> None:
     parser.add_argument("--workdir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "_work"))
     parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--schemes", nargs="+", default=["int8wo", "fp8wo"])
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--compare-trim", action="store_true", help="also run each configuration without the trim")
     args = parser.parse_args()
     path = os.path.join(args.workdir, "flux-mid")
     load_memory.write_checkpoint(path)
     print(HEADER, flush=True)
     rows = []
-    for tp in args.tp:
-        for scheme in args.schemes:
-            ranks = spawn(measure, tp, scheme, path, backend="gloo")
-            worst = max(ranks, key=lambda r: r["increase"] / (1.25 * r["share"] + load_memory.FIXED_MB * MB))
-            rows.append(dict(tp=tp, scheme=scheme, **worst, slowest=max(r["seconds"] for r in ranks)))
-            print(_row(rows[-1]), flush=True)
+    trims = (True, False) if args.compare_trim else (True,)
+    for tp, scheme, dtype, trim in itertools.product(args.tp, args.schemes, args.dtypes, trims):
+        ranks = spawn(measure, tp, scheme, path, dtype, trim, backend="gloo")
+        worst = max(ranks, key=lambda r: r["increase"] / (1.25 * r["share"] + load_memory.FIXED_MB * MB))
+        rows.append(
+            dict(
+                tp=tp,
+                scheme=scheme,
+                dtype=dtype,
+                trim=trim,
+                **worst,
+                slowest=max(r["seconds"] for r in ranks),
+                cpu=max(r["cpu_seconds"] for r in ranks),
+            )
+        )
+        print(_row(rows[-1]), flush=True)
     lines = [
         "# Shard-on-load with quantization: per-rank host memory",
         "",
         f"Command: `python benchmarks/quant_load_memory.py {' '.join(sys.argv[1:])}`".replace(" `", " `").strip(),
         "",
         f"Checkpoint: FluxTransformer2DModel {load_memory.CONFIG} (fp32, {load_memory.SHARD_SIZE} files), "
-        "loaded with diffusers' TorchAoConfig; each row is the rank closest to its bound. 2 shared cores: "
-        "times are noisy.",
+        "loaded with diffusers' TorchAoConfig; each row is the rank closest to its bound. Load times on a "
+        "shared machine are noisy.",
         "",
         HEADER,
         *(_row(r) for r in rows),

@@ -235,6 +235,7 @@ def _read_into(model, checkpoint: Checkpoint, keymap: KeyMap, layouts, dtypes, t
                 local = local.to(dtype=dtypes[key]).to(device)  # cast after slicing: only the slice
                 _install(model, key, local, key in layouts, layouts.get(key), tp_mesh)
                 if quantizer is not None:  # a selected Linear weight: quantized now, before the next read
+                    del local  # the model holds the slice; without this name it is freed once quantized
                     quantizer(model, key, layouts.get(key))
                 bar.update()
     for alias, key in keymap.aliases.items():  # one tied Parameter: read once, installed under every name

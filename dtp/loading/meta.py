@@ -8,6 +8,7 @@ import os
 import torch
 from torch import nn
 
+from ..quant.load import prequantized_problem
 from .checkpoint import CheckpointError
 
 
@@ -23,6 +24,9 @@ def build_on_meta(model_class, directory: str, torch_dtype: torch.dtype | None) 
             f"checkpoint '{directory}' has no config.json; pass the model folder (or `subfolder=`, e.g. 'transformer')."
         )
     config = model_class.load_config(directory)
+    problem = prequantized_problem(config)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint '{directory}' cannot be loaded shard-on-load: {problem}.")
     with default_dtype(torch_dtype), parameters_on_meta():
         return model_class.from_config(config)
 

@@ -27,6 +27,7 @@ from ..loading import build_skeleton, from_pretrained, is_transformers_class, lo
 from ..loading.checkpoint import CheckpointError
 from ..loading.precheck import check_files
 from ..plan import Plan, load_plan
+from ..quant.load import diffusers_config
 from ..runtime.parallelism import Parallelism
 from ..runtime.placement import local_device
 from .parallelize import WHOLE, parallelize_pipeline, prepare_component
@@ -43,6 +44,7 @@ def load_pipeline(
     pad: bool = False,
     cp_mode: str = "ulysses",
     device=None,
+    quantization_config=None,
 ):
     """The pipeline in `model_dir` with every component that has a plan loaded shard-on-load on `mesh`.
 
@@ -52,6 +54,9 @@ def load_pipeline(
     device: where the slices and the whole components go (default: the mesh's device for this rank, e.g.
         `cuda:<LOCAL_RANK>`, else the CPU).
     pad, cp_mode: as in `dtp.parallelize`, for every sharded component.
+    quantization_config: diffusers' `TorchAoConfig` or a torchao config (`dtp.quant.config_for("int8wo")`): the
+        transformer's Linears quantized while loading, each rank its own slices (`dtp.from_pretrained`); without
+        a mesh, diffusers' own quantized load. The text encoders, VAE and a WHOLE transformer are not quantized.
     """
     from diffusers import DiffusionPipeline
 
@@ -59,15 +64,20 @@ def load_pipeline(
     device = local_device(device or (mesh.device_type if mesh is not None else "cpu"))
     loaded = {}
     if mesh is None:
+        quantized = (
+            {} if quantization_config is None else {"quantization_config": diffusers_config(quantization_config)}
+        )
         loaded[TRANSFORMER] = transformer_class(model_dir).from_pretrained(
-            model_dir, subfolder=TRANSFORMER, torch_dtype=torch_dtype
+            model_dir, subfolder=TRANSFORMER, torch_dtype=torch_dtype, **quantized
         )
     else:
         whole = {name for name, plan in plans.items() if plan is WHOLE}
         encoders = prepare_text_encoders(model_dir, mesh, torch_dtype, device, cp_mode, pad, skip=whole)
         if TRANSFORMER not in whole:
             plan = plans.get(TRANSFORMER)
-            loaded[TRANSFORMER] = load_sharded_transformer(model_dir, mesh, plan, torch_dtype, device, cp_mode, pad)
+            loaded[TRANSFORMER] = load_sharded_transformer(
+                model_dir, mesh, plan, torch_dtype, device, cp_mode, pad, quantization_config=quantization_config
+            )
         loaded |= load_text_encoders(model_dir, encoders, torch_dtype)
     pipe = DiffusionPipeline.from_pretrained(model_dir, **loaded, torch_dtype=torch_dtype)
     if mesh is not None:
@@ -118,7 +128,9 @@ def transformers_components(model_dir) -> dict:
     return found
 
 
-def load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode="ulysses", pad=False):
+def load_sharded_transformer(
+    model_dir, mesh, plan, dtype, device, cp_mode="ulysses", pad=False, *, quantization_config=None
+):
     """The pipeline's transformer, sharded with `plan` (Plan or None = bundled) on `mesh` (TP on its `tp`
     axis; the plan's context parallelism in `cp_mode` when its `cp` axis is > 1; `pad=True` zero-pads heads
     and widths tp does not divide). Shard-on-load: each rank reads only its own slice of every sharded tensor
@@ -133,6 +145,7 @@ def load_sharded_transformer(model_dir, mesh, plan, dtype, device, cp_mode="ulys
         device=device,
         cp_mode=cp_mode,
         pad=pad,
+        quantization_config=quantization_config,
     )
 
 

@@ -7,7 +7,9 @@ its features with the whole token's scale and runs torchao's own float8 matmul o
 
     y = sum_r  (q(x_r / s) * s) (q(W_r) * w_s)^T + b      (s per token, w_s per output row, both whole)
 
-which is the one-process result up to the order of the fp32 partial sums. torch's DTensor rule for
+which is the one-process result up to the order of the fp32 partial sums. With per-tensor activation
+scales (torchao's default granularity) `s = amax_{t,k} |x[t, k]| / 448` is one number, all-reduced the
+same way; a per-tensor weight scale is one number on every rank already. torch's DTensor rule for
 `_scaled_mm` cannot express "data split along K, scales whole", so the forward runs on local tensors.
 """
 
@@ -48,11 +50,14 @@ def rowwise_float8_forward(module: torch.nn.Module, x) -> DTensor:
     weight = module.weight
     mesh, kwargs = weight.qdata.device_mesh, weight.act_quant_kwargs
     x = x.to_local() if isinstance(x, DTensor) else x
-    amax = funcol.all_reduce(x.abs().amax(dim=-1, keepdim=True), "max", mesh.get_group())
+    per_tensor = type(kwargs.granularity).__name__ == "PerTensor"
+    local_amax = x.abs().amax() if per_tensor else x.abs().amax(dim=-1, keepdim=True)
+    amax = funcol.all_reduce(local_amax, "max", mesh.get_group())
     if kwargs.hp_value_lb is not None or kwargs.hp_value_ub is not None:
         amax = torch.clamp(amax, min=kwargs.hp_value_lb, max=kwargs.hp_value_ub)
     scale = (amax / torch.finfo(kwargs.float8_dtype).max).to(torch.float32)  # torchao's _choose_scale_float8
-    block = [1] * (x.ndim - 1) + [x.shape[-1]]
+    block = list(x.shape) if per_tensor else [1] * (x.ndim - 1) + [x.shape[-1]]
+    scale = scale.reshape([1] * x.ndim) if per_tensor else scale
     x8 = Float8Tensor(
         _quantize_affine_float8(x, scale, kwargs.float8_dtype),
         scale,
@@ -65,7 +70,7 @@ def rowwise_float8_forward(module: torch.nn.Module, x) -> DTensor:
     local_weight = Float8Tensor(
         qdata,
         w_scale,
-        block_size=[1, qdata.shape[1]],
+        block_size=[qdata.shape[0] if w_scale.numel() == 1 else 1, qdata.shape[1]],
         mm_config=weight.mm_config,
         kernel_preference=weight.kernel_preference,
         dtype=weight.dtype,

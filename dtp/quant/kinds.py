@@ -44,8 +44,19 @@ def is_quantized(tensor) -> bool:
     return type(tensor).__module__.startswith("torchao") and isinstance(tensor, torch.Tensor)
 
 
+GGUF_PROBLEM = (
+    "dtp does not shard GGUF weights: diffusers' GGUFLinear dequantizes its whole packed byte tensor in every "
+    "forward, which dtp's styles do not split (a rowwise split would also need whole quant blocks of 32 or 256 "
+    "values per rank); load the bf16 checkpoint with quantization_config=TorchAoConfig(Int8WeightOnlyConfig()) "
+    "instead, or keep the model whole"
+)
+
+
 def describe(tensor) -> QuantKind | None:
-    """The QuantKind of a torchao-quantized weight, None for a plain tensor (fp32/bf16, layerwise-cast fp8)."""
+    """The QuantKind of a torchao-quantized weight (or a GGUF one, refused), None for a plain tensor (fp32/bf16,
+    layerwise-cast fp8)."""
+    if type(tensor).__name__ == "GGUFParameter":  # diffusers' GGUF loader: raw quant blocks as bytes
+        return QuantKind("GGUFParameter", f"gguf {_gguf_type(tensor)}", "blocks", GGUF_PROBLEM)
     if not is_quantized(tensor):
         return None
     cls = type(tensor).__name__
@@ -81,6 +92,16 @@ def _granularity(tensor) -> str:
     if shape in ((rows, 1), (rows,)):
         return "per_row"
     return f"blocks (scale {list(shape)} for data [{rows}, {cols}])"
+
+
+def _gguf_type(tensor) -> str:
+    """The GGML quant type's name (Q8_0, Q4_K, ...) when the gguf package is there, else its number."""
+    try:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(tensor.quant_type).name
+    except (ImportError, ValueError):
+        return str(tensor.quant_type)
 
 
 def _act_granularity(tensor) -> str:

@@ -11,12 +11,19 @@ model's `_keep_in_fp32_modules`.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+from functools import cache
+
+import torch
 from torch import nn
 
 from ..errors import PlanError
 from .after import quantize_linear
+from .kinds import GGUF_PROBLEM
 
-LOADABLE = ("Int8WeightOnlyConfig", "Float8WeightOnlyConfig")
+LOADABLE = ("Int8WeightOnlyConfig", "Float8WeightOnlyConfig", "Float8DynamicActivationFloat8WeightConfig")
+FP8_DYNAMIC = "Float8DynamicActivationFloat8WeightConfig"
 
 
 class LoadQuantizer:
@@ -24,6 +31,7 @@ class LoadQuantizer:
 
     def __init__(self, model: nn.Module, quantization_config):
         self.config, skip = torchao_config(quantization_config)
+        check_runnable(self.config, getattr(model, "dtype", None))
         self.skip = [*skip, *(getattr(model, "_keep_in_fp32_modules", None) or [])]
 
     def wants(self, model: nn.Module, key: str) -> bool:
@@ -33,9 +41,34 @@ class LoadQuantizer:
         return isinstance(model.get_submodule(module_path), nn.Linear)
 
     def __call__(self, model: nn.Module, key: str, layout) -> None:
-        """Quantize the just-installed weight `key` (its slice when `layout` is given), if selected."""
+        """Quantize the just-installed weight `key` (its slice when `layout` is given), if selected; the
+        high-precision slice is then freed and its pages handed back (`trim_heap`)."""
         if self.wants(model, key):
             quantize_linear(model.get_submodule(key.rpartition(".")[0]), self.config, layout)
+            trim_heap()
+
+
+@cache
+def _malloc_trim():
+    """glibc's `malloc_trim`, or None (another C library, or no libc found)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the OS (glibc `malloc_trim(0)`; elsewhere nothing).
+
+    Why: a slice of a large weight is read (fp32 or bf16), quantized (int8 / float8, 1/4 or 1/2 its size) and
+    freed. glibc serves such mid-size blocks from its heap once its dynamic mmap threshold has risen (up to
+    32 MB), and keeps freed heap memory for reuse; the next slices differ in size, so the kept memory only grows
+    (+441 MB peak for a 149 MB quantized share in benchmarks/quant_load_memory.py). Trimming after each
+    quantized weight returns it; it costs a walk over the heap's free lists, ~1 ms.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def torchao_config(quantization_config) -> tuple[object, list[str]]:
@@ -44,11 +77,76 @@ def torchao_config(quantization_config) -> tuple[object, list[str]]:
     config = getattr(quantization_config, "quant_type", quantization_config)
     skip = list(getattr(quantization_config, "modules_to_not_convert", None) or [])
     name = type(config).__name__
-    granularity = type(getattr(config, "granularity", None)).__name__
-    if name not in LOADABLE or granularity not in ("PerRow", "PerTensor"):
+    if name == "GGUFQuantizationConfig":
+        raise PlanError(
+            "quantization_config GGUFQuantizationConfig: GGUF weights come from a .gguf single file (diffusers' "
+            f"from_single_file), not from a safetensors folder dtp reads slice by slice, and {GGUF_PROBLEM}."
+        )
+    granularity = _granularity_names(config)
+    if name not in LOADABLE or not set(granularity.split(", ")) <= {"PerRow", "PerTensor"}:
         raise PlanError(
             f"quantization_config {name} (granularity {granularity}) is not one dtp can apply while loading "
             f"slices: use TorchAoConfig({' or '.join(c + '()' for c in LOADABLE)}) with PerRow or PerTensor "
             f"granularity, or load unquantized and call dtp.quantize(model, config) (colwise-only schemes)."
         )
     return config, skip
+
+
+def _granularity_names(config) -> str:
+    """ "PerRow", or "PerRow, PerRow" for a float8 dynamic config's [activation, weight] granularities."""
+    granularity = getattr(config, "granularity", None)
+    values = granularity if isinstance(granularity, (list, tuple)) else [granularity]
+    return ", ".join(type(value).__name__ for value in values)
+
+
+def check_runnable(config, dtype) -> None:
+    """PlanError, before a byte is read, where torchao itself would stop mid-load with a bare AssertionError:
+    float8 dynamic activation needs a CUDA GPU of capability >= 8.9 (torchao's float8 matmul), and with PerRow
+    scales bfloat16 weights (`torch_dtype=torch.bfloat16`)."""
+    if type(config).__name__ != FP8_DYNAMIC:
+        return
+    from torchao.float8.inference import _check_hardware_support
+
+    try:
+        _check_hardware_support(config.granularity)
+    except AssertionError as error:
+        raise PlanError(
+            f"quantization_config {FP8_DYNAMIC} needs a CUDA GPU of compute capability >= 8.9 (or an XPU) for "
+            f"torchao's float8 matmul ({error or 'torchao refused this machine'}); use Float8WeightOnlyConfig or "
+            f"Int8WeightOnlyConfig here."
+        ) from None
+    if "PerRow" in _granularity_names(config) and dtype is not None and dtype != torch.bfloat16:
+        raise PlanError(
+            f"quantization_config {FP8_DYNAMIC} with PerRow scales quantizes bfloat16 weights only (torchao); "
+            f"the model loads as {dtype}: pass torch_dtype=torch.bfloat16 (dtp run: --dtype bf16)."
+        )
+
+
+def prequantized_problem(config: dict) -> str | None:
+    """Why dtp cannot shard-on-load a checkpoint whose config.json carries `quantization_config` (saved already
+    quantized), or None for an unquantized one. The caller raises it as a CheckpointError, before any read."""
+    quantization = config.get("quantization_config")
+    if not quantization:
+        return None
+    method = quantization.get("quant_method", "unknown") if isinstance(quantization, dict) else str(quantization)
+    scheme = ""
+    if method == "torchao":
+        scheme = " " + ", ".join(sorted({v.get("_type", "?") for v in quantization.get("quant_type", {}).values()}))
+    return (
+        f"it was saved already quantized ({method}{scheme}): its Linear weights are stored as the quantizer's own "
+        "pieces (torchao: `<module>._weight_qdata`, `._weight_scale`), not as the parameters dtp slices one "
+        "tensor each, and dtp does not rebuild them slice by slice. Load the unquantized (bf16) checkpoint with "
+        "quantization_config=TorchAoConfig(...) (each rank quantizes its own slices, bit for bit what diffusers "
+        "makes), or load this one whole with diffusers' from_pretrained and call dtp.parallelize (torchao "
+        "Int8Tensor / Float8Tensor are sharded exactly)"
+    )
+
+
+def diffusers_config(quantization_config):
+    """diffusers' TorchAoConfig for a torchao config (diffusers' own `from_pretrained` takes only its own
+    config classes); a diffusers config as it is. For the one-process pipeline, the reference."""
+    if type(quantization_config).__module__.startswith("diffusers"):
+        return quantization_config
+    from diffusers import TorchAoConfig
+
+    return TorchAoConfig(quantization_config)

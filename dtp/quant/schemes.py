@@ -9,7 +9,11 @@ from ..errors import PlanError
 SCHEMES = {
     "int8wo": "Int8WeightOnlyConfig",  # int8 weights, per-row scales; activations stay in the compute dtype
     "fp8wo": "Float8WeightOnlyConfig",  # float8 e4m3 weights, per-row scales
+    # float8 weights and activations, per-row weight and per-token activation scales (a rowwise layer's token
+    # scales from the whole token: quant/dynamic.py); torchao runs it on CUDA GPUs of capability >= 8.9 only
+    "fp8": "Float8DynamicActivationFloat8WeightConfig",
 }
+PER_ROW = ("fp8",)  # schemes whose config is given granularity=PerRow() (torchao's default there is per tensor)
 
 
 def config_for(scheme: str):
@@ -18,7 +22,8 @@ def config_for(scheme: str):
         raise PlanError(f"unknown quantization scheme '{scheme}'; known: {', '.join(SCHEMES)}.")
     import torchao.quantization as tq
 
-    return getattr(tq, SCHEMES[scheme])()
+    options = {"granularity": tq.PerRow()} if scheme in PER_ROW else {}
+    return getattr(tq, SCHEMES[scheme])(**options)
 
 
 def quantized_bytes(tensor) -> int:

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import quant
 from ..errors import PlanError
 from .placement import local_device
 
@@ -61,9 +62,10 @@ def fingerprint(model: nn.Module, resolved, cp_resolved, mesh, options: dict) ->
     items.append(("model class", f"{type(model).__module__}.{type(model).__qualname__}"))
     items += module_lists(model)
     items.append(("parameter dtypes", dtype_counts(model)))
+    items.append(("quantized weights", quantized_counts(model)))
     items += plan_items(resolved, cp_resolved)
     items += adapter_items(model)
-    items += [(f"parameter '{name}'", f"{_dtype(p)} {list(p.shape)}") for name, p in model.named_parameters()]
+    items += [(f"parameter '{name}'", _parameter(p)) for name, p in model.named_parameters()]
     return items
 
 
@@ -124,6 +126,24 @@ def dtype_counts(model: nn.Module) -> str:
     for param in model.parameters():
         counts[_dtype(param)] = counts.get(_dtype(param), 0) + 1
     return ", ".join(f"{dtype} x {n}" for dtype, n in sorted(counts.items())) or "no parameters"
+
+
+def quantized_counts(model: nn.Module) -> str:
+    """e.g. "int8wo x 42" or "none": torchao-quantized parameters per scheme (a quantized weight keeps the
+    compute dtype as its dtype, so the dtypes alone would not tell ranks quantized differently apart)."""
+    counts: dict[str, int] = {}
+    for param in model.parameters():
+        kind = quant.describe(param)
+        if kind is not None:
+            counts[kind.scheme] = counts.get(kind.scheme, 0) + 1
+    return ", ".join(f"{scheme} x {n}" for scheme, n in sorted(counts.items())) or "none"
+
+
+def _parameter(param: torch.Tensor) -> str:
+    """dtype and shape, and the quantization (scheme, torchao class, scale granularity) where there is one."""
+    kind = quant.describe(param)
+    text = f"{_dtype(param)} {list(param.shape)}"
+    return text if kind is None else f"{text} {kind.scheme} ({kind.cls}, {kind.granularity})"
 
 
 def _dtype(tensor: torch.Tensor) -> str:

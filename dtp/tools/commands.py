@@ -32,7 +32,8 @@ RELEASED_PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline")  
 DEMO_MODELS = ("flux", "qwenimage")  # the tiny pipelines of dtp.families.pipelines
 DEFAULT_TIMEOUT_S = 600  # dtp.tools.run.DEFAULT_TIMEOUT_S
 DEFAULT_TOL = 1e-5  # dtp.analysis.verify.DEFAULT_TOL
-QUANT_SCHEMES = ("fp8wo", "int8wo")  # sorted(dtp.quant.SCHEMES)
+QUANT_SCHEMES = ("fp8wo", "int8wo")  # dtp check: the weight-only dtp.quant.SCHEMES (fp8 needs a GPU to quantize)
+RUN_QUANT_SCHEMES = ("fp8", "fp8wo", "int8wo")  # sorted(dtp.quant.SCHEMES)
 FIT_TABLE_ROWS = 20  # dtp.tools.fit.TABLE_ROWS
 HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090")  # dtp.fit.hardware.HARDWARE
 DEFAULT_TEXT_TOKENS = 512  # dtp.analysis.check.DEFAULT_TEXT_TOKENS
@@ -120,6 +121,13 @@ def _run(sub, common) -> None:
     p.add_argument("--prompt", required=True)
     p.add_argument("--lora", default=None, help="a diffusers LoRA file or folder for the transformer (default: none)")
     p.add_argument("--lora-scale", type=float, default=1.0, help="the LoRA's adapter weight (default 1.0)")
+    p.add_argument(
+        "--quant",
+        choices=RUN_QUANT_SCHEMES,
+        default=None,
+        help="quantize the transformer's Linears with torchao while loading (int8 / float8 weight-only, fp8: float8 "
+        "weights and activations, CUDA capability >= 8.9 and --dtype bf16); text encoders stay unquantized",
+    )
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's)")
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)

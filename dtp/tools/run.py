@@ -33,6 +33,7 @@ from ..errors import PlanError
 from ..pipeline import WHOLE, check_pipeline_files, load_pipeline, transformer_class
 from ..pipeline.load import transformers_components
 from ..policy import default_backend, default_device_type, parse_dtype
+from ..quant import config_for
 from ..runtime.cfg import CFG_ATTR
 from ..runtime.memory import local_param_bytes
 from ..runtime.mesh import make_mesh
@@ -52,7 +53,7 @@ def run(args) -> int:
         device = local_device(default_device_type())
         dtype = _dtype(args.dtype, device)
         check_pipeline_files(args.model_dir, dtype)
-        pipe = load_pipeline(args.model_dir, torch_dtype=dtype, device=device)
+        pipe = load_pipeline(args.model_dir, torch_dtype=dtype, device=device, quantization_config=_quant(args))
         add_lora(pipe, args.lora, args.lora_scale, sharded=False)
         _generate_and_save(pipe, args, distributed=False)
         return 0
@@ -78,6 +79,7 @@ def _run_sharded(args, device: torch.device, progress: Progress) -> None:
         cp_mode=args.cp_mode,
         pad=args.pad,
         device=device,
+        quantization_config=_quant(args),
     )
     add_lora(pipe, args.lora, args.lora_scale, sharded=True)
     pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
@@ -94,6 +96,11 @@ def _plans(args) -> dict:
     if args.whole_text_encoders:
         plans |= {name: WHOLE for name in transformers_components(args.model_dir)}
     return plans
+
+
+def _quant(args):
+    """The torchao config of `--quant` (None without it)."""
+    return None if getattr(args, "quant", None) is None else config_for(args.quant)
 
 
 def _exit_now() -> None:

@@ -143,3 +143,98 @@ def test_from_pretrained_refuses_unloadable_configs():
         torchao_config(TorchAoConfig(Int8DynamicActivationInt8WeightConfig()))
     with pytest.raises(dtp.PlanError, match="PerGroup"):
         torchao_config(Int8WeightOnlyConfig(granularity=PerGroup(16)))
+
+
+def test_rank_agreement_fingerprint_includes_the_quantization(mesh):
+    """Ranks quantized differently (none, int8wo, fp8wo) fingerprint differently, and the difference report
+    names the schemes; equal quantization gives equal items."""
+    from dtp.engine import prepare
+    from dtp.runtime.agree import describe as describe_difference
+    from dtp.runtime.agree import fingerprint
+
+    def items(scheme):
+        model = tiny_model(FLUX) if scheme is None else quantize(tiny_model(FLUX), scheme)
+        prepared = prepare(model, mesh, dtp.load_plan("flux"))
+        return fingerprint(model, prepared.resolved, prepared.cp_resolved, mesh, {})
+
+    plain, int8, fp8 = items(None), items("int8wo"), items("fp8wo")
+    assert items("int8wo") == int8
+    assert len({str(plain), str(int8), str(fp8)}) == 3
+    message = describe_difference({0: int8, 1: fp8, 2: plain})
+    assert "quantized weights is int8wo x" in message and "fp8wo x" in message and "none on ranks [2]" in message
+
+
+def test_fp8_dynamic_load_refused_where_torchao_cannot_run_it():
+    """`--quant fp8` (float8 dynamic activation, per row): a PlanError before a byte is read where torchao would
+    stop mid-load with a bare AssertionError (no CUDA capability >= 8.9 here; float32 weights with PerRow)."""
+    from dtp.quant import config_for
+    from dtp.quant.load import check_runnable
+
+    config = config_for("fp8")
+    assert type(config).__name__ == "Float8DynamicActivationFloat8WeightConfig"
+    assert [type(g).__name__ for g in config.granularity] == ["PerRow", "PerRow"]
+    if not torch.cuda.is_available():
+        with pytest.raises(dtp.PlanError, match="capability >= 8.9"):
+            check_runnable(config, torch.bfloat16)
+    check_runnable(config_for("int8wo"), torch.float32)  # weight-only: runs anywhere
+
+
+def test_run_quant_flag_is_a_torchao_config():
+    """`dtp run --quant SCHEME` parses to `dtp.quant.config_for(SCHEME)`; its choices are every scheme."""
+    from dtp.quant import SCHEMES
+    from dtp.tools import commands, run
+
+    assert tuple(sorted(SCHEMES)) == commands.RUN_QUANT_SCHEMES
+    args = commands.build_parser().parse_args(["run", "--model-dir", "m", "--prompt", "p", "--quant", "int8wo"])
+    assert type(run._quant(args)).__name__ == "Int8WeightOnlyConfig"
+    assert run._quant(commands.build_parser().parse_args(["run", "--model-dir", "m", "--prompt", "p"])) is None
+
+
+def test_prequantized_checkpoint_refused_and_its_whole_load_sharded(mesh, tmp_path):
+    """A checkpoint diffusers saved already quantized by torchao (safetensors of `_weight_qdata` / `_weight_scale`
+    pieces): shard-on-load refuses it with a CheckpointError saying why and what to do, before reading; loaded
+    whole by diffusers, `dtp.parallelize` shards its Int8Tensor weights."""
+    from diffusers import FluxTransformer2DModel, TorchAoConfig
+    from torch.distributed.tensor import DTensor
+
+    from dtp.loading.checkpoint import CheckpointError
+
+    tiny_model(FLUX).save_pretrained(tmp_path / "plain")
+    config = TorchAoConfig(Int8WeightOnlyConfig())
+    saved = FluxTransformer2DModel.from_pretrained(tmp_path / "plain", quantization_config=config)
+    saved.save_pretrained(tmp_path / "quantized")
+    with pytest.raises(
+        CheckpointError, match=r"saved already quantized \(torchao Int8WeightOnlyConfig\).*TorchAoConfig"
+    ):
+        dtp.from_pretrained(FluxTransformer2DModel, str(tmp_path / "quantized"), mesh)
+    model = dtp.parallelize(FluxTransformer2DModel.from_pretrained(tmp_path / "quantized"), mesh)
+    weight = model.transformer_blocks[0].attn.to_q.weight
+    assert describe(weight).scheme == "int8wo" and isinstance(weight.qdata, DTensor)
+
+
+def _gguf_q8_0(linear: torch.nn.Linear):
+    """`linear`'s weight as diffusers' GGUF loader holds it: Q8_0 blocks (32 values, 34 bytes) as raw bytes."""
+    import gguf
+    from diffusers.quantizers.gguf.utils import GGUFParameter
+
+    blocks = gguf.quants.quantize(linear.weight.detach().numpy(), gguf.GGMLQuantizationType.Q8_0)
+    return GGUFParameter(torch.from_numpy(blocks), quant_type=gguf.GGMLQuantizationType.Q8_0)
+
+
+def test_gguf_refused_precisely(mesh):
+    """GGUF (diffusers' GGUFQuantizationConfig / GGUFParameter): not sharded. parallelize raises a PlanError naming
+    the module and the GGUF type before touching the model; from_pretrained's config check names it too."""
+    pytest.importorskip("gguf")
+    from diffusers import GGUFQuantizationConfig
+
+    from dtp.quant.load import torchao_config
+
+    model = tiny_model(FLUX)
+    to_q = model.transformer_blocks[0].attn.to_q
+    to_q.weight = _gguf_q8_0(to_q)
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    with pytest.raises(dtp.PlanError, match=r"transformer_blocks\.0\.attn\.to_q.*gguf Q8_0.*GGUFLinear"):
+        dtp.parallelize(model, mesh)
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+    with pytest.raises(dtp.PlanError, match="GGUFQuantizationConfig.*single file"):
+        torchao_config(GGUFQuantizationConfig(compute_dtype=torch.bfloat16))
