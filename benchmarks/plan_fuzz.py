@@ -7,13 +7,18 @@ dropped, a rule added on another Linear, an attention glob dropped, packed block
 accepted ones run sharded on a gloo group of tp processes against the whole model. The promise: 0
 crashed, 0 different.
 
-    nice python benchmarks/plan_fuzz.py --per-arch 12 --tps 2 4     # writes benchmarks/results/plan_fuzz.md
+    nice python benchmarks/plan_fuzz.py --per-arch 12 --tps 2 4 --fresh   # writes benchmarks/results/plan_fuzz.md
+
+Each run keeps its rows in `results/plan_fuzz.json` and reports all rows kept: `--archs a b` reruns those plans
+only (their rows replace the older ones), `--fresh` starts over.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +28,7 @@ from dtp.testing import fuzz
 from dtp.testing.launch import spawn
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plan_fuzz.md"
+ROWS = RESULTS.with_suffix(".json")  # every mutant's verdict, so that runs over some plans (`--archs`) add up
 BATCH = 40  # accepted mutants per gloo group
 
 
@@ -73,14 +79,64 @@ def table(rows, archs, tps) -> list[str]:
     ]
     for arch in archs:
         for tp in tps:
-            mine = [r for r in rows if r[0].arch == arch and r[0].tp == tp]
-            counts = collections.Counter(r[1] for r in mine)
-            mean = sum(r[3] for r in mine) / len(mine)
+            mine = [r for r in rows if r["arch"] == arch and r["tp"] == tp]
+            if not mine:
+                continue
+            counts = collections.Counter(r["verdict"] for r in mine)
+            mean = sum(r["seconds"] for r in mine) / len(mine)
             lines.append(
                 f"| {arch} | {tp} | {len(mine)} | {counts['exact']} | {counts['refused']} | {counts['crashed']} | "
                 f"{counts['different']} | {mean:.2f} |"
             )
     return lines
+
+
+def stored(rows, args, elapsed: float) -> dict:
+    """The rows of every run so far (`ROWS`), this run's (arch, tp) rows replacing older ones: a deep run can be split
+    into several (`--archs`), and the report covers them all."""
+    old = json.loads(ROWS.read_text()) if ROWS.exists() else {"runs": [], "rows": []}
+    fresh = [
+        {"arch": m.arch, "tp": m.tp, "mutant": str(m), "verdict": v, "detail": d, "seconds": t} for m, v, d, t in rows
+    ]
+    ran = {(r["arch"], r["tp"]) for r in fresh}
+    command = f"nice python benchmarks/plan_fuzz.py {' '.join(sys.argv[1:])}".strip()
+    run = {"command": command, "mutants": len(fresh), "seconds": round(elapsed)}
+    return {
+        "runs": [*old["runs"], run],
+        "rows": [r for r in old["rows"] if (r["arch"], r["tp"]) not in ran] + fresh,
+    }
+
+
+def report(data: dict, per_arch: int) -> str:
+    rows = data["rows"]
+    archs = [a for a in fuzz.architectures() if any(r["arch"] == a for r in rows)]
+    tps = sorted({r["tp"] for r in rows})
+    counts = collections.Counter(r["verdict"] for r in rows)
+    total = sum(run["seconds"] for run in data["runs"])
+    bad = [r for r in rows if r["verdict"] in ("crashed", "different")]
+    lines = [
+        "# Plan fuzzing: mutated bundled plans, refused or exact",
+        "",
+        f"{len(rows)} mutants of {len(archs)} plans ({per_arch} per plan, tp and pad setting; pad off and on, half "
+        f"each), {total:.0f} s in all on a shared 2-core CPU ({total / len(rows):.2f} s per plan: `prepare` on a fake "
+        f"process group for every mutant, plus a gloo forward at tp ranks against one process for the accepted ones). "
+        f"Runs:",
+        "",
+        *[f"- `{run['command']}`: {run['mutants']} mutants, {run['seconds']} s" for run in data["runs"]],
+        "",
+        f"**Totals: {counts['exact']} exact, {counts['refused']} refused, {counts['crashed']} crashed, "
+        f"{counts['different']} different.**",
+        "",
+        *table(rows, archs, tps),
+        "",
+    ]
+    if bad:
+        lines += ["## Crashed or different", ""]
+        lines += [f"- {r['verdict']}: {r['mutant']} -> {r['detail'][:300]}" for r in bad]
+        lines.append("")
+    exact = [r for r in rows if r["verdict"] == "exact"]
+    lines += ["## Accepted and exact (first 20)", ""] + [f"- {r['mutant']} ({r['detail']})" for r in exact[:20]] + [""]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -89,35 +145,17 @@ def main() -> None:
     parser.add_argument("--tps", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--archs", nargs="+", default=list(fuzz.architectures()))
+    parser.add_argument("--fresh", action="store_true", help="forget the rows of earlier runs")
     args = parser.parse_args()
+    if args.fresh and ROWS.exists():
+        ROWS.unlink()
     start = time.perf_counter()
     rows = judge(args.archs, args.per_arch, args.tps, args.seed)
-    elapsed = time.perf_counter() - start
-    counts = collections.Counter(r[1] for r in rows)
-    bad = [r for r in rows if r[1] in ("crashed", "different")]
-    lines = [
-        "# Plan fuzzing: mutated bundled plans, refused or exact",
-        "",
-        f"`nice python benchmarks/plan_fuzz.py --per-arch {args.per_arch} --tps {' '.join(map(str, args.tps))} "
-        f"--seed {args.seed}`: {len(rows)} mutants of {len(args.archs)} plans (pad off and on, half each), "
-        f"{elapsed:.0f} s in all on a shared 2-core CPU ({elapsed / len(rows):.2f} s per plan: `prepare` on a fake "
-        f"process group for every mutant, plus a gloo forward at tp ranks against one process for the accepted ones).",
-        "",
-        f"**Totals: {counts['exact']} exact, {counts['refused']} refused, {counts['crashed']} crashed, "
-        f"{counts['different']} different.**",
-        "",
-        *table(rows, args.archs, args.tps),
-        "",
-    ]
-    if bad:
-        lines += ["## Crashed or different", ""]
-        lines += [f"- {r[1]}: {r[0]} -> {r[2][:300]}" for r in bad]
-        lines.append("")
-    exact = [r for r in rows if r[1] == "exact"]
-    lines += ["## Accepted and exact (first 20)", ""] + [f"- {r[0]} ({r[2]})" for r in exact[:20]] + [""]
-    text = "\n".join(lines)
-    print(text)
+    data = stored(rows, args, time.perf_counter() - start)
     RESULTS.parent.mkdir(exist_ok=True)
+    ROWS.write_text(json.dumps(data, indent=1))
+    text = report(data, args.per_arch)
+    print(text)
     RESULTS.write_text(text)
 
 

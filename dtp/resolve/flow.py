@@ -25,6 +25,7 @@ order) is what `alignment.py` refuses.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from ..errors import PlanError
 from ..families import FAMILIES
 from ..families import example_inputs as family_example_inputs
 from .linears import LinearSpec
+from .meta_values import attach, values_run
 from .resolved import Resolved
 
 # class name -> builder(config dict) -> forward keyword arguments, for classes outside `dtp.families` (whose own
@@ -81,17 +83,13 @@ def _first_failure(resolved: Resolved, model: nn.Module, tp: int, structure: str
     inputs = example_inputs(model)
     if inputs is None:
         return None
-    keep = representatives(model, resolved)
-    baseline = _baseline(model, inputs, keep, structure)
-    if isinstance(baseline, _Failure):  # the repeated blocks cannot be thinned out: run them all
-        keep = {}
-        baseline = _baseline(model, inputs, keep, structure)
+    keep, values, baseline = _runnable(model, inputs, representatives(model, resolved), structure)
     if isinstance(baseline, _Failure):  # not even the unsharded model runs on meta tensors: nothing to learn
         return None
     trace: list[str] = []
     clone, where = meta_copy(model, keep)
     shard_meta(clone, resolved, tp, where)
-    result = _run(clone, inputs, trace, _unthinned(keep))
+    result = _run(clone, inputs, trace, _unthinned(keep), values)
     specs = {spec.path: spec for spec in resolved.linears}
     if isinstance(result, _Failure):
         linears = {path for path, module in model.named_modules() if isinstance(module, nn.Linear)}
@@ -101,11 +99,24 @@ def _first_failure(resolved: Resolved, model: nn.Module, tp: int, structure: str
     return None
 
 
-def _baseline(model: nn.Module, inputs: dict, keep: dict[str, list[int]], structure: str):
-    """The unsharded meta forward's output shapes (or its `_Failure`), cached per structure and thinning."""
-    key = _digest(structure, repr(sorted(keep.items())))
+def _runnable(model: nn.Module, inputs: dict, keep: dict[str, list[int]], structure: str):
+    """(keep, values, baseline): the first way the unsharded meta forward runs (or the last `_Failure`).
+
+    Plain meta tensors first; then with known values (`meta_values.py`, for data-dependent shapes);
+    then both again with every repeated block kept (when the blocks cannot be thinned out)."""
+    for kept in (keep, {}):
+        for values in (False, True):
+            baseline = _baseline(model, inputs, kept, values, structure)
+            if not isinstance(baseline, _Failure):
+                return kept, values, baseline
+    return {}, True, baseline
+
+
+def _baseline(model: nn.Module, inputs: dict, keep: dict[str, list[int]], values: bool, structure: str):
+    """The unsharded meta forward's output shapes (or its `_Failure`), cached per structure, thinning and mode."""
+    key = _digest(structure, repr(sorted(keep.items())), str(values))
     if key not in _BASELINES:
-        _BASELINES[key] = _run(meta_copy(model, keep)[0], inputs, [], _unthinned(keep))
+        _BASELINES[key] = _run(meta_copy(model, keep)[0], inputs, [], _unthinned(keep), values)
     return _BASELINES[key]
 
 
@@ -263,9 +274,10 @@ class _Failure:
 
 
 @torch.no_grad()
-def _run(clone: nn.Module, inputs: dict, trace: list[str], path_in_model: Callable[[str], str]):
+def _run(clone: nn.Module, inputs: dict, trace: list[str], path_in_model: Callable[[str], str], values: bool = False):
     """Output shapes of one forward of `clone`, or a `_Failure`. `trace` collects the modules run, in order,
-    by their paths in the model (`path_in_model` maps the thinned copy's paths back)."""
+    by their paths in the model (`path_in_model` maps the thinned copy's paths back). `values`: run with the
+    inputs' values known (`meta_values.values_run`)."""
     stack: list[str] = []
 
     def enter(path: str) -> None:
@@ -280,7 +292,8 @@ def _run(clone: nn.Module, inputs: dict, trace: list[str], path_in_model: Callab
         module.register_forward_pre_hook(lambda m, a, p=model_path: enter(p))
         module.register_forward_hook(lambda m, a, o: leave())
     try:
-        output = clone(**inputs)
+        with values_run(clone, inputs) if values else contextlib.nullcontext():
+            output = clone(**inputs)
     except Exception as error:  # any failure of the sharded forward is what we are looking for
         return _Failure(list(stack), error)
     return [tuple(t.shape) for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
@@ -302,10 +315,11 @@ def example_inputs(model: nn.Module) -> dict | None:
         return None
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
-    def to_meta(x):
+    def to_meta(x):  # carrying its value, for a forward with data-dependent shapes (`meta_values.py`)
         if not isinstance(x, torch.Tensor):
             return x
-        return x.to(device="meta", dtype=dtype if x.is_floating_point() else x.dtype)
+        real = x.to(dtype=dtype if x.is_floating_point() else x.dtype)
+        return attach(real.to(device="meta"), real)
 
     return tree_map(to_meta, inputs)
 

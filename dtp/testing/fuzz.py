@@ -181,8 +181,8 @@ def _random_style(rng: random.Random) -> object:
 
 
 def mutants(arch: str, count: int, seed: int, tps=(2,), pads=(False, True)) -> list[Mutant]:
-    """`count` mutants of `arch`'s plan, drawn from `seed` (tp and pad cycled)."""
-    rng = random.Random(f"{arch}:{seed}")
+    """`count` mutants of `arch`'s plan, drawn from `seed` and `tps` (tp and pad cycled): another tp, other edits."""
+    rng = random.Random(f"{arch}:{seed}:{','.join(map(str, tps))}")
     linears = linear_keys(make_model(arch))
     return [mutate(arch, rng, tps[i % len(tps)], pads[(i // len(tps)) % len(pads)], linears) for i in range(count)]
 

@@ -14,6 +14,7 @@ from dtp.resolve import resolve
 from dtp.resolve.alignment import check_alignment
 from dtp.resolve.kv_share import share_kv
 from dtp.resolve.padding import pad_resolved
+from dtp.testing import fuzz
 from dtp.testing.fuzz import snapshot, unchanged
 from dtp.testing.plans import edited
 from dtp.testing.tiny import tiny_model
@@ -28,10 +29,10 @@ def mesh2():
         yield dtp.make_mesh(tp=2, device_type="cpu")
 
 
-def refused(model, mesh, plan, match):
+def refused(model, mesh, plan, match, pad=False):
     before = snapshot(model)
     with pytest.raises(dtp.PlanError, match=match):
-        dtp.parallelize(model, mesh, plan)
+        dtp.parallelize(model, mesh, plan, pad=pad)
     assert unchanged(model, before)
 
 
@@ -110,3 +111,57 @@ def test_alignment_with_shared_kv_and_padding():
     ungrouped = tuple(replace(s, groups=1) if s.path.endswith("q_proj") else s for s in bound.linears)
     with pytest.raises(dtp.PlanError, match=r"self_attn\.q_proj.*does not give rank 1 its heads"):
         check_alignment(replace(bound, linears=ungrouped), model, 4)
+
+
+# Mutants that crashed in the forward (benchmarks/results/plan_fuzz.md, round 3) because these four classes could not
+# run on plain meta tensors, so the flow check skipped them: (class, plan, edits, pad, what the PlanError says).
+DATA_DEPENDENT = [
+    (
+        "HiDreamImageTransformer2DModel",  # bincount of the MoE routing
+        "hidream",
+        {"double_stream_blocks.*.block.ff_t.w3": None},
+        False,
+        r"key 'double_stream_blocks\.\*\.block\.ff_t\.w1'.*fails in 'double_stream_blocks\.0\.block\.ff_t'",
+    ),
+    (
+        "HiDreamImageTransformer2DModel",  # an expert the routing may never pick in the example: every expert runs
+        "hidream",
+        {"single_stream_blocks.*.block.ff_i.experts.0.w3": "colwise_gathered"},
+        True,
+        r"key 'single_stream_blocks\.\*\.block\.ff_i\.experts\.0\.w1'.*fails in",
+    ),
+    (
+        "Lumina2Transformer2DModel",  # attention_mask.sum(dim=1).tolist()
+        "lumina2",
+        {"norm_out.linear_1": "rowwise", "x_embedder": "colwise"},
+        True,
+        r"at tp=2 the sharded forward fails in 'noise_refiner\.0",
+    ),
+    (
+        "MochiTransformer3DModel",  # torch.autocast("meta")
+        "mochi",
+        {"rope": None},
+        False,
+        r"at tp=2 the sharded forward fails in 'transformer_blocks\.0\.attn1'",
+    ),
+    (
+        "QwenImage21Transformer2DModel",  # repeat_interleave, nonzero and tolist of the image-token mask
+        "qwenimage21",
+        {"transformer_blocks.*.img_mlp.proj": None},
+        True,
+        r"key 'transformer_blocks\.\*\.img_mlp\.gate_layer'.*fails in 'transformer_blocks\.0\.img_mlp'",
+    ),
+]
+
+
+@pytest.mark.parametrize("class_name, name, changes, pad, match", DATA_DEPENDENT, ids=lambda v: str(v)[:40])
+def test_data_dependent_forwards_are_checked(mesh2, class_name, name, changes, pad, match):
+    """Each crashed at tp=2 before (the flow check skipped the class); refused now, the model untouched."""
+    refused(tiny_model(class_name), mesh2, fuzz.edited(name, changes, 2, pad).plan(), match, pad=pad)
+
+
+@pytest.mark.parametrize("class_name, name", sorted({(c, n) for c, n, *_ in DATA_DEPENDENT}))
+def test_data_dependent_bundled_plans_pass(mesh2, class_name, name):
+    """The positive control: their bundled plans pass the flow check (run with known values), with and without pad."""
+    for pad in (False, True):
+        dtp.engine.prepare(tiny_model(class_name), mesh2, dtp.load_plan(name), pad=pad)
