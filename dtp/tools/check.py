@@ -5,16 +5,21 @@ from __future__ import annotations
 import json
 import sys
 
-from ..analysis.check import add_cfg, check, check_pipeline, is_pipeline_target
+from ..analysis.check import add_cfg, check, check_pipeline, is_pipeline_target, resolve_target
+from ..analysis.fakepg import read_config
 from ..analysis.lint import format_lint
 from ..analysis.released import RELEASED_PIPELINES
-from ..errors import PlanError
+from ..errors import ForwardError, PlanError
+from ..fit.forward_peak import DEFAULT_RESOLUTION, ForwardShape, peak_report
+from ..policy import parse_dtype
 
 
 def run(args) -> int:
     try:
         report = _pipeline_or_model(args)
         add_cfg(report, args.cfg)
+        if "pipeline" not in report and args.peak and args.forward:
+            report["activation_peak"] = activation_peak(args)
     except PlanError as exc:
         message = str(exc) if str(exc).startswith("dtp check:") else f"dtp check: {exc}"
         print(json.dumps({"error": str(exc)}) if args.json else message, file=sys.stderr)
@@ -49,12 +54,33 @@ def _pipeline_or_model(args) -> dict:
         plan=args.plan,
         config=args.config,
         dtype=args.dtype,
-        resolution=args.resolution,
+        resolution=args.resolution or DEFAULT_RESOLUTION,
         text_tokens=args.text_tokens,
         forward=args.forward,
         pad=args.pad,
         quant=args.quant,
     )
+
+
+def activation_peak(args) -> dict:
+    """`forward_peak.peak_report` for the checked model (a note instead when its forward cannot run here)."""
+    class_name, plan = resolve_target(args.target, args.plan)
+    shape = ForwardShape(resolution=args.resolution, frames=args.frames, text_tokens=args.text_tokens)
+    config = read_config(args.config) if args.config else None
+    try:
+        return peak_report(
+            class_name,
+            plan,
+            cp=args.cp,
+            tp=args.tp,
+            cp_mode=args.cp_mode,
+            pad=args.pad,
+            shape=shape,
+            dtype=parse_dtype(args.dtype),
+            config=config,
+        )
+    except ForwardError as exc:  # e.g. cp does not divide this sequence: the rest of the report stands
+        return {"error": str(exc)}
 
 
 def format_report(r: dict) -> str:
@@ -79,6 +105,8 @@ def format_report(r: dict) -> str:
         lines += _format_collectives(r["collectives"])
     if "cfg_exchange" in r:
         lines += _format_cfg(r["cfg"], r["cfg_exchange"])
+    if "activation_peak" in r:
+        lines += format_peak(r["activation_peak"], r["dtype"])
     if "lint" in r:
         lines += format_lint(r["lint"])
     if r["cp"] > 1:
@@ -110,6 +138,21 @@ def format_pipeline_report(r: dict) -> str:
     whole = [f"  {c['name']}: {c['whole_reason']}" for c in r["components"] if c["plan"] is None]
     lines += ["held whole by every rank:", *whole] if whole else []
     return "\n".join(lines)
+
+
+def format_peak(p: dict, dtype: str) -> list[str]:
+    """The activation-peak lines of the `dtp check` table."""
+    if "error" in p:
+        return [f"activation peak of one forward: not measured ({p['error']})"]
+    mode = f" {p['cp_mode']}" if p["cp"] > 1 else ""
+    rows = (
+        ("one rank (cp=1, tp=1)", _gb(p["one_rank_bytes"])),
+        (f"per rank (cp={p['cp']}, tp={p['tp']}{mode})", _gb(p["per_rank_bytes"])),
+        (f"ideal one rank / {p['cp'] * p['tp']}", _gb(p["ideal_bytes"])),
+        ("ratio per-rank/ideal", f"{p['ratio']:10.3f}"),
+    )
+    head = f"activation peak of one forward (batch 1, {dtype}, fake tensors, one block per stack): {p['input']}"
+    return [head] + [f"  {label:<32} {value}" for label, value in rows]
 
 
 def _degrees(degrees: list[int]) -> str:

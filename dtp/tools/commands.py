@@ -186,9 +186,17 @@ def _check(sub, common) -> None:
     p.add_argument(
         "--resolution",
         type=int,
-        default=1024,
+        default=None,
         help="square image side in pixels for the forward (default 1024); a video model gets as many tokens, "
-        "as a latent video whose frames x height x width the report prints",
+        "as a latent video whose frames x height x width the report prints; for the activation peak, a video "
+        "model's height (default: its usual clip, e.g. Wan 480x832 x 81 frames)",
+    )
+    p.add_argument("--frames", type=int, default=None, help="video frames for the activation peak (default: usual)")
+    p.add_argument(
+        "--no-peak",
+        dest="peak",
+        action="store_false",
+        help="skip the activation peak of one forward at (cp, tp) and at one rank (fake tensors, one block per stack)",
     )
     p.add_argument("--text-tokens", type=int, default=DEFAULT_TEXT_TOKENS, help="prompt length for the forward")
     p.add_argument(
