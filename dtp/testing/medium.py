@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..families.pipelines import SCHEDULER_CONFIG, _clip_tokenizer, _clip_text_encoder, _t5_encoder, _t5_tokenizer
+from ..families.pipelines import SCHEDULER_CONFIG, _clip_text_encoder, _clip_tokenizer, _t5_encoder, _t5_tokenizer
 
 MEDIUM_TRANSFORMER = dict(
     patch_size=1,
