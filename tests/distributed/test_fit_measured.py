@@ -62,6 +62,7 @@ def _generate(directory: str, model: str, mesh_shape) -> dict:
     pipe.transformer.register_forward_pre_hook(prompt_length, with_kwargs=True, prepend=True)
     tracker = MemTracker()
     tracker.track_external(*(m for m in pipe.components.values() if isinstance(m, torch.nn.Module)))
+
     # MemTracker refuses a module called twice (the prompt and the negative prompt, a step's two calls); only its
     # global peak is read here, so each call starts its module's stats afresh (a global hook runs before its own).
     def forget_module(module, args) -> None:
