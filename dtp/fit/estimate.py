@@ -13,8 +13,11 @@ bytes, give or take a padded head):
                        weight bytes and its collectives, plus the cfg exchange (`cfg_exchange`), on the
                        hardware preset; calls per step: 2 for two-call CFG pipelines, 1 with cfg = 2
 
-Candidates are measured unpadded first; a pad=True candidate only where its unpadded twin is refused
-(padding only costs where it is not needed), which also halves the traces.
+Candidates are measured unpadded and unquantized first. A pad=True candidate is measured only where its
+unpadded twin is refused (padding only costs where it is not needed), a quantized one only where no
+unquantized twin (padded or not) fits (weight-only quantization changes the weights, not the FLOPs: at
+these sizes the step is compute-bound, so it buys memory, not time, at some cost in quality). Both also
+save most of the traces.
 
 Rows that fit come first, fastest first (then smallest peak); the others follow by peak.
 """
@@ -77,17 +80,21 @@ def fit(
     measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
     rows, rejected = [], []
-    runs = set()  # keys of the unpadded candidates that run
-    for candidate in sorted(candidates(spec, gpus, batch), key=lambda c: c.pad):
-        if only and any(_options(candidate)[k] != v for k, v in only.items()):
+    runs, fits = set(), set()  # keys of the unpadded candidates that run; of the unquantized ones that fit
+    for candidate in sorted(candidates(spec, gpus, batch), key=lambda c: (c.quant is not None, c.pad)):
+        options = _options(candidate)
+        if only and any(options[k] != v for k, v in only.items()):
             continue
-        if candidate.pad and _key(_options(candidate)) in runs:
+        if (candidate.pad and _key(options) in runs) or (candidate.quant and _key(options, "quant") in fits):
             continue
         try:
             rows.append(estimate(candidate, spec, measurer, shape, memory, hw))
-            runs.add(_key(rows[-1]))
         except PlanError as exc:
-            rejected.append({**_options(candidate), "reason": str(exc)})
+            rejected.append({**options, "reason": str(exc)})
+            continue
+        runs.add(_key(options))
+        if rows[-1]["fits"] and not candidate.quant:
+            fits.add(_key(options, "quant"))
     rows = _drop_needless_padding(rows)
     rows.sort(key=lambda r: (not r["fits"], r["step_seconds"] if r["fits"] else 0, r["peak_bytes"]))
     return {
@@ -177,8 +184,10 @@ def _drop_needless_padding(rows: list[dict]) -> list[dict]:
     return [r for r in rows if not r["pad"] or _key(r) not in unpadded]
 
 
-def _key(row: dict) -> tuple:
-    return tuple(row[k] for k in ("cfg", "cp", "tp", "cp_mode", "quant", "text_encoders", "parallel_vae"))
+def _key(row: dict, *without: str) -> tuple:
+    """The row's options but pad (and `without`): the key its twins share."""
+    names = ("cfg", "cp", "tp", "cp_mode", "quant", "text_encoders", "parallel_vae")
+    return tuple(row[k] for k in names if k not in without)
 
 
 def command(c: Candidate, spec: FitPipeline, shape: Shape) -> str | None:

@@ -257,6 +257,11 @@ def test_fit_of_a_pipeline_directory_sorts_and_explains():
     sharded, whole = by_te["sharded"]["weight_bytes"], by_te["whole"]["weight_bytes"]
     assert 0.5 * whole["text_encoder"] <= sharded["text_encoder"] < 0.65 * whole["text_encoder"]
     assert by_te["sharded"]["command"].endswith("--height 64 --width 64")
+    # Quantized rows only where no unquantized twin fits: the whole-text-encoder row (the largest peak) at `memory`.
+    whole = {**options, "only": {"cp": 1, "text_encoders": "whole"}}
+    assert [r["quant"] for r in dtp.fit(directory, 2, "1GB", **whole)["rows"]] == [None]
+    quantized = dtp.fit(directory, 2, memory, **whole)["rows"]
+    assert sorted(str(r["quant"]) for r in quantized) == ["None", "fp8wo", "int8wo"]
     none = dtp.fit(directory, 2, 1000, **options)
     assert not any(r["fits"] for r in none["rows"])
     assert f"the smallest peak, {peaks[0] / 1e9:.1f} GB" in none["reason"]
