@@ -1,43 +1,48 @@
 """The candidates `dtp fit` weighs: one option per axis, each axis pluggable in one place (`AXES`).
 
 An `Axis` has
-    options(pipeline, gpus)          the values it offers, as `Candidate` field updates
+    options(pipeline, ask)           the values it offers (`ask`: gpus, batch), as `Candidate` field updates
     supported(pipeline, candidate)   None, or why this value cannot run with the rest of the candidate
-    apply(candidate, layout)         what the value does to each component's `Setup` and to the phases its
-                                     weights are resident in (`Layout`), which is all the estimator reads
+    apply(candidate, pipeline, layout)  what the value does to each component's `Setup`, to the phases its
+                                     weights are resident in and to the calls of a step (`Layout`), which
+                                     is all the estimator reads
 
-and the candidates are the product of every axis's options, minus the unsupported ones. Axes today:
+and the candidates are the product of every axis's options, minus the unsupported ones. Axes:
 
-    mesh            (cp, tp) with cp * tp = gpus; cp > 1 in "ulysses" and "ring" modes
+    cfg             groups of the mesh ("cfg", "cp", "tp") that share a step's transformer work
+                    (`dtp.make_mesh(tp, cp, cfg)`, `dtp.runtime.cfg`), offered where it pays: a batch of
+                    B >= cfg rows is split (each group runs ceil(B / cfg) rows of every call), and a two-call
+                    CFG pipeline at cfg = 2 runs one call per step per group (the other group's is exchanged).
+                    A rank of a cfg group holds and runs what a rank of the (cp, tp) mesh does, so it is
+                    measured on that mesh; the exchange (an all-gather of the output) is added to its cost
+    mesh            (cp, tp) with cfg * cp * tp = gpus; cp > 1 in "ulysses" and "ring" modes
     pad             zero-padded heads and widths (only kept where the unpadded candidate is refused)
+    quant           None or a `dtp.quant.SCHEMES` name ("int8wo", "fp8wo"): the transformer's Linears
+                    quantized after sharding (`dtp.quantize`), its weights traced as data + scales and its
+                    forward with the quantized matmuls
     text_encoders   "sharded" on the tp axis (by their bundled plans), "whole" on every rank, or
-                    "offloaded": whole, on the GPU only while encoding, the transformer arriving after it
-
-How the options of this round plug in (one new `Axis` each, nothing else changes):
-
-    cfg             mesh ("cfg", "cp", "tp"), cfg * cp * tp = gpus: the mesh axis offers cfg in {1, 2} for
-                    pipelines that run CFG (`pipeline.calls_per_step == 2`); apply: the transformer's
-                    `Setup.batch` is halved (each cfg rank runs its half of the doubled batch) and
-                    `calls_per_step` becomes 1 per rank; the text encoders and VAE are unchanged
-    parallel VAE    `parallel_vae` True where `dtp.parallelize_vae` exists for the VAE class; apply: a new
-                    `Setup.split` field for the VAE = the world size, which `measure.Measurer` passes to
-                    `dtp.parallelize_vae` before tracing the decode (the weights stay whole)
-    quantization    `quant` in {None, "int8", "fp8"} where torchao is importable; apply: a new
-                    `Setup.quant` for the transformer, which `Measurer.weights` counts at 1 byte per
-                    quantized Linear weight (scales aside), and `cost.compute_seconds(fp8=True)` for fp8
+                    "offloaded": whole, moved to the CPU once the prompts are encoded (`dtp run
+                    --offload-text-encoders`), so they are resident in the text phase only
+    parallel_vae    True where `dtp run` splits the VAE (`dtp.parallelize_vae`: a supported class and more
+                    than one rank): its decode traced with its rows split over every rank; else whole
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import product
 
 from ..policy import CP_MODES
+from ..quant import SCHEMES
+from ..vae import SUPPORTED as SPLIT_VAES
 from .measure import PHASES, Setup
 from .pipelines import FitPipeline
 
 TEXT_ENCODER_MODES = ("sharded", "whole", "offloaded")
+QUANT_SCHEMES = tuple(sorted(SCHEMES))
+CFG_PAIR = 2  # a two-call CFG step has two calls to spread: cfg = 2 groups
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,17 +63,30 @@ class Candidate:
         return self.cfg * self.cp * self.tp
 
 
+@dataclass(frozen=True)
+class Ask:
+    """What the user asked for that decides which options exist."""
+
+    gpus: int
+    batch: int = 1
+
+
 @dataclass
 class Layout:
-    """Per component: the `Setup` it is measured under and the phases its weights occupy the GPU."""
+    """Per component: the `Setup` it is measured under and the phases its weights occupy the GPU; per step:
+    the transformer calls one rank runs and how the cfg axis exchanges their outputs."""
 
     setups: dict[str, Setup]
     resident: dict[str, set[str]] = field(default_factory=dict)
+    calls_per_step: int = 1
+    cfg_path: str | None = None
+    """None (cfg = 1), "batch" (each call's rows split over the groups) or "pair" (one call of a pair each)."""
 
     @classmethod
     def start(cls, pipeline: FitPipeline, batch: int) -> Layout:
         names = list(pipeline.classes)
-        return cls({n: Setup(batch=batch) for n in names}, {n: set(PHASES) for n in names})
+        setups = {n: Setup(batch=batch) for n in names}
+        return cls(setups, {n: set(PHASES) for n in names}, calls_per_step=pipeline.calls_per_step)
 
     def update(self, name: str, **changes) -> None:
         self.setups[name] = replace(self.setups[name], **changes)
@@ -77,7 +95,7 @@ class Layout:
 @dataclass(frozen=True)
 class Axis:
     name: str
-    options: Callable[[FitPipeline, int], list[dict]]
+    options: Callable[[FitPipeline, Ask], list[dict]]
     supported: Callable[[FitPipeline, Candidate], str | None]
     apply: Callable[[Candidate, FitPipeline, Layout], None]
 
@@ -86,11 +104,44 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _mesh_options(pipeline: FitPipeline, gpus: int) -> list[dict]:
+def _always(pipeline: FitPipeline, c: Candidate) -> None:
+    return None
+
+
+# ---- cfg -------------------------------------------------------------------------------------
+
+
+def cfg_path(pipeline: FitPipeline, batch: int, cfg: int) -> str | None:
+    """How `dtp.runtime.cfg` spreads a step over `cfg` groups: "batch", "pair", or None (it would not help)."""
+    if cfg == 1:
+        return None
+    if batch >= cfg:
+        return "batch"
+    return "pair" if pipeline.calls_per_step == CFG_PAIR and cfg == CFG_PAIR else None
+
+
+def _cfg_options(pipeline: FitPipeline, ask: Ask) -> list[dict]:
+    return [{"cfg": c} for c in _divisors(ask.gpus) if c == 1 or cfg_path(pipeline, ask.batch, c)]
+
+
+def _apply_cfg(c: Candidate, pipeline: FitPipeline, layout: Layout) -> None:
+    batch = layout.setups[pipeline.transformer].batch
+    path = cfg_path(pipeline, batch, c.cfg)
+    layout.cfg_path = path
+    if path == "batch":
+        layout.update(pipeline.transformer, batch=-(-batch // c.cfg))  # group 0 runs the ceil(B / cfg) first rows
+    elif path == "pair":
+        layout.calls_per_step = 1
+
+
+# ---- mesh, pad ---------------------------------------------------------------------------------
+
+
+def _mesh_options(pipeline: FitPipeline, ask: Ask) -> list[dict]:
     options = []
-    for cp in _divisors(gpus):
+    for cp in _divisors(ask.gpus):
         modes = CP_MODES if cp > 1 else (None,)
-        options += [{"cp": cp, "tp": gpus // cp, "cp_mode": mode} for mode in modes]
+        options += [{"cp": cp, "tp": tp, "cp_mode": mode} for tp in _divisors(ask.gpus // cp) for mode in modes]
     return options
 
 
@@ -102,6 +153,21 @@ def _apply_pad(c: Candidate, pipeline: FitPipeline, layout: Layout) -> None:
     for name, setup in layout.setups.items():
         if setup.tp > 1:
             layout.update(name, pad=c.pad)
+
+
+# ---- quantization ------------------------------------------------------------------------------
+
+
+def _quant_options(pipeline: FitPipeline, ask: Ask) -> list[dict]:
+    schemes = QUANT_SCHEMES if importlib.util.find_spec("torchao") is not None else ()
+    return [{"quant": q} for q in (None, *schemes)]
+
+
+def _apply_quant(c: Candidate, pipeline: FitPipeline, layout: Layout) -> None:
+    layout.update(pipeline.transformer, quant=c.quant)
+
+
+# ---- text encoders -----------------------------------------------------------------------------
 
 
 def _te_supported(pipeline: FitPipeline, c: Candidate) -> str | None:
@@ -117,28 +183,47 @@ def _apply_text_encoders(c: Candidate, pipeline: FitPipeline, layout: Layout) ->
         layout.update(name, tp=c.tp if c.text_encoders == "sharded" else 1, pad=c.pad)
         if c.text_encoders == "offloaded":
             layout.resident[name] = {"text"}
-    if c.text_encoders == "offloaded":
-        layout.resident[pipeline.transformer].discard("text")
 
 
-def _always(pipeline: FitPipeline, c: Candidate) -> None:
-    return None
+# ---- parallel VAE ------------------------------------------------------------------------------
+
+
+def splits_vae(pipeline: FitPipeline, world: int) -> bool:
+    """Whether `dtp run` on `world` ranks splits this pipeline's VAE by rows (`parallelize_pipeline`)."""
+    return world > 1 and pipeline.classes[pipeline.vae] in SPLIT_VAES
+
+
+def _vae_supported(pipeline: FitPipeline, c: Candidate) -> str | None:
+    if c.parallel_vae == splits_vae(pipeline, c.world):
+        return None
+    if c.parallel_vae:
+        return f"one rank or a VAE class dtp.parallelize_vae does not know ({pipeline.classes[pipeline.vae]})"
+    return "dtp run splits a supported VAE over every rank"
+
+
+def _apply_vae(c: Candidate, pipeline: FitPipeline, layout: Layout) -> None:
+    if c.parallel_vae:
+        layout.update(pipeline.vae, split=c.world)
 
 
 AXES = [
+    Axis("cfg", _cfg_options, _always, _apply_cfg),
     Axis("mesh", _mesh_options, _always, _apply_mesh),
-    Axis("text_encoders", lambda p, g: [{"text_encoders": m} for m in TEXT_ENCODER_MODES], _te_supported,
+    Axis("text_encoders", lambda p, a: [{"text_encoders": m} for m in TEXT_ENCODER_MODES], _te_supported,
          _apply_text_encoders),
-    Axis("pad", lambda p, g: [{"pad": False}, {"pad": True}], _always, _apply_pad),
+    Axis("pad", lambda p, a: [{"pad": False}, {"pad": True}], _always, _apply_pad),
+    Axis("quant", _quant_options, _always, _apply_quant),
+    Axis("parallel_vae", lambda p, a: [{"parallel_vae": True}, {"parallel_vae": False}], _vae_supported, _apply_vae),
 ]  # fmt: skip
 
 
-def candidates(pipeline: FitPipeline, gpus: int) -> list[Candidate]:
-    """Every supported combination of the axes' options for `gpus` ranks."""
+def candidates(pipeline: FitPipeline, gpus: int, batch: int = 1) -> list[Candidate]:
+    """Every supported combination of the axes' options for `gpus` ranks (cfg * cp * tp = gpus)."""
+    ask = Ask(gpus, batch)
     found = []
-    for choice in product(*(axis.options(pipeline, gpus) for axis in AXES)):
+    for choice in product(*(axis.options(pipeline, ask) for axis in AXES)):
         candidate = Candidate(**{k: v for option in choice for k, v in option.items()})
-        if all(axis.supported(pipeline, candidate) is None for axis in AXES):
+        if candidate.world == gpus and all(axis.supported(pipeline, candidate) is None for axis in AXES):
             found.append(candidate)
     return found
 

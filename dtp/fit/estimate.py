@@ -9,8 +9,15 @@ bytes, give or take a padded head):
     peak_bytes       = max over phases p of (sum of weight_bytes of the components resident in p
                                               + phase_bytes[p])
     fits             = peak_bytes <= gpu_memory
-    step_seconds     = calls per step x `cost.call_seconds` of the transformer's traced FLOPs,
-                       its weight bytes and its collectives, on the hardware preset
+    step_seconds     = calls per step and rank x `cost.call_seconds` of the transformer's traced FLOPs, its
+                       weight bytes and its collectives, plus the cfg exchange (`cfg_exchange`), on the
+                       hardware preset; calls per step: 2 for two-call CFG pipelines, 1 with cfg = 2
+
+Candidates are measured unpadded and unquantized first. A pad=True candidate is measured only where its
+unpadded twin is refused (padding only costs where it is not needed), a quantized one only where no
+unquantized twin (padded or not) fits (weight-only quantization changes the weights, not the FLOPs: at
+these sizes the step is compute-bound, so it buys memory, not time, at some cost in quality). Both also
+save most of the traces.
 
 Rows that fit come first, fastest first (then smallest peak); the others follow by peak.
 """
@@ -22,14 +29,17 @@ import time
 
 from ..errors import PlanError
 from ..policy import check_degree, parse_dtype
+from ..runtime.cfg.exchange import MAX_HEADER
 from . import cost
-from .candidates import Candidate, candidates, layout
+from .candidates import CFG_PAIR, Candidate, Layout, candidates, layout
 from .hardware import hardware as find_hardware
 from .hardware import parse_memory
 from .measure import PHASES, Measurer
 from .pipelines import PROMPT_TOKENS, VIDEO_FRAMES, FitPipeline, Shape, fit_pipeline
 
 DEFAULT_PROMPT = "a photo of a cat"
+HEADER_BYTES = MAX_HEADER * 8  # the cfg exchange's shape header: MAX_HEADER int64 values
+FLAG_BYTES = 2 * 8  # the cfg pair's agreement: two int64 flags
 
 
 def fit(
@@ -70,13 +80,21 @@ def fit(
     measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
     rows, rejected = [], []
-    for candidate in candidates(spec, gpus):
-        if only and any(_options(candidate)[k] != v for k, v in only.items()):
+    runs, fits = set(), set()  # keys of the unpadded candidates that run; of the unquantized ones that fit
+    for candidate in sorted(candidates(spec, gpus, batch), key=lambda c: (c.quant is not None, c.pad)):
+        options = _options(candidate)
+        if only and any(options[k] != v for k, v in only.items()):
+            continue
+        if (candidate.pad and _key(options) in runs) or (candidate.quant and _key(options, "quant") in fits):
             continue
         try:
             rows.append(estimate(candidate, spec, measurer, shape, memory, hw))
         except PlanError as exc:
-            rejected.append({**_options(candidate), "reason": str(exc)})
+            rejected.append({**options, "reason": str(exc)})
+            continue
+        runs.add(_key(options))
+        if rows[-1]["fits"] and not candidate.quant:
+            fits.add(_key(options, "quant"))
     rows = _drop_needless_padding(rows)
     rows.sort(key=lambda r: (not r["fits"], r["step_seconds"] if r["fits"] else 0, r["peak_bytes"]))
     return {
@@ -110,7 +128,9 @@ def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape:
     totals = {p: sum(weights[n] for n in weights if p in plan.resident[n]) + phase_bytes[p] for p in PHASES}
     peak_phase = max(PHASES, key=totals.get)
     step = figures[spec.transformer]
-    seconds = spec.calls_per_step * cost.call_seconds(step.flops, weights[spec.transformer], step.collectives, hw)
+    exchange = cfg_exchange(plan, candidate, measurer.output_bytes(plan.setups[spec.transformer], shape))
+    call = cost.call_seconds(step.flops, weights[spec.transformer], step.collectives, hw)
+    seconds = plan.calls_per_step * call + cost.collective_seconds(exchange, hw)
     return {
         **_options(candidate),
         "weight_bytes": weights,
@@ -121,9 +141,28 @@ def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape:
         "fits": totals[peak_phase] <= memory,
         "step_seconds": seconds,
         "step_flops": step.flops,
-        "step_collective_bytes": sum(nbytes for _, nbytes, _ in step.collectives),
+        "step_collective_bytes": sum(nbytes for _, nbytes, _ in step.collectives) * plan.calls_per_step
+        + sum(nbytes for _, nbytes, _ in exchange),
+        "calls_per_step": plan.calls_per_step,
         "command": command(candidate, spec, shape),
     }
+
+
+def cfg_exchange(plan: Layout, c: Candidate, output_bytes: int) -> list[tuple]:
+    """The cfg axis's collectives of one step on one rank, as (op, result bytes, group size) (`runtime/cfg`):
+
+        per exchanged call   all_gather of the 64-int64 shape header and of the output over the cfg group
+                             (result: cfg x this rank's output)
+        pair path            + one all-reduce of two int64 flags over the mesh for each of the pair's calls
+
+    batch path: every call of the step is exchanged; pair path: one per step (the second call is answered).
+    """
+    if plan.cfg_path is None:
+        return []
+    exchanged = [("all_gather", c.cfg * HEADER_BYTES, c.cfg), ("all_gather", c.cfg * output_bytes, c.cfg)]
+    if plan.cfg_path == "batch":
+        return exchanged * plan.calls_per_step
+    return exchanged + [("all_reduce", FLAG_BYTES, c.world)] * CFG_PAIR
 
 
 def _options(c: Candidate) -> dict:
@@ -145,22 +184,28 @@ def _drop_needless_padding(rows: list[dict]) -> list[dict]:
     return [r for r in rows if not r["pad"] or _key(r) not in unpadded]
 
 
-def _key(row: dict) -> tuple:
-    return tuple(row[k] for k in ("cfg", "cp", "tp", "cp_mode", "quant", "text_encoders", "parallel_vae"))
+def _key(row: dict, *without: str) -> tuple:
+    """The row's options but pad (and `without`): the key its twins share."""
+    names = ("cfg", "cp", "tp", "cp_mode", "quant", "text_encoders", "parallel_vae")
+    return tuple(row[k] for k in names if k not in without)
 
 
 def command(c: Candidate, spec: FitPipeline, shape: Shape) -> str | None:
-    """The `dtp run` command line that runs `c` (None for options `dtp run` does not have yet)."""
-    if c.text_encoders == "offloaded":
-        return None  # dtp run keeps every component on the GPU; see the README's `dtp fit` section
+    """The `dtp run` command line that runs `c` (the VAE split needs no option: `dtp run` splits it when it can)."""
     args = ["--model-dir", spec.model_dir, "--prompt", DEFAULT_PROMPT, "--height", str(shape.height)]
     args += ["--width", str(shape.width)]
+    if c.cfg > 1:
+        args += ["--cfg", str(c.cfg)]
     if c.cp > 1:
         args += ["--cp", str(c.cp), "--cp-mode", c.cp_mode]
     if c.pad:
         args.append("--pad")
+    if c.quant:
+        args += ["--quant", c.quant]
     if c.text_encoders == "whole" and c.world > 1:
         args.append("--whole-text-encoders")
+    if c.text_encoders == "offloaded":
+        args.append("--offload-text-encoders")  # implies whole text encoders
     launcher = ["python", "-m", "dtp", "run"] if c.world == 1 else ["torchrun", "--nproc-per-node", str(c.world)]
     if c.world > 1:
         launcher += ["-m", "dtp", "run"]
@@ -179,5 +224,5 @@ def why_none_fits(rows: list[dict], rejected: list[dict], memory: int) -> str:
         f"{best['text_encoders']}), exceeds {memory / 1e9:.1f} GB by {(best['peak_bytes'] - memory) / 1e9:.1f} GB; "
         f"it is reached in the {phase} phase: {best['resident_bytes'][phase] / 1e9:.1f} GB of weights + "
         f"{best['phase_bytes'][phase] / 1e9:.1f} GB of activations. More GPUs, more memory per GPU, a lower "
-        f"resolution or (once available) quantized weights would lower it."
+        f"resolution would lower it."
     )

@@ -28,8 +28,10 @@ import torch
 from ..analysis.fakepg import fake_world
 from ..engine import apply
 from ..pipeline import prepare_component
+from ..quant import config_for, quantize
 from ..runtime.mesh import make_mesh
 from ..runtime.parallelism import Parallelism
+from ..vae import parallelize_vae
 from .pipelines import FitPipeline, Shape, call, decode, decode_inputs, denoise_inputs, text_inputs, vae_scale
 from .trace import (
     Trace,
@@ -57,11 +59,15 @@ class Setup:
     cp_mode: str = "ulysses"
     pad: bool = False
     batch: int = 1
-    """Batch this rank runs it on (the cfg axis will halve the transformer's)."""
+    """Batch this rank runs it on (the cfg axis splits the transformer's over its groups)."""
+    split: int = 1
+    """Ranks `dtp.parallelize_vae` splits its rows over (the VAE only; 1: whole)."""
+    quant: str | None = None
+    """`dtp.quant.SCHEMES` name its Linears are quantized with after sharding (`dtp.quantize`), or None."""
 
     @property
     def world(self) -> int:
-        return self.tp * self.cp
+        return self.tp * self.cp * self.split
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,8 @@ class PhaseFigures:
     flops: int
     collectives: tuple
     """(op, result bytes, group size) per collective."""
+    output_bytes: int = 0
+    """Bytes of the call's output on this rank (the transformer's: its latents' shape; what cfg exchanges)."""
 
 
 class Measurer:
@@ -109,16 +117,21 @@ class Measurer:
         module = copy.deepcopy(module)  # sharding mutates it; a meta copy costs next to nothing
         inputs, run = self._call(name, module, setup, shape)
         with fake_world(setup.world):
-            mesh = make_mesh(tp=setup.tp, cp=setup.cp, device_type="cpu")
-            if setup.world > 1:
-                ready = prepare_component(name, module, Parallelism.build(mesh, cp_mode=setup.cp_mode, pad=setup.pad))
-                if ready is not None:
-                    apply(module, ready)
-            weights = param_bytes_by_scope(module)
+            _parallelize(name, module, setup)
             with fake_mode():
                 to_fake(module)
+                if setup.quant is not None:  # after sharding, as `dtp.quantize` runs on a sharded model
+                    quantize(module, config_for(setup.quant))
+                weights = param_bytes_by_scope(module)
                 trace = trace_call(module, run, {k: fake_like(v) for k, v in inputs.items()})
         return trace, weights, {path: max(n // depth, 1) for path, n in lengths.items()}
+
+    def output_bytes(self, setup: Setup, shape: Shape) -> int:
+        """Bytes of one transformer call's output on a rank running `setup`: its latents' (`hidden_states`) shape."""
+        module = self._template(self.pipeline.transformer, 1)[0]
+        inputs, _ = self._call(self.pipeline.transformer, module, setup, shape)
+        latents = inputs["hidden_states"]
+        return latents.numel() * latents.element_size()
 
     def _template(self, name: str, depth: int):
         """(component on meta cut to `depth` blocks per list, the lists' full lengths), built once."""
@@ -138,6 +151,20 @@ class Measurer:
         if name == self.pipeline.vae:
             return decode_inputs(module, self.dtype, batch_shape), decode
         return text_inputs(module, batch_shape), call
+
+
+def _parallelize(name: str, module, setup: Setup) -> None:
+    """Shard `module` as the run does on rank 0 of `setup.world` ranks (inside `fake_world`): its plan on the
+    ("cp", "tp") mesh, or the VAE's rows over `setup.split` ranks (`dtp.parallelize_vae`)."""
+    if setup.split > 1:
+        parallelize_vae(module, make_mesh(tp=setup.split, device_type="cpu"))
+        return
+    if setup.world == 1:
+        return
+    mesh = make_mesh(tp=setup.tp, cp=setup.cp, device_type="cpu")
+    ready = prepare_component(name, module, Parallelism.build(mesh, cp_mode=setup.cp_mode, pad=setup.pad))
+    if ready is not None:
+        apply(module, ready)
 
 
 def _figures(trace: Trace, weights, scale: dict, peak: int) -> PhaseFigures:

@@ -43,6 +43,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapper
 
 from ..analysis.collectives import COLLECTIVE_NAMESPACES, NOT_COLLECTIVES, block_paths, scope_hooks
+from ..runtime.memory import local_tensor_bytes
 
 FAKE_DEVICE = "cpu"  # fake tensors live "on" cpu: SDPA then takes its flash kernel (see the module docstring)
 
@@ -86,7 +87,7 @@ class PhaseTrace(TorchDispatchMode):
         super().__init__()
         self.trace = Trace()
         self.model = model
-        self._resident = {id(s): s for s in (_storage(t) for t in resident) if s is not None}
+        self._resident = {id(s): s for t in resident for s in _inner_storages(t)}
         self._live: dict[int, int] = {}
         self._current = 0
         self._scopes: list[str] = []
@@ -138,6 +139,19 @@ def _storage(tensor):
     if not isinstance(tensor, torch.Tensor):
         return None
     return tensor.untyped_storage()
+
+
+def _inner_storages(tensor) -> list:
+    """The storages a resident tensor holds: a DTensor's local shard's; a tensor subclass's (torchao's quantized
+    weights: data and scales, `__tensor_flatten__`) inner tensors', recursively; a plain tensor's own."""
+    if isinstance(tensor, DTensor):
+        return _inner_storages(tensor._local_tensor)
+    if not isinstance(tensor, torch.Tensor):
+        return []
+    if type(tensor) is not torch.Tensor and hasattr(tensor, "__tensor_flatten__"):
+        names, _ = tensor.__tensor_flatten__()
+        return [s for name in names for s in _inner_storages(getattr(tensor, name))]
+    return [tensor.untyped_storage()]
 
 
 def _local(value):
@@ -196,13 +210,13 @@ def truncate_blocks(model: nn.Module, keep: int = 1) -> dict[str, int]:
 
 
 def param_bytes_by_scope(model: nn.Module) -> Counter:
-    """This rank's parameter bytes by block scope (as `PhaseTrace` scopes its records): local shards of DTensors."""
+    """This rank's parameter bytes by block scope (as `PhaseTrace` scopes its records): local shards of DTensors,
+    data + scales of quantized weights (`runtime.memory.local_tensor_bytes`)."""
     blocks = block_paths(model)
     found = Counter()
     for name, param in model.named_parameters():
-        local = param._local_tensor if isinstance(param, DTensor) else param
         scope = next((b for b in blocks if name.startswith(f"{b}.")), "")
-        found[scope] += local.numel() * local.element_size()
+        found[scope] += local_tensor_bytes(param)
     return found
 
 

@@ -118,6 +118,12 @@ def _run(sub, common) -> None:
         help="under torchrun, keep the text encoders whole on every rank (default: sharded by their plans, each "
         "rank reading only its slice)",
     )
+    p.add_argument(
+        "--offload-text-encoders",
+        action="store_true",
+        help="move the text encoders (whole, as --whole-text-encoders) to the CPU once the prompts are encoded, "
+        "before the first transformer call (what `dtp fit` calls 'offloaded')",
+    )
     p.add_argument("--prompt", required=True)
     p.add_argument("--lora", default=None, help="a diffusers LoRA file or folder for the transformer (default: none)")
     p.add_argument("--lora-scale", type=float, default=1.0, help="the LoRA's adapter weight (default 1.0)")

@@ -55,6 +55,8 @@ def run(args) -> int:
         check_pipeline_files(args.model_dir, dtype)
         pipe = load_pipeline(args.model_dir, torch_dtype=dtype, device=device, quantization_config=_quant(args))
         add_lora(pipe, args.lora, args.lora_scale, sharded=False)
+        if args.offload_text_encoders:
+            offload_text_encoders(pipe)
         _generate_and_save(pipe, args, distributed=False)
         return 0
     device = init_distributed(args.timeout)
@@ -82,6 +84,8 @@ def _run_sharded(args, device: torch.device, progress: Progress) -> None:
         quantization_config=_quant(args),
     )
     add_lora(pipe, args.lora, args.lora_scale, sharded=True)
+    if args.offload_text_encoders:
+        offload_text_encoders(pipe)
     pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
     calls = iter(range(1, sys.maxsize))
     pipe.transformer.register_forward_pre_hook(lambda *_: progress.post(f"transformer call {next(calls)}"))
@@ -91,9 +95,10 @@ def _run_sharded(args, device: torch.device, progress: Progress) -> None:
 
 
 def _plans(args) -> dict:
-    """`load_pipeline`'s plans from the flags: `--plan` for the transformer, `--whole-text-encoders`."""
+    """`load_pipeline`'s plans from the flags: `--plan` for the transformer, `--whole-text-encoders` (also
+    implied by `--offload-text-encoders`: a sharded encoder's DTensors stay on their mesh's device)."""
     plans = {} if args.plan is None else {"transformer": args.plan}
-    if args.whole_text_encoders:
+    if args.whole_text_encoders or args.offload_text_encoders:
         plans |= {name: WHOLE for name in transformers_components(args.model_dir)}
     return plans
 
@@ -163,6 +168,24 @@ def add_lora(pipe, lora, scale: float, *, sharded: bool) -> None:
     else:
         pipe.load_lora_weights(lora, adapter_name=LORA_ADAPTER)
     pipe.transformer.set_adapters(LORA_ADAPTER, weights=scale)
+
+
+def offload_text_encoders(pipe) -> None:
+    """Move every text encoder to the CPU at the transformer's first call (the prompts are encoded by then),
+    freeing their accelerator memory for the denoising loop and the decode; a second generation encodes on the CPU.
+    """
+    encoders = [
+        m for n, m in pipe.components.items() if n.startswith("text_encoder") and isinstance(m, torch.nn.Module)
+    ]
+
+    def offload(module, args) -> None:
+        handle.remove()
+        for encoder in encoders:
+            encoder.to("cpu")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    handle = pipe.transformer.register_forward_pre_hook(offload)
 
 
 # ---- generating ------------------------------------------------------------------------------

@@ -1,11 +1,14 @@
 """`dtp fit`'s per-rank peak against torch's MemTracker on real tensors (fp32, CPU, gloo).
 
-The tiny FLUX.1 and Qwen-Image pipelines run one whole generation (text encoding, one denoising
-step, VAE decode) at 128 x 128 under `dtp run`'s loader at (cfg, cp, tp) in {(1, 1, 2), (1, 2, 1),
-(1, 2, 2)}; every rank's peak (parameters + activations, MemTracker) is compared with the row of
-`dtp.fit` for the same candidate: within 10 %. At this size the activations are about half the
-peak, so the check is about the traced phases, not only the weights. (cfg = 2 waits for the cfg
-axis.) Two process groups: 2 ranks for (1, 1, 2) and (1, 2, 1), 4 ranks for (1, 2, 2).
+Three pipelines, each loaded by `dtp.load_pipeline` as `dtp run` loads it (transformer and text encoders
+sharded, the VAE split by rows over every rank) and run for one whole generation (text encoding, one
+denoising step, VAE decode): the tiny FLUX.1 and Qwen-Image pipelines at 128^2, and the medium FLUX.1
+(`dtp.testing.medium`: width 512, VAE of 64-256 channels) at 256^2. Meshes (cfg, cp, tp) in
+{(1, 1, 2), (1, 2, 1), (1, 2, 2), (2, 1, 2)}, all in one group of 4 ranks: a 2-rank mesh runs twice
+side by side (ranks {0, 1} and {2, 3}). cfg = 2 takes both of its paths: Qwen-Image with a negative
+prompt calls the transformer twice per step (one call per cfg group), FLUX.1 with two prompts splits
+the batch. Every rank's MemTracker peak (parameters + activations) is compared with the row of
+`dtp.fit` for the same candidate: within 10 %.
 """
 
 from __future__ import annotations
@@ -15,25 +18,41 @@ import torch
 
 import dtp
 from dtp.families.pipelines import tiny_checkpoint
-from dtp.pipeline import WHOLE
 from dtp.testing.launch import spawn
+from dtp.testing.medium import medium_checkpoint
 
-SIZE = 128
 PROMPT = "a photo of a cat"
 TOL = 0.10
-MODELS = ("flux", "qwenimage")
+WORLD = 4
+MESHES = ((1, 1, 2), (1, 2, 1), (1, 2, 2), (2, 1, 2))  # (cfg, cp, tp)
+SIZES = {"flux": 128, "qwenimage": 128, "medium": 256}
 
 
-def _generate(model: str, cp: int, tp: int) -> dict:
+def _mesh(cfg: int, cp: int, tp: int):
+    """dtp.make_mesh over the group, or a smaller ("cp", "tp") mesh repeated along a leading axis of copies."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if cfg * cp * tp == dist.get_world_size():
+        return dtp.make_mesh(tp=tp, cp=cp, cfg=cfg, device_type="cpu")
+    copies = dist.get_world_size() // (cp * tp)
+    return init_device_mesh("cpu", (copies, cp, tp), mesh_dim_names=("copies", "cp", "tp"))["cp", "tp"]
+
+
+def _options(model: str, cfg: int) -> dict:
+    """The generation's prompts: Qwen-Image with true CFG (two calls a step); FLUX.1 two prompts at cfg = 2."""
+    if model == "qwenimage":
+        return {"prompt": PROMPT, "negative_prompt": "blurry", "true_cfg_scale": 4.0}
+    return {"prompt": [PROMPT] * (2 if cfg > 1 else 1), "max_sequence_length": 512}
+
+
+def _generate(directory: str, model: str, mesh_shape) -> dict:
     """This rank's MemTracker peak over one generation, and the prompt length the transformer saw."""
     from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.nn.modules.module import register_module_forward_pre_hook
 
-    mesh = dtp.make_mesh(tp=tp, cp=cp)
-    # The VAE whole on every rank: the candidate `dtp fit` estimates today (no parallel-VAE axis yet).
-    checkpoint = str(tiny_checkpoint(model))
-    pipe = dtp.load_pipeline(
-        checkpoint, mesh, torch_dtype=torch.float32, plans={"vae": WHOLE}, device=torch.device("cpu")
-    )
+    mesh = _mesh(*mesh_shape)
+    pipe = dtp.load_pipeline(directory, mesh, torch_dtype=torch.float32, device=torch.device("cpu"))
     pipe.set_progress_bar_config(disable=True)
     seen = {}
 
@@ -43,45 +62,62 @@ def _generate(model: str, cp: int, tp: int) -> dict:
     pipe.transformer.register_forward_pre_hook(prompt_length, with_kwargs=True, prepend=True)
     tracker = MemTracker()
     tracker.track_external(*(m for m in pipe.components.values() if isinstance(m, torch.nn.Module)))
-    extra = {"max_sequence_length": 512} if model == "flux" else {}
-    with torch.no_grad(), tracker:
-        pipe(PROMPT, height=SIZE, width=SIZE, num_inference_steps=1, output_type="np", **extra)
+
+    # MemTracker refuses a module called twice (the prompt and the negative prompt, a step's two calls); only its
+    # global peak is read here, so each call starts its module's stats afresh (a global hook runs before its own).
+    def forget_module(module, args) -> None:
+        tracker.memory_tracking.pop(module, None)
+
+    forget = register_module_forward_pre_hook(forget_module)
+    size = SIZES[model]
+    try:
+        with torch.no_grad(), tracker:
+            pipe(height=size, width=size, num_inference_steps=1, output_type="np", **_options(model, mesh_shape[0]))
+    finally:
+        forget.remove()
     (peak,) = (v["Total"] for v in tracker.get_tracker_snapshot("peak").values())
     return {"peak": peak, **seen}
 
 
-def _worker(rank: int, world: int, meshes) -> dict:
-    return {(model, cp, tp): _generate(model, cp, tp) for model in MODELS for cp, tp in meshes}
+def _worker(rank: int, world: int, directories: dict) -> dict:
+    return {(model, mesh): _generate(path, model, mesh) for model, path in directories.items() for mesh in MESHES}
 
 
 @pytest.fixture(scope="module")
-def measured() -> dict:
-    for model in MODELS:
-        tiny_checkpoint(model)  # written once, before the ranks read it
-    two = spawn(_worker, 2, ((1, 2), (2, 1)))
-    four = spawn(_worker, 4, ((2, 2),))
-    return {key: [rank[key] for rank in ranks] for ranks in (two, four) for key in ranks[0]}
+def directories(tmp_path_factory) -> dict:
+    found = {model: str(tiny_checkpoint(model)) for model in ("flux", "qwenimage")}
+    return found | {"medium": medium_checkpoint(tmp_path_factory.mktemp("medium-flux"))}
 
 
-def _row(model: str, cp: int, tp: int, text_tokens: int) -> dict:
-    mode = "ulysses" if cp > 1 else None
-    wanted = dict(cfg=1, cp=cp, tp=tp, cp_mode=mode, pad=False, text_encoders="sharded" if tp > 1 else "whole")
+@pytest.fixture(scope="module")
+def measured(directories) -> dict:
+    ranks = spawn(_worker, WORLD, directories)
+    return {key: [rank[key] for rank in ranks] for key in ranks[0]}
+
+
+def _row(directory: str, model: str, cfg: int, cp: int, tp: int, text_tokens: int) -> dict:
+    wanted = dict(
+        cfg=cfg, cp=cp, tp=tp, cp_mode="ulysses" if cp > 1 else None, pad=False, quant=None,
+        text_encoders="sharded" if tp > 1 else "whole", parallel_vae=True,
+    )  # fmt: skip
+    batch = 2 if cfg > 1 and model != "qwenimage" else 1
+    size = SIZES[model]
     report = dtp.fit(
-        str(tiny_checkpoint(model)), cp * tp, "1GB", height=SIZE, width=SIZE, dtype="fp32", text_tokens=text_tokens,
+        directory, cfg * cp * tp, "1GB", height=size, width=size, batch=batch, dtype="fp32", text_tokens=text_tokens,
         only=wanted,
     )  # fmt: skip
     (row,) = report["rows"]
     return row
 
 
-@pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize(("cp", "tp"), [(1, 2), (2, 1), (2, 2)])
-def test_fit_peak_within_10_percent_of_memtracker(measured, model, cp, tp):
-    """Tiny pipeline, one generation at 128^2: |fit peak - MemTracker peak| <= 10 % on every rank."""
-    ranks = measured[(model, cp, tp)]
-    row = _row(model, cp, tp, ranks[0]["text_tokens"])
+@pytest.mark.parametrize("model", tuple(SIZES))
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: "cfg{}-cp{}-tp{}".format(*m))
+def test_fit_peak_within_10_percent_of_memtracker(directories, measured, model, mesh):
+    """One generation: |fit peak - MemTracker peak| <= 10 % of MemTracker's on every rank."""
+    ranks = measured[(model, mesh)]
+    row = _row(directories[model], model, *mesh, ranks[0]["text_tokens"])
     for rank, result in enumerate(ranks):
         error = abs(row["peak_bytes"] - result["peak"]) / result["peak"]
-        assert error <= TOL, (model, cp, tp, rank, row["peak_bytes"], result["peak"], row["phase_bytes"])
+        assert error <= TOL, (model, mesh, rank, row["peak_bytes"], result["peak"], row["phase_bytes"])
     activations = max(row["phase_bytes"].values())
-    assert activations >= 0.3 * row["peak_bytes"], row  # the check is about the activations, not only weights
+    assert activations >= 0.2 * row["peak_bytes"], row  # the check is about the activations, not only weights

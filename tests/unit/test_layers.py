@@ -66,6 +66,7 @@ ALLOWED = {
         "pipeline",
         "families",
         "analysis",
+        "vae",
     },
     "testing": {
         "errors",

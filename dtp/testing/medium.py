@@ -1,0 +1,70 @@
+"""A medium-size FLUX.1 pipeline (random weights, no hub) for checks where the tiny one is too small to say much.
+
+    transformer     FluxTransformer2DModel, width 512 (4 heads of 128), 1 double + 1 single block: 15 M params
+    vae             AutoencoderKL, 4 levels (64, 128, 256, 256 channels, 16 M params), 16 latent channels: 8x as FLUX.1
+    text encoders   the tiny pipeline's CLIP (width 64) and T5 (width 256), 1 layer each, same tokenizers
+
+At 256 x 256 its transformer runs 256 image + 512 text tokens, and its VAE decode's activations
+(64 channels at full resolution) are about as large as its weights: a generation whose peak depends on
+both. `dtp fit`'s measured test and `benchmarks/fit_gpu_check.py` use it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..families.pipelines import SCHEDULER_CONFIG, _clip_text_encoder, _clip_tokenizer, _t5_encoder, _t5_tokenizer
+
+MEDIUM_TRANSFORMER = dict(
+    patch_size=1,
+    in_channels=64,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=128,
+    num_attention_heads=4,
+    joint_attention_dim=256,
+    pooled_projection_dim=64,
+    guidance_embeds=True,
+    axes_dims_rope=(16, 56, 56),
+)
+MEDIUM_VAE = dict(
+    in_channels=3,
+    out_channels=3,
+    down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4,
+    block_out_channels=(64, 128, 256, 256),
+    layers_per_block=1,
+    latent_channels=16,
+    norm_num_groups=32,
+    sample_size=256,
+    use_quant_conv=False,
+    use_post_quant_conv=False,
+    shift_factor=0.1159,
+    scaling_factor=0.3611,
+)
+
+
+def medium_flux_pipeline(dtype: torch.dtype = torch.float32):
+    """The medium FluxPipeline in memory, every component drawn from its own fixed seed."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    torch.manual_seed(11)
+    transformer = FluxTransformer2DModel(**MEDIUM_TRANSFORMER)
+    torch.manual_seed(12)
+    vae = AutoencoderKL(**MEDIUM_VAE)
+    pipe = FluxPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
+        vae=vae,
+        text_encoder=_clip_text_encoder(width=MEDIUM_TRANSFORMER["pooled_projection_dim"], seed=13),
+        tokenizer=_clip_tokenizer(),
+        text_encoder_2=_t5_encoder(width=MEDIUM_TRANSFORMER["joint_attention_dim"], seed=14),
+        tokenizer_2=_t5_tokenizer(),
+        transformer=transformer.eval(),
+    )
+    return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
+
+
+def medium_checkpoint(directory) -> str:
+    """The medium pipeline saved (safetensors, fp32) to `directory`, which is returned as a string."""
+    medium_flux_pipeline().save_pretrained(directory, safe_serialization=True)
+    return str(directory)
