@@ -101,8 +101,8 @@ def tiny_flux_pipeline():
     return FluxPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
         vae=vae,
-        text_encoder=_clip_text_encoder(width=cfg["pooled_projection_dim"], seed=2),
-        tokenizer=_clip_tokenizer(),
+        text_encoder=clip_text_encoder(width=cfg["pooled_projection_dim"], seed=2),
+        tokenizer=clip_tokenizer(),
         text_encoder_2=t5_encoder(width=cfg["joint_attention_dim"], seed=3),
         tokenizer_2=t5_tokenizer(),
         # Every weight ~ N(0, 0.2): large enough that the transformer shapes the image (zeroing its
@@ -115,7 +115,7 @@ def tiny_flux_pipeline():
 _CHARS = string.ascii_lowercase + string.ascii_uppercase + string.digits + string.punctuation
 
 
-def _clip_tokenizer():
+def clip_tokenizer():
     from transformers import CLIPTokenizer
 
     # Byte-level BPE without merges: one token per character, "</w>" marks a word's last one.
@@ -134,12 +134,12 @@ def t5_tokenizer():
     return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=512)
 
 
-def _clip_text_encoder(width: int, seed: int):
+def clip_text_encoder(width: int, seed: int):
     from transformers import CLIPTextConfig, CLIPTextModel
 
     torch.manual_seed(seed)
     config = CLIPTextConfig(
-        vocab_size=len(_clip_tokenizer()),
+        vocab_size=len(clip_tokenizer()),
         hidden_size=width,
         intermediate_size=2 * width,
         num_hidden_layers=1,

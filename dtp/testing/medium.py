@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..families.pipelines import SCHEDULER_CONFIG, _clip_text_encoder, _clip_tokenizer, _t5_encoder, _t5_tokenizer
+from ..families.pipelines import SCHEDULER_CONFIG, clip_text_encoder, clip_tokenizer, t5_encoder, t5_tokenizer
 
 MEDIUM_TRANSFORMER = dict(
     patch_size=1,
@@ -55,10 +55,10 @@ def medium_flux_pipeline(dtype: torch.dtype = torch.float32):
     pipe = FluxPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
         vae=vae,
-        text_encoder=_clip_text_encoder(width=MEDIUM_TRANSFORMER["pooled_projection_dim"], seed=13),
-        tokenizer=_clip_tokenizer(),
-        text_encoder_2=_t5_encoder(width=MEDIUM_TRANSFORMER["joint_attention_dim"], seed=14),
-        tokenizer_2=_t5_tokenizer(),
+        text_encoder=clip_text_encoder(width=MEDIUM_TRANSFORMER["pooled_projection_dim"], seed=13),
+        tokenizer=clip_tokenizer(),
+        text_encoder_2=t5_encoder(width=MEDIUM_TRANSFORMER["joint_attention_dim"], seed=14),
+        tokenizer_2=t5_tokenizer(),
         transformer=transformer.eval(),
     )
     return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
