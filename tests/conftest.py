@@ -2,7 +2,13 @@
 
 import pytest
 import torch.distributed as dist
+from hypothesis import settings
 from torch.testing._internal.distributed.fake_pg import FakeStore
+
+# Hypothesis properties here are about values, not speed: a first call that builds a model or imports a module
+# can take 0.5 s on a busy machine, which the default 200 ms deadline would report as a flaky failure.
+settings.register_profile("dtp", deadline=None)
+settings.load_profile("dtp")
 
 
 @pytest.fixture(scope="module")
