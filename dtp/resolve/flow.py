@@ -331,12 +331,30 @@ def example_inputs(model: nn.Module) -> dict | None:
 
 
 def _blame(specs: dict[str, LinearSpec], stack: list[str], trace: list[str]) -> LinearSpec | None:
-    """The planned layer to name: the innermost planned module that failed, else the last sharded one that ran."""
+    """The planned layer to name: the innermost planned module that failed, else the first colwise layer whose
+    shard no rowwise layer consumed yet (`_unconsumed`), else the last sharded one that ran."""
     for path in reversed(stack):
         if path in specs:
             return specs[path]
+    open_shards = _unconsumed(specs, trace)
+    if open_shards:
+        return specs[open_shards[0]]
     sharded = [p for p in trace if p in specs and not specs[p].style.gathers_output]
     return specs[sharded[-1]] if sharded else None
+
+
+def _unconsumed(specs: dict[str, LinearSpec], trace: list[str]) -> list[str]:
+    """Colwise layers that ran, in order, without a rowwise layer after them in their module: a rowwise layer at
+    `a.attn.to_out.0` (`a.ff.net.2`) consumes the colwise shards under `a.attn` (`a.ff`), two levels up."""
+    open_shards: list[str] = []
+    for path in trace:
+        spec = specs.get(path)
+        if spec is not None and spec.style.role == "colwise" and path not in open_shards:
+            open_shards.append(path)
+        elif spec is not None and spec.style.role == "rowwise":
+            scope = path.rsplit(".", 2)[0] + "." if path.count(".") >= 2 else ""
+            open_shards = [p for p in open_shards if not p.startswith(scope)]
+    return open_shards
 
 
 def _crash_message(resolved, specs, tp: int, failure: _Failure, trace, linears: set[str]) -> str:
