@@ -97,7 +97,7 @@ def stored(rows, args, elapsed: float) -> dict:
     into several (`--archs`), and the report covers them all."""
     old = json.loads(ROWS.read_text()) if ROWS.exists() else {"runs": [], "rows": []}
     fresh = [
-        {"arch": m.arch, "tp": m.tp, "mutant": str(m), "verdict": v, "detail": d[:DETAIL] if v == "refused" else d, "seconds": round(t, 3)}
+        {"arch": m.arch, "tp": m.tp, "mutant": str(m), "verdict": v, "detail": _detail(v, d), "seconds": round(t, 3)}
         for m, v, d, t in rows
     ]
     ran = {(r["arch"], r["tp"]) for r in fresh}
@@ -107,6 +107,10 @@ def stored(rows, args, elapsed: float) -> dict:
         "runs": [*old["runs"], run],
         "rows": [r for r in old["rows"] if (r["arch"], r["tp"]) not in ran] + fresh,
     }
+
+
+def _detail(verdict: str, detail: str) -> str:
+    return detail[:DETAIL] if verdict == "refused" else detail
 
 
 def dumps(data: dict) -> str:
