@@ -30,6 +30,7 @@ from dtp.testing.launch import spawn
 RESULTS = Path(__file__).resolve().parent / "results" / "plan_fuzz.md"
 ROWS = RESULTS.with_suffix(".json")  # every mutant's verdict, so that runs over some plans (`--archs`) add up
 BATCH = 40  # accepted mutants per gloo group
+DETAIL = 120  # characters of a refusal kept in ROWS (a crash or difference is kept whole)
 
 
 def judge(archs, per_arch: int, tps, seed: int):
@@ -96,7 +97,8 @@ def stored(rows, args, elapsed: float) -> dict:
     into several (`--archs`), and the report covers them all."""
     old = json.loads(ROWS.read_text()) if ROWS.exists() else {"runs": [], "rows": []}
     fresh = [
-        {"arch": m.arch, "tp": m.tp, "mutant": str(m), "verdict": v, "detail": d, "seconds": t} for m, v, d, t in rows
+        {"arch": m.arch, "tp": m.tp, "mutant": str(m), "verdict": v, "detail": _detail(v, d), "seconds": round(t, 3)}
+        for m, v, d, t in rows
     ]
     ran = {(r["arch"], r["tp"]) for r in fresh}
     command = f"nice python benchmarks/plan_fuzz.py {' '.join(sys.argv[1:])}".strip()
@@ -105,6 +107,16 @@ def stored(rows, args, elapsed: float) -> dict:
         "runs": [*old["runs"], run],
         "rows": [r for r in old["rows"] if (r["arch"], r["tp"]) not in ran] + fresh,
     }
+
+
+def _detail(verdict: str, detail: str) -> str:
+    return detail[:DETAIL] if verdict == "refused" else detail
+
+
+def dumps(data: dict) -> str:
+    """ROWS' text: one line per run and per row."""
+    lines = [json.dumps(item) for item in data["runs"]], [json.dumps(item) for item in data["rows"]]
+    return '{"runs": [\n' + ",\n".join(lines[0]) + '\n], "rows": [\n' + ",\n".join(lines[1]) + "\n]}\n"
 
 
 def report(data: dict, per_arch: int) -> str:
@@ -153,7 +165,7 @@ def main() -> None:
     rows = judge(args.archs, args.per_arch, args.tps, args.seed)
     data = stored(rows, args, time.perf_counter() - start)
     RESULTS.parent.mkdir(exist_ok=True)
-    ROWS.write_text(json.dumps(data, indent=1))
+    ROWS.write_text(dumps(data))
     text = report(data, args.per_arch)
     print(text)
     RESULTS.write_text(text)
