@@ -32,7 +32,7 @@ from dtp.vae import parallelize_vae
 RESULT = Path(__file__).resolve().parent / "results" / "vae_video_full_size.md"
 
 
-def fake_peak(world: int, rank: int, frames: int, height: int, width: int) -> int:
+def fake_peak(world: int, rank: int, frames: int, height: int, width: int, strips: bool = False) -> int:
     """Activation peak bytes of rank `rank`'s Wan decode among `world` ranks (FakeTensorMode, fake process group)."""
     import torch.distributed as dist
     from diffusers import AutoencoderKLWan
@@ -44,7 +44,7 @@ def fake_peak(world: int, rank: int, frames: int, height: int, width: int) -> in
         with torch.device("meta"):
             vae = AutoencoderKLWan().eval()
         if world > 1:
-            parallelize_vae(vae, dist.group.WORLD)
+            parallelize_vae(vae, dist.group.WORLD, gather_output=not strips)
         latent_frames = (frames - 1) // 4 + 1
         with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
             vae.to_empty(device="cpu")
@@ -52,7 +52,7 @@ def fake_peak(world: int, rank: int, frames: int, height: int, width: int) -> in
             resident = [*vae.parameters(), *vae.buffers(), z]
             with PhaseTrace(resident=resident) as trace:
                 video = vae.decode(z).sample
-            assert tuple(video.shape) == (1, 3, frames, height, width), video.shape
+            assert strips or tuple(video.shape) == (1, 3, frames, height, width), video.shape
             return trace.trace.peak_bytes
     finally:
         dist.destroy_process_group()
@@ -65,13 +65,14 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--width", type=int, default=832)
     parser.add_argument("--last-rank", action="store_true", help="also trace the last rank (twice the time)")
+    parser.add_argument("--strips", action="store_true", help="gather_output=False: each rank keeps its rows")
     args = parser.parse_args()
     shape = (args.frames, args.height, args.width)
     rows = ["| N | rank 0 peak (MB) | last rank peak (MB) | x whole (max of the two) |", "|--:|--:|--:|--:|"]
     whole = None
     for n in args.ranks:
         start = time.perf_counter()
-        peaks = [fake_peak(n, r, *shape) for r in sorted({0, n - 1} if args.last_rank else {0})]
+        peaks = [fake_peak(n, r, *shape, args.strips) for r in sorted({0, n - 1} if args.last_rank else {0})]
         whole = whole or max(peaks)
         rows.append(f"| {n} | {peaks[0] / 1e6:.0f} | {peaks[-1] / 1e6:.0f} | {max(peaks) / whole:.3f} |")
         print(rows[-1], f"({time.perf_counter() - start:.0f} s)", flush=True)
@@ -81,11 +82,12 @@ def main() -> None:
         "FakeTensorMode + torch's fake process group + a dispatch-mode live-bytes counter "
         "(`dtp.fit.trace.PhaseTrace`; no compute). Command: `python benchmarks/vae_video_full_size.py "
         f"--ranks {' '.join(map(str, args.ranks))} --frames {args.frames} --height {args.height} "
-        f"--width {args.width}{' --last-rank' if args.last_rank else ''}`\n\n" + "\n".join(rows) + "\n"
+        f"--width {args.width}{' --last-rank' if args.last_rank else ''}{' --strips' if args.strips else ''}`"
+        f"{' (each rank keeps its rows: gather_output=False)' if args.strips else ''}\n\n" + "\n".join(rows) + "\n"
     )
     print(text)
     RESULT.parent.mkdir(exist_ok=True)
-    RESULT.write_text(text)
+    (RESULT.with_name(RESULT.stem + "_strips.md") if args.strips else RESULT).write_text(text)
 
 
 if __name__ == "__main__":
