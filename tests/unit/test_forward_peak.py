@@ -11,6 +11,7 @@ from dtp import PlanError
 from dtp.fit.forward_peak import ForwardShape, forward_inputs, forward_peak, latent_grid
 from dtp.fit.trace import truncate_blocks
 from dtp.testing.tiny import TINY_CONFIGS
+from dtp.tools.check import format_peak, format_report
 from dtp.tools.cli import main
 
 FLUX = "FluxTransformer2DModel"
@@ -25,9 +26,9 @@ MEDIUM_FLUX = {
 
 
 def test_fake_peak_is_memtrackers_real_peak():
-    """Medium FLUX.1 (fp32, 1024 image + 64 text tokens), one rank: the fake-tensor peak equals torch's
+    """Medium FLUX.1 (fp32, 256 image + 64 text tokens), one rank: the fake-tensor peak equals torch's
     MemTracker on real tensors (total at peak minus parameters, buffers and inputs) within 2 %."""
-    shape = ForwardShape(resolution=512, text_tokens=64)
+    shape = ForwardShape(resolution=256, text_tokens=64)
     fake = forward_peak(FLUX, None, shape=shape, dtype=torch.float32, config=MEDIUM_FLUX).peak_bytes
 
     torch.manual_seed(0)
@@ -42,14 +43,14 @@ def test_fake_peak_is_memtrackers_real_peak():
         model(**inputs)
     total = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
     resident = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers(), *tensors])
-    assert fake > 10_000_000  # activations dominate: the comparison is not of two small constants
+    assert fake > 3_000_000  # activations dominate: the comparison is not of two small constants
     assert abs(fake - (total - resident)) <= 0.02 * (total - resident), (fake, total - resident)
 
 
 def test_cp_divides_flux_peak():
-    """Medium FLUX.1 at 1024 image + 64 text tokens: cp=4 (ulysses) holds <= 1.25 / 4 of one rank's peak; tp=4
+    """Medium FLUX.1 at 256 image + 64 text tokens: cp=4 (ulysses) holds <= 1.25 / 4 of one rank's peak; tp=4
     alone does not divide it as well (the residual stream stays whole)."""
-    shape = ForwardShape(resolution=512, text_tokens=64)
+    shape = ForwardShape(resolution=256, text_tokens=64)
     one = forward_peak(FLUX, None, shape=shape, dtype=torch.float32, config=MEDIUM_FLUX).peak_bytes
     cp4 = forward_peak(FLUX, None, cp=4, shape=shape, dtype=torch.float32, config=MEDIUM_FLUX).peak_bytes
     tp4 = forward_peak(FLUX, None, tp=4, shape=shape, dtype=torch.float32, config=MEDIUM_FLUX).peak_bytes
@@ -98,29 +99,27 @@ def tiny_flux_config(tmp_path_factory):
     return str(path)
 
 
-def test_cli_prints_the_peak(tiny_flux_config, capsys):
-    code = main(["check", "flux", "--tp", "2", "--cp", "2", "--config", tiny_flux_config, "--resolution", "64"])
-    out = capsys.readouterr().out
-    assert code == 0
-    lines = out[out.index("activation peak of one forward") :].splitlines()
-    assert "64x64 px, 16 image + 512 text tokens" in lines[0]
-    assert [line.split()[:2] for line in lines[1:5]] == [
+def test_cli_peak_json_and_table(tiny_flux_config, capsys):
+    """`dtp check flux --tp 1 --cp 2 --json`: the peak next to one rank's; the table prints it as `format_peak`."""
+    argv = ["check", "flux", "--tp", "1", "--cp", "2", "--config", tiny_flux_config, "--resolution", "64", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    peak = report["activation_peak"]
+    assert peak["input"] == "64x64 px, 16 image + 512 text tokens"
+    assert peak["per_rank_bytes"] < peak["one_rank_bytes"]
+    assert peak["ratio"] == pytest.approx(peak["per_rank_bytes"] / (peak["one_rank_bytes"] / 2))
+    lines = format_peak(peak, "bf16")
+    assert lines[0].startswith("activation peak of one forward (batch 1, bf16") and lines[0].endswith(peak["input"])
+    assert [line.split()[:2] for line in lines[1:]] == [
         ["one", "rank"],
         ["per", "rank"],
         ["ideal", "one"],
         ["ratio", "per-rank/ideal"],
     ]
-    assert float(lines[4].split()[-1]) > 0
-    assert "(cp=2, tp=2 ulysses)" in lines[2]
+    assert "(cp=2, tp=1 ulysses)" in lines[2] and float(lines[4].split()[-1]) == pytest.approx(peak["ratio"], abs=1e-3)
+    assert format_report(report).count("activation peak of one forward") == 1
 
 
-def test_cli_json_peak_and_refusals(tiny_flux_config, capsys):
-    argv = ["check", "flux", "--tp", "1", "--cp", "2", "--config", tiny_flux_config, "--resolution", "64", "--json"]
-    assert main(argv) == 0
-    peak = json.loads(capsys.readouterr().out)["activation_peak"]
-    assert peak["per_rank_bytes"] < peak["one_rank_bytes"]
-    assert peak["ratio"] == pytest.approx(peak["per_rank_bytes"] / (peak["one_rank_bytes"] / 2))
-    assert main([*argv[:-1], "--frames", "9"]) == 1
-    assert "--frames 9 applies to a video model" in capsys.readouterr().err
-    assert main([*argv, "--no-peak"]) == 0
-    assert "activation_peak" not in json.loads(capsys.readouterr().out)
+def test_frames_are_for_video_models():
+    with pytest.raises(PlanError, match="--frames 9 applies to a video model"):
+        forward_inputs(FLUX, TINY_CONFIGS[FLUX], torch.bfloat16, ForwardShape(frames=9))
