@@ -38,6 +38,7 @@ from ..runtime.mesh import make_mesh
 from .trace import fake_like, fake_mode, to_fake, trace_call, truncate_blocks
 
 DEFAULT_TEXT_TOKENS = 512
+INDEXED_LISTS = ("caption_projection",)  # HiDream's forward indexes it per text layer: kept whole, not cut
 PIXELS_PER_TOKEN = 16  # VAE 8x, patch 2: every bundled image model but the two below
 PIXELS_PER_TOKEN_32 = ("SanaTransformer2DModel", "HunyuanImageTransformer2DModel")  # 32x VAEs, patch 1
 # Video VAEs: (frames per latent frame after the first, pixels per latent pixel), and each model's usual clip.
@@ -107,7 +108,7 @@ def forward_peak(
     check_degree(cp, "forward peak: cp")
     check_degree(tp, "forward peak: tp")
     model = meta_model(class_name, config, dtype)
-    truncate_blocks(model, keep=1)
+    truncate_blocks(model, keep=1, skip=INDEXED_LISTS)
     inputs, tokens, described = forward_inputs(class_name, dict(model.config), dtype, shape)
     with fake_world(cp * tp):
         if cp * tp > 1:
@@ -130,10 +131,12 @@ def peak_report(
     shape: ForwardShape = ForwardShape(),
     dtype: torch.dtype = torch.bfloat16,
     config: dict | None = None,
+    one: ForwardPeak | None = None,
 ) -> dict:
-    """`forward_peak` at (cp, tp) and at (1, 1), with ideal = one rank / (cp tp) and their ratio (a dict)."""
+    """`forward_peak` at (cp, tp) and at (1, 1) (`one`, when already measured for this shape), with
+    ideal = one rank / (cp tp) and their ratio (a dict)."""
     common = dict(shape=shape, dtype=dtype, config=config)
-    one = forward_peak(class_name, plan, **common)
+    one = one or forward_peak(class_name, plan, **common)
     sharded = forward_peak(class_name, plan, cp=cp, tp=tp, cp_mode=cp_mode, pad=pad, **common)
     ideal = one.peak_bytes / (cp * tp)
     return {

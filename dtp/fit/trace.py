@@ -194,13 +194,14 @@ def block_lists(model: nn.Module) -> dict[str, int]:
     return lists
 
 
-def truncate_blocks(model: nn.Module, keep: int = 1) -> dict[str, int]:
+def truncate_blocks(model: nn.Module, keep: int = 1, skip: tuple[str, ...] = ()) -> dict[str, int]:
     """Cut every block list of `model` to its first `keep` elements, in place; returns the original lengths.
 
     Only for models whose forward iterates its lists (`for block in self.blocks`), as diffusers' DiTs
-    and transformers' encoders do; `scale_blocks` then restores the full counts.
+    and transformers' encoders do; `scale_blocks` then restores the full counts. Lists named in `skip`
+    (paths) are left whole: a forward that indexes them (HiDream's `caption_projection[i]`).
     """
-    lengths = block_lists(model)
+    lengths = {path: n for path, n in block_lists(model).items() if path not in skip}
     for path, length in lengths.items():
         if length > keep:
             parent, _, name = path.rpartition(".")
