@@ -172,7 +172,9 @@ def prequantized_problem(config: dict) -> str | None:
 
 def diffusers_config(quantization_config):
     """diffusers' TorchAoConfig for a torchao config (diffusers' own `from_pretrained` takes only its own
-    config classes); a diffusers config as it is. For the one-process pipeline, the reference."""
+    config classes); a diffusers config as it is. For the one-process pipeline, the reference; float8 dynamic
+    activation where torchao cannot run it is a PlanError here too (`check_runnable`)."""
+    check_runnable(getattr(quantization_config, "quant_type", quantization_config), None)
     if type(quantization_config).__module__.startswith("diffusers"):
         return quantization_config
     from diffusers import TorchAoConfig
