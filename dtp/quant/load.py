@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 from functools import cache
 
 import torch
@@ -32,6 +33,7 @@ class LoadQuantizer:
     def __init__(self, model: nn.Module, quantization_config):
         self.config, skip = torchao_config(quantization_config)
         check_runnable(self.config, getattr(model, "dtype", None))
+        self.trim = HeapTrimmer()
         self.skip = [*skip, *(getattr(model, "_keep_in_fp32_modules", None) or [])]
 
     def wants(self, model: nn.Module, key: str) -> bool:
@@ -45,7 +47,33 @@ class LoadQuantizer:
         high-precision slice is then freed and its pages handed back (`trim_heap`)."""
         if self.wants(model, key):
             quantize_linear(model.get_submodule(key.rpartition(".")[0]), self.config, layout)
+            self.trim()
+
+
+TRIM_STEP_BYTES = 32 << 20  # trim when the resident set grew this much since the last trim
+
+
+class HeapTrimmer:
+    """Calls `trim_heap` when this process's resident memory grew by more than `step` bytes since the last trim:
+    the share being loaded grows it too, so a 149 MB share costs a handful of trims, not one per tensor."""
+
+    def __init__(self, step: int = TRIM_STEP_BYTES):
+        self.step = step
+        self.mark = resident_bytes()
+
+    def __call__(self) -> None:
+        if resident_bytes() - self.mark > self.step:
             trim_heap()
+            self.mark = resident_bytes()
+
+
+def resident_bytes() -> int:
+    """This process's resident set size from /proc/self/statm (0 where there is none: nothing is trimmed)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 @cache
@@ -62,9 +90,9 @@ def trim_heap() -> None:
 
     Why: a slice of a large weight is read (fp32 or bf16), quantized (int8 / float8, 1/4 or 1/2 its size) and
     freed. glibc serves such mid-size blocks from its heap once its dynamic mmap threshold has risen (up to
-    32 MB), and keeps freed heap memory for reuse; the next slices differ in size, so the kept memory only grows
-    (+441 MB peak for a 149 MB quantized share in benchmarks/quant_load_memory.py). Trimming after each
-    quantized weight returns it; it costs a walk over the heap's free lists, ~1 ms.
+    32 MB), and keeps freed heap memory for reuse; the next slices differ in size, so the kept memory grows
+    (+491 MB peak for a 149 MB quantized share at tp=2 in benchmarks/quant_load_memory.py, +237 MB with a trim
+    after every weight at ~15 ms of CPU each; `HeapTrimmer` trims only when the resident set grew).
     """
     trim = _malloc_trim()
     if trim is not None:
@@ -144,7 +172,9 @@ def prequantized_problem(config: dict) -> str | None:
 
 def diffusers_config(quantization_config):
     """diffusers' TorchAoConfig for a torchao config (diffusers' own `from_pretrained` takes only its own
-    config classes); a diffusers config as it is. For the one-process pipeline, the reference."""
+    config classes); a diffusers config as it is. For the one-process pipeline, the reference; float8 dynamic
+    activation where torchao cannot run it is a PlanError here too (`check_runnable`)."""
+    check_runnable(getattr(quantization_config, "quant_type", quantization_config), None)
     if type(quantization_config).__module__.startswith("diffusers"):
         return quantization_config
     from diffusers import TorchAoConfig

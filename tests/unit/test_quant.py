@@ -168,7 +168,7 @@ def test_fp8_dynamic_load_refused_where_torchao_cannot_run_it():
     """`--quant fp8` (float8 dynamic activation, per row): a PlanError before a byte is read where torchao would
     stop mid-load with a bare AssertionError (no CUDA capability >= 8.9 here; float32 weights with PerRow)."""
     from dtp.quant import config_for
-    from dtp.quant.load import check_runnable
+    from dtp.quant.load import check_runnable, diffusers_config
 
     config = config_for("fp8")
     assert type(config).__name__ == "Float8DynamicActivationFloat8WeightConfig"
@@ -176,6 +176,8 @@ def test_fp8_dynamic_load_refused_where_torchao_cannot_run_it():
     if not torch.cuda.is_available():
         with pytest.raises(dtp.PlanError, match="capability >= 8.9"):
             check_runnable(config, torch.bfloat16)
+        with pytest.raises(dtp.PlanError, match="capability >= 8.9"):  # the one-process pipeline too
+            diffusers_config(config)
     check_runnable(config_for("int8wo"), torch.float32)  # weight-only: runs anywhere
 
 
