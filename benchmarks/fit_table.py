@@ -110,8 +110,8 @@ HEADER = [
 ]
 
 
-def main(pipelines, jobs: int = 2) -> None:
-    path = RESULTS / "fit_table.md"
+def main(pipelines, jobs: int = 2, name: str = "fit_table.md") -> None:
+    path = RESULTS / name
     path.write_text("\n".join(HEADER) + "\n")
 
     def out(line: str) -> None:  # each row lands in the file at once: a long run leaves what it measured
@@ -132,5 +132,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pipelines", nargs="*", default=list(PIPELINES))
     parser.add_argument("--jobs", type=int, default=2, help="processes (one resolution each; default 2)")
+    parser.add_argument("--output", default="fit_table.md", help="file name under benchmarks/results/")
     args = parser.parse_args()
-    main(args.pipelines, args.jobs)
+    main(args.pipelines, args.jobs, args.output)
