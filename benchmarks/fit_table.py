@@ -59,11 +59,12 @@ def _rows(pipeline: str, resolution: int) -> tuple[list[str], float]:
     measurer = Measurer(fit_pipeline(pipeline), torch.bfloat16)
     lines = []
     for gpus in GPUS:
-        cells = []
+        cells, rows = [], []
         for memory, preset in MEMORY.values():
             report = fit(pipeline, gpus, memory, resolution=resolution, hardware=preset, measurer=measurer)
             cells.append(_cell(report["rows"][0] if report["rows"] else None))
-        smallest = min(report["rows"], key=lambda r: r["peak_bytes"]) if report["rows"] else None
+            rows += report["rows"]  # quantized rows appear only where nothing unquantized fits that memory
+        smallest = min(rows, key=lambda r: r["peak_bytes"]) if rows else None
         lines.append(f"| {report['title']} | {resolution}² | {gpus} | {_peak(smallest)} | " + " | ".join(cells) + " |")
         if pipeline == PLOTTED[0] and (resolution, gpus) == PLOTTED[1:3]:
             lines.append(_plot(measurer))
