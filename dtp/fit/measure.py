@@ -15,24 +15,37 @@ block is traced (`trace.py`).
 
 A `Setup` is hashable and holds only what changes the figures, so candidates that differ elsewhere
 (e.g. the transformer's figures do not depend on what happens to the text encoders) share one
-measurement: `Measurer` caches by (component, setup, shape).
+measurement: `Measurer` caches by (component, setup, shape), in memory and on disk (`cache.py`).
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
 from ..analysis.fakepg import fake_world
 from ..engine import apply
+from ..errors import PlanError
 from ..pipeline import prepare_component
 from ..quant import config_for, quantize
 from ..runtime.mesh import make_mesh
 from ..runtime.parallelism import Parallelism
 from ..vae import parallelize_vae
-from .pipelines import FitPipeline, Shape, call, decode, decode_inputs, denoise_inputs, text_inputs, vae_scale
+from .cache import FiguresCache, enabled
+from .pipelines import (
+    PIPELINES,
+    FitPipeline,
+    Shape,
+    call,
+    decode,
+    decode_inputs,
+    denoise_inputs,
+    text_inputs,
+    vae_scale,
+)
 from .trace import (
     Trace,
     fake_like,
@@ -87,19 +100,41 @@ class PhaseFigures:
 class Measurer:
     """Builds, shards and traces components of one pipeline in one dtype; every result cached."""
 
-    def __init__(self, pipeline: FitPipeline, dtype: torch.dtype):
+    def __init__(self, pipeline: FitPipeline, dtype: torch.dtype, *, cache: bool | None = None):
         self.pipeline = pipeline
         self.dtype = dtype
         self._phases: dict = {}
         self._templates: dict = {}
         self.vae_config = pipeline.build(pipeline.vae, dtype).config
+        self._disk = FiguresCache(PhaseFigures) if (enabled() if cache is None else cache) else None
 
     def phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures:
-        """The figures of `name`'s forward in its phase at `shape` (PlanError when its plan does not fit)."""
+        """The figures of `name`'s forward in its phase at `shape` (PlanError when its plan does not fit); kept in
+        memory and on disk (`cache.py`)."""
         key = (name, setup, shape)
         if key not in self._phases:
-            self._phases[key] = self._measure_phase(name, setup, shape)
+            self._phases[key] = self._cached_phase(name, setup, shape)
+        if isinstance(self._phases[key], PlanError):
+            raise self._phases[key]
         return self._phases[key]
+
+    def _cached_phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures | PlanError:
+        disk_key = (self._source(name), self.pipeline.classes[name], name, setup, shape, str(self.dtype))
+        found = self._disk.get(disk_key) if self._disk else None
+        if found is not None:
+            return found
+        try:
+            figures = self._measure_phase(name, setup, shape)
+        except PlanError as exc:
+            return exc  # refused by its plan: not written to disk (the prepare that refuses it is quick)
+        if self._disk:
+            self._disk.put(disk_key, figures)
+        return figures
+
+    def _source(self, name: str) -> str:
+        """What identifies the component's config: the released pipeline's name, or its config.json's text."""
+        config = Path(self.pipeline.model_dir) / name / "config.json"
+        return self.pipeline.name if self.pipeline.name in PIPELINES or not config.is_file() else config.read_text()
 
     def _measure_phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures:
         if name.startswith("text_encoder"):

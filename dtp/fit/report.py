@@ -49,7 +49,7 @@ def format_table(report: dict, limit: int | None = None) -> str:
         lines.append("commands (fitting rows, best first):")
         for i, r in enumerate(rows, 1):
             if r["fits"]:
-                lines.append(f"  {i:>2} {r['command'] or '(dtp run cannot offload text encoders yet)'}")
+                lines.append(f"  {i:>2} {r['command']}")
     if report["rejected"]:
         lines.append(f"{len(report['rejected'])} candidates refused by their plans (--json: 'rejected'), e.g.:")
         lines.append(f"  {label(report['rejected'][0])}: {report['rejected'][0]['reason'][:200]}")
@@ -107,12 +107,11 @@ def _once(name: str, labelled: set[str]) -> str | None:
 
 
 def _resident(row: dict, name: str, phase: str) -> bool:
-    """Whether `name`'s weights are on the GPU in `phase` (offloaded text encoders only while encoding)."""
-    if row["text_encoders"] != "offloaded":
-        return True
-    if name.startswith("text_encoder"):
+    """Whether `name`'s weights are on the GPU in `phase` (offloaded text encoders only while encoding, as
+    `candidates._apply_text_encoders` lays them out)."""
+    if row["text_encoders"] == "offloaded" and name.startswith("text_encoder"):
         return phase == "text"
-    return not (name == "transformer" and phase == "text")
+    return True
 
 
 def _component_order(name: str) -> tuple:

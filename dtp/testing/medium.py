@@ -2,7 +2,7 @@
 
     transformer     FluxTransformer2DModel, width 512 (4 heads of 128), 1 double + 1 single block: 15 M params
     vae             AutoencoderKL, 4 levels (64, 128, 256, 256 channels, 16 M params), 16 latent channels: 8x as FLUX.1
-    text encoders   the tiny pipeline's CLIP (width 64) and T5 (width 256), 1 layer each, same tokenizers
+    text encoders   the tiny pipeline's (CLIP width 16, T5 width 32, 1 layer each), tokenizers and scheduler
 
 At 256 x 256 its transformer runs 256 image + 512 text tokens, and its VAE decode's activations
 (64 channels at full resolution) are about as large as its weights: a generation whose peak depends on
@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from ..families.pipelines import SCHEDULER_CONFIG, clip_text_encoder, clip_tokenizer, t5_encoder, t5_tokenizer
+from ..families import FAMILIES
+from ..families.pipelines import FLUX_TRANSFORMER_CLASS, tiny_flux_pipeline
+
+TINY = FAMILIES[FLUX_TRANSFORMER_CLASS].tiny  # the text encoders' widths: the tiny pipeline's are reused
 
 MEDIUM_TRANSFORMER = dict(
     patch_size=1,
@@ -22,8 +25,8 @@ MEDIUM_TRANSFORMER = dict(
     num_single_layers=1,
     attention_head_dim=128,
     num_attention_heads=4,
-    joint_attention_dim=256,
-    pooled_projection_dim=64,
+    joint_attention_dim=TINY["joint_attention_dim"],
+    pooled_projection_dim=TINY["pooled_projection_dim"],
     guidance_embeds=True,
     axes_dims_rope=(16, 56, 56),
 )
@@ -46,21 +49,15 @@ MEDIUM_VAE = dict(
 
 def medium_flux_pipeline(dtype: torch.dtype = torch.float32):
     """The medium FluxPipeline in memory, every component drawn from its own fixed seed."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
 
+    tiny = tiny_flux_pipeline()
     torch.manual_seed(11)
     transformer = FluxTransformer2DModel(**MEDIUM_TRANSFORMER)
     torch.manual_seed(12)
     vae = AutoencoderKL(**MEDIUM_VAE)
-    pipe = FluxPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
-        vae=vae,
-        text_encoder=clip_text_encoder(width=MEDIUM_TRANSFORMER["pooled_projection_dim"], seed=13),
-        tokenizer=clip_tokenizer(),
-        text_encoder_2=t5_encoder(width=MEDIUM_TRANSFORMER["joint_attention_dim"], seed=14),
-        tokenizer_2=t5_tokenizer(),
-        transformer=transformer.eval(),
-    )
+    text = {n: tiny.components[n] for n in ("scheduler", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")}
+    pipe = FluxPipeline(vae=vae, transformer=transformer.eval(), **text)
     return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
 
