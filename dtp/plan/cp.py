@@ -64,6 +64,28 @@ class SplitRule:
     output: bool = False
     segments: tuple[str, ...] = ()
     when_dims: int | None = None
+    pad: PadRule | None = None
+
+
+@dataclass(frozen=True)
+class PadRule:
+    """A split tensor whose length cp need not divide: zero-padded at its end to a multiple of cp, the
+    padding masked out of attention, so the result is exact.
+
+    at: where this tensor's tokens sit in the joint key sequence of each listed attention module's
+        processor (`first`: CogVideoX's [text, video]; `last`: SD3's [image, text]), so that the
+        rank's padded keys can be located among its local keys.
+    attention: the attention globs whose keys include this tensor's tokens: their pad keys are masked
+        (weight 0, as if absent). Pad queries give outputs nobody reads, as long as the tensor is only
+        ever dropped by the model (text streams are), never gathered.
+    Example: 226 text tokens, cp = 4 -> padded to 228, 57 per rank; rank 3 holds 55 real + 2 pad.
+    """
+
+    at: str
+    attention: tuple[str, ...]
+
+
+PAD_AT = ("first", "last")
 
 
 @dataclass(frozen=True)
@@ -85,7 +107,7 @@ class CpPlan:
     refused: str | None = None  # `cp: {refused: why}`: this model cannot take CP; cp > 1 is a PlanError saying why
 
 
-_SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims"}
+_SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims", "pad"}
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
 
@@ -144,7 +166,19 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     when = _opt_int(spec.get("when_dims"), where, "when_dims")
     if when is not None and expected is not None:
         raise PlanError(f"{where}: `when_dims` (split only tensors of that many dims) excludes `expected_dims`.")
-    return SplitRule(key, tensor, dim, expected, output, tuple(segments), when)
+    pad = None if spec.get("pad") is None else _pad_rule(spec["pad"], where)
+    if pad is not None and (output or segments):
+        raise PlanError(f"{where}: `pad` applies to a plain input split (no `output`, no `segments`).")
+    return SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad)
+
+
+def _pad_rule(spec, where: str) -> PadRule:
+    if not isinstance(spec, dict) or set(spec) != {"at", "attention"} or spec["at"] not in PAD_AT:
+        raise PlanError(f"{where}: `pad` must be {{at: first|last, attention: [glob, ...]}}, got {spec!r}.")
+    keys = spec["attention"]
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k for k in keys):
+        raise PlanError(f"{where}: pad.attention must list the attention globs that see these tokens, got {keys!r}.")
+    return PadRule(spec["at"], tuple(keys))
 
 
 def _gather_rule(key, spec, name: str) -> GatherRule:
@@ -187,6 +221,8 @@ def _checked(plan: CpPlan, name: str) -> CpPlan:
         raise PlanError(
             f"plan {name}: the `cp` section gathers nothing, so the output would stay split; add a `gather` entry."
         )
+    if sum(rule.pad is not None for rule in plan.splits) > 1:
+        raise PlanError(f"plan {name}: at most one cp split may be padded (`pad`).")
     seen = set()
     for rule in plan.splits:
         ident = (rule.key, rule.name, rule.output)

@@ -48,6 +48,7 @@ class CpResolved:
     splits: tuple[tuple[str, SplitRule], ...]  # (module path, rule)
     gathers: tuple[tuple[str, GatherRule], ...]
     attention: tuple[CpAttentionSpec, ...]
+    padded_attention: tuple[str, ...] = ()  # CP attention paths whose keys hold the padded split's tokens
 
     def check(self, tp: int, cp: int, mode: str) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp)."""
@@ -99,7 +100,21 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
         for path, module in _attention_modules(plan.name, model)
         if path not in local
     )
-    return CpResolved(plan.name, tuple(splits), tuple(gathers), attention)
+    padded = _padded_attention(plan, model, {spec.path for spec in attention})
+    return CpResolved(plan.name, tuple(splits), tuple(gathers), attention, padded)
+
+
+def _padded_attention(plan, model: nn.Module, cp_paths: set[str]) -> tuple[str, ...]:
+    """The attention paths named by the (one) padded split's `pad.attention`; each must run CP attention."""
+    rules = [rule for rule in plan.cp.splits if rule.pad is not None]
+    paths = [path for rule in rules for key in rule.pad.attention for path, _ in _expand(model, key, plan.name)]
+    for path in paths:
+        if path not in cp_paths:
+            raise PlanError(
+                f"plan {plan.name}: pad.attention names '{path}', which is not a CP attention module (it is "
+                f"`local` or has no processor); its keys would not be masked."
+            )
+    return tuple(paths)
 
 
 def _expand(model: nn.Module, key: str, plan_name: str):

@@ -7,7 +7,9 @@ video tokens, padded prompts where the model takes a mask) at (cp, tp) in {(2, 2
 processor calls attention (diffusers' dispatcher, torch SDPA, or a dtp adapter). Negative control:
 CogVideoX with its attention marked `local` (so it attends over local tokens only) must fail parity.
 Also Lumina2 with 4 query / 2 kv heads at tp=4, no pad (kv heads shared by 2 ranks, as transformers
-attention does).
+attention does); per-token timesteps (Wan 2.2 ti2v / LTX [B, S], Cosmos per-frame [B, 1, T, 1, 1]);
+text lengths cp does not divide (10 text tokens at cp=4 for CogVideoX and SD3: padded, pad keys masked),
+with a negative control (the pad keys left unmasked must fail parity).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 import dtp
+import dtp.runtime.cp.hooks as hooks_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.resolve import resolve, resolve_cp
@@ -39,6 +42,31 @@ def _inputs(name: str) -> dict:
         tokens = inputs["hidden_states"].shape[1] * (inputs["hidden_states"].shape[-1] // 2) ** 2
         inputs["image_rotary_emb"] = tuple(torch.randn(tokens, 16, generator=g) for _ in range(2))
     return inputs
+
+
+PER_TOKEN = ("wan", "ltx_video", "cosmos")
+PADDED = ("cogvideox", "sd3")
+SMALL_MESHES = ((2, 2, "ulysses"), (4, 1, "ring"))
+
+
+def _per_token_inputs(name: str) -> dict:
+    """Timesteps per video token (Wan 2.2 ti2v, LTX: [B, S]) or per frame (Cosmos: [B, 1, T, 1, 1])."""
+    inputs, g = tiny_inputs(PLAN_CLASSES[name], batch=2), torch.Generator().manual_seed(5)
+    h = inputs["hidden_states"]
+    if name == "wan":
+        inputs["timestep"] = torch.randint(
+            0, 1000, (2, h.shape[2] * (h.shape[3] // 2) * (h.shape[4] // 2)), generator=g
+        )
+    elif name == "ltx_video":
+        inputs["timestep"] = torch.randint(0, 1000, (2, h.shape[1]), generator=g)
+    else:
+        inputs["timestep"] = torch.rand(2, 1, h.shape[2], 1, 1, generator=g)
+    return inputs
+
+
+def _reference(name: str, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return output_tensor(tiny_model(PLAN_CLASSES[name])(**inputs)).float()
 
 
 class _Counter:
@@ -93,11 +121,33 @@ def _all_plans(rank: int, world: int) -> dict:
     results["lumina2_gqa"] = _run(tiny_model(cls, **gqa), meshes[1, 4], "ulysses", inputs, ref, PLANS["lumina2"])
     # Negative control: every CogVideoX attention marked `local` attends over this rank's tokens only.
     plan = PLANS["cogvideox"]
-    plan = dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, local_attention=("transformer_blocks.*.attn1",)))
+    unpadded = tuple(dataclasses.replace(rule, pad=None) for rule in plan.cp.splits)  # no pad keys to mask
+    local = dataclasses.replace(plan.cp, splits=unpadded, local_attention=("transformer_blocks.*.attn1",))
+    plan = dataclasses.replace(plan, cp=local)
     inputs = _inputs("cogvideox")
     with torch.no_grad():
         ref = output_tensor(tiny_model(PLAN_CLASSES["cogvideox"])(**inputs)).float()
     results["negative"] = _run(tiny_model(PLAN_CLASSES["cogvideox"]), meshes[4, 1], "ulysses", inputs, ref, plan)
+    for name in PER_TOKEN:
+        inputs = _per_token_inputs(name)
+        ref = _reference(name, inputs)
+        for cp, tp, mode in SMALL_MESHES:
+            model = tiny_model(PLAN_CLASSES[name])
+            results["per_token", name, cp, tp, mode] = _run(model, meshes[cp, tp], mode, inputs, ref, PLANS[name])
+    for name in PADDED:  # 10 text tokens: cp=4 pads them to 12
+        inputs = tiny_inputs(PLAN_CLASSES[name], batch=2, txt_tokens=10)
+        ref = _reference(name, inputs)
+        for cp, tp, mode in SMALL_MESHES:
+            model = tiny_model(PLAN_CLASSES[name])
+            results["padded", name, cp, tp, mode] = _run(model, meshes[cp, tp], mode, inputs, ref, PLANS[name])
+    # Negative control: the same padding with the pad keys left unmasked (every rank attends to them).
+    inputs = tiny_inputs(PLAN_CLASSES["sd3"], batch=2, txt_tokens=10)
+    ref, unmasked = _reference("sd3", inputs), hooks_module.PadState.key_valid
+    hooks_module.PadState.key_valid = lambda self, keys, batch, device: None
+    try:
+        results["pad_negative"] = _run(tiny_model(PLAN_CLASSES["sd3"]), meshes[4, 1], "ring", inputs, ref, PLANS["sd3"])
+    finally:
+        hooks_module.PadState.key_valid = unmasked
     return results
 
 
@@ -138,3 +188,27 @@ def test_lumina2_gqa_kv_heads_shared_at_tp4(four):
     for results in four:
         r = results["lumina2_gqa"]
         assert r["shape_ok"] and r["rel"] <= TOL, r
+
+
+@pytest.mark.parametrize("name", PER_TOKEN)
+@pytest.mark.parametrize("cp,tp,mode", SMALL_MESHES)
+def test_per_token_timesteps(four, name, cp, tp, mode):
+    """Per-token / per-frame timesteps split with their tokens: max |out - ref| <= 1e-5 * max |ref|."""
+    for results in four:
+        r = results["per_token", name, cp, tp, mode]
+        assert r["shape_ok"] and r["rel"] <= TOL, (name, cp, tp, mode, r)
+
+
+@pytest.mark.parametrize("name", PADDED)
+@pytest.mark.parametrize("cp,tp,mode", SMALL_MESHES)
+def test_text_length_cp_does_not_divide_is_padded_exactly(four, name, cp, tp, mode):
+    """10 text tokens (cp=4: padded to 12, pad keys masked): max |out - ref| <= 1e-5 * max |ref|."""
+    for results in four:
+        r = results["padded", name, cp, tp, mode]
+        assert r["shape_ok"] and r["rel"] <= TOL, (name, cp, tp, mode, r)
+
+
+def test_unmasked_pad_keys_fail_parity(four):
+    """Negative control: SD3 with 10 text tokens at cp=4 and the pad keys NOT masked is far off."""
+    for results in four:
+        assert results["pad_negative"]["rel"] > 1e-3, results["pad_negative"]

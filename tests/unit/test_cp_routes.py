@@ -17,6 +17,7 @@ from dtp.resolve.cp import attention_routes
 from dtp.runtime.cp import attention as plugin
 from dtp.runtime.cp.hooks import SplitInputs
 from dtp.runtime.cp.masks import split_mask
+from dtp.runtime.cp.sequence import local_chunk, padded_chunk
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 from dtp.tools.cli import main
 
@@ -152,3 +153,18 @@ def test_split_mask_reduces_expanded_and_outer_product_masks():
     causal = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]
     with pytest.raises(ForwardError, match="neither"):
         split_mask(causal, 1, 4)
+
+
+def test_length_cp_does_not_divide_is_refused_naming_it():
+    """Without `pad`, 226 tokens at cp=4 are a ForwardError naming 226 and 4 (and the next multiple, 228)."""
+    with pytest.raises(ForwardError, match=r"226.*cp degree 4.*228"):
+        local_chunk(torch.zeros(1, 226, 2), 1, 0, 4, "text")
+
+
+def test_padded_chunks_are_the_zero_padded_tensor_cut_in_rank_order():
+    """226 tokens, cp=4: chunks of 57 (= torch.cat([x, zeros(2)]).chunk(4)); valid 57, 57, 57, 55."""
+    x = torch.arange(226.0).reshape(1, 226, 1)
+    expected = torch.cat([x, torch.zeros(1, 2, 1)], dim=1).chunk(4, dim=1)
+    pieces = [padded_chunk(x, 1, rank, 4, "text") for rank in range(4)]
+    assert all(torch.equal(chunk, e) for (chunk, _), e in zip(pieces, expected))
+    assert [valid for _, valid in pieces] == [57, 57, 57, 55]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from ...errors import ForwardError
@@ -47,6 +48,7 @@ class CpAttention:
 
     mode: str
     group: object  # the process group of this rank's `cp` axis
+    pads: object = None  # hooks.PadState for a module whose keys hold a padded split's tokens, else None
 
     def __call__(self, original, args: dict):
         query, key, value = args["query"], args["key"], args["value"]
@@ -57,6 +59,7 @@ class CpAttention:
         if args.get("parallel_config") is not None:
             raise ForwardError("this model also has a diffusers parallel_config; use either dtp CP or diffusers CP.")
         mask, blind_rows = split_mask(args.get("attn_mask"), query.shape[0], key.shape[1])
+        mask = self._mask_pad_keys(mask, query.shape[0], key)
         if self.mode == "ring":
             out = ring_attention(query, key, value, mask, group=self.group, scale=args.get("scale"))
         else:
@@ -66,6 +69,17 @@ class CpAttention:
 
             out = ulysses_attention(query, key, value, mask, group=self.group, attend=attend)
         return out if blind_rows is None else out.masked_fill(blind_rows[:, :, None, None], 0.0)
+
+    def _mask_pad_keys(self, mask, batch: int, key):
+        """Add this rank's pad keys (`PadState`) to the `[B, S_k]` key mask: weight 0, as if absent."""
+        valid = None if self.pads is None else self.pads.key_valid(key.shape[1], batch, key.device)
+        if valid is None:
+            return mask
+        if mask is None:
+            return valid
+        if mask.dtype == torch.bool:
+            return mask & valid
+        return mask.masked_fill(~valid, float("-inf"))
 
 
 def patch_dispatch(module) -> None:

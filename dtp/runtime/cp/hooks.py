@@ -13,14 +13,41 @@ from torch import nn
 
 from ...errors import ForwardError
 from ...plan.cp import GatherRule, SplitRule
-from .sequence import gather_chunks, local_chunk
+from .sequence import gather_chunks, local_chunk, padded_chunk
+
+
+class PadState:
+    """The padded split of the current forward, read by the attention that masks its pad keys.
+
+    Set by the pre-hook that cuts the padded tensor (every call, so it is never stale): `local` tokens of
+    that tensor on this rank, the first `valid` of them real; `at` where they sit among the keys.
+    `padded` (the same on every rank) says whether any rank holds pad tokens: then every rank passes a
+    key mask, so that the masks' all-gathers match across ranks (a rank without pads passes all-True).
+    """
+
+    def __init__(self):
+        self.at, self.local, self.valid, self.padded = "last", 0, 0, False
+
+    def key_valid(self, keys: int, batch: int, device) -> torch.Tensor | None:
+        """`[B, keys]` bool, False on this rank's pad keys; None when nothing is padded."""
+        if not self.padded:
+            return None
+        if keys < self.local:
+            raise ForwardError(f"cp padding: {keys} local keys cannot hold the {self.local} padded-segment tokens.")
+        valid = torch.ones(batch, keys, dtype=torch.bool, device=device)
+        start = 0 if self.at == "first" else keys - self.local
+        valid[:, start + self.valid : start + self.local] = False
+        return valid
 
 
 class SplitInputs:
     """Pre-hook: replace the named inputs of one module by their local chunks (None inputs pass)."""
 
-    def __init__(self, path: str, module: nn.Module, rules: list[SplitRule], rank: int, cp: int):
+    def __init__(
+        self, path: str, module: nn.Module, rules: list[SplitRule], rank: int, cp: int, pads: PadState | None = None
+    ):
         self.path, self.rules, self.rank, self.cp = path, rules, rank, cp
+        self.pads = PadState() if pads is None else pads
         self.signature = inspect.signature(module.forward)
 
     def __call__(self, module, args, kwargs):
@@ -28,14 +55,27 @@ class SplitInputs:
         # Joint tensors last: their segment lengths are read from the other inputs once those are local.
         for rule in sorted(self.rules, key=lambda r: bool(r.segments)):
             value = bound.arguments.get(rule.name)
+            if rule.pad is not None:
+                self.pads.padded = False  # nothing padded unless this call pads
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
-            if rule.segments:
+            if rule.pad is not None:
+                bound.arguments[rule.name] = self._split_padded(value, rule, what)
+            elif rule.segments:
                 bound.arguments[rule.name] = self._split_segments(value, rule, bound.arguments, what)
             else:
                 bound.arguments[rule.name] = self._split(value, rule, what)
         return bound.args, bound.kwargs
+
+    def _split_padded(self, value, rule: SplitRule, what: str):
+        if not isinstance(value, torch.Tensor):
+            raise ForwardError(f"cp split of {what}: got a {type(value).__name__}, not a tensor.")
+        chunk, valid = padded_chunk(value, rule.dim, self.rank, self.cp, what, rule.expected_dims)
+        local = chunk.shape[rule.dim]
+        self.pads.at, self.pads.local, self.pads.valid = rule.pad.at, local, valid
+        self.pads.padded = local * self.cp != value.shape[rule.dim]
+        return chunk
 
     def _split_segments(self, value, rule: SplitRule, arguments: dict, what: str):
         """Cut each segment of a joint tensor on its own (see `SplitRule.segments`)."""

@@ -3,7 +3,8 @@
 Rank r of a `cp`-rank group keeps `x.narrow(dim, r * n // cp, n // cp)`: contiguous chunks in rank
 order, so `cat([chunk_0, ..., chunk_{cp-1}], dim)` is `x` again. Example: n = 24 image tokens,
 cp = 4 -> rank 2 holds tokens 12..17. A length `cp` does not divide is refused (ForwardError naming
-the length and the degree) rather than padded: padding would add tokens every attention sees.
+the length and the degree) rather than padded: padding would add tokens every attention sees, unless
+the plan marks the split `pad` (`padded_chunk`) and its attention masks the pad keys (`PadState`).
 """
 
 from __future__ import annotations
@@ -39,3 +40,14 @@ def gather_chunks(x: torch.Tensor, dim: int, group, what: str, expected_dims: in
     chunks = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
     dist.all_gather(chunks, x, group=group)
     return torch.cat(chunks, dim=dim)
+
+
+def padded_chunk(x: torch.Tensor, dim: int, rank: int, cp: int, what: str, expected_dims: int | None = None):
+    """`(chunk, valid)`: this rank's chunk of `x` zero-padded along `dim` to a multiple of cp, and how many
+    of the chunk's leading tokens are real. n = 226, cp = 4: chunks of 57; ranks 0-2 valid 57, rank 3 55."""
+    n = x.shape[dim]
+    pad = (-n) % cp
+    if pad:
+        x = torch.cat([x, x.new_zeros(*x.shape[:dim], pad, *x.shape[dim + 1 :])], dim=dim)
+    size = (n + pad) // cp
+    return local_chunk(x, dim, rank, cp, what, expected_dims), max(0, min(size, n - rank * size))
