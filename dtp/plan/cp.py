@@ -55,6 +55,11 @@ class SplitRule:
         timestep is per sample ([B], the same for every token, whole on every rank) or per token
         ([B, S], Wan 2.2 ti2v / LTX; [B, S, D] embeddings for Cosmos' per-frame timesteps), and only
         the per-token form is cut, with its tokens.
+    flatten: with `output`: dims `dim`.. of the output are the token grid (Wan's patch embedding returns
+        [B, C, F, H, W] and its caller flattens dims 2.. into tokens): they are flattened, this rank's
+        contiguous chunk of them is copied out and returned shaped [..., 1, ..., L] (same ndim), so the
+        caller's own flatten yields the rank's tokens and the whole embedded sequence is freed at once
+        instead of staying alive until the first block has run.
     """
 
     key: str
@@ -65,6 +70,7 @@ class SplitRule:
     segments: tuple[str, ...] = ()
     when_dims: int | None = None
     pad: PadRule | None = None
+    flatten: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ class CpPlan:
     refused: str | None = None  # `cp: {refused: why}`: this model cannot take CP; cp > 1 is a PlanError saying why
 
 
-_SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims", "pad"}
+_SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims", "pad", "flatten"}
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
 
@@ -169,7 +175,10 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     pad = None if spec.get("pad") is None else _pad_rule(spec["pad"], where)
     if pad is not None and (output or segments):
         raise PlanError(f"{where}: `pad` applies to a plain input split (no `output`, no `segments`).")
-    return SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad)
+    flatten = spec.get("flatten", False)
+    if not isinstance(flatten, bool) or (flatten and not output):
+        raise PlanError(f"{where}: `flatten` (a token grid output cut after flattening) needs `output: true`.")
+    return SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
 
 
 def _pad_rule(spec, where: str) -> PadRule:

@@ -77,6 +77,22 @@ def conv3d_rows(x: torch.Tensor, conv: nn.Conv3d, split: Split) -> torch.Tensor:
     return F.conv3d(x, conv.weight, conv.bias, conv.stride, (pad_t, 0, pad_w), conv.dilation, conv.groups)
 
 
+def self_padded_conv3d_rows(x: torch.Tensor, conv: nn.Conv3d, split: Split, padding, mode: str = "constant"):
+    """A causal Conv3d that pads its input itself (Wan's, HunyuanVideo's) on a (B, C, T, h, W) strip: this
+    rank's output rows.
+
+    padding = (w_left, w_right, h_top, h_bottom, t_front, t_back) as F.pad takes it, with F.pad `mode`
+    ("constant" zeros or "replicate"); the inner conv has padding 0. Rows come from the neighbours' halo;
+    only the image's own top and bottom edges are padded (zeros, or the edge row repeated).
+    """
+    w_left, w_right, h_top, h_bottom, t_front, t_back = padding
+    edge = "replicate" if mode == "replicate" else "zeros"
+    geometry = dict(kernel=conv.kernel_size[1], stride=conv.stride[1], dilation=conv.dilation[1])
+    x = rows_for_conv(x, 3, split, **geometry, pads=(h_top, h_bottom), edge=edge)
+    x = F.pad(x, (w_left, w_right, 0, 0, t_front, t_back), mode=mode)
+    return F.conv3d(x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+
+
 def _halo(x: torch.Tensor, dim: int, split: Split, kernel: int, stride: int, dilation: int, pads) -> tuple:
     """(this rank's ConvRows, rows from the rank above, rows from the rank below) for a conv along `dim`."""
     in_bounds = split.bounds(x.shape[dim])

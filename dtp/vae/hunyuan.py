@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .conv import rows_for_conv
+from .conv import self_padded_conv3d_rows
 from .halo import gather_rows
 from .norm import group_norm_rows
 from .split import Split
@@ -73,21 +73,7 @@ def owned(module: nn.Module, kind: str, path: str) -> set[str]:
 
 def causal_conv3d_rows(x: torch.Tensor, module: nn.Module, split: Split) -> torch.Tensor:
     """A HunyuanVideoCausalConv3d's forward on a (B, C, T, h, W) strip: this rank's output rows."""
-    w_left, w_right, h_top, h_bottom, t_front, t_back = module.time_causal_padding
-    conv = module.conv
-    edge = PAD_MODES[module.pad_mode]
-    x = rows_for_conv(
-        x,
-        3,
-        split,
-        kernel=conv.kernel_size[1],
-        stride=conv.stride[1],
-        dilation=conv.dilation[1],
-        pads=(h_top, h_bottom),
-        edge=edge,
-    )
-    x = F.pad(x, (w_left, w_right, 0, 0, t_front, t_back), mode=module.pad_mode)
-    return F.conv3d(x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+    return self_padded_conv3d_rows(x, module.conv, split, module.time_causal_padding, module.pad_mode)
 
 
 def mid_block_rows(block: nn.Module, x: torch.Tensor, split: Split) -> torch.Tensor:

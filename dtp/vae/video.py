@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .conv import conv2d_rows, rows_for_conv
+from .conv import conv2d_rows, self_padded_conv3d_rows
 from .halo import gather_rows
 from .split import Split
 
@@ -47,21 +47,11 @@ def causal_conv3d_rows(x: torch.Tensor, conv: nn.Conv3d, split: Split, cache_x=N
 
     conv._padding = (w, w, h, h, 2 p_t, 0) as F.pad takes it; conv.padding is (0, 0, 0).
     """
-    w_left, w_right, h_top, h_bottom, t_front, t_back = conv._padding
-    if cache_x is not None and t_front > 0:
+    padding = list(conv._padding)
+    if cache_x is not None and padding[4] > 0:
         x = torch.cat([cache_x.to(x.device), x], dim=2)
-        t_front -= cache_x.shape[2]
-    x = rows_for_conv(
-        x,
-        3,
-        split,
-        kernel=conv.kernel_size[1],
-        stride=conv.stride[1],
-        dilation=conv.dilation[1],
-        pads=(h_top, h_bottom),
-    )
-    x = F.pad(x, (w_left, w_right, 0, 0, t_front, t_back))
-    return F.conv3d(x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+        padding[4] -= cache_x.shape[2]
+    return self_padded_conv3d_rows(x, conv, split, padding)
 
 
 def downsample_rows(x: torch.Tensor, conv: nn.Conv2d, split: Split) -> torch.Tensor:

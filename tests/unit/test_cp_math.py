@@ -12,7 +12,7 @@ import dtp
 import dtp.runtime.cp.ring as ring_module
 from dtp.runtime.cp.masks import key_mask
 from dtp.runtime.cp.ring import block_attention, merge
-from dtp.runtime.cp.sequence import local_chunk
+from dtp.runtime.cp.sequence import flat_chunk, local_chunk
 
 
 def _sdpa(q, k, v, mask):
@@ -91,6 +91,27 @@ def test_local_chunks_concatenate_back_in_rank_order(n_chunks, chunk, dim):
     x = torch.arange(torch.Size(shape).numel()).reshape(shape)
     parts = [local_chunk(x, dim, r, n_chunks, "x") for r in range(n_chunks)]
     assert torch.equal(torch.cat(parts, dim=dim), x)
+
+
+@given(cp=st.sampled_from([2, 3, 4, 6]), frames=st.integers(1, 4), rows=st.integers(1, 3))
+def test_flat_chunks_are_the_ranks_tokens_of_the_flattened_grid(cp, frames, rows):
+    """A patch embedding's [B, C, F, H, W] output cut by `flat_chunk`: each rank's piece, flattened as the model
+    flattens it (dims 2..), is its `local_chunk` of the whole token sequence, and owns its storage (a copy)."""
+    width = cp * 2  # F * H * W divisible by cp
+    x = torch.arange(2 * 3 * frames * rows * width).reshape(2, 3, frames, rows, width).float()
+    tokens = x.flatten(2).transpose(1, 2)  # what the model builds from the whole output: [B, S, C]
+    for rank in range(cp):
+        piece = flat_chunk(x, 2, rank, cp, "output 0 of 'patch_embedding'", expected_dims=5)
+        assert piece.ndim == 5 and piece.shape[2:4] == (1, 1)
+        assert torch.equal(piece.flatten(2).transpose(1, 2), local_chunk(tokens, 1, rank, cp, "tokens"))
+        assert piece.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_flatten_needs_an_output_split():
+    from dtp.plan.cp import cp_plan_from_mapping
+
+    with pytest.raises(dtp.PlanError, match="`flatten`.*needs `output: true`"):
+        cp_plan_from_mapping({"split": {"patch_embedding": {"hidden_states": {"dim": 2, "flatten": True}}}}, "p")
 
 
 def test_indivisible_length_names_length_and_degree():

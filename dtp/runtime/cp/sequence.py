@@ -32,6 +32,22 @@ def local_chunk(x: torch.Tensor, dim: int, rank: int, cp: int, what: str, expect
     return x.narrow(dim, rank * size, size)
 
 
+def flat_chunk(x: torch.Tensor, dim: int, rank: int, cp: int, what: str, expected_dims: int | None = None):
+    """This rank's chunk of `x`'s token grid (dims `dim`.. flattened), copied and shaped [..., 1, ..., L].
+
+    x [B, C, F, H, W], dim 2, cp 8, F H W = 21 x 30 x 52 = 32760 tokens: rank r gets tokens
+    [4095 r, 4095 (r + 1)) of the F-major order as [B, C, 1, 1, 4095]; `flatten(2)` of that is the rank's
+    [B, C, 4095]. A copy, so the caller dropping `x` frees the whole grid.
+    """
+    if expected_dims is not None and x.ndim != expected_dims:
+        raise ForwardError(
+            f"cp split of {what}: expected a {expected_dims}-D tensor, got shape {tuple(x.shape)}; the plan's "
+            f"`expected_dims` does not match how this model is called."
+        )
+    chunk = local_chunk(x.flatten(dim), dim, rank, cp, what).clone(memory_format=torch.contiguous_format)
+    return chunk.reshape(*x.shape[:dim], *([1] * (x.ndim - dim - 1)), chunk.shape[dim])
+
+
 def gather_chunks(x: torch.Tensor, dim: int, group, what: str, expected_dims: int | None = None) -> torch.Tensor:
     """All-gather every rank's chunk of `x` on `group` and concatenate them along `dim`, in rank order."""
     if expected_dims is not None and x.ndim != expected_dims:
