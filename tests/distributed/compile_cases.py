@@ -28,13 +28,16 @@ CASES = {
     "cp-ring": (2, 1, "ring", False, False, {}),
     "pad": (1, 2, "ulysses", True, False, dict(num_attention_heads=3)),  # 3 heads -> 4 at tp=2
     "lora": (1, 2, "ulysses", False, True, {}),
+    "cp-sdpa": (2, 1, "ulysses", False, False, {}),  # CogVideoX: its processor calls SDPA (runtime/cp/sdpa.py)
 }
+MODELS = {"cp-sdpa": "CogVideoXTransformer3DModel"}  # the model of a case (default FLUX.1)
 FORMS = ("full", "regional")
 
 
 def sharded_model(case: str) -> torch.nn.Module:
     cp, tp, cp_mode, pad, lora, overrides = CASES[case]
-    model = dtp.parallelize(tiny_model(FLUX, **overrides), dtp.make_mesh(tp=tp, cp=cp), cp_mode=cp_mode, pad=pad)
+    model = tiny_model(MODELS.get(case, FLUX), **overrides)
+    model = dtp.parallelize(model, dtp.make_mesh(tp=tp, cp=cp), cp_mode=cp_mode, pad=pad)
     if lora:
         dtp.load_lora(model, random_lora(model_for_lora(overrides), seed=3), adapter_name="a")
     return model
@@ -53,7 +56,7 @@ def _steps(model, inputs: dict) -> list[torch.Tensor]:
 def compile_case(case: str, form: str, backend: str) -> dict:
     """Compile one case in one form with `backend`; what it compiled and how far it is from eager."""
     torch._dynamo.reset()
-    inputs = tiny_inputs(FLUX, config=None)
+    inputs = tiny_inputs(MODELS.get(case, FLUX), config=None)
     model = sharded_model(case)
     eager = _steps(model, inputs)
     if form == "full":

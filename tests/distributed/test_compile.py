@@ -28,6 +28,7 @@ FULL = [
     ("pad", "regional", "eager"),
     ("lora", "regional", "eager"),
     ("tp", "regional", "inductor"),
+    ("cp-sdpa", "full", "eager"),
 ]
 MATRIX = FULL if os.environ.get("DTP_COMPILE_MATRIX") == "full" else QUICK
 
