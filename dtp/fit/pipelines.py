@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..analysis.fakepg import meta_inputs
-from ..analysis.released import RELEASED_PIPELINES, Component, ReleasedPipeline, build_component
+from ..analysis.released import RELEASED_PIPELINES, T5_XXL, Component, ReleasedPipeline, build_component
 from ..errors import PlanError
 from ..loading import build_skeleton
 
@@ -44,17 +44,7 @@ CHECKPOINT_DIRS = {
 }
 VIDEO_FRAMES = 81  # Wan's default clip length
 # google/umt5-xxl encoder (Wan 2.1 text_encoder): 5.68 B parameters.
-UMT5_XXL = dict(
-    vocab_size=256384,
-    d_model=4096,
-    d_kv=64,
-    d_ff=10240,
-    num_layers=24,
-    num_heads=64,
-    relative_attention_num_buckets=32,
-    feed_forward_proj="gated-gelu",
-    tie_word_embeddings=False,
-)
+UMT5_XXL = {**T5_XXL, "vocab_size": 256384}  # T5 v1.1 XXL's shape with UMT5's vocabulary
 # Video pipelines `dtp fit` knows besides `released.RELEASED_PIPELINES`. Wan 2.1 T2V 14B: the diffusers class
 # defaults of WanTransformer3DModel (40 layers, 40 heads of 128) and AutoencoderKLWan are the 14B checkpoint's.
 VIDEO_PIPELINES = {

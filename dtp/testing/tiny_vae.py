@@ -37,15 +37,6 @@ TINY_VAE_CONFIGS = {
         latents_mean=[0.0] * 4,
         latents_std=[1.0] * 4,
     ),
-    "AutoencoderKLQwenImage": dict(
-        base_dim=8,
-        z_dim=4,
-        dim_mult=[1, 2, 2],
-        num_res_blocks=1,
-        temperal_downsample=[True, True],
-        latents_mean=[0.0] * 4,
-        latents_std=[1.0] * 4,
-    ),
     # Wan 2.2's VAE (is_residual: AvgDown3D / DupUp3D shortcuts, patchify by 2 outside the encoder/decoder):
     # spatial factor 2 x 4, so a 7 x 6 latent decodes to 56 x 48.
     "AutoencoderKLWan22": dict(
@@ -111,6 +102,8 @@ TINY_VAE_CONFIGS = {
         patch_size=2,
     ),
 }
+# Qwen-Image's VAE is Wan 2.1's architecture under its own class: the same tiny configuration.
+TINY_VAE_CONFIGS["AutoencoderKLQwenImage"] = dict(TINY_VAE_CONFIGS["AutoencoderKLWan"])
 # Configs of one class under another name (a model version): key -> diffusers class.
 CLASS_OF = {"AutoencoderKLWan22": "AutoencoderKLWan", "AutoencoderKLLTXVideo095": "AutoencoderKLLTXVideo"}
 
