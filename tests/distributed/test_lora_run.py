@@ -1,5 +1,6 @@
 """`dtp run --lora` as a user runs it: torch's launcher, 2 gloo ranks, the tiny FLUX checkpoint and a LoRA file,
-against the one-process run with diffusers' own `load_lora_weights`."""
+against the one-process `dtp run` with diffusers' own `load_lora_weights` (called in the test's process: the
+same code path, without two more interpreter starts)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,35 @@ SMALL = ["--steps", "2", "--height", "32", "--width", "32", "--seed", "0", "--pr
 
 
 def dtp_run(checkpoint, pixels, *extra, nproc: int = 1) -> subprocess.CompletedProcess:
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
-    command = [sys.executable, *launcher, "-m", "dtp", "run", "--model-dir", str(checkpoint), *SMALL, *extra]
-    command += ["--output", str(pixels.with_suffix(".png")), "--save-pixels", str(pixels)]
+    """`dtp run` under torch's launcher on `nproc` processes, as a user starts it."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    command = [sys.executable, *launcher, "-m", "dtp", "run", *_run_args(checkpoint, pixels, *extra)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def dtp_run_here(checkpoint, pixels, *extra) -> int:
+    """The one-process `dtp run` (diffusers' own LoRA loader), in this process: the same code path as the
+    command without an interpreter start; the libraries' logging settings it changes are put back."""
+    import diffusers
+    import transformers
+
+    from dtp.tools.cli import main
+
+    saved = [(lib.utils.logging, lib.utils.logging.get_verbosity()) for lib in (diffusers, transformers)]
+    try:
+        return main(["run", *_run_args(checkpoint, pixels, *extra)])
+    finally:
+        for logging, verbosity in saved:
+            logging.set_verbosity(verbosity)
+            logging.enable_progress_bar()
+
+
+def _run_args(checkpoint, pixels, *extra) -> list[str]:
+    return [
+        "--model-dir", str(checkpoint), *SMALL, *extra, "--output", str(pixels.with_suffix(".png")),
+        "--save-pixels", str(pixels),
+    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +59,10 @@ def images(tmp_path_factory):
     lora = tmp / "lora.safetensors"
     save_file(random_lora(tiny_model("FluxTransformer2DModel"), seed=10), str(lora))
     lora_args = ["--lora", str(lora), "--lora-scale", "0.8"]
-    runs = {
-        "sharded": dtp_run(checkpoint, tmp / "sharded.npy", *lora_args, nproc=2),
-        "reference": dtp_run(checkpoint, tmp / "reference.npy", *lora_args),
-        "no lora": dtp_run(checkpoint, tmp / "base.npy"),
-    }
-    for name, done in runs.items():
-        assert done.returncode == 0, (name, done.stderr[-3000:])
+    sharded = dtp_run(checkpoint, tmp / "sharded.npy", *lora_args, nproc=2)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    assert dtp_run_here(checkpoint, tmp / "reference.npy", *lora_args) == 0
+    assert dtp_run_here(checkpoint, tmp / "base.npy") == 0
     return {
         name: np.load(tmp / f"{file}.npy")
         for name, file in (("sharded", "sharded"), ("reference", "reference"), ("no lora", "base"))

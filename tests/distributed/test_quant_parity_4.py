@@ -42,7 +42,8 @@ def _run(rank, world_size, path, pipeline_dir):
     results[2] |= {f"flux/fp8t/{order}": found for order, found in quant_parity("flux", "fp8t", two).items()}
     results[2]["load"] = {scheme: load_parity(path, two, scheme) for scheme in ("int8wo", "fp8wo")}
     results[4]["load"] = {"int8wo": load_parity(path, four, "int8wo")}
-    results[2]["pipeline"] = {scheme: pipeline_parity(pipeline_dir, two, scheme) for scheme in ("int8wo", "fp8wo")}
+    # One scheme through load_pipeline: it only passes the config on (fp8wo's loading is test_from_pretrained's).
+    results[2]["pipeline"] = {"int8wo": pipeline_parity(pipeline_dir, two, "int8wo")}
     return results
 
 
@@ -137,7 +138,7 @@ def test_from_pretrained_quantized(results, tp, scheme):
         assert found["weights_exact"] and found["quantized"] > 0 and found["relative"] <= TOL, found
 
 
-@pytest.mark.parametrize("scheme", ["int8wo", "fp8wo"])
+@pytest.mark.parametrize("scheme", ["int8wo"])
 def test_load_pipeline_quantized(results, scheme):
     """`dtp.load_pipeline(..., quantization_config=...)` at tp=2 (what `dtp run --quant` calls): the tiny FLUX.1
     pipeline's pixels within 1e-5 of the one-process pipeline loaded with the same config; only the transformer
