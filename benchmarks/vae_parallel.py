@@ -19,6 +19,12 @@ issue's target is N=2 <= 0.65 x one process, one thread each (writes vae_paralle
 
     python benchmarks/vae_parallel.py --time-only --size 512 --ranks 1 2 --repeats 2 --device cpu
 
+`--rank-work`: one rank's share of the work alone, unaffected by a loaded machine: one process, real tensors,
+torch's fake process group (collectives return at once, so no waiting on a peer), the CPU time of rank 0's
+decode among N against the whole decode, alternated `--repeats` times, best of each (`--ranks 2`):
+
+    python benchmarks/vae_parallel.py --rank-work --size 256 --ranks 2 --repeats 3
+
 Full size without compute (`--fake`): the same decode under FakeTensorMode on torch's fake process
 group, one process playing rank 0 and the last rank of N in turn (`--sizes 512 1024 2048 --ranks 1 2 4 8`):
 the activation peak per rank (MemTracker's activation bytes) vs the whole decode.
@@ -133,6 +139,38 @@ def _fake_peak(world: int, rank: int, size: int) -> int:
         dist.destroy_process_group()
 
 
+def rank_work_main(args) -> None:
+    """`--rank-work`: CPU seconds of rank 0's decode among N (fake process group) vs the whole decode."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from dtp.vae import remove_vae_parallel
+
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # the fake collectives leave garbage: keep it from running slow
+    vae, z = _vae(), torch.randn(1, 16, args.size // 8, args.size // 8)
+    rows = ["| N | whole decode cpu s | rank 0 of N cpu s | x whole |", "|--:|--:|--:|--:|"]
+    for n in args.ranks:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
+        whole, rank = [], []
+        for _ in range(args.repeats):
+            whole.append(_cpu_decode(vae, z))
+            parallelize_vae(vae, dist.group.WORLD)
+            rank.append(_cpu_decode(vae, z))
+            remove_vae_parallel(vae)
+        dist.destroy_process_group()
+        rows.append(f"| {n} | {min(whole):.2f} | {min(rank):.2f} | {min(rank) / min(whole):.3f} |")
+        print(rows[-1], flush=True)
+    print("\n".join(rows))
+
+
+@torch.no_grad()
+def _cpu_decode(vae, z) -> float:
+    start = time.process_time()
+    vae.decode(z)
+    return time.process_time() - start
+
+
 def fake_main(args) -> None:
     rows = ["| size | N | rank 0 peak (MB) | last rank peak (MB) | x whole (max of the two) |", "|--:|--:|--:|--:|--:|"]
     for size in args.sizes:
@@ -187,9 +225,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (nccl, one GPU per rank)")
     parser.add_argument("--fake", action="store_true", help="full-size peaks under FakeTensorMode (no compute)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048])
+    parser.add_argument("--rank-work", action="store_true", help="one rank's decode CPU time, fake process group")
     args = parser.parse_args()
     if args.fake:
         return fake_main(args)
+    if args.rank_work:
+        return rank_work_main(args)
     backend = default_backend(args.device)
     extra = (args.fp64, args.encode, args.time_only, args.device)
     runs = {n: spawn(_rank, n, args.size, args.repeats, *extra, backend=backend, timeout_s=7200) for n in args.ranks}

@@ -8,6 +8,10 @@ Data flow of one decode on N ranks (every rank holds the whole VAE; a VAE has no
          (norm.py), mid-block attention with gathered K/V (attention.py), nearest upsampling as is
       -> decoder exit: all_gather of the strips -> the whole image on every rank (or the strip)
 
+Wan and Qwen-Image split one level up, at `_decode` (video_decode.py): each rank keeps its rows of every
+frame chunk, the finished video is gathered once; their decoder's entry then sees the call in flight
+(`Split.units` set) and runs on the strip it is given, neither splitting nor gathering.
+
 The encoder is the mirror image: the image's rows are split in multiples of the VAE's downsampling
 factor (8 for AutoencoderKL), so every stride-2 convolution has whole strides in each strip.
 
@@ -31,6 +35,7 @@ from .halo import gather_rows
 from .norm import group_norm_rows
 from .split import Split
 from .strips import bounds, split_rows
+from .video_decode import FRAME_LOOP_VAES, check_post_quant_conv, strip_decode
 
 # VAE classes whose encoder and decoder are diffusers' `Encoder` / `Decoder` (vae.py): 2-D convs,
 # GroupNorm, one mid-block self-attention, nearest upsampling, stride-2 downsampling. Rows are dim 2.
@@ -85,6 +90,9 @@ def check_vae(vae: nn.Module) -> CheckedVae:
         )
     if getattr(vae, "_dtp_vae", None) is not None:
         raise PlanError(f"parallelize_vae: this {name} is already parallel; call remove_vae_parallel(vae) first.")
+    reason = check_post_quant_conv(vae) if name in FRAME_LOOP_VAES else None
+    if reason is not None:
+        raise PlanError(f"parallelize_vae: {name} runs a {reason}; only a 1 x 1 x 1 one is split at _decode.")
     parts = {part: getattr(vae, part) for part in ("encoder", "decoder") if getattr(vae, part, None) is not None}
     return CheckedVae({part: _layers(module, part) for part, module in parts.items()})
 
@@ -99,6 +107,8 @@ def install_vae(vae: nn.Module, checked: CheckedVae, mesh, *, gather_output: boo
         factor = _height_factor(module)
         dim = 3 if type(vae).__name__ in VIDEO_VAES else 2
         _replace_forward(module, _entry(module.forward, state, factor if part == "encoder" else 1, dim), state)
+    if type(vae).__name__ in FRAME_LOOP_VAES:
+        _replace_forward(vae, strip_decode(vae, state.split, gather_output), state, name="_decode")
     vae._dtp_vae = state
     return vae
 
@@ -303,10 +313,11 @@ def _install(layer: nn.Module, state: VaeParallel, path: str) -> None:
         raise AssertionError(f"no rule installed for {path}")
 
 
-def _replace_forward(module: nn.Module, forward, state: VaeParallel) -> None:
-    assert "forward" not in module.__dict__, f"{type(module).__name__} already has an instance forward"
-    module.forward = forward
-    state.undo.append(lambda: module.__dict__.pop("forward", None))
+def _replace_forward(module: nn.Module, forward, state: VaeParallel, *, name: str = "forward") -> None:
+    """`module.<name> = forward` on the instance (the class's method untouched), undone by `state.undo`."""
+    assert name not in module.__dict__, f"{type(module).__name__} already has an instance {name}"
+    setattr(module, name, forward)
+    state.undo.append(lambda: module.__dict__.pop(name, None))
 
 
 def _entry(forward, state: VaeParallel, factor: int, dim: int):
@@ -317,6 +328,8 @@ def _entry(forward, state: VaeParallel, factor: int, dim: int):
     split = state.split
 
     def run(sample, *args, **kwargs):
+        if split.units is not None:  # inside a strip-level `_decode` (video_decode.py): `sample` is the strip
+            return forward(sample, *args, **kwargs)
         height = sample.shape[dim]
         latent_rows, rest = divmod(height, factor)
         if rest or latent_rows < split.world:

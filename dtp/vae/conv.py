@@ -77,27 +77,70 @@ def conv3d_rows(x: torch.Tensor, conv: nn.Conv3d, split: Split) -> torch.Tensor:
     return F.conv3d(x, conv.weight, conv.bias, conv.stride, (pad_t, 0, pad_w), conv.dilation, conv.groups)
 
 
-def self_padded_conv3d_rows(x: torch.Tensor, conv: nn.Conv3d, split: Split, padding, mode: str = "constant"):
+def self_padded_conv3d_rows(
+    x: torch.Tensor, conv: nn.Conv3d, split: Split, padding, mode: str = "constant", cache=None
+) -> torch.Tensor:
     """A causal Conv3d that pads its input itself (Wan's, HunyuanVideo's) on a (B, C, T, h, W) strip: this
     rank's output rows.
 
     padding = (w_left, w_right, h_top, h_bottom, t_front, t_back) as F.pad takes it, with F.pad `mode`
     ("constant" zeros or "replicate"); the inner conv has padding 0. Rows come from the neighbours' halo;
     only the image's own top and bottom edges are padded (zeros, or the edge row repeated).
+    cache: frames to put before x in time (Wan's temporal cache), counted in t_front already.
     """
     w_left, w_right, h_top, h_bottom, t_front, t_back = padding
-    edge = "replicate" if mode == "replicate" else "zeros"
     geometry = dict(kernel=conv.kernel_size[1], stride=conv.stride[1], dilation=conv.dilation[1])
-    x = rows_for_conv(x, 3, split, **geometry, pads=(h_top, h_bottom), edge=edge)
-    x = F.pad(x, (w_left, w_right, 0, 0, t_front, t_back), mode=mode)
+    rows = _conv_rows(x, 3, split, pads=(h_top, h_bottom), **geometry)
+    mine, cached = rows[split.rank], 0 if cache is None else cache.shape[2]
+    if mode == "constant" and mine.top >= 0 and mine.bottom >= 0 and cached <= t_front:
+        x = _zero_padded_strip(x, split, rows, padding, cache)
+    else:
+        if cache is not None:
+            x = torch.cat([cache, x], dim=2)
+            t_front -= cache.shape[2]
+        edge = "replicate" if mode == "replicate" else "zeros"
+        x = rows_for_conv(x, 3, split, **geometry, pads=(h_top, h_bottom), edge=edge)
+        x = F.pad(x, (w_left, w_right, 0, 0, t_front, t_back), mode=mode)
     return F.conv3d(x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+
+
+def _zero_padded_strip(x: torch.Tensor, split: Split, rows: list, padding, cache=None) -> torch.Tensor:
+    """[cache | x] (B, C, T, h, W) zero-padded in time and width, with its halo rows, in ONE new tensor.
+
+    Equal to F.pad(rows_for_conv(torch.cat([cache, x], 2), ...), (w_left, w_right, 0, 0, t_zeros, t_back))
+    without the two intermediate copies (time-extended, row-extended): at the decode's peak (Wan's last frame
+    chunk, full resolution) each is a whole strip. Rows: [zeros_top | from above | own rows | from below |
+    zeros_bottom]; the own rows are written first and the neighbours' halo is sent from them.
+    """
+    w_left, w_right, h_top, h_bottom, t_front, t_back = padding
+    mine = rows[split.rank]
+    cached = 0 if cache is None else cache.shape[2]
+    batch, channels, frames, own, width = x.shape
+    shape = (batch, channels, t_front + frames + t_back, mine.top + own + mine.bottom, w_left + width + w_right)
+    out = x.new_zeros(shape)
+    inner = out.narrow(2, t_front - cached, cached + frames).narrow(4, w_left, width)
+    strip = inner.narrow(3, mine.top, own)
+    strip.narrow(2, cached, frames).copy_(x)
+    if cache is not None:
+        strip.narrow(2, 0, cached).copy_(cache)
+    above, below = neighbour_rows(strip, 3, [halo_counts(r) for r in rows], split.group, split.rank)
+    if above is not None:
+        inner.narrow(3, mine.top - above.shape[3], above.shape[3]).copy_(above)
+    if below is not None:
+        inner.narrow(3, mine.top + own, below.shape[3]).copy_(below)
+    return out
+
+
+def _conv_rows(x: torch.Tensor, dim: int, split: Split, *, kernel: int, stride: int, dilation: int, pads) -> list:
+    """Every rank's ConvRows for a conv along `dim` of a strip `x`."""
+    in_bounds = split.bounds(x.shape[dim])
+    geometry = dict(kernel=kernel, stride=stride, dilation=dilation, pad_top=pads[0], pad_bottom=pads[1])
+    return [conv_rows(in_bounds, q, **geometry) for q in range(split.world)]
 
 
 def _halo(x: torch.Tensor, dim: int, split: Split, kernel: int, stride: int, dilation: int, pads) -> tuple:
     """(this rank's ConvRows, rows from the rank above, rows from the rank below) for a conv along `dim`."""
-    in_bounds = split.bounds(x.shape[dim])
-    geometry = dict(kernel=kernel, stride=stride, dilation=dilation, pad_top=pads[0], pad_bottom=pads[1])
-    rows = [conv_rows(in_bounds, q, **geometry) for q in range(split.world)]
+    rows = _conv_rows(x, dim, split, kernel=kernel, stride=stride, dilation=dilation, pads=pads)
     above, below = neighbour_rows(x, dim, [halo_counts(r) for r in rows], split.group, split.rank)
     return rows[split.rank], above, below
 

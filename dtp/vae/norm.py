@@ -8,6 +8,13 @@ n_r positions of it with mean m_r and variance v_r (`torch.var_mean`, biased); o
 
 (no E[x^2] - E[x]^2 cancellation). Then y = (x - m) / sqrt(v + eps) * weight + bias per channel.
 Statistics are computed in fp32 whatever the activation dtype.
+
+Speed on CPU (one thread, the parallel decode's budget): `torch.var_mean` reduces with a scalar Welford
+loop, ~3x the time of `torch.batch_norm_update_stats` (two vectorized passes, sum then sum of squared
+deviations: the same biased variance, no cancellation either), which reads the (B, G, L) groups as a
+(1, B*G, L) batch of B*G channels. A strip that arrives channels-last (diffusers' attention output is a
+transposed view) is made contiguous once here, so the output, and every layer after it, is contiguous,
+as torch's GroupNorm makes it in the untiled decode.
 """
 
 from __future__ import annotations
@@ -22,8 +29,18 @@ from .split import Split
 def local_stats(x: torch.Tensor, groups: int) -> torch.Tensor:
     """(3, B, G): count, mean and biased variance of each (sample, group) over this rank's positions."""
     grouped = x.reshape(x.shape[0], groups, -1).float()
-    var, mean = torch.var_mean(grouped, dim=-1, unbiased=False)
+    mean, var = _moments(grouped)
     return torch.stack([torch.full_like(mean, grouped.shape[-1]), mean, var])
+
+
+def _moments(grouped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, biased variance) over the last dim of a contiguous (B, G, L) tensor, each (B, G)."""
+    if grouped.device.type != "cpu":  # CUDA's var_mean is one fast pass; meta has no batch-norm-stats kernel
+        var, mean = torch.var_mean(grouped, dim=-1, unbiased=False)
+        return mean, var
+    batch, groups, length = grouped.shape
+    mean, var = torch.batch_norm_update_stats(grouped.view(1, batch * groups, length), None, None, 0.0)
+    return mean.view(batch, groups), var.view(batch, groups)
 
 
 def combine(stats: torch.Tensor, split: Split) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +60,7 @@ def group_norm_rows(x: torch.Tensor, norm: nn.GroupNorm, split: Split) -> torch.
     Applied as torch's own kernel does: y = x * scale + shift per (sample, channel), with
     scale = weight / sqrt(v + eps) and shift = bias - m * scale (one output tensor, no temporaries).
     """
+    x = x.contiguous()
     batch, channels, groups = x.shape[0], x.shape[1], norm.num_groups
     mean, var = combine(local_stats(x, groups), split)
     rstd = torch.rsqrt(var + norm.eps).repeat_interleave(channels // groups, dim=1)  # (B, C)

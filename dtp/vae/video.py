@@ -48,10 +48,8 @@ def causal_conv3d_rows(x: torch.Tensor, conv: nn.Conv3d, split: Split, cache_x=N
     conv._padding = (w, w, h, h, 2 p_t, 0) as F.pad takes it; conv.padding is (0, 0, 0).
     """
     padding = list(conv._padding)
-    if cache_x is not None and padding[4] > 0:
-        x = torch.cat([cache_x.to(x.device), x], dim=2)
-        padding[4] -= cache_x.shape[2]
-    return self_padded_conv3d_rows(x, conv, split, padding)
+    cache = cache_x.to(x.device) if cache_x is not None and padding[4] > 0 else None
+    return self_padded_conv3d_rows(x, conv, split, padding, cache=cache)
 
 
 def downsample_rows(x: torch.Tensor, conv: nn.Conv2d, split: Split) -> torch.Tensor:

@@ -92,6 +92,26 @@ def _ltx095(group) -> dict:
     return dict(decode_9=_rel(decode, ref_dec), encode_9=_rel(encode, ref_enc))
 
 
+@torch.no_grad()
+def _frame_loop(cls: str, group) -> dict:
+    """Wan / Qwen-Image split at `_decode`: every frame chunk leaves the decoder as this rank's rows (never the
+    whole frame), the video is whole after the one gather, and with gather_output=False it is this rank's rows."""
+    vae = tiny_vae(cls)
+    z = torch.randn(2, 4, 3, 7, 6, generator=torch.Generator().manual_seed(3))
+    ref = vae.decode(z).sample
+    chunk_rows = []
+    vae.decoder.register_forward_hook(lambda module, args, out: chunk_rows.append(out.shape[3]))
+    parallelize_vae(vae, group)
+    split = vae._dtp_vae.split
+    rows = [4 * r for r in bounds(split_rows(z.shape[3], split.world))]
+    mine = rows[split.rank + 1] - rows[split.rank]
+    result = dict(gathered=_rel(vae.decode(z).sample, ref), chunks_are_strips=set(chunk_rows) == {mine})
+    remove_vae_parallel(vae)
+    parallelize_vae(vae, group, gather_output=False)
+    result["strip"] = _rel(vae.decode(z).sample, ref[:, :, :, rows[split.rank] : rows[split.rank + 1]])
+    return result
+
+
 def _strip_stats(stats, split):
     """Negative control: each strip normalized with its own statistics."""
     return stats[1], stats[2]
@@ -129,9 +149,10 @@ def _four_proc(rank: int, world: int) -> dict:
             results[n]["ltx"] = _video(LTX, group)
             if n == 3:
                 results[n] |= dict(flux2=_kl(group, FLUX2), wan22=_video(WAN22, group), ltx095=_ltx095(group))
+                results[n]["wan_frames"] = _frame_loop(WAN, group)
         dist.barrier()
     mesh = dtp.make_mesh(tp=2, cp=2)  # a 2-D mesh, flattened: all 4 ranks
-    results[4] = dict(kl=_kl(mesh), wan=_video(WAN, mesh), qwen=_video(QWEN, mesh))
+    results[4] = dict(kl=_kl(mesh), wan=_video(WAN, mesh), qwen=_video(QWEN, mesh), qwen_frames=_frame_loop(QWEN, mesh))
     cfg_mesh = dtp.make_mesh(cfg=2, tp=2)  # the cfg axis too is flattened: one split over all 4 ranks
     results[4] |= dict(hunyuan=_video(HUNYUAN, cfg_mesh), ltx=_video(LTX, cfg_mesh))
     return results
@@ -199,3 +220,12 @@ def test_output_left_distributed(four, n):
 def test_remove_restores_whole_decode(four):
     """remove_vae_parallel: the VAE decodes whole again, bit for bit on every rank."""
     assert all(four[rank][4]["kl"]["removed"] == 0.0 for rank in range(4))
+
+
+@pytest.mark.parametrize("n, vae", ((3, "wan_frames"), (4, "qwen_frames")))
+def test_frame_loop_split_at_decode(four, n, vae):
+    """Wan (3 ranks) / Qwen-Image (4 ranks), 3 latent frames: each rank decodes only its rows of every frame chunk;
+    gathered once the video is the untiled one, left distributed it is the rank's rows (both <= 1e-5 relative)."""
+    for rank in range(n):
+        got = four[rank][n][vae]
+        assert got["chunks_are_strips"] and got["gathered"] <= TOL and got["strip"] <= TOL, (rank, got)

@@ -104,3 +104,15 @@ def test_hunyuan_reflect_padding_is_refused_untouched():
     with pytest.raises(dtp.PlanError, match=r"decoder\.conv_out .*pad_mode='reflect'"):
         parallelize_vae(vae, object())
     assert not any("forward" in m.__dict__ for m in vae.modules())
+
+
+def test_wan_post_quant_conv_with_a_kernel_is_refused_untouched():
+    """Wan's `_decode` is split above post_quant_conv, which must then be row-local (1 x 1 x 1): a 3 x 3 x 3 one is
+    refused, naming it, before any forward or `_decode` is replaced."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+    vae = tiny_vae("AutoencoderKLWan")
+    vae.post_quant_conv = WanCausalConv3d(4, 4, 3, padding=1)
+    with pytest.raises(dtp.PlanError, match=r"AutoencoderKLWan runs a post_quant_conv with kernel \(3, 3, 3\)"):
+        parallelize_vae(vae, object())
+    assert not any({"forward", "_decode"} & set(m.__dict__) for m in vae.modules())
