@@ -192,26 +192,21 @@ def test_run_quant_flag_is_a_torchao_config():
     assert run._quant(commands.build_parser().parse_args(["run", "--model-dir", "m", "--prompt", "p"])) is None
 
 
-def test_prequantized_checkpoint_refused_and_its_whole_load_sharded(mesh, tmp_path):
+def test_prequantized_checkpoint_loaded_and_its_whole_load_sharded(mesh, tmp_path):
     """A checkpoint diffusers saved already quantized by torchao (safetensors of `_weight_qdata` / `_weight_scale`
-    pieces): shard-on-load refuses it with a CheckpointError saying why and what to do, before reading; loaded
-    whole by diffusers, `dtp.parallelize` shards its Int8Tensor weights."""
+    pieces): shard-on-load reads it (tests/unit/test_quant_prequantized.py); loaded whole by diffusers,
+    `dtp.parallelize` shards its Int8Tensor weights."""
     from diffusers import FluxTransformer2DModel, TorchAoConfig
     from torch.distributed.tensor import DTensor
-
-    from dtp.loading.checkpoint import CheckpointError
 
     tiny_model(FLUX).save_pretrained(tmp_path / "plain")
     config = TorchAoConfig(Int8WeightOnlyConfig())
     saved = FluxTransformer2DModel.from_pretrained(tmp_path / "plain", quantization_config=config)
     saved.save_pretrained(tmp_path / "quantized")
-    with pytest.raises(
-        CheckpointError, match=r"saved already quantized \(torchao Int8WeightOnlyConfig\).*TorchAoConfig"
-    ):
-        dtp.from_pretrained(FluxTransformer2DModel, str(tmp_path / "quantized"), mesh)
+    loaded = dtp.from_pretrained(FluxTransformer2DModel, str(tmp_path / "quantized"), mesh)
     model = dtp.parallelize(FluxTransformer2DModel.from_pretrained(tmp_path / "quantized"), mesh)
-    weight = model.transformer_blocks[0].attn.to_q.weight
-    assert describe(weight).scheme == "int8wo" and isinstance(weight.qdata, DTensor)
+    for weight in (loaded.transformer_blocks[0].attn.to_q.weight, model.transformer_blocks[0].attn.to_q.weight):
+        assert describe(weight).scheme == "int8wo" and isinstance(weight.qdata, DTensor)
 
 
 def _gguf_q8_0(linear: torch.nn.Linear):
