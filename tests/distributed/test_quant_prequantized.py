@@ -28,6 +28,8 @@ CASES = {  # (model, scheme): the tp degrees it runs at (the suite's time on 2 c
     ("QwenImageTransformer2DModel", "fp8wo"): (2,),
 }
 
+LORA = {("FluxTransformer2DModel", "int8wo"), ("FluxTransformer2DModel", "fp8wo")}  # LoRA steps at tp=2
+
 
 def _folder(root, name: str, scheme: str) -> str:
     return str(root / f"{name}-{scheme}")
@@ -67,7 +69,7 @@ def _case(root, name: str, scheme: str, mesh, pad: bool, reference) -> dict:
             exact &= torch.equal(full.qdata.view(torch.uint8), saved.qdata.view(torch.uint8))
             exact &= torch.equal(full.scale, saved.scale) and type(full) is type(saved)
             sharded += 1
-    return dict(
+    found = dict(
         relative=float((out - ref).abs().max() / ref.abs().max()),
         quant_error=float((ref - plain).abs().max() / plain.abs().max()),
         weights_exact=exact,
@@ -75,6 +77,47 @@ def _case(root, name: str, scheme: str, mesh, pad: bool, reference) -> dict:
         read_over_share=stats.bytes_read / stats.share_bytes,
         read_over_total=stats.bytes_read / (stats.sharded_bytes + stats.replicated_bytes),
     )
+    return found, model
+
+
+@torch.no_grad()
+def _lora_steps(model, ref_model, name: str) -> dict:
+    """LoRAs on every Linear of the sharded quantized `model` (`dtp.load_lora`) and of diffusers' one-process
+    quantized `ref_model` (peft's own `load_lora_adapter`, TorchaoLoraLinear): the relative output difference
+    after each adapter step, and the LoRA's own effect."""
+    from lora_cases import random_lora
+
+    from dtp.testing.tiny import output_tensor, tiny_inputs
+
+    inputs, found = tiny_inputs(name), {}
+
+    def compare(step):
+        ref = output_tensor(ref_model(**inputs))
+        found[step] = float((output_tensor(model(**inputs)) - ref).abs().max() / ref.abs().max())
+        return ref
+
+    base = output_tensor(ref_model(**inputs))
+    loras = {adapter: random_lora(ref_model, seed) for adapter, seed in (("a", 10), ("b", 11))}  # before peft wraps
+    for adapter, lora in loras.items():
+        ref_model.load_lora_adapter(lora, adapter_name=adapter, prefix="transformer")
+        dtp.load_lora(model, lora, adapter_name=adapter)
+    for target in (model, ref_model):
+        target.set_adapters(["a", "b"], weights=[0.7, -0.4])
+    found["lora_effect"] = float((compare("a+b weighted") - base).abs().max() / base.abs().max())
+    for target in (model, ref_model):
+        target.disable_lora()
+    compare("disabled")
+    for target in (model, ref_model):
+        target.enable_lora()
+        target.set_adapters("b")
+    compare("b")
+    for target in (model, ref_model):
+        target.fuse_lora(lora_scale=0.5)  # peft: dequantize, add B A s, quantize again (rows whole)
+    compare("b fused x0.5")
+    for target in (model, ref_model):
+        target.unfuse_lora()
+    compare("b unfused")
+    return found
 
 
 @torch.no_grad()
@@ -100,9 +143,13 @@ def _run(rank, world_size, root):
     results = {}
     for (name, scheme), degrees in CASES.items():
         reference = _reference(root, name, scheme)
+        models = {}
         for tp in degrees:
             if rank < tp:  # rank 2 is not in the tp=2 mesh
-                results[f"{name}/{scheme}/tp{tp}"] = _case(root, name, scheme, meshes[tp], tp == 3, reference)
+                found, models[tp] = _case(root, name, scheme, meshes[tp], tp == 3, reference)
+                results[f"{name}/{scheme}/tp{tp}"] = found
+        if (name, scheme) in LORA and 2 in models:  # last: peft wraps the reference's Linears
+            results[f"lora/{name}/{scheme}"] = _lora_steps(models[2], reference[0], name)
     results["cpu_seconds"] = time.process_time() - start
     return results
 
@@ -130,6 +177,19 @@ def test_prequantized_load_parity(results, case):
         assert found["relative"] <= TOL and found["quant_error"] > 100 * TOL, found
         assert found["read_over_total"] < 0.75, found  # padded: rank 0 holds 2 of 4 real heads, rank 2 none
         assert tp == 3 or found["read_over_share"] <= SHARE_SLACK, found
+
+
+@pytest.mark.parametrize("case", sorted(f"{n}/{s}" for n, s in LORA))
+def test_lora_on_quantized_sharded(results, case):
+    """LoRAs on the sharded quantized model work like diffusers + peft on the one-process quantized model: two
+    adapters weighted, disabled, one active, fused (re-quantized) and unfused, each within 1e-5 relative of the
+    one-process model after the same step; the LoRA's own effect printed next to it."""
+    for found in results[:2]:
+        found = found[f"lora/{case}"]
+        steps = {k: f"{v:.1e}" for k, v in found.items() if k != "lora_effect"}
+        print(f"tp=2 LoRA on {case}: {steps}; the LoRA's own effect {found['lora_effect']:.2e}")
+        assert all(v <= TOL for k, v in found.items() if k != "lora_effect"), found
+        assert found["lora_effect"] > 100 * TOL, found
 
 
 def test_cpu_seconds(results):

@@ -119,16 +119,20 @@ def test_prepare_refuses_before_mutating(mesh, make, words):
     assert all(before[n][0] is after[n][0] and torch.equal(before[n][1], after[n][1]) for n in before)
 
 
-def test_lora_on_quantized_layers_refused(mesh):
-    """load_lora onto a sharded model whose Linears are quantized: a PlanError naming the layer and scheme."""
+def test_lora_on_quantized_layers_split_like_the_base(mesh):
+    """load_lora onto a sharded model whose Linears are quantized (peft's TorchaoLoraLinear): the adapter is
+    sized from the local shape and split like an unquantized base's (parity: test_quant_prequantized.py)."""
     model = dtp.parallelize(quantize(tiny_model(FLUX), "int8wo"), mesh)
-    path = "transformer_blocks.0.attn.to_q"
+    path = "transformer_blocks.0.attn.to_q"  # colwise 64 -> 64: B's rows split, A whole
     lora = {
         f"transformer.{path}.lora_A.weight": torch.zeros(4, 64),
         f"transformer.{path}.lora_B.weight": torch.zeros(64, 4),
     }
-    with pytest.raises(dtp.PlanError, match=r"transformer_blocks\.0\.attn\.to_q.*int8wo"):
-        dtp.load_lora(model, lora)
+    dtp.load_lora(model, lora, adapter_name="a")
+    layer = model.get_submodule(path)
+    assert type(layer).__name__ == "TorchaoLoraLinear" and describe(layer.base_layer.weight).scheme == "int8wo"
+    assert layer.lora_B["a"].weight.to_local().shape == (16, 4) and layer.lora_A["a"].weight.to_local().shape == (4, 64)
+    assert (layer.base_layer.in_features, layer.base_layer.out_features) == (64, 64)  # restored after peft
 
 
 def test_from_pretrained_refuses_unloadable_configs():
