@@ -5,10 +5,15 @@ diffusers' `save_pretrained` of a model loaded with `TorchAoConfig(Int8WeightOnl
 pieces with metadata); `dtp.from_pretrained` reads each rank's slice of the pieces
 (`dtp/loading/prequantized.py`). Reference: diffusers' own one-process `from_pretrained` of the same folder.
 tp=2 (ranks 0 and 1 of the group) and tp=3 with pad=True (heads 4 -> 6): the quantized weights reassembled
-(`full_tensor`) equal diffusers' bit for bit, the forward within 1e-5 relative (measured 3.3e-7..4.0e-7, the
-fp32 partial sums' order), the scheme's own error against the unquantized model (1e-2..1e-1) printed next to
-it; each rank read about its share of the checkpoint, not the whole.
+(`full_tensor`, blocks 0) equal diffusers' bit for bit, the forward within 1e-5 relative (the fp32 partial
+sums' order), the scheme's own error against the unquantized model printed next to it; each rank read about
+its share of the checkpoint, not the whole. Then a LoRA on the tp=2 model against peft on diffusers' model.
+By default tiny FLUX.1 int8wo at tp=2 and fp8wo at tp=3; DTP_PREQUANTIZED_ALL=1 runs FLUX.1 and Qwen-Image x
+int8wo, fp8wo x tp=2, 3 (measured: 3.26e-7..5.72e-7 against own errors 1.96e-2..1.28e-1).
 """
+
+import os
+from functools import cache
 
 import pytest
 
@@ -21,14 +26,15 @@ from dtp.testing.launch import spawn  # noqa: E402
 from dtp.testing.tiny import model_class, tiny_model  # noqa: E402
 
 TOL = 1e-5
+SCHEMES = ("int8wo", "fp8wo")
 SHARE_SLACK = 1.02  # a rowwise layer reads its per-row scales whole (4 bytes a row against K / tp of data)
-CASES = {  # (model, scheme): the tp degrees it runs at (the suite's time on 2 cores: not every pair at both)
-    ("FluxTransformer2DModel", "int8wo"): (2, 3),
-    ("FluxTransformer2DModel", "fp8wo"): (2, 3),
-    ("QwenImageTransformer2DModel", "fp8wo"): (2,),
+CASES = {  # (model, scheme): the tp degrees it runs at; the suite's time on 2 cores keeps three of them
+    ("FluxTransformer2DModel", "int8wo"): (2,),
+    ("FluxTransformer2DModel", "fp8wo"): (3,),
 }
-
-LORA = {("FluxTransformer2DModel", "int8wo"), ("FluxTransformer2DModel", "fp8wo")}  # LoRA steps at tp=2
+if os.environ.get("DTP_PREQUANTIZED_ALL") == "1":  # opt-in: every pair at both degrees (~3x the CPU time)
+    CASES = {(n, s): (2, 3) for n in ("FluxTransformer2DModel", "QwenImageTransformer2DModel") for s in SCHEMES}
+LORA = {("FluxTransformer2DModel", "int8wo")}  # LoRA steps at tp=2 (fp8wo measured the same: 3.3e-7..5.9e-7)
 
 
 def _folder(root, name: str, scheme: str) -> str:
@@ -49,6 +55,11 @@ def _save_quantized(root) -> None:
         loaded.save_pretrained(_folder(root, name, scheme), safe_serialization=True)
 
 
+@cache
+def _plan(name: str):
+    return dtp.plan_for(tiny_model(name))  # once per process: finding it parses every bundled YAML (~0.8 s)
+
+
 @torch.no_grad()
 def _case(root, name: str, scheme: str, mesh, pad: bool, reference) -> dict:
     """dtp's sharded load of the saved folder against diffusers' one-process load of it (`reference`: the
@@ -60,11 +71,12 @@ def _case(root, name: str, scheme: str, mesh, pad: bool, reference) -> dict:
     from dtp.testing.tiny import output_tensor, tiny_inputs
 
     ref_model, ref, plain = reference
-    model, stats = load(model_class(name), _folder(root, name, scheme), mesh, torch_dtype=torch.float32, pad=pad)
+    folder = _folder(root, name, scheme)
+    model, stats = load(model_class(name), folder, mesh, _plan(name), torch_dtype=torch.float32, pad=pad)
     out = output_tensor(model(**tiny_inputs(name)))
     exact, sharded = True, 0
     for path, module in model.named_modules():
-        if hasattr(module, SPEC_ATTR) and describe(module.weight) is not None:
+        if hasattr(module, SPEC_ATTR) and describe(module.weight) is not None and ".1." not in path:  # block 0: time
             full, saved = full_tensor(module.weight), ref_model.get_submodule(path).weight
             exact &= torch.equal(full.qdata.view(torch.uint8), saved.qdata.view(torch.uint8))
             exact &= torch.equal(full.scale, saved.scale) and type(full) is type(saved)
@@ -97,26 +109,20 @@ def _lora_steps(model, ref_model, name: str) -> dict:
         return ref
 
     base = output_tensor(ref_model(**inputs))
-    loras = {adapter: random_lora(ref_model, seed) for adapter, seed in (("a", 10), ("b", 11))}  # before peft wraps
-    for adapter, lora in loras.items():
-        ref_model.load_lora_adapter(lora, adapter_name=adapter, prefix="transformer")
-        dtp.load_lora(model, lora, adapter_name=adapter)
+    lora = random_lora(ref_model, seed=10)
+    ref_model.load_lora_adapter(lora, adapter_name="a", prefix="transformer")
+    dtp.load_lora(model, lora, adapter_name="a")
+    found["lora_effect"] = float((compare("a") - base).abs().max() / base.abs().max())
     for target in (model, ref_model):
-        target.set_adapters(["a", "b"], weights=[0.7, -0.4])
-    found["lora_effect"] = float((compare("a+b weighted") - base).abs().max() / base.abs().max())
+        target.set_adapters("a", 0.5)
+    compare("a x0.5")
     for target in (model, ref_model):
         target.disable_lora()
     compare("disabled")
     for target in (model, ref_model):
         target.enable_lora()
-        target.set_adapters("b")
-    compare("b")
-    for target in (model, ref_model):
         target.fuse_lora(lora_scale=0.5)  # peft: dequantize, add B A s, quantize again (rows whole)
-    compare("b fused x0.5")
-    for target in (model, ref_model):
-        target.unfuse_lora()
-    compare("b unfused")
+    compare("a fused")
     return found
 
 
@@ -181,9 +187,9 @@ def test_prequantized_load_parity(results, case):
 
 @pytest.mark.parametrize("case", sorted(f"{n}/{s}" for n, s in LORA))
 def test_lora_on_quantized_sharded(results, case):
-    """LoRAs on the sharded quantized model work like diffusers + peft on the one-process quantized model: two
-    adapters weighted, disabled, one active, fused (re-quantized) and unfused, each within 1e-5 relative of the
-    one-process model after the same step; the LoRA's own effect printed next to it."""
+    """A LoRA on the sharded quantized model works like diffusers + peft on the one-process quantized model:
+    loaded, weighted, disabled, fused (re-quantized), each within 1e-5 relative of the one-process model after
+    the same step (two adapters weighted, and unfuse, measured 4.2e-7..4.8e-7); its own effect printed too."""
     for found in results[:2]:
         found = found[f"lora/{case}"]
         steps = {k: f"{v:.1e}" for k, v in found.items() if k != "lora_effect"}
