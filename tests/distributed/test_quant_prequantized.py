@@ -34,7 +34,7 @@ CASES = {  # (model, scheme): the tp degrees it runs at; the suite's time on 2 c
 }
 if os.environ.get("DTP_PREQUANTIZED_ALL") == "1":  # opt-in: every pair at both degrees (~3x the CPU time)
     CASES = {(n, s): (2, 3) for n in ("FluxTransformer2DModel", "QwenImageTransformer2DModel") for s in SCHEMES}
-LORA = {("FluxTransformer2DModel", "int8wo")}  # LoRA steps at tp=2 (fp8wo measured the same: 3.3e-7..5.9e-7)
+LORA = {("FluxTransformer2DModel", "int8wo")}  # LoRA steps at tp=2
 
 
 def _folder(root, name: str, scheme: str) -> str:
@@ -114,13 +114,6 @@ def _lora_steps(model, ref_model, name: str) -> dict:
     dtp.load_lora(model, lora, adapter_name="a")
     found["lora_effect"] = float((compare("a") - base).abs().max() / base.abs().max())
     for target in (model, ref_model):
-        target.set_adapters("a", 0.5)
-    compare("a x0.5")
-    for target in (model, ref_model):
-        target.disable_lora()
-    compare("disabled")
-    for target in (model, ref_model):
-        target.enable_lora()
         target.fuse_lora(lora_scale=0.5)  # peft: dequantize, add B A s, quantize again (rows whole)
     compare("a fused")
     return found
@@ -188,8 +181,9 @@ def test_prequantized_load_parity(results, case):
 @pytest.mark.parametrize("case", sorted(f"{n}/{s}" for n, s in LORA))
 def test_lora_on_quantized_sharded(results, case):
     """A LoRA on the sharded quantized model works like diffusers + peft on the one-process quantized model:
-    loaded, weighted, disabled, fused (re-quantized), each within 1e-5 relative of the one-process model after
-    the same step (two adapters weighted, and unfuse, measured 4.2e-7..4.8e-7); its own effect printed too."""
+    loaded, then fused (re-quantized), each within 1e-5 relative of the one-process model after the same step;
+    its own effect printed too. (Measured once, left out for time: two adapters weighted 4.2e-7, disabled
+    4.0e-7, unfused 4.8e-7; fp8wo the same within 3.3e-7..5.9e-7.)"""
     for found in results[:2]:
         found = found[f"lora/{case}"]
         steps = {k: f"{v:.1e}" for k, v in found.items() if k != "lora_effect"}

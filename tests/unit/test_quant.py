@@ -20,7 +20,7 @@ from torchao.quantization import (  # noqa: E402
 )
 
 import dtp  # noqa: E402
-from dtp.quant import describe, shard_weight  # noqa: E402
+from dtp.quant import LAYOUT_ATTR, describe, shard_weight  # noqa: E402
 from dtp.resolve import Layout  # noqa: E402
 from dtp.testing.quant import quantize  # noqa: E402
 from dtp.testing.tiny import tiny_model  # noqa: E402
@@ -133,6 +133,10 @@ def test_lora_on_quantized_layers_split_like_the_base(mesh):
     assert type(layer).__name__ == "TorchaoLoraLinear" and describe(layer.base_layer.weight).scheme == "int8wo"
     assert layer.lora_B["a"].weight.to_local().shape == (16, 4) and layer.lora_A["a"].weight.to_local().shape == (4, 64)
     assert (layer.base_layer.in_features, layer.base_layer.out_features) == (64, 64)  # restored after peft
+    layout, before = getattr(layer.base_layer.weight, LAYOUT_ATTR), layer.base_layer.weight
+    model.fuse_lora()  # peft re-quantizes W + B A s on the DTensor weight; dtp records the layout again
+    fused = layer.base_layer.weight
+    assert fused is not before and describe(fused).scheme == "int8wo" and getattr(fused, LAYOUT_ATTR) == layout
 
 
 def test_from_pretrained_refuses_unloadable_configs():
