@@ -41,19 +41,25 @@ def plain(tmp_path_factory):
     return path
 
 
-def _saved(plain, path, quant_type):
+def _saved(plain, path, quant_type, **options):
     """The tiny FLUX.1 checkpoint loaded by diffusers with TorchAoConfig(quant_type) and saved again."""
     from diffusers import TorchAoConfig
 
     config = TorchAoConfig(quant_type)
     model = model_class(FLUX).from_pretrained(plain, quantization_config=config, torch_dtype=torch.float32)
-    model.save_pretrained(path, safe_serialization=True)
+    model.save_pretrained(path, safe_serialization=True, **options)
     return path
 
 
 @pytest.fixture(scope="module")
 def int8wo(plain, tmp_path_factory):
     return _saved(plain, tmp_path_factory.mktemp("int8wo"), config_for("int8wo"))
+
+
+@pytest.fixture(scope="module")
+def int8wo_split(plain, tmp_path_factory):
+    """Saved in 20 KB files: 29 files, 6 weights with their qdata and scale in different files."""
+    return _saved(plain, tmp_path_factory.mktemp("split"), config_for("int8wo"), max_shard_size="20KB")
 
 
 @pytest.fixture
@@ -78,17 +84,24 @@ def _rewritten(saved, path, edit):
     return path
 
 
-def test_rank_pieces_equal_parallelized_whole_load(int8wo, mesh):
+def test_rank_pieces_equal_parallelized_whole_load(int8wo_split, mesh):
     """Rank 0 of tp=4 reads the pieces of its colwise rows and rowwise columns (scales whole): the same local
-    qdata and scales as `dtp.parallelize` of diffusers' whole load of the folder, bit for bit."""
-    loaded = dtp.from_pretrained(model_class(FLUX), str(int8wo), mesh, torch_dtype=torch.float32)
-    whole = dtp.parallelize(model_class(FLUX).from_pretrained(int8wo, torch_dtype=torch.float32), mesh)
-    for path in (TO_Q, TO_OUT):
+    qdata and scales as `dtp.parallelize` of diffusers' whole load of the folder, bit for bit, for every
+    quantized Linear, also those whose pieces lie in different files."""
+    loaded = dtp.from_pretrained(model_class(FLUX), str(int8wo_split), mesh, torch_dtype=torch.float32)
+    whole = dtp.parallelize(model_class(FLUX).from_pretrained(int8wo_split, torch_dtype=torch.float32), mesh)
+    paths = [p for p, m in whole.named_modules() if isinstance(m, torch.nn.Linear) and describe(m.weight) is not None]
+    assert len(paths) == 48
+    for path in paths:
         ours, theirs = loaded.get_submodule(path).weight, whole.get_submodule(path).weight
         assert type(ours) is type(theirs) and describe(ours).scheme == "int8wo"
-        assert isinstance(ours.qdata, DTensor) and ours.qdata.placements == theirs.qdata.placements
+        assert type(ours.qdata) is type(theirs.qdata) and getattr(ours.qdata, "placements", 0) == getattr(
+            theirs.qdata, "placements", 0
+        )
         for piece in ("qdata", "scale", "zero_point"):
-            assert torch.equal(getattr(ours, piece).to_local(), getattr(theirs, piece).to_local()), (path, piece)
+            local = [getattr(w, piece) for w in (ours, theirs)]
+            local = [t.to_local() if isinstance(t, DTensor) else t for t in local]
+            assert torch.equal(*local), (path, piece)
         assert ours.block_size == theirs.block_size
     assert loaded.get_submodule(TO_Q).weight.qdata.to_local().shape == (16, 64)  # 64 rows / 4
     assert loaded.get_submodule(TO_OUT).weight.scale.to_local().shape == (64, 1)  # a row's scale: whole
