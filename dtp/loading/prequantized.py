@@ -39,6 +39,7 @@ from torch import nn
 from ..quant import shard_pieces, sharded_parameter
 from ..quant.dynamic import install_dynamic_rowwise
 from ..quant.kinds import SUPPORTED_CLASSES
+from ..quant.shard import sharded_block_size
 from .checkpoint import Checkpoint, CheckpointError, TensorInfo, dtype_of
 
 PIECES = ("qdata", "scale", "zero_point")  # the torchao tensor data dtp slices (kinds.py: per row / per tensor)
@@ -163,19 +164,13 @@ def read_quantized(info: QuantizedInfo, layout, mesh, device, counting) -> tuple
                 sources["qdata"], sources["scale"], sources.get("zero_point"), layout, mesh, device
             )
             pieces = {"qdata": qdata, "scale": scale} | ({} if zero_point is None else {"zero_point": zero_point})
-            weight = _build(info, pieces, _global_block_size(info, qdata.shape))
+            block_size = sharded_block_size(info.meta["_data"]["block_size"], info.shape, qdata.shape)
+            weight = _build(info, pieces, block_size)
     return weight, sum(reader.bytes_read for reader in readers.values())
 
 
 def _whole(source, device) -> torch.Tensor:
     return source[:].to(device)
-
-
-def _global_block_size(info: QuantizedInfo, global_shape) -> list[int]:
-    """The saved block size with each dim quantized whole (per row: the columns; per tensor: all) at its
-    sharded global (padded) size, as `quant.shard_weight` sets it."""
-    saved = list(info.meta["_data"]["block_size"])
-    return [global_shape[i] if saved[i] == info.shape[i] else saved[i] for i in range(len(saved))]
 
 
 def install_quantized(model: nn.Module, key: str, weight, layout) -> None:

@@ -38,7 +38,7 @@ def shard_weight(weight, layout, mesh, device=None):
     assert kind is not None and kind.supported, kind
     zero_point = getattr(weight, "zero_point", None)
     qdata, scale, zero_point = shard_pieces(weight.qdata, weight.scale, zero_point, layout, mesh, device)
-    block_size = _block_size(weight.block_size, weight.qdata.shape, qdata.shape)
+    block_size = sharded_block_size(weight.block_size, weight.qdata.shape, qdata.shape)
     return rebuild(weight, qdata, scale, block_size, zero_point)
 
 
@@ -71,9 +71,9 @@ def _shard_rows(values, layout, tp: int, rank: int, device, mesh, fill) -> DTens
     return DTensor.from_local(_to(local, device), mesh, [Shard(0)], run_check=False)
 
 
-def _block_size(block_size, shape, global_shape) -> list[int]:
+def sharded_block_size(block_size, shape, global_shape) -> list[int]:
     """The block size of the sharded tensor: a dim quantized whole (per row: the columns; per tensor: all)
-    stays whole at its global (padded) size."""
+    stays whole at its global (padded) size. `shape`: the unsharded data's; `global_shape`: the sharded one's."""
     return [global_shape[i] if block_size[i] == shape[i] else block_size[i] for i in range(len(shape))]
 
 
@@ -132,7 +132,7 @@ def full_weight(weight, layout):
     scale = _full_rows(weight.scale, layout)
     zero_point = getattr(weight, "zero_point", None)
     zero_point = None if zero_point is None else _full_rows(zero_point, layout)
-    block_size = _block_size(weight.block_size, weight.qdata.shape, qdata.shape)
+    block_size = sharded_block_size(weight.block_size, weight.qdata.shape, qdata.shape)
     return rebuild(weight, qdata, scale, block_size, zero_point)
 
 
