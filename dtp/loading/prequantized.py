@@ -36,9 +36,11 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from ..quant import shard_pieces, sharded_parameter
+from ..errors import PlanError
+from ..quant import config_for, shard_pieces, sharded_parameter
 from ..quant.dynamic import install_dynamic_rowwise
 from ..quant.kinds import SUPPORTED_CLASSES
+from ..quant.load import check_runnable
 from ..quant.shard import sharded_block_size
 from .checkpoint import Checkpoint, CheckpointError, TensorInfo, dtype_of
 
@@ -121,12 +123,30 @@ def _piece_names(checkpoint: Checkpoint, name: str, meta: dict) -> list[str]:
 
 def quantize_skeleton(model: nn.Module, checkpoint: Checkpoint) -> None:
     """Every weight `checkpoint` (a `torchao_view`) holds quantized becomes, in the meta skeleton, the same
-    torchao class with meta pieces of the saved shapes: what `prepare` then checks (nothing is read)."""
+    torchao class with meta pieces of the saved shapes: what `prepare` then checks (nothing is read).
+    PlanError first when a weight's scheme cannot run here (float8 dynamic activation off a recent GPU)."""
     for name, info in checkpoint.tensors.items():
         if isinstance(info, QuantizedInfo) and _is_linear_weight(model, name):
+            _check_runnable(name, info)
             module_path, _, param = name.rpartition(".")
             meta = {n: torch.empty(p.shape, dtype=dtype_of(p.dtype), device="meta") for n, p in info.pieces.items()}
             model.get_submodule(module_path)._parameters[param] = nn.Parameter(_build(info, meta), False)
+
+
+def _check_runnable(name: str, info: QuantizedInfo) -> None:
+    """A Float8Tensor saved with `act_quant_kwargs` (float8 dynamic activation) runs on torchao's float8 matmul
+    only (CUDA capability >= 8.9): PlanError naming the parameter elsewhere, as `quant.load.check_runnable` does
+    for a quantization_config (which it calls)."""
+    if info.cls != "Float8Tensor" or not info.meta["_data"].get("act_quant_kwargs"):
+        return
+    try:
+        check_runnable(config_for("fp8"), None)
+    except PlanError as error:
+        raise PlanError(
+            f"parameter '{name}' was saved as torchao Float8Tensor with float8 dynamic activation: {error} For a "
+            f"folder saved quantized: run it on such a GPU, or load its unquantized original with "
+            f"quantization_config=TorchAoConfig(Float8WeightOnlyConfig())."
+        ) from None
 
 
 def _is_linear_weight(model: nn.Module, name: str) -> bool:

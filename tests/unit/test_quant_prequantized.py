@@ -156,3 +156,28 @@ def test_other_quantizer_refused(plain, tmp_path, mesh, reads):
     with pytest.raises(CheckpointError, match=r"saved already quantized \(bitsandbytes\).*torchao"):
         dtp.from_pretrained(model_class(FLUX), str(tmp_path), mesh)
     assert not reads
+
+
+def test_float8_dynamic_needs_a_gpu(plain, tmp_path, mesh, reads):
+    """A Float8Tensor saved with float8 dynamic activation (act_quant_kwargs) on a machine without torchao's float8
+    matmul (this CPU): PlanError naming the parameter and the alternatives, before any read."""
+    from torchao.prototype.safetensors.safetensors_utils import TensorSubclassAttributeJSONEncoder
+    from torchao.quantization import PerRow
+    from torchao.quantization.quantize_.workflows import QuantizeTensorToFloat8Kwargs
+
+    kwargs = json.loads(
+        json.dumps(QuantizeTensorToFloat8Kwargs(granularity=PerRow()), cls=TensorSubclassAttributeJSONEncoder)
+    )
+
+    def edit(tensors, metadata):
+        entry = json.loads(metadata[f"{TO_OUT}.weight"])
+        entry["_data"]["act_quant_kwargs"] = kwargs
+        metadata[f"{TO_OUT}.weight"] = json.dumps(entry)
+
+    fp8wo = _saved(plain, tmp_path / "fp8wo", config_for("fp8wo"))
+    path = _rewritten(fp8wo, tmp_path / "fp8", edit)
+    with pytest.raises(
+        dtp.PlanError, match=rf"'{TO_OUT}\.weight' was saved as torchao Float8Tensor .*Float8WeightOnly"
+    ):
+        dtp.from_pretrained(model_class(FLUX), str(path), mesh)
+    assert not reads
