@@ -9,7 +9,8 @@ tp=2 (ranks 0 and 1 of the group) and tp=3 with pad=True (heads 4 -> 6): the qua
 sums' order), the scheme's own error against the unquantized model printed next to it; each rank read about
 its share of the checkpoint, not the whole. Then a LoRA on the tp=2 model against peft on diffusers' model.
 By default tiny FLUX.1 int8wo at tp=2 and fp8wo at tp=3; DTP_PREQUANTIZED_ALL=1 runs FLUX.1 and Qwen-Image x
-int8wo, fp8wo x tp=2, 3 (measured: 3.26e-7..5.72e-7 against own errors 1.96e-2..1.28e-1).
+int8wo, fp8wo x tp=2, 3 (measured: 3.26e-7..5.72e-7 against own errors 1.96e-2..1.28e-1) and `dtp.load_pipeline`
+on a pipeline whose transformer was saved quantized.
 """
 
 import os
@@ -32,7 +33,8 @@ CASES = {  # (model, scheme): the tp degrees it runs at; the suite's time on 2 c
     ("FluxTransformer2DModel", "int8wo"): (2,),
     ("FluxTransformer2DModel", "fp8wo"): (3,),
 }
-if os.environ.get("DTP_PREQUANTIZED_ALL") == "1":  # opt-in: every pair at both degrees (~3x the CPU time)
+FULL = os.environ.get("DTP_PREQUANTIZED_ALL") == "1"  # opt-in: every pair at both degrees, and the pipeline
+if FULL:
     CASES = {(n, s): (2, 3) for n in ("FluxTransformer2DModel", "QwenImageTransformer2DModel") for s in SCHEMES}
 LORA = {("FluxTransformer2DModel", "int8wo")}  # LoRA steps at tp=2
 
@@ -149,14 +151,54 @@ def _run(rank, world_size, root):
                 results[f"{name}/{scheme}/tp{tp}"] = found
         if (name, scheme) in LORA and 2 in models:  # last: peft wraps the reference's Linears
             results[f"lora/{name}/{scheme}"] = _lora_steps(models[2], reference[0], name)
+    if FULL and rank < 2:
+        results["pipeline"] = _pipeline(root / "pipeline", meshes[2])
     results["cpu_seconds"] = time.process_time() - start
     return results
+
+
+@torch.no_grad()
+def _pipeline(model_dir, mesh) -> float:
+    """`dtp.load_pipeline` of a pipeline folder whose transformer was saved quantized (int8wo), tp=2, against the
+    one-process `load_pipeline` (diffusers' own load): relative pixel difference."""
+    from quant_cases import PIPELINE_ARGS
+
+    from dtp.tools.run import generate
+
+    def pixels(pipe):
+        pipe.set_progress_bar_config(disable=True)
+        return torch.from_numpy(generate(pipe, **PIPELINE_ARGS)[0]).double()
+
+    cpu, fp32 = torch.device("cpu"), torch.float32
+    ref = pixels(dtp.load_pipeline(str(model_dir), torch_dtype=fp32, device=cpu))
+    out = pixels(dtp.load_pipeline(str(model_dir), mesh, torch_dtype=fp32, device=cpu))
+    return float((out - ref).abs().max() / ref.abs().max())
+
+
+def _save_pipeline(root) -> None:
+    """The tiny FLUX.1 pipeline with its transformer saved quantized by diffusers (int8wo)."""
+    import shutil
+
+    from diffusers import TorchAoConfig
+
+    from dtp.families.pipelines import tiny_checkpoint
+    from dtp.quant import config_for
+
+    source, target = tiny_checkpoint("flux"), root / "pipeline"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("transformer"))
+    config = TorchAoConfig(config_for("int8wo"))
+    transformer = model_class("FluxTransformer2DModel").from_pretrained(
+        source, subfolder="transformer", quantization_config=config, torch_dtype=torch.float32
+    )
+    transformer.save_pretrained(target / "transformer", safe_serialization=True)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("prequantized")
     _save_quantized(root)
+    if FULL:
+        _save_pipeline(root)
     return spawn(_run, 3, str(root), timeout_s=900)
 
 
@@ -190,6 +232,15 @@ def test_lora_on_quantized_sharded(results, case):
         print(f"tp=2 LoRA on {case}: {steps}; the LoRA's own effect {found['lora_effect']:.2e}")
         assert all(v <= TOL for k, v in found.items() if k != "lora_effect"), found
         assert found["lora_effect"] > 100 * TOL, found
+
+
+@pytest.mark.skipif(not FULL, reason="opt-in: DTP_PREQUANTIZED_ALL=1")
+def test_load_pipeline_prequantized(results):
+    """`dtp.load_pipeline` (what `dtp run` calls) on a pipeline whose transformer was saved quantized: tp=2 pixels
+    within 1e-5 of the one-process pipeline (measured 4.8e-7)."""
+    for found in results[:2]:
+        print(f"tp=2 load_pipeline, transformer saved int8wo: {found['pipeline']:.2e} vs one process")
+        assert found["pipeline"] <= TOL, found
 
 
 def test_cpu_seconds(results):
