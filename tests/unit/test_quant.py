@@ -200,10 +200,10 @@ def test_run_quant_flag_is_a_torchao_config():
     assert run._quant(commands.build_parser().parse_args(["run", "--model-dir", "m", "--prompt", "p"])) is None
 
 
-def test_prequantized_checkpoint_loaded_and_its_whole_load_sharded(mesh, tmp_path):
+def test_prequantized_checkpoint_whole_load_sharded(mesh, tmp_path):
     """A checkpoint diffusers saved already quantized by torchao (safetensors of `_weight_qdata` / `_weight_scale`
-    pieces): shard-on-load reads it (tests/unit/test_quant_prequantized.py); loaded whole by diffusers,
-    `dtp.parallelize` shards its Int8Tensor weights."""
+    pieces), loaded whole by diffusers: `dtp.parallelize` shards its Int8Tensor weights. (Shard-on-load of such a
+    folder: tests/unit/test_quant_prequantized.py.)"""
     from diffusers import FluxTransformer2DModel, TorchAoConfig
     from torch.distributed.tensor import DTensor
 
@@ -211,10 +211,9 @@ def test_prequantized_checkpoint_loaded_and_its_whole_load_sharded(mesh, tmp_pat
     config = TorchAoConfig(Int8WeightOnlyConfig())
     saved = FluxTransformer2DModel.from_pretrained(tmp_path / "plain", quantization_config=config)
     saved.save_pretrained(tmp_path / "quantized")
-    loaded = dtp.from_pretrained(FluxTransformer2DModel, str(tmp_path / "quantized"), mesh)
     model = dtp.parallelize(FluxTransformer2DModel.from_pretrained(tmp_path / "quantized"), mesh)
-    for weight in (loaded.transformer_blocks[0].attn.to_q.weight, model.transformer_blocks[0].attn.to_q.weight):
-        assert describe(weight).scheme == "int8wo" and isinstance(weight.qdata, DTensor)
+    weight = model.transformer_blocks[0].attn.to_q.weight
+    assert describe(weight).scheme == "int8wo" and isinstance(weight.qdata, DTensor)
 
 
 def _gguf_q8_0(linear: torch.nn.Linear):
