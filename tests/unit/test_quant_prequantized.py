@@ -107,6 +107,14 @@ def test_rank_pieces_equal_parallelized_whole_load(int8wo_split, mesh):
     assert loaded.get_submodule(TO_OUT).weight.scale.to_local().shape == (64, 1)  # a row's scale: whole
 
 
+def test_files_precheck_accepts_it(int8wo_split):
+    """`dtp run` without torchrun checks the files before diffusers loads them (`precheck.check_files`): a folder
+    saved quantized passes (its pieces count as the model's weights)."""
+    from dtp.loading.precheck import check_files
+
+    assert check_files(model_class(FLUX), str(int8wo_split)) is None
+
+
 def test_other_torchao_class_refused_before_reading(int8wo, tmp_path, mesh, reads):
     """A weight saved as a torchao class dtp does not slice (here Int4Tensor): CheckpointError naming the
     parameter, the class and the fix, before any tensor is read."""
