@@ -121,7 +121,7 @@ def test_prepare_refuses_before_mutating(mesh, make, words):
 
 def test_lora_on_quantized_layers_split_like_the_base(mesh):
     """load_lora onto a sharded model whose Linears are quantized (peft's TorchaoLoraLinear): the adapter is
-    sized from the local shape and split like an unquantized base's (parity: test_quant_prequantized.py)."""
+    sized from the local shape and split like an unquantized base's (parity: test_prequantized_parity.py)."""
     model = dtp.parallelize(quantize(tiny_model(FLUX), "int8wo"), mesh)
     path = "transformer_blocks.0.attn.to_q"  # colwise 64 -> 64: B's rows split, A whole
     lora = {

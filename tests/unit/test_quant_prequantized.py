@@ -2,7 +2,7 @@
 
 Runs on torch's fake process group (tp=4, rank 0): loading issues no collective, so rank 0's whole load
 runs here and its pieces are compared with `dtp.parallelize` of diffusers' one-process load. Parity on
-real collectives: tests/distributed/test_quant_prequantized.py.
+real collectives: tests/distributed/test_prequantized_parity.py.
 """
 
 from __future__ import annotations
