@@ -8,8 +8,12 @@ issue sets: 1.25 x the rank's quantized share (local data + scales + unquantized
 Each configuration runs with dtp's heap trim after every quantized weight (`dtp.quant.load.trim_heap`,
 glibc malloc_trim) and, for comparison, without it (`--compare-trim`); `--dtypes fp32 bf16` loads the
 fp32 checkpoint as it is or cast to bfloat16 slice by slice (the dtype real FLUX checkpoints have).
+`--prequantized` loads instead the checkpoint diffusers saved already quantized (`from_pretrained` with
+TorchAoConfig, then `save_pretrained` in files of the same size; `dtp/loading/prequantized.py`): each rank
+reads its slices of the stored int8 / float8 data and scales, no high-precision weight at all.
 
     python benchmarks/quant_load_memory.py [--workdir benchmarks/_work] [--tp 2 4] [--dtypes fp32 bf16]
+        [--prequantized]
 """
 
 from __future__ import annotations
@@ -31,7 +35,23 @@ MB = load_memory.MB
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "quant_load_memory.md")
 
 
-def measure(rank: int, world_size: int, scheme: str, path: str, dtype: str = "fp32", trim: bool = True) -> dict:
+def write_prequantized(path: str, scheme: str) -> str:
+    """`path`'s checkpoint loaded by diffusers with TorchAoConfig(scheme) and saved quantized next to it (once)."""
+    from diffusers import FluxTransformer2DModel, TorchAoConfig
+
+    from dtp.quant import config_for
+
+    saved = f"{path}-{scheme}"
+    if not os.path.isfile(os.path.join(saved, "config.json")):
+        config = TorchAoConfig(config_for(scheme))
+        model = FluxTransformer2DModel.from_pretrained(path, quantization_config=config, torch_dtype=torch.float32)
+        model.save_pretrained(saved, safe_serialization=True, max_shard_size=load_memory.SHARD_SIZE)
+    return saved
+
+
+def measure(
+    rank: int, world_size: int, scheme: str, path: str, dtype: str = "fp32", trim: bool = True, saved: bool = False
+) -> dict:
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -54,6 +74,7 @@ def measure(rank: int, world_size: int, scheme: str, path: str, dtype: str = "fp
     before_kb = load_memory._proc_status_kb("VmRSS")
     start, cpu_start = time.perf_counter(), time.process_time()
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    config = None if saved else config  # a checkpoint saved quantized is read as it is
     model, stats = load(FluxTransformer2DModel, path, mesh, quantization_config=config, torch_dtype=torch_dtype)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     peak_kb = load_memory._proc_status_kb("VmHWM")
@@ -77,11 +98,24 @@ HEADER = (
 def _row(r: dict) -> str:
     bound = 1.25 * r["share"] + load_memory.FIXED_MB * MB
     return (
-        f"| {r['tp']} | {r['scheme']} | {r['dtype']} | {'yes' if r['trim'] else 'no'} | "
+        f"| {r['tp']} | {r['scheme']} | {r['dtype']} | {_trim(r)} | "
         f"{r['increase'] / MB:.0f} | {r['share'] / MB:.0f} | "
         f"{r['increase'] / r['share']:.2f} | {bound / MB:.0f} | {'yes' if r['increase'] <= bound else 'no'} | "
         f"{r['bytes_read'] / MB:.0f} | {r['slowest']:.1f} | {r['cpu']:.1f} |"
     )
+
+
+PREQUANTIZED_NOTE = [
+    "Saved quantized, each rank reads only its slices of the stored int8 / float8 data and scales (bytes read =",
+    "its share; a rowwise layer's scales whole): no high-precision slice exists, so no heap trim runs. The",
+    "increase over the share is the same as when dtp quantizes while loading (tp=4: 174 MB both ways).",
+    "",
+]
+
+
+def _trim(r: dict) -> str:
+    """The heap-trim column: the trim runs only where dtp quantizes (not for a checkpoint saved quantized)."""
+    return "n/a" if r["dtype"].startswith("saved") else "yes" if r["trim"] else "no"
 
 
 def main() -> None:
@@ -93,6 +127,7 @@ def main() -> None:
     parser.add_argument("--schemes", nargs="+", default=["int8wo", "fp8wo"])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--compare-trim", action="store_true", help="also run each configuration without the trim")
+    parser.add_argument("--prequantized", action="store_true", help="read checkpoints saved already quantized")
     args = parser.parse_args()
     path = os.path.join(args.workdir, "flux-mid")
     load_memory.write_checkpoint(path)
@@ -100,13 +135,14 @@ def main() -> None:
     rows = []
     trims = (True, False) if args.compare_trim else (True,)
     for tp, scheme, dtype, trim in itertools.product(args.tp, args.schemes, args.dtypes, trims):
-        ranks = spawn(measure, tp, scheme, path, dtype, trim, backend="gloo")
+        source = write_prequantized(path, scheme) if args.prequantized else path
+        ranks = spawn(measure, tp, scheme, source, dtype, trim, args.prequantized, backend="gloo")
         worst = max(ranks, key=lambda r: r["increase"] / (1.25 * r["share"] + load_memory.FIXED_MB * MB))
         rows.append(
             dict(
                 tp=tp,
                 scheme=scheme,
-                dtype=dtype,
+                dtype=f"saved {scheme}" if args.prequantized else dtype,
                 trim=trim,
                 **worst,
                 slowest=max(r["seconds"] for r in ranks),
@@ -120,17 +156,20 @@ def main() -> None:
         f"Command: `python benchmarks/quant_load_memory.py {' '.join(sys.argv[1:])}`".replace(" `", " `").strip(),
         "",
         f"Checkpoint: FluxTransformer2DModel {load_memory.CONFIG} (fp32, {load_memory.SHARD_SIZE} files), "
-        "loaded with diffusers' TorchAoConfig; each row is the rank closest to its bound. Load times on a "
+        f"{'saved quantized by diffusers and read as it is' if args.prequantized else 'loaded with TorchAoConfig'}; "
+        "each row is the rank closest to its bound. Load times on a "
         "shared machine are noisy.",
         "",
         HEADER,
         *(_row(r) for r in rows),
         "",
+        *(PREQUANTIZED_NOTE if args.prequantized else []),
     ]
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
+    results = RESULTS.replace(".md", "_prequantized.md") if args.prequantized else RESULTS
+    os.makedirs(os.path.dirname(results), exist_ok=True)
+    with open(results, "w") as f:
         f.write("\n".join(lines))
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
 
 
 if __name__ == "__main__":

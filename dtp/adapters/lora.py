@@ -28,8 +28,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..errors import PlanError
-from ..quant import check_not_quantized
+from ..quant import is_quantized
 from .keys import LORA_KEY, base_linear, check_lora, peft_view, read_lora
+from .quantized import local_features, requantize_on_merge, sharded_data
 from .shard import PARTS, local_tensor, place_adapter, planned_spec
 
 logger = logging.getLogger(__name__)
@@ -69,23 +70,25 @@ def load_lora(
 
     adapter_name = adapter_name or get_adapter_name(model)
     targets = check_lora(model, peft_sd, adapter_name, prefix)
-    check_not_quantized(model, [t.path for t in targets])
     specs = {t.path: planned_spec(base_linear(model, t.path)) for t in targets}
     mesh = _tp_mesh(model, specs)
     _check_peft_sizes_locally(model, specs)
     tp, rank = (1, 0) if mesh is None else (mesh.size(), mesh.get_local_rank())
 
     local_sd = {key: _local(key, tensor, specs, tp, rank) for key, tensor in peft_sd.items()}
-    model.load_lora_adapter(
-        {f"{prefix}.{k}": v for k, v in local_sd.items()} if prefix else local_sd,
-        prefix=prefix,
-        adapter_name=adapter_name,
-        network_alphas=network_alphas,
-        metadata=metadata if metadata is not None else file_metadata,
-    )
+    with local_features(base_linear(model, path) for path, spec in specs.items() if spec is not None):
+        model.load_lora_adapter(
+            {f"{prefix}.{k}": v for k, v in local_sd.items()} if prefix else local_sd,
+            prefix=prefix,
+            adapter_name=adapter_name,
+            network_alphas=network_alphas,
+            metadata=metadata if metadata is not None else file_metadata,
+        )
     for path, spec in specs.items():
         if spec is not None:
             place_adapter(model.get_submodule(path), adapter_name, spec, mesh)
+        if is_quantized(base_linear(model, path).weight):  # peft's TorchaoLoraLinear: merge re-quantizes
+            requantize_on_merge(model.get_submodule(path), None if spec is None else spec.weight_layout)
 
     stats = _stats(model, adapter_name, peft_sd, specs, tp, rank)
     logger.info(
@@ -139,7 +142,7 @@ def _tp_mesh(model: nn.Module, specs: dict):
     """The tp mesh of the sharded bases (None when the LoRA adapts only replicated layers)."""
     for path, spec in specs.items():
         if spec is not None:
-            return base_linear(model, path).weight.device_mesh
+            return sharded_data(base_linear(model, path)).device_mesh
     return None
 
 
@@ -149,7 +152,7 @@ def _check_peft_sizes_locally(model: nn.Module, specs: dict) -> None:
     from peft.tuners.tuners_utils import _get_in_out_features  # here: peft pulls in transformers, LoRA users only
 
     for path, spec in specs.items():
-        if spec is not None:
+        if spec is not None and isinstance(base_linear(model, path).weight, DTensor):  # quantized: local_features
             linear = base_linear(model, path)
             local_out, local_in = linear.weight.to_local().shape
             if tuple(_get_in_out_features(linear)) != (local_in, local_out):

@@ -44,6 +44,7 @@ from . import text
 from .checkpoint import WEIGHTS_NAME, Checkpoint, CheckpointError, TensorInfo, open_checkpoint
 from .keys import KeyMap, model_keymap
 from .meta import build_on_meta
+from .prequantized import QuantizedInfo, install_quantized, quantize_skeleton, read_quantized, torchao_view
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +148,10 @@ def build_skeleton(model_class, directory: str, torch_dtype: torch.dtype | None 
     has "auto" resolved from the checkpoint's headers)."""
     check_float_dtype(torch_dtype)
     if not text.is_transformers_class(model_class):
-        return build_on_meta(model_class, directory, torch_dtype)
+        model = build_on_meta(model_class, directory, torch_dtype)
+        if getattr(model.config, "quantization_config", None):  # saved already quantized by torchao
+            quantize_skeleton(model, torchao_view(open_checkpoint(directory)))
+        return model
     if not os.path.isfile(os.path.join(directory, "config.json")):
         raise CheckpointError(
             f"checkpoint '{directory}' has no config.json; pass the model folder "
@@ -169,6 +173,7 @@ def load_prepared(
     start = time.perf_counter() if start is None else start
     transformers_model = is_transformers_model(model)
     checkpoint = open_checkpoint(directory, text.WEIGHTS_NAME if transformers_model else WEIGHTS_NAME)
+    checkpoint = checkpoint if transformers_model else torchao_view(checkpoint)  # torchao pieces: one key each
     keymap = model_keymap(model, checkpoint, transformers_model)
     target = prepared.device if prepared.device is not None else local_device(prepared.tp_mesh.device_type)
     layouts = prepared.resolved.param_layouts()
@@ -228,6 +233,13 @@ def _read_into(model, checkpoint: Checkpoint, keymap: KeyMap, layouts, dtypes, t
         for file, keys in checkpoint.keys_by_file().items():
             for source in (k for k in keys if k in sources):
                 key = sources[source]
+                if isinstance(checkpoint.tensors[source], QuantizedInfo):  # saved quantized: prequantized.py
+                    layout = layouts.get(key)
+                    weight, count = read_quantized(checkpoint.tensors[source], layout, tp_mesh, device, CountingReader)
+                    install_quantized(model, key, weight, layout)
+                    bytes_read += count
+                    bar.update()
+                    continue
                 with safe_open(file, framework="pt", device="cpu") as handle:
                     counted = CountingReader(handle)
                     local = _read_one(counted, checkpoint.tensors[source], layouts.get(key), tp, rank)

@@ -16,6 +16,7 @@ from . import text
 from .checkpoint import WEIGHTS_NAME, open_checkpoint
 from .keys import model_keymap
 from .load import build_skeleton
+from .prequantized import torchao_view
 
 
 def check_files(model_class, directory: str, torch_dtype: torch.dtype | None = None) -> None:
@@ -25,4 +26,4 @@ def check_files(model_class, directory: str, torch_dtype: torch.dtype | None = N
     model = build_skeleton(model_class, directory, torch_dtype)
     transformers_model = is_transformers_model(model)
     checkpoint = open_checkpoint(directory, text.WEIGHTS_NAME if transformers_model else WEIGHTS_NAME)
-    model_keymap(model, checkpoint, transformers_model)
+    model_keymap(model, checkpoint if transformers_model else torchao_view(checkpoint), transformers_model)

@@ -10,7 +10,7 @@ from .check import check_not_quantized, check_quantized
 from .kinds import LAYOUT_ATTR, QuantKind, describe, is_quantized
 from .load import LoadQuantizer
 from .schemes import SCHEMES, config_for, quantized_bytes
-from .shard import distribute_quantized, full_weight, rebuild, shard_weight, sharded_parameter
+from .shard import distribute_quantized, full_weight, rebuild, shard_pieces, shard_weight, sharded_parameter
 
 __all__ = [
     "LAYOUT_ATTR",
@@ -30,6 +30,7 @@ __all__ = [
     "quantized_bytes",
     "rebuild",
     "repair_padded_rows",
+    "shard_pieces",
     "shard_weight",
     "sharded_parameter",
 ]

@@ -44,8 +44,9 @@ def check_quantized(model: nn.Module, linears, plan_name: str) -> None:
 
 
 def check_not_quantized(model: nn.Module, paths) -> None:
-    """PlanError before a LoRA is loaded onto a quantized Linear (dtp does not split adapters over quantized
-    bases; peft's torchao support does not cover DTensor-backed subclasses)."""
+    """PlanError naming the first of `paths` whose Linear holds a quantized weight. No longer called by
+    `dtp.load_lora`, which now loads LoRAs onto sharded quantized layers (`adapters/quantized.py`); kept as
+    public API for callers that want the refusal."""
     for path in paths:
         kind = describe(getattr(model.get_submodule(path), "weight", None))
         if kind is not None:

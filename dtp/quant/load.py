@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import PlanError
 from .after import quantize_linear
-from .kinds import GGUF_PROBLEM
+from .kinds import GGUF_PROBLEM, describe
 
 LOADABLE = ("Int8WeightOnlyConfig", "Float8WeightOnlyConfig", "Float8DynamicActivationFloat8WeightConfig")
 FP8_DYNAMIC = "Float8DynamicActivationFloat8WeightConfig"
@@ -32,6 +32,7 @@ class LoadQuantizer:
 
     def __init__(self, model: nn.Module, quantization_config):
         self.config, skip = torchao_config(quantization_config)
+        check_not_prequantized(model)
         check_runnable(self.config, getattr(model, "dtype", None))
         self.trim = HeapTrimmer()
         self.skip = [*skip, *(getattr(model, "_keep_in_fp32_modules", None) or [])]
@@ -99,6 +100,20 @@ def trim_heap() -> None:
         trim(0)
 
 
+def check_not_prequantized(model: nn.Module) -> None:
+    """PlanError when the skeleton's weights are quantized already (a checkpoint saved quantized by torchao,
+    `dtp/loading/prequantized.py`): a second quantization_config would quantize them again."""
+    kinds = {name: describe(param) for name, param in model.named_parameters()}
+    saved = next(((name, kind) for name, kind in kinds.items() if kind is not None), None)
+    if saved is not None:
+        name, kind = saved
+        raise PlanError(
+            f"quantization_config was given, but the checkpoint was saved already quantized ('{name}': torchao "
+            f"{kind.cls}, scheme {kind.scheme}); drop quantization_config to load it as saved, or load the "
+            f"unquantized checkpoint to quantize it with another scheme."
+        )
+
+
 def torchao_config(quantization_config) -> tuple[object, list[str]]:
     """(torchao config, modules not to convert) from diffusers' TorchAoConfig or a torchao config; PlanError
     for anything dtp cannot quantize slice by slice exactly (checked before a byte is read)."""
@@ -152,21 +167,20 @@ def check_runnable(config, dtype) -> None:
 
 def prequantized_problem(config: dict) -> str | None:
     """Why dtp cannot shard-on-load a checkpoint whose config.json carries `quantization_config` (saved already
-    quantized), or None for an unquantized one. The caller raises it as a CheckpointError, before any read."""
+    quantized), or None for an unquantized one and for a torchao one (read piece by piece,
+    `dtp/loading/prequantized.py`, which refuses the torchao classes it cannot slice). The caller raises it as a
+    CheckpointError, before any read."""
     quantization = config.get("quantization_config")
     if not quantization:
         return None
     method = quantization.get("quant_method", "unknown") if isinstance(quantization, dict) else str(quantization)
-    scheme = ""
     if method == "torchao":
-        scheme = " " + ", ".join(sorted({v.get("_type", "?") for v in quantization.get("quant_type", {}).values()}))
+        return None
     return (
-        f"it was saved already quantized ({method}{scheme}): its Linear weights are stored as the quantizer's own "
-        "pieces (torchao: `<module>._weight_qdata`, `._weight_scale`), not as the parameters dtp slices one "
-        "tensor each, and dtp does not rebuild them slice by slice. Load the unquantized (bf16) checkpoint with "
+        f"it was saved already quantized ({method}): dtp reads checkpoints saved quantized by torchao "
+        "(Int8Tensor / Float8Tensor weights) only. Load the unquantized (bf16) checkpoint with "
         "quantization_config=TorchAoConfig(...) (each rank quantizes its own slices, bit for bit what diffusers "
-        "makes), or load this one whole with diffusers' from_pretrained and call dtp.parallelize (torchao "
-        "Int8Tensor / Float8Tensor are sharded exactly)"
+        "makes), or keep the model whole"
     )
 
 

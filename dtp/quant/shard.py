@@ -16,6 +16,7 @@ rowwise at tp = 2: rank 1 holds qdata[:, 16:32] and all 64 scales.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
@@ -35,32 +36,44 @@ def shard_weight(weight, layout, mesh, device=None):
     """
     kind = describe(weight)
     assert kind is not None and kind.supported, kind
-    tp, rank = mesh.size(), mesh.get_local_rank()
-    qdata = _to(layout.local_slice(weight.qdata, tp, rank), device)
-    qdata = DTensor.from_local(qdata, mesh, [Shard(layout.dim)], run_check=False)
-    scale = _shard_rows(weight.scale, layout, tp, rank, device, mesh, fill=1.0)
     zero_point = getattr(weight, "zero_point", None)
-    if zero_point is not None:
-        zero_point = _shard_rows(zero_point, layout, tp, rank, device, mesh, fill=0)
-    block_size = _block_size(weight.block_size, weight.qdata.shape, qdata.shape)
+    qdata, scale, zero_point = shard_pieces(weight.qdata, weight.scale, zero_point, layout, mesh, device)
+    block_size = sharded_block_size(weight.block_size, weight.qdata.shape, qdata.shape)
     return rebuild(weight, qdata, scale, block_size, zero_point)
 
 
-def _shard_rows(values: torch.Tensor, layout, tp: int, rank: int, device, mesh, fill) -> DTensor:
+def shard_pieces(qdata, scale, zero_point, layout, mesh, device=None) -> tuple[DTensor, DTensor, DTensor | None]:
+    """This rank's (qdata, scale, zero_point) DTensors of a per-row or per-tensor quantized weight split as
+    `layout` says (the module docstring's table). Each piece is a tensor, or a safetensors slice
+    (`get_slice`: a checkpoint saved already quantized, `dtp/loading/prequantized.py`): the same math
+    either way, and only this rank's rows (or, for rowwise, its columns and the whole scales) are read."""
+    tp, rank = mesh.size(), mesh.get_local_rank()
+    local = _to(layout.local_slice(qdata, tp, rank), device)
+    qdata = DTensor.from_local(local, mesh, [Shard(layout.dim)], run_check=False)
+    scale = _shard_rows(scale, layout, tp, rank, device, mesh, fill=1.0)
+    if zero_point is not None:
+        zero_point = _shard_rows(zero_point, layout, tp, rank, device, mesh, fill=0)
+    return qdata, scale, zero_point
+
+
+def _shard_rows(values, layout, tp: int, rank: int, device, mesh, fill) -> DTensor:
     """Per-row values (scales, zero points) of a weight split by `layout`: sliced with the rows when the
-    rows split (padded rows get `fill`), whole on every rank when the columns split or there is one value."""
-    if layout.dim != 0 or values.numel() == 1:
-        return DTensor.from_local(_to(values.clone(), device), mesh, [Replicate()], run_check=False)
+    rows split (padded rows get `fill`), whole on every rank when the columns split or there is one value.
+    `values` is a tensor or a safetensors slice."""
+    shape = list(values.shape) if isinstance(values, torch.Tensor) else list(values.get_shape())
+    if layout.dim != 0 or math.prod(shape) == 1:
+        whole = values.clone() if isinstance(values, torch.Tensor) else values[:]
+        return DTensor.from_local(_to(whole, device), mesh, [Replicate()], run_check=False)
     local = layout.local_slice(values, tp, rank)
     if layout.is_padded:
-        real = layout.local_slice(torch.ones(values.shape[0], dtype=torch.bool), tp, rank)
+        real = layout.local_slice(torch.ones(shape[0], dtype=torch.bool), tp, rank)
         local[~real] = fill
     return DTensor.from_local(_to(local, device), mesh, [Shard(0)], run_check=False)
 
 
-def _block_size(block_size, shape, global_shape) -> list[int]:
+def sharded_block_size(block_size, shape, global_shape) -> list[int]:
     """The block size of the sharded tensor: a dim quantized whole (per row: the columns; per tensor: all)
-    stays whole at its global (padded) size."""
+    stays whole at its global (padded) size. `shape`: the unsharded data's; `global_shape`: the sharded one's."""
     return [global_shape[i] if block_size[i] == shape[i] else block_size[i] for i in range(len(shape))]
 
 
@@ -119,7 +132,7 @@ def full_weight(weight, layout):
     scale = _full_rows(weight.scale, layout)
     zero_point = getattr(weight, "zero_point", None)
     zero_point = None if zero_point is None else _full_rows(zero_point, layout)
-    block_size = _block_size(weight.block_size, weight.qdata.shape, qdata.shape)
+    block_size = sharded_block_size(weight.block_size, weight.qdata.shape, qdata.shape)
     return rebuild(weight, qdata, scale, block_size, zero_point)
 
 

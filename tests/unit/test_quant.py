@@ -20,7 +20,7 @@ from torchao.quantization import (  # noqa: E402
 )
 
 import dtp  # noqa: E402
-from dtp.quant import describe, shard_weight  # noqa: E402
+from dtp.quant import LAYOUT_ATTR, describe, shard_weight  # noqa: E402
 from dtp.resolve import Layout  # noqa: E402
 from dtp.testing.quant import quantize  # noqa: E402
 from dtp.testing.tiny import tiny_model  # noqa: E402
@@ -119,16 +119,24 @@ def test_prepare_refuses_before_mutating(mesh, make, words):
     assert all(before[n][0] is after[n][0] and torch.equal(before[n][1], after[n][1]) for n in before)
 
 
-def test_lora_on_quantized_layers_refused(mesh):
-    """load_lora onto a sharded model whose Linears are quantized: a PlanError naming the layer and scheme."""
+def test_lora_on_quantized_layers_split_like_the_base(mesh):
+    """load_lora onto a sharded model whose Linears are quantized (peft's TorchaoLoraLinear): the adapter is
+    sized from the local shape and split like an unquantized base's (parity: test_prequantized_parity.py)."""
     model = dtp.parallelize(quantize(tiny_model(FLUX), "int8wo"), mesh)
-    path = "transformer_blocks.0.attn.to_q"
+    path = "transformer_blocks.0.attn.to_q"  # colwise 64 -> 64: B's rows split, A whole
     lora = {
         f"transformer.{path}.lora_A.weight": torch.zeros(4, 64),
         f"transformer.{path}.lora_B.weight": torch.zeros(64, 4),
     }
-    with pytest.raises(dtp.PlanError, match=r"transformer_blocks\.0\.attn\.to_q.*int8wo"):
-        dtp.load_lora(model, lora)
+    dtp.load_lora(model, lora, adapter_name="a")
+    layer = model.get_submodule(path)
+    assert type(layer).__name__ == "TorchaoLoraLinear" and describe(layer.base_layer.weight).scheme == "int8wo"
+    assert layer.lora_B["a"].weight.to_local().shape == (16, 4) and layer.lora_A["a"].weight.to_local().shape == (4, 64)
+    assert (layer.base_layer.in_features, layer.base_layer.out_features) == (64, 64)  # restored after peft
+    layout, before = getattr(layer.base_layer.weight, LAYOUT_ATTR), layer.base_layer.weight
+    model.fuse_lora()  # peft re-quantizes W + B A s on the DTensor weight; dtp records the layout again
+    fused = layer.base_layer.weight
+    assert fused is not before and describe(fused).scheme == "int8wo" and getattr(fused, LAYOUT_ATTR) == layout
 
 
 def test_from_pretrained_refuses_unloadable_configs():
@@ -192,23 +200,17 @@ def test_run_quant_flag_is_a_torchao_config():
     assert run._quant(commands.build_parser().parse_args(["run", "--model-dir", "m", "--prompt", "p"])) is None
 
 
-def test_prequantized_checkpoint_refused_and_its_whole_load_sharded(mesh, tmp_path):
+def test_prequantized_checkpoint_whole_load_sharded(mesh, tmp_path):
     """A checkpoint diffusers saved already quantized by torchao (safetensors of `_weight_qdata` / `_weight_scale`
-    pieces): shard-on-load refuses it with a CheckpointError saying why and what to do, before reading; loaded
-    whole by diffusers, `dtp.parallelize` shards its Int8Tensor weights."""
+    pieces), loaded whole by diffusers: `dtp.parallelize` shards its Int8Tensor weights. (Shard-on-load of such a
+    folder: tests/unit/test_quant_prequantized.py.)"""
     from diffusers import FluxTransformer2DModel, TorchAoConfig
     from torch.distributed.tensor import DTensor
-
-    from dtp.loading.checkpoint import CheckpointError
 
     tiny_model(FLUX).save_pretrained(tmp_path / "plain")
     config = TorchAoConfig(Int8WeightOnlyConfig())
     saved = FluxTransformer2DModel.from_pretrained(tmp_path / "plain", quantization_config=config)
     saved.save_pretrained(tmp_path / "quantized")
-    with pytest.raises(
-        CheckpointError, match=r"saved already quantized \(torchao Int8WeightOnlyConfig\).*TorchAoConfig"
-    ):
-        dtp.from_pretrained(FluxTransformer2DModel, str(tmp_path / "quantized"), mesh)
     model = dtp.parallelize(FluxTransformer2DModel.from_pretrained(tmp_path / "quantized"), mesh)
     weight = model.transformer_blocks[0].attn.to_q.weight
     assert describe(weight).scheme == "int8wo" and isinstance(weight.qdata, DTensor)
