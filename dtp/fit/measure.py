@@ -105,12 +105,14 @@ class Measurer:
         self.dtype = dtype
         self._phases: dict = {}
         self._templates: dict = {}
+        self._inputs: dict = {}
         self.vae_config = pipeline.build(pipeline.vae, dtype).config
         self._disk = FiguresCache(PhaseFigures) if (enabled() if cache is None else cache) else None
 
     def phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures:
         """The figures of `name`'s forward in its phase at `shape` (PlanError when its plan does not fit); kept in
         memory and on disk (`cache.py`)."""
+        shape = self.relevant_shape(name, shape)
         key = (name, setup, shape)
         if key not in self._phases:
             self._phases[key] = self._cached_phase(name, setup, shape)
@@ -164,7 +166,7 @@ class Measurer:
     def output_bytes(self, setup: Setup, shape: Shape) -> int:
         """Bytes of one transformer call's output on a rank running `setup`: its latents' (`hidden_states`) shape."""
         module = self._template(self.pipeline.transformer, 1)[0]
-        inputs, _ = self._call(self.pipeline.transformer, module, setup, shape)
+        inputs, _ = self._call(self.pipeline.transformer, module, setup, self.relevant_shape("transformer", shape))
         latents = inputs["hidden_states"]
         return latents.numel() * latents.element_size()
 
@@ -178,8 +180,26 @@ class Measurer:
             self._templates[key] = (module, lengths)
         return self._templates[key]
 
+    def relevant_shape(self, name: str, shape: Shape) -> Shape:
+        """`shape` with what does not change `name`'s figures set to one value, so that equal measurements share a
+        key: the batch (a component runs `Setup.batch`), a text encoder's pixels and frames (it sees the prompt
+        only), a VAE's prompt length (it sees the latents only)."""
+        shape = replace(shape, batch=1)
+        if name in self.pipeline.text_encoders:
+            return replace(shape, height=0, width=0, frames=1)
+        if name == self.pipeline.vae:
+            return replace(shape, text_tokens=0)
+        return shape
+
     def _call(self, name: str, module, setup: Setup, shape: Shape):
-        batch_shape = replace(shape, batch=setup.batch)
+        """(meta inputs of `name`'s call at `shape` with `setup.batch` rows, the call); the inputs built once per key
+        (their builders draw full-size random tensors before moving them to meta: 50 ms for FLUX.2's text states)."""
+        key = (name, setup.batch, shape)
+        if key not in self._inputs:
+            self._inputs[key] = self._build_call(name, module, replace(shape, batch=setup.batch))
+        return self._inputs[key]
+
+    def _build_call(self, name: str, module, batch_shape: Shape):
         if name == self.pipeline.transformer:
             scale = vae_scale(self.vae_config)
             return denoise_inputs(type(module).__name__, module.config, self.dtype, batch_shape, scale), call
