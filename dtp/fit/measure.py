@@ -111,7 +111,7 @@ class Measurer:
         self._phases: dict = {}
         self._templates: dict = {}
         self._inputs: dict = {}
-        self.vae_config = pipeline.build(pipeline.vae, dtype).config
+        self.vae_config = self._template(pipeline.vae, 1)[0].config  # the VAE traced later is this one
         self._disk = FiguresCache(PhaseFigures) if (enabled() if cache is None else cache) else None
 
     def phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures:

@@ -62,3 +62,21 @@ def test_video_vaes_decode_5d_latents(class_name):
         vae = getattr(diffusers, class_name)()
     z = decode_inputs(vae, torch.bfloat16, Shape(1, 256, 256, 17))["z"]
     assert z.dim() == 5, tuple(z.shape)
+
+
+def test_to_fake_keeps_tied_parameters_one_parameter():
+    """T5's `shared` and `encoder.embed_tokens` are one table: after `to_fake` still one (counted once), as the real
+    model holds it (tiny T5, vocab 192 x 32 fp32: 24 576 bytes of table, not 49 152)."""
+    from dtp.families.pipelines import t5_encoder
+    from dtp.fit.trace import fake_mode, param_bytes_by_scope, to_fake
+
+    with torch.device("meta"):
+        model = t5_encoder(32, seed=0)
+    assert model.shared.weight is model.encoder.embed_tokens.weight
+    whole = sum(p.numel() * p.element_size() for p in model.parameters())
+    with fake_mode():
+        to_fake(model)
+        counted = sum(param_bytes_by_scope(model).values())
+    assert model.shared.weight is model.encoder.embed_tokens.weight
+    assert model.shared.weight.device.type == "cpu"
+    assert counted == whole
