@@ -28,7 +28,7 @@ import torch
 
 from ..analysis.fakepg import fake_world
 from ..engine import apply
-from ..errors import PlanError
+from ..errors import ForwardError, PlanError
 from ..pipeline import prepare_component
 from ..quant import config_for, quantize
 from ..runtime.mesh import make_mesh
@@ -122,7 +122,7 @@ class Measurer:
         if key not in self._phases:
             wanted = dict.fromkeys([shape, *(self.relevant_shape(name, s) for s in self.shapes)])
             self._fill(name, setup, [s for s in wanted if (name, setup, s) not in self._phases])
-        if isinstance(self._phases[key], PlanError):
+        if isinstance(self._phases[key], Exception):  # PlanError, or ForwardError from the cp hooks
             raise self._phases[key]
         return self._phases[key]
 
@@ -134,7 +134,7 @@ class Measurer:
         missing = [s for s, figures in found.items() if figures is None]
         measured = self._measure_phase(name, setup, missing) if missing else {}
         for s, figures in measured.items():
-            if self._disk and not isinstance(figures, PlanError):
+            if self._disk and not isinstance(figures, Exception):
                 self._disk.put(keys[s], figures)
         for s in shapes:
             self._phases[(name, setup, s)] = found[s] if found[s] is not None else measured[s]
@@ -145,7 +145,7 @@ class Measurer:
         return self.pipeline.name if self.pipeline.name in PIPELINES or not config.is_file() else config.read_text()
 
     def _measure_phase(self, name: str, setup: Setup, shapes: list[Shape]) -> dict:
-        """{shape: PhaseFigures or PlanError} of `name` under `setup`."""
+        """{shape: PhaseFigures, or the PlanError / ForwardError found instead} of `name` under `setup`."""
         try:
             ones = self._trace(name, setup, shapes, 1)
             twos = self._trace(name, setup, shapes, 2) if name.startswith("text_encoder") else None
@@ -154,7 +154,7 @@ class Measurer:
         result = {}
         for s in shapes:
             one = ones[0][s]
-            if isinstance(one, PlanError):
+            if isinstance(one, Exception):
                 result[s] = one
             elif twos is None:
                 result[s] = _figures(one, ones[1], ones[2], one.peak_bytes)
@@ -243,11 +243,15 @@ def _parallelize(name: str, module, setup: Setup) -> None:
 
 
 def _trace_one(module, call):
-    """`trace_call` of one (inputs, call) pair, or the PlanError that was found instead of it."""
+    """`trace_call` of one (inputs, call) pair, or the error found instead of it, kept for its own shape (a shape the
+    caller has not asked for yet must not fail the one it has; e.g. cp not dividing a sequence: ForwardError)."""
     if isinstance(call, PlanError):
         return call
     inputs, run = call
-    return trace_call(module, run, {k: fake_like(v) for k, v in inputs.items()})
+    try:
+        return trace_call(module, run, {k: fake_like(v) for k, v in inputs.items()})
+    except (PlanError, ForwardError) as exc:
+        return exc
 
 
 def _text_peak(one: Trace, two: Trace, lengths: dict) -> int:
