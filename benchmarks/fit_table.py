@@ -1,24 +1,28 @@
 """`dtp fit` for the released pipelines: will they fit 1, 2, 4, 8 GPUs of 24, 48, 80 GB at 1024^2 and 2048^2?
 
-For each pipeline and resolution, `dtp.fit` runs once per GPU count (measurements shared through one
-`Measurer`); the memory per GPU only decides `fits`, so each table row says, for the best candidate
-of its GPU count, its per-rank peak and which of 24 / 48 / 80 GB it fits, with the fastest candidate
-that fits each memory size (step time on the preset of that size: RTX 4090, L40S, H100 SXM). Also
-writes one plot (FLUX.1-dev at 1024^2 on 2 x 24 GB) and the wall time per pipeline.
+For each pipeline, `dtp.fit` runs once per (GPU count, resolution, memory) with one `Measurer` per process
+told both resolutions (each sharded component is built once and traced at both); the memory per GPU only decides
+`fits`, so each table row says, for the best candidate of its GPU count, its per-rank peak and which of
+24 / 48 / 80 GB it fits, with the fastest candidate that fits each memory size (step time on the preset of that
+size: RTX 4090, L40S, H100 SXM). Also writes one plot (FLUX.1-dev at 1024^2 on 2 x 24 GB).
 
-    python benchmarks/fit_table.py [PIPELINE ...] [--jobs 2]  # -> results/fit_table.md, fit_flux_2x24.png
+    python benchmarks/fit_table.py [PIPELINE ...] [--jobs 2] [--output fit_table.md]
 
-One process per resolution (`--jobs`, default 2: the two cores of the target machine), each with its own
-`Measurer`; then the same grid again in one process, every measurement read from the disk cache
+Cold: the disk cache starts empty (a fresh $DTP_CACHE). The GPU counts are split over `--jobs` processes
+(default 2, the two cores of the target machine: 8 and 1 GPUs in one, 4 and 2 in the other, about the same
+number of meshes); then the same grid again in one process, every measurement read from the disk cache
 (`dtp/fit/cache.py`), which is what a repeated `dtp fit` costs. CPU seconds are the processes' own
-(`getrusage`), measurable on a shared machine where wall time is not.
+(`getrusage`, imports included), measurable on a shared machine where wall time is not; the wall time and the
+load average are printed beside them.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import resource
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,7 +30,7 @@ import torch
 
 from dtp.fit import fit
 from dtp.fit.measure import Measurer
-from dtp.fit.pipelines import fit_pipeline
+from dtp.fit.pipelines import VIDEO_FRAMES, Shape, fit_pipeline
 from dtp.fit.report import format_table, label, plot
 
 PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline", "wan-pipeline")
@@ -36,38 +40,48 @@ MEMORY = {"24 GB": ("24GB", "RTX 4090"), "48 GB": ("48GB", "L40S"), "80 GB": ("8
 RESULTS = Path(__file__).resolve().parent / "results"
 PLOTTED = ("flux-pipeline", 1024, 2, "24GB")  # the plot: FLUX.1-dev at 1024^2 on 2 x 24 GB
 PLOT = "fit_flux_2x24.png"
+GROUPS = ((8, 1), (4, 2))  # GPU counts per process: about the same number of meshes to trace in each
 
 
-def table(pipeline: str, out, jobs: int) -> tuple[float, float]:
-    """Markdown rows for one pipeline (one task per resolution, `jobs` processes); (CPU s of all tasks, wall s)."""
+def table(pipeline: str, out, jobs: int) -> tuple[float, float, float]:
+    """Markdown rows for one pipeline (the GPU counts split over `jobs` processes); (CPU s of all tasks, of the
+    busiest one, wall s): on idle cores the busiest process's CPU seconds bound the wall time."""
     wall = time.perf_counter()
-    tasks = [(pipeline, resolution) for resolution in RESOLUTIONS]
+    groups = GROUPS if jobs > 1 else (tuple(g for group in GROUPS for g in group),)
+    tasks = [(pipeline, group) for group in groups]
     if jobs > 1:
         with multiprocessing.get_context("spawn").Pool(jobs) as pool:
             results = pool.starmap(_rows, tasks)
     else:
         results = [_rows(*task) for task in tasks]
-    for lines, _ in results:
-        for line in lines:
-            out(line)
-    return sum(cpu for _, cpu in results), time.perf_counter() - wall
+    lines = {key: line for found, _ in results for key, line in found.items()}
+    for key in sorted(lines):
+        out(lines[key])
+    cpus = [cpu for _, cpu in results]
+    return sum(cpus), max(cpus), time.perf_counter() - wall
 
 
-def _rows(pipeline: str, resolution: int) -> tuple[list[str], float]:
-    """The table rows of one pipeline at one resolution (and the plot where it is drawn); its CPU seconds."""
+def _rows(pipeline: str, gpu_counts: tuple[int, ...]) -> tuple[dict, float]:
+    """{(resolution, gpus): table row (and the plot where it is drawn)} of one pipeline; its CPU seconds (the
+    process's own, imports included). One `Measurer` told both resolutions: each sharded component is traced at
+    both at once."""
     start = _cpu()
-    measurer = Measurer(fit_pipeline(pipeline), torch.bfloat16)
-    lines = []
-    for gpus in GPUS:
-        cells, rows = [], []
-        for memory, preset in MEMORY.values():
-            report = fit(pipeline, gpus, memory, resolution=resolution, hardware=preset, measurer=measurer)
-            cells.append(_cell(report["rows"][0] if report["rows"] else None))
-            rows += report["rows"]  # quantized rows appear only where nothing unquantized fits that memory
-        smallest = min(rows, key=lambda r: r["peak_bytes"]) if rows else None
-        lines.append(f"| {report['title']} | {resolution}² | {gpus} | {_peak(smallest)} | " + " | ".join(cells) + " |")
-        if pipeline == PLOTTED[0] and (resolution, gpus) == PLOTTED[1:3]:
-            lines.append(_plot(measurer))
+    spec = fit_pipeline(pipeline)
+    frames = VIDEO_FRAMES if spec.is_video else 1
+    measurer = Measurer(spec, torch.bfloat16, shapes=tuple(Shape(1, r, r, frames) for r in RESOLUTIONS))
+    lines = {}
+    for gpus in gpu_counts:
+        for resolution in RESOLUTIONS:
+            cells, rows = [], []
+            for memory, preset in MEMORY.values():
+                report = fit(pipeline, gpus, memory, resolution=resolution, hardware=preset, measurer=measurer)
+                cells.append(_cell(report["rows"][0] if report["rows"] else None))
+                rows += report["rows"]  # quantized rows appear only where nothing unquantized fits that memory
+            smallest = min(rows, key=lambda r: r["peak_bytes"]) if rows else None
+            line = f"| {report['title']} | {resolution}² | {gpus} | {_peak(smallest)} | " + " | ".join(cells) + " |"
+            if pipeline == PLOTTED[0] and (resolution, gpus) == PLOTTED[1:3]:
+                line += "\n" + _plot(measurer)
+            lines[(resolution, gpus)] = line
     return lines, _cpu() - start
 
 
@@ -112,6 +126,7 @@ HEADER = [
 
 
 def main(pipelines, jobs: int = 2, name: str = "fit_table.md") -> None:
+    os.environ["DTP_CACHE"] = tempfile.mkdtemp(prefix="dtp-fit-")  # cold: no measurement from an earlier run
     path = RESULTS / name
     path.write_text("\n".join(HEADER) + "\n")
 
@@ -121,11 +136,11 @@ def main(pipelines, jobs: int = 2, name: str = "fit_table.md") -> None:
             f.write(line + "\n")
 
     for pipeline in pipelines:
-        cpu, wall = table(pipeline, out, jobs)
+        cpu, busiest, wall = table(pipeline, out, jobs)
         again = table(pipeline, lambda line: None, 1)  # the same grid again: every measurement from the disk cache
         out(
-            f"\n{pipeline}: {cpu:.0f} CPU s in {jobs} processes ({wall:.0f} wall s on a shared 2-core machine); "
-            f"again with the disk cache: {again[0]:.1f} CPU s\n"
+            f"\n{pipeline}: cold {cpu:.0f} CPU s in {jobs} processes (the busiest {busiest:.0f}; {wall:.0f} wall s, "
+            f"load {os.getloadavg()[0]:.1f}); again with the disk cache: {again[0]:.1f} CPU s\n"
         )
 
 

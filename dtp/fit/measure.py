@@ -28,7 +28,7 @@ import torch
 
 from ..analysis.fakepg import fake_world
 from ..engine import apply
-from ..errors import PlanError
+from ..errors import ForwardError, PlanError
 from ..pipeline import prepare_component
 from ..quant import config_for, quantize
 from ..runtime.mesh import make_mesh
@@ -100,57 +100,79 @@ class PhaseFigures:
 class Measurer:
     """Builds, shards and traces components of one pipeline in one dtype; every result cached."""
 
-    def __init__(self, pipeline: FitPipeline, dtype: torch.dtype, *, cache: bool | None = None):
+    def __init__(
+        self, pipeline: FitPipeline, dtype: torch.dtype, *, cache: bool | None = None, shapes: tuple[Shape, ...] = ()
+    ):
+        """shapes: every shape the caller will ask for (e.g. both resolutions of a table): each sharded component is
+        then traced at all of them at once, built, sharded and quantized once (about half of a trace's cost)."""
         self.pipeline = pipeline
         self.dtype = dtype
+        self.shapes = tuple(shapes)
         self._phases: dict = {}
         self._templates: dict = {}
-        self.vae_config = pipeline.build(pipeline.vae, dtype).config
+        self._inputs: dict = {}
+        self.vae_config = self._template(pipeline.vae, 1)[0].config  # the VAE traced later is this one
         self._disk = FiguresCache(PhaseFigures) if (enabled() if cache is None else cache) else None
 
     def phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures:
         """The figures of `name`'s forward in its phase at `shape` (PlanError when its plan does not fit); kept in
         memory and on disk (`cache.py`)."""
+        shape = self.relevant_shape(name, shape)
         key = (name, setup, shape)
         if key not in self._phases:
-            self._phases[key] = self._cached_phase(name, setup, shape)
-        if isinstance(self._phases[key], PlanError):
+            wanted = dict.fromkeys([shape, *(self.relevant_shape(name, s) for s in self.shapes)])
+            self._fill(name, setup, [s for s in wanted if (name, setup, s) not in self._phases])
+        if isinstance(self._phases[key], Exception):  # PlanError, or ForwardError from the cp hooks
             raise self._phases[key]
         return self._phases[key]
 
-    def _cached_phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures | PlanError:
-        disk_key = (self._source(name), self.pipeline.classes[name], name, setup, shape, str(self.dtype))
-        found = self._disk.get(disk_key) if self._disk else None
-        if found is not None:
-            return found
-        try:
-            figures = self._measure_phase(name, setup, shape)
-        except PlanError as exc:
-            return exc  # refused by its plan: not written to disk (the prepare that refuses it is quick)
-        if self._disk:
-            self._disk.put(disk_key, figures)
-        return figures
+    def _fill(self, name: str, setup: Setup, shapes: list[Shape]) -> None:
+        """Figures (or the PlanError that refuses them) of `name` under `setup` at each of `shapes`: from the disk,
+        else measured, then written there (refusals are not: the prepare that refuses is quick)."""
+        keys = {s: (self._source(name), self.pipeline.classes[name], name, setup, s, str(self.dtype)) for s in shapes}
+        found = {s: self._disk.get(key) if self._disk else None for s, key in keys.items()}
+        missing = [s for s, figures in found.items() if figures is None]
+        measured = self._measure_phase(name, setup, missing) if missing else {}
+        for s, figures in measured.items():
+            if self._disk and not isinstance(figures, Exception):
+                self._disk.put(keys[s], figures)
+        for s in shapes:
+            self._phases[(name, setup, s)] = found[s] if found[s] is not None else measured[s]
 
     def _source(self, name: str) -> str:
         """What identifies the component's config: the released pipeline's name, or its config.json's text."""
         config = Path(self.pipeline.model_dir) / name / "config.json"
         return self.pipeline.name if self.pipeline.name in PIPELINES or not config.is_file() else config.read_text()
 
-    def _measure_phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures:
-        if name.startswith("text_encoder"):
-            one, two = (self._trace(name, setup, shape, depth) for depth in (1, 2))
-            ran = [n for path, n in one[2].items() if f"{path}.0" in one[0].flops]  # the lists the call ran
-            depth = max(ran, default=1)
-            peak = one[0].peak_bytes + (depth - 1) * max(two[0].peak_bytes - one[0].peak_bytes, 0)
-            return _figures(*one, peak)
-        trace, weights, lengths = self._trace(name, setup, shape, 1)
-        return _figures(trace, weights, lengths, trace.peak_bytes)
+    def _measure_phase(self, name: str, setup: Setup, shapes: list[Shape]) -> dict:
+        """{shape: PhaseFigures, or the PlanError / ForwardError found instead} of `name` under `setup`."""
+        try:
+            ones = self._trace(name, setup, shapes, 1)
+            twos = self._trace(name, setup, shapes, 2) if name.startswith("text_encoder") else None
+        except PlanError as exc:  # the plan refuses `setup`: at every shape
+            return {s: exc for s in shapes}
+        result = {}
+        for s in shapes:
+            one = ones[0][s]
+            if isinstance(one, Exception):
+                result[s] = one
+            elif twos is None:
+                result[s] = _figures(one, ones[1], ones[2], one.peak_bytes)
+            else:
+                result[s] = _figures(one, ones[1], ones[2], _text_peak(one, twos[0][s], ones[2]))
+        return result
 
-    def _trace(self, name: str, setup: Setup, shape: Shape, depth: int):
-        """(trace, parameter bytes by scope, block multiplicities) of `name` cut to `depth` blocks per list."""
+    def _trace(self, name: str, setup: Setup, shapes: list[Shape], depth: int):
+        """({shape: trace or PlanError}, parameter bytes by scope, block multiplicities) of `name` cut to `depth`
+        blocks per list, built and sharded once and traced at every shape."""
         module, lengths = self._template(name, depth)
         module = copy.deepcopy(module)  # sharding mutates it; a meta copy costs next to nothing
-        inputs, run = self._call(name, module, setup, shape)
+        calls = {}
+        for s in shapes:
+            try:
+                calls[s] = self._call(name, module, setup, s)
+            except PlanError as exc:  # e.g. an image that is not a whole number of tokens
+                calls[s] = exc
         with fake_world(setup.world):
             _parallelize(name, module, setup)
             with fake_mode():
@@ -158,13 +180,13 @@ class Measurer:
                 if setup.quant is not None:  # after sharding, as `dtp.quantize` runs on a sharded model
                     quantize(module, config_for(setup.quant))
                 weights = param_bytes_by_scope(module)
-                trace = trace_call(module, run, {k: fake_like(v) for k, v in inputs.items()})
-        return trace, weights, {path: max(n // depth, 1) for path, n in lengths.items()}
+                traces = {s: _trace_one(module, c) for s, c in calls.items()}
+        return traces, weights, {path: max(n // depth, 1) for path, n in lengths.items()}
 
     def output_bytes(self, setup: Setup, shape: Shape) -> int:
         """Bytes of one transformer call's output on a rank running `setup`: its latents' (`hidden_states`) shape."""
         module = self._template(self.pipeline.transformer, 1)[0]
-        inputs, _ = self._call(self.pipeline.transformer, module, setup, shape)
+        inputs, _ = self._call(self.pipeline.transformer, module, setup, self.relevant_shape("transformer", shape))
         latents = inputs["hidden_states"]
         return latents.numel() * latents.element_size()
 
@@ -178,8 +200,26 @@ class Measurer:
             self._templates[key] = (module, lengths)
         return self._templates[key]
 
+    def relevant_shape(self, name: str, shape: Shape) -> Shape:
+        """`shape` with what does not change `name`'s figures set to one value, so that equal measurements share a
+        key: the batch (a component runs `Setup.batch`), a text encoder's pixels and frames (it sees the prompt
+        only), a VAE's prompt length (it sees the latents only)."""
+        shape = replace(shape, batch=1)
+        if name in self.pipeline.text_encoders:
+            return replace(shape, height=0, width=0, frames=1)
+        if name == self.pipeline.vae:
+            return replace(shape, text_tokens=0)
+        return shape
+
     def _call(self, name: str, module, setup: Setup, shape: Shape):
-        batch_shape = replace(shape, batch=setup.batch)
+        """(meta inputs of `name`'s call at `shape` with `setup.batch` rows, the call); the inputs built once per key
+        (their builders draw full-size random tensors before moving them to meta: 50 ms for FLUX.2's text states)."""
+        key = (name, setup.batch, shape)
+        if key not in self._inputs:
+            self._inputs[key] = self._build_call(name, module, replace(shape, batch=setup.batch))
+        return self._inputs[key]
+
+    def _build_call(self, name: str, module, batch_shape: Shape):
         if name == self.pipeline.transformer:
             scale = vae_scale(self.vae_config)
             return denoise_inputs(type(module).__name__, module.config, self.dtype, batch_shape, scale), call
@@ -200,6 +240,26 @@ def _parallelize(name: str, module, setup: Setup) -> None:
     ready = prepare_component(name, module, Parallelism.build(mesh, cp_mode=setup.cp_mode, pad=setup.pad))
     if ready is not None:
         apply(module, ready)
+
+
+def _trace_one(module, call):
+    """`trace_call` of one (inputs, call) pair, or the error found instead of it, kept for its own shape (a shape the
+    caller has not asked for yet must not fail the one it has; e.g. cp not dividing a sequence: ForwardError)."""
+    if isinstance(call, PlanError):
+        return call
+    inputs, run = call
+    try:
+        return trace_call(module, run, {k: fake_like(v) for k, v in inputs.items()})
+    except (PlanError, ForwardError) as exc:
+        return exc
+
+
+def _text_peak(one: Trace, two: Trace, lengths: dict) -> int:
+    """A text encoder's peak at full depth from its traces at depth 1 and 2 (module docstring): it keeps one
+    activation per layer alive, so peak(n) = peak(1) + (n - 1) (peak(2) - peak(1)), n the depth its call ran."""
+    ran = [n for path, n in lengths.items() if f"{path}.0" in one.flops]  # the lists the call ran
+    depth = max(ran, default=1)
+    return one.peak_bytes + (depth - 1) * max(two.peak_bytes - one.peak_bytes, 0)
 
 
 def _figures(trace: Trace, weights, scale: dict, peak: int) -> PhaseFigures:

@@ -26,11 +26,11 @@ from ..analysis.fakepg import meta_inputs
 from ..analysis.released import RELEASED_PIPELINES, T5_XXL, Component, ReleasedPipeline, build_component
 from ..errors import PlanError
 from ..loading import build_skeleton
+from ..vae.apply import VIDEO_VAES  # 3-D latents [B, C, frames, h, w]: one list with the parallel VAE's
 
 PATCH = 2  # latent pixels per token side, every supported transformer
 PROMPT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL / UMT5 prompt length the pipelines pad or cap to
 CLIP_TOKENS = 77
-VIDEO_VAES = ("AutoencoderKLQwenImage", "AutoencoderKLWan")  # 3-D latents [B, C, frames, h, w]
 VIDEO_TRANSFORMERS = ("WanTransformer3DModel",)
 ENCODER_ONLY = ("CLIPTextModel", "CLIPTextModelWithProjection", "T5EncoderModel", "UMT5EncoderModel")
 # Pipelines that run classifier-free guidance as two transformer calls per step at their recommended settings.

@@ -265,8 +265,27 @@ def fake_mode():
 
 
 def to_fake(model: nn.Module) -> nn.Module:
-    """Inside `fake_mode()`: every parameter and buffer of a meta model becomes a fake cpu tensor."""
-    return model.to_empty(device=FAKE_DEVICE)
+    """Inside `fake_mode()`: every parameter and buffer of a meta model becomes a fake cpu tensor.
+
+    Tied parameters stay one parameter: `to_empty` gives each module its own new tensor (a fake tensor cannot
+    take a meta tensor's place in place), which would count T5's tied table (`shared` = `encoder.embed_tokens`,
+    UMT5-XXL's: 2.1 GB in bf16) twice, so every later holder is pointed at the first one's new tensor again.
+    """
+    tied = _tied_holders(model)
+    model.to_empty(device=FAKE_DEVICE)
+    for (first, first_name), *others in tied:
+        for module, name in others:
+            setattr(module, name, getattr(first, first_name))
+    return model
+
+
+def _tied_holders(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """[(module, parameter name), ...] for each parameter that more than one module holds."""
+    holders: dict[int, list] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            holders.setdefault(id(param), []).append((module, name))
+    return [places for places in holders.values() if len(places) > 1]
 
 
 def fake_like(value):

@@ -237,8 +237,8 @@ def test_why_none_fits_names_the_smallest_peak_and_its_phase():
 def test_fit_of_a_pipeline_directory_sorts_and_explains():
     """The tiny FLUX.1 checkpoint at tp=2 (VAE split, unquantized): with memory between the peaks, fitting rows come
     first and smallest peaks fit; with 1 kB nothing fits and the reason names the smallest peak; sharded text
-    encoders hold about half of the whole ones' bytes (CLIP: + its replicated embeddings and norms; T5 is not used:
-    its tied vocab-parallel table is sharded twice by `apply`, 96 of 385 rows per rank, reported to the lead)."""
+    encoders hold about half of the whole ones' bytes (CLIP: + its replicated embeddings and norms; T5: + its norms,
+    its tied vocab-parallel table counted once on both sides)."""
     from dtp.families.pipelines import tiny_checkpoint
     from dtp.fit.measure import Measurer
     from dtp.fit.pipelines import fit_pipeline
@@ -256,6 +256,7 @@ def test_fit_of_a_pipeline_directory_sorts_and_explains():
     by_te = {r["text_encoders"]: r for r in rows}
     sharded, whole = by_te["sharded"]["weight_bytes"], by_te["whole"]["weight_bytes"]
     assert 0.5 * whole["text_encoder"] <= sharded["text_encoder"] < 0.65 * whole["text_encoder"]
+    assert 0.5 * whole["text_encoder_2"] <= sharded["text_encoder_2"] < 0.51 * whole["text_encoder_2"]
     assert by_te["sharded"]["command"].endswith("--height 64 --width 64")
     # Quantized rows only where no unquantized twin fits: the whole-text-encoder row (the largest peak) at `memory`.
     whole = {**options, "only": {"cp": 1, "text_encoders": "whole"}}
