@@ -162,6 +162,14 @@ def build_skeleton(model_class, directory: str, torch_dtype: torch.dtype | None 
     return text.build_text_on_meta(model_class, config, dtype, directory)
 
 
+def open_model_checkpoint(directory: str, transformers_model: bool) -> Checkpoint:
+    """The checkpoint a model of either library loads from: transformers' or diffusers' weights file, a diffusers
+    one seen through `torchao_view` (a weight saved quantized by torchao: its pieces under one key)."""
+    if transformers_model:
+        return open_checkpoint(directory, text.WEIGHTS_NAME)
+    return torchao_view(open_checkpoint(directory, WEIGHTS_NAME))
+
+
 def load_prepared(
     model: nn.Module, prepared, directory: str, torch_dtype=None, *, start=None, quantizer=None
 ) -> LoadStats:
@@ -172,8 +180,7 @@ def load_prepared(
     """
     start = time.perf_counter() if start is None else start
     transformers_model = is_transformers_model(model)
-    checkpoint = open_checkpoint(directory, text.WEIGHTS_NAME if transformers_model else WEIGHTS_NAME)
-    checkpoint = checkpoint if transformers_model else torchao_view(checkpoint)  # torchao pieces: one key each
+    checkpoint = open_model_checkpoint(directory, transformers_model)
     keymap = model_keymap(model, checkpoint, transformers_model)
     target = prepared.device if prepared.device is not None else local_device(prepared.tp_mesh.device_type)
     layouts = prepared.resolved.param_layouts()

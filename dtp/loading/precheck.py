@@ -12,11 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..plan.transformers import is_transformers_model
-from . import text
-from .checkpoint import WEIGHTS_NAME, open_checkpoint
 from .keys import model_keymap
-from .load import build_skeleton
-from .prequantized import torchao_view
+from .load import build_skeleton, open_model_checkpoint
 
 
 def check_files(model_class, directory: str, torch_dtype: torch.dtype | None = None) -> None:
@@ -25,5 +22,4 @@ def check_files(model_class, directory: str, torch_dtype: torch.dtype | None = N
     wrongly shaped keys); return None when they would load. Reads headers only."""
     model = build_skeleton(model_class, directory, torch_dtype)
     transformers_model = is_transformers_model(model)
-    checkpoint = open_checkpoint(directory, text.WEIGHTS_NAME if transformers_model else WEIGHTS_NAME)
-    model_keymap(model, checkpoint if transformers_model else torchao_view(checkpoint), transformers_model)
+    model_keymap(model, open_model_checkpoint(directory, transformers_model), transformers_model)
