@@ -34,6 +34,7 @@ from ..quant import config_for, quantize
 from ..runtime.mesh import make_mesh
 from ..runtime.parallelism import Parallelism
 from ..vae import parallelize_vae
+from ..vae.video_decode import FRAME_LOOP_VAES
 from .cache import FiguresCache, enabled
 from .pipelines import (
     PIPELINES,
@@ -59,6 +60,8 @@ from .trace import (
 )
 
 PHASES = ("text", "denoise", "decode")
+# Submodules a component calls many times alike, replayed after two runs (`repeats.py`): the per-frame decoder.
+REPEATED = dict.fromkeys(FRAME_LOOP_VAES, ("decoder",))
 
 
 @dataclass(frozen=True)
@@ -248,8 +251,9 @@ def _trace_one(module, call):
     if isinstance(call, PlanError):
         return call
     inputs, run = call
+    repeated = REPEATED.get(type(module).__name__, ())
     try:
-        return trace_call(module, run, {k: fake_like(v) for k, v in inputs.items()})
+        return trace_call(module, run, {k: fake_like(v) for k, v in inputs.items()}, repeated)
     except (PlanError, ForwardError) as exc:
         return exc
 

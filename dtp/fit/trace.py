@@ -44,6 +44,7 @@ from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapp
 
 from ..analysis.collectives import COLLECTIVE_NAMESPACES, NOT_COLLECTIVES, block_paths, scope_hooks
 from ..runtime.memory import local_tensor_bytes
+from .repeats import repeated_calls
 
 FAKE_DEVICE = "cpu"  # fake tensors live "on" cpu: SDPA then takes its flash kernel (see the module docstring)
 
@@ -119,6 +120,11 @@ class PhaseTrace(TorchDispatchMode):
             self._track(tensor)
         self.trace.peak_bytes = max(self.trace.peak_bytes, self._current)
         return out
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes created during the forward and alive now."""
+        return self._current
 
     def _track(self, tensor) -> None:
         storage = _storage(tensor)
@@ -297,10 +303,14 @@ def fake_like(value):
     return value
 
 
-def trace_call(model: nn.Module, call, inputs: dict) -> Trace:
-    """Run `call(model, **inputs)` under `PhaseTrace` (no grad); the model and inputs must be fake already."""
+def trace_call(model: nn.Module, call, inputs: dict, repeated: tuple[str, ...] = ()) -> Trace:
+    """Run `call(model, **inputs)` under `PhaseTrace` (no grad); the model and inputs must be fake already.
+    `repeated`: paths of submodules called many times alike (Wan's VAE decoder, once per latent frame), whose repeats
+    are replayed rather than run (`repeats.py`; the figures are the same)."""
     resident = [*model.parameters(), *model.buffers(), *(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))]
-    with torch.no_grad(), PhaseTrace(model, resident) as tracer:
+    with torch.no_grad(), PhaseTrace(model, resident) as tracer, contextlib.ExitStack() as stack:
+        for path in repeated:
+            stack.enter_context(repeated_calls(tracer, model.get_submodule(path)))
         out = call(model, **inputs)
         del out
     return tracer.trace
