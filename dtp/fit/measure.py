@@ -46,6 +46,7 @@ from .pipelines import (
     denoise_inputs,
     text_inputs,
     vae_scale,
+    vae_time_scale,
 )
 from .trace import (
     Trace,
@@ -224,8 +225,8 @@ class Measurer:
 
     def _build_call(self, name: str, module, batch_shape: Shape):
         if name == self.pipeline.transformer:
-            scale = vae_scale(self.vae_config)
-            return denoise_inputs(type(module).__name__, module.config, self.dtype, batch_shape, scale), call
+            scales = vae_scale(self.vae_config), vae_time_scale(self.vae_config)
+            return denoise_inputs(type(module).__name__, module.config, self.dtype, batch_shape, *scales), call
         if name == self.pipeline.vae:
             return decode_inputs(module, self.dtype, batch_shape), decode
         return text_inputs(module, batch_shape), call

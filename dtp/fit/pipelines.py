@@ -161,9 +161,25 @@ class Shape:
 
 def vae_scale(vae_config) -> int:
     """Pixels per latent pixel, as diffusers' pipelines compute it from the VAE's config."""
+    if vae_config.get("spatial_compression_ratio"):  # HunyuanVideo's (LTX's when set)
+        return vae_config["spatial_compression_ratio"]
+    if "spatio_temporal_scaling" in vae_config:  # LTX-Video: patchify x one 2x per scaling stage (32)
+        return vae_config["patch_size"] * 2 ** sum(vae_config["spatio_temporal_scaling"])
     if "temperal_downsample" in vae_config:  # Qwen-Image / Wan 3-D VAEs
         return 2 ** len(vae_config["temperal_downsample"])
     return 2 ** (len(vae_config["block_out_channels"]) - 1)
+
+
+def vae_time_scale(vae_config) -> int:
+    """Frames per latent frame after the first, as the video VAE's config says (4 for Wan and HunyuanVideo, 8 for
+    LTX-Video)."""
+    if vae_config.get("temporal_compression_ratio"):
+        return vae_config["temporal_compression_ratio"]
+    if "spatio_temporal_scaling" in vae_config:
+        return vae_config["patch_size_t"] * 2 ** sum(vae_config["spatio_temporal_scaling"])
+    if "temperal_downsample" in vae_config:
+        return 2 ** sum(vae_config["temperal_downsample"])
+    return 4
 
 
 def latent_size(shape: Shape, scale: int) -> tuple[int, int]:
@@ -175,25 +191,26 @@ def latent_size(shape: Shape, scale: int) -> tuple[int, int]:
     return shape.height // scale, shape.width // scale
 
 
-def denoise_inputs(class_name: str, config, dtype: torch.dtype, shape: Shape, scale: int) -> dict:
-    """The transformer's forward kwargs (meta tensors) for one denoising call."""
+def denoise_inputs(class_name: str, config, dtype: torch.dtype, shape: Shape, scale: int, time_scale: int = 4) -> dict:
+    """The transformer's forward kwargs (meta tensors) for one denoising call; `scale` / `time_scale`: the VAE's
+    pixels per latent pixel / frames per latent frame."""
     h, w = latent_size(shape, scale)
     if class_name in VIDEO_TRANSFORMERS:
-        return _video_inputs(config, dtype, shape, h, w)
+        return _video_inputs(config, dtype, shape, h, w, latent_frames(shape.frames, time_scale))
     img_tokens = (h // PATCH) * (w // PATCH)
     return meta_inputs(
         class_name, config, dtype, img_tokens=img_tokens, txt_tokens=shape.text_tokens, batch=shape.batch
     )
 
 
-def latent_frames(frames: int) -> int:
-    """Latent frames of a clip: the video VAEs compress time 4x after the first frame."""
-    return (frames - 1) // 4 + 1
+def latent_frames(frames: int, time_scale: int) -> int:
+    """Latent frames of a clip: the video VAEs keep the first frame and compress the rest `time_scale` x."""
+    return (frames - 1) // time_scale + 1
 
 
-def _video_inputs(config, dtype: torch.dtype, shape: Shape, h: int, w: int) -> dict:
+def _video_inputs(config, dtype: torch.dtype, shape: Shape, h: int, w: int, frames: int) -> dict:
     """Wan's forward kwargs: latents [B, C, F', h, w] (patch (1, 2, 2) inside the model), T5 states [B, L, 4096]."""
-    latents = (shape.batch, config["in_channels"], latent_frames(shape.frames), h, w)
+    latents = (shape.batch, config["in_channels"], frames, h, w)
     return {
         "hidden_states": torch.empty(latents, dtype=dtype, device="meta"),
         "timestep": torch.zeros(shape.batch, dtype=torch.long, device="meta"),
@@ -209,7 +226,7 @@ def decode_inputs(vae: torch.nn.Module, dtype: torch.dtype, shape: Shape) -> dic
     channels = vae.config.get("latent_channels") or vae.config.get("z_dim")
     h, w = latent_size(shape, vae_scale(vae.config))
     if type(vae).__name__ in VIDEO_VAES:
-        size = (shape.batch, channels, latent_frames(shape.frames), h, w)
+        size = (shape.batch, channels, latent_frames(shape.frames, vae_time_scale(vae.config)), h, w)
     else:
         size = (shape.batch, channels, h, w)
     return {"z": torch.empty(size, dtype=dtype, device="meta")}

@@ -52,16 +52,29 @@ def test_text_encoders_see_the_prompt_and_vaes_the_latents(tiny_flux):
     assert measurer.relevant_shape("transformer", a) != measurer.relevant_shape("transformer", Shape(1, 64, 64, 1, 77))
 
 
-@pytest.mark.parametrize("class_name", ["AutoencoderKLHunyuanVideo", "AutoencoderKLLTXVideo", "AutoencoderKLWan"])
-def test_video_vaes_decode_5d_latents(class_name):
-    """Every VAE the parallel VAE treats as a video one gets [B, C, F, h, w] latents from fit. (Frames: fit compresses
-    time 4x, as Wan and HunyuanVideo do; LTX's 8x and its 32x pixels are not read from its config yet.)"""
+@pytest.mark.parametrize(
+    ("class_name", "latents"),
+    [
+        # 17 frames at 256^2: 1 + 16 / 4 latent frames of 256 / 8 rows (HunyuanVideo, Wan: their configs' 4x, 8x)
+        ("AutoencoderKLHunyuanVideo", (5, 32, 32)),
+        ("AutoencoderKLWan", (5, 32, 32)),
+        # LTX-Video: 8x in time, 32x in space (patch 4 x three 2x stages), from its config, not the others' 4x / 8x
+        ("AutoencoderKLLTXVideo", (3, 8, 8)),
+    ],
+)
+def test_video_vaes_decode_5d_latents_compressed_as_their_configs_say(class_name, latents):
+    """Every VAE the parallel VAE treats as a video one gets [B, C, F, h, w] latents from fit, with the frames and
+    rows its own config compresses the clip to (diffusers' `temporal_compression_ratio` / `spatial_compression_ratio`
+    attributes of the built VAE are the reference)."""
     import diffusers
 
     with torch.device("meta"):
         vae = getattr(diffusers, class_name)()
     z = decode_inputs(vae, torch.bfloat16, Shape(1, 256, 256, 17))["z"]
-    assert z.dim() == 5, tuple(z.shape)
+    assert tuple(z.shape[2:]) == latents
+    assert 256 // vae.spatial_compression_ratio == latents[1]
+    if getattr(vae, "temporal_compression_ratio", None):
+        assert 16 // vae.temporal_compression_ratio + 1 == latents[0]
 
 
 def test_to_fake_keeps_tied_parameters_one_parameter():
