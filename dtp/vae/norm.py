@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 from .split import Split
 
@@ -35,12 +36,19 @@ def local_stats(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 def _moments(grouped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, biased variance) over the last dim of a contiguous (B, G, L) tensor, each (B, G)."""
-    if grouped.device.type != "cpu":  # CUDA's var_mean is one fast pass; meta has no batch-norm-stats kernel
+    if grouped.device.type != "cpu" or not _eager(grouped):  # CUDA's var_mean is one fast pass
         var, mean = torch.var_mean(grouped, dim=-1, unbiased=False)
         return mean, var
     batch, groups, length = grouped.shape
     mean, var = torch.batch_norm_update_stats(grouped.view(1, batch * groups, length), None, None, 0.0)
     return mean.view(batch, groups), var.view(batch, groups)
+
+
+def _eager(x: torch.Tensor) -> bool:
+    """Whether `x` holds data computed now: not a fake tensor (dtp fit's traces; batch-norm-stats has no fake kernel,
+    and FakeTensorMode would run the real one on a real zero tensor of the full size) and not under torch.compile
+    (dynamo's fake tensors refuse it: a graph break at every GroupNorm)."""
+    return not torch.compiler.is_compiling() and not is_fake(x)
 
 
 def combine(stats: torch.Tensor, split: Split) -> tuple[torch.Tensor, torch.Tensor]:

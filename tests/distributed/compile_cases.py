@@ -17,7 +17,9 @@ import torch
 from lora_cases import random_lora
 
 import dtp
+from dtp.quant import config_for
 from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
+from dtp.testing.tiny_vae import tiny_vae
 
 FLUX = "FluxTransformer2DModel"
 TIMESTEPS = (0.9, 0.5, 0.1)
@@ -31,7 +33,12 @@ CASES = {
     "cp-sdpa": (2, 1, "ulysses", False, False, {}),  # CogVideoX: its processor calls SDPA (runtime/cp/sdpa.py)
 }
 MODELS = {"cp-sdpa": "CogVideoXTransformer3DModel"}  # the model of a case (default FLUX.1)
+QUANT = {"int8wo": "int8wo", "fp8wo": "fp8wo"}  # cases quantized after sharding (`dtp.quantize`), on the "tp" mesh
+CASES.update({name: CASES["tp"] for name in QUANT})
 FORMS = ("full", "regional")
+# The parallel VAE's decode (`dtp.parallelize_vae` over the 2 ranks: GroupNorm statistics all-gathered, halo rows
+# exchanged with batch_isend_irecv) compiled whole: case -> VAE class, form "full" only.
+VAE_CASES = {"vae-kl": "AutoencoderKL", "vae-wan": "AutoencoderKLWan"}
 
 
 def sharded_model(case: str) -> torch.nn.Module:
@@ -40,6 +47,8 @@ def sharded_model(case: str) -> torch.nn.Module:
     model = dtp.parallelize(model, dtp.make_mesh(tp=tp, cp=cp), cp_mode=cp_mode, pad=pad)
     if lora:
         dtp.load_lora(model, random_lora(model_for_lora(overrides), seed=3), adapter_name="a")
+    if case in QUANT:
+        dtp.quantize(model, config_for(QUANT[case]))
     return model
 
 
@@ -55,6 +64,8 @@ def _steps(model, inputs: dict) -> list[torch.Tensor]:
 
 def compile_case(case: str, form: str, backend: str) -> dict:
     """Compile one case in one form with `backend`; what it compiled and how far it is from eager."""
+    if case in VAE_CASES:
+        return compile_vae_case(case, form, backend)
     torch._dynamo.reset()
     inputs = tiny_inputs(MODELS.get(case, FLUX), config=None)
     model = sharded_model(case)
@@ -69,6 +80,26 @@ def compile_case(case: str, form: str, backend: str) -> dict:
         found = count_compiles(
             lambda x: output_tensor(compiled(**x)), [{**inputs, "timestep": torch.tensor([t])} for t in TIMESTEPS]
         )
+    found["rel"] = max(float((o - e).abs().max() / e.abs().max()) for o, e in zip(found.pop("outputs"), eager))
+    return found
+
+
+def compile_vae_case(case: str, form: str, backend: str) -> dict:
+    """`vae.decode` of a tiny VAE split over the 2 ranks, compiled whole, on 3 latents (7 latent rows: 4 + 3 per
+    rank) against the same split decode run eagerly."""
+    assert form == "full", f"{case}: the VAE is compiled whole (form 'full'), not {form!r}"
+    torch._dynamo.reset()
+    vae = tiny_vae(VAE_CASES[case])
+    channels = vae.config.get("latent_channels") or vae.config.z_dim
+    frames = (3,) if vae.config.get("z_dim") else ()  # a video VAE's latents: [B, C, T, H, W]
+    generator = torch.Generator().manual_seed(5)
+    latents = [torch.randn(1, channels, *frames, 7, 6, generator=generator) for _ in TIMESTEPS]
+    dtp.parallelize_vae(vae, dtp.make_mesh(tp=2))
+    with torch.no_grad():
+        eager = [vae.decode(z).sample for z in latents]
+    compiled = torch.compile(lambda z: vae.decode(z).sample, backend=backend)
+    with torch._dynamo.config.patch(enable_p2p_compilation=True):  # the halo exchange is P2P, as ring attention's
+        found = count_compiles(compiled, latents)
     found["rel"] = max(float((o - e).abs().max() / e.abs().max()) for o, e in zip(found.pop("outputs"), eager))
     return found
 

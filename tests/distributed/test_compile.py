@@ -1,11 +1,12 @@
-"""torch.compile keeps working on a dtp-sharded tiny FLUX.1 (2 gloo processes, one spawned group).
+"""torch.compile keeps working on a dtp-sharded tiny FLUX.1 and a split VAE (2 gloo processes, one spawned group).
 
 Dynamo's "eager" backend traces exactly what the other backends trace, so it finds every graph break and
 recompilation without AOT or C++ compilation; DTP_COMPILE_MATRIX=full adds the other cases and one inductor
 case. Forms: `torch.compile(model)` and diffusers' regional `compile_repeated_blocks(fullgraph=True)`
 (fullgraph: a break would raise).
 Every case: 0 graph breaks, no recompilation over 3 timesteps, max |compiled - eager| <= 1e-5 * max |eager|
-(ring attention with dynamo's `enable_p2p_compilation`, i.e. TORCHDYNAMO_ENABLE_P2P_COMPILATION=1).
+(ring attention and the VAE's halo exchange with dynamo's `enable_p2p_compilation`, i.e.
+TORCHDYNAMO_ENABLE_P2P_COMPILATION=1).
 The whole matrix with inductor and its cold-compile times: benchmarks/compile.py.
 """
 
@@ -19,8 +20,14 @@ from dtp.testing.launch import spawn
 
 TOL = 1e-5
 # The whole matrix costs ~100 s of CPU per rank (each case a cold trace; dynamo through DTensor is slow), too
-# much for the suite: by default two regional cases cover TP + LoRA and CP; DTP_COMPILE_MATRIX=full runs all.
-QUICK = [("lora", "regional", "eager"), ("cp-ulysses", "regional", "eager")]
+# much for the suite: by default three regional cases cover TP + LoRA, CP, and TP + int8 weights (torchao's Int8Tensor
+# holding DTensor data and scales), and the parallel VAE's decode compiled whole; DTP_COMPILE_MATRIX=full runs all.
+QUICK = [
+    ("lora", "regional", "eager"),
+    ("cp-ulysses", "regional", "eager"),
+    ("int8wo", "regional", "eager"),
+    ("vae-kl", "full", "eager"),
+]
 FULL = [
     ("tp", "full", "eager"),
     ("cp-ulysses", "regional", "eager"),
@@ -29,6 +36,10 @@ FULL = [
     ("lora", "regional", "eager"),
     ("tp", "regional", "inductor"),
     ("cp-sdpa", "full", "eager"),
+    ("int8wo", "regional", "eager"),
+    ("fp8wo", "full", "eager"),
+    ("vae-kl", "full", "eager"),
+    ("vae-wan", "full", "eager"),
 ]
 MATRIX = FULL if os.environ.get("DTP_COMPILE_MATRIX") == "full" else QUICK
 
