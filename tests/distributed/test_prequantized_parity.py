@@ -7,7 +7,8 @@ pieces with metadata); `dtp.from_pretrained` reads each rank's slice of the piec
 tp=2 (ranks 0 and 1 of the group) and tp=3 with pad=True (heads 4 -> 6): the quantized weights reassembled
 (`full_tensor`, blocks 0) equal diffusers' bit for bit, the forward within 1e-5 relative (the fp32 partial
 sums' order), the scheme's own error against the unquantized model printed next to it; each rank read about
-its share of the checkpoint, not the whole. Then a LoRA on the tp=2 model against peft on diffusers' model.
+its share of the checkpoint, not the whole. FLUX.1 int8wo also on a (cp=2, tp=1) mesh. Then a LoRA on the tp=2
+model against peft on diffusers' model.
 By default tiny FLUX.1 int8wo at tp=2 and fp8wo at tp=3; DTP_PREQUANTIZED_ALL=1 runs FLUX.1 and Qwen-Image x
 int8wo, fp8wo x tp=2, 3 (measured: 3.26e-7..5.72e-7 against own errors 1.96e-2..1.28e-1) and `dtp.load_pipeline`
 on a pipeline whose transformer was saved quantized.
@@ -37,6 +38,7 @@ FULL = os.environ.get("DTP_PREQUANTIZED_ALL") == "1"  # opt-in: every pair at bo
 if FULL:
     CASES = {(n, s): (2, 3) for n in ("FluxTransformer2DModel", "QwenImageTransformer2DModel") for s in SCHEMES}
 LORA = {("FluxTransformer2DModel", "int8wo")}  # LoRA steps at tp=2
+CP = {("FluxTransformer2DModel", "int8wo")}  # also loaded on a (cp=2, tp=1) mesh (ranks 0, 1), Ulysses
 
 
 def _folder(root, name: str, scheme: str) -> str:
@@ -92,6 +94,19 @@ def _case(root, name: str, scheme: str, mesh, pad: bool, reference) -> dict:
         read_over_total=stats.bytes_read / (stats.sharded_bytes + stats.replicated_bytes),
     )
     return found, model
+
+
+@torch.no_grad()
+def _cp_case(root, name: str, scheme: str, mesh, reference) -> dict:
+    """The saved folder loaded on a (cp, tp=1) mesh: each rank reads the whole quantized weights and runs its half of
+    the sequence (Ulysses); the output (gathered by the plan's cp section) against diffusers' one-process load."""
+    from dtp.quant import describe
+    from dtp.testing.tiny import output_tensor, tiny_inputs
+
+    model = dtp.from_pretrained(model_class(name), _folder(root, name, scheme), mesh, torch_dtype=torch.float32)
+    out, ref = output_tensor(model(**tiny_inputs(name))), reference[1]
+    quantized = sum(describe(m.weight) is not None for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return dict(relative=float((out - ref).abs().max() / ref.abs().max()), quantized_linears=quantized)
 
 
 @torch.no_grad()
@@ -156,6 +171,7 @@ def _run(rank, world_size, root):
     warnings.filterwarnings("ignore")
     start, root = time.process_time(), Path(root)
     meshes = {2: DeviceMesh("cpu", [0, 1], mesh_dim_names=("tp",)), 3: dtp.make_mesh(tp=3)["tp"]}
+    meshes["cp2"] = DeviceMesh("cpu", [[0], [1]], mesh_dim_names=("cp", "tp"))  # every rank builds every mesh
     results = {}
     for (name, scheme), degrees in CASES.items():
         if rank >= max(degrees):  # rank 2 is not in the tp=2 mesh
@@ -166,6 +182,8 @@ def _run(rank, world_size, root):
             if rank < tp:
                 found, models[tp] = _case(root, name, scheme, meshes[tp], tp == 3, reference)
                 results[f"{name}/{scheme}/tp{tp}"] = found
+        if (name, scheme) in CP and rank < 2:
+            results[f"cp/{name}/{scheme}"] = _cp_case(root, name, scheme, meshes["cp2"], reference)
         if (name, scheme) in LORA and 2 in models:  # last: peft wraps the reference's Linears
             results[f"lora/{name}/{scheme}"] = _lora_steps(models[2], reference[0], name)
     if FULL and rank < 2:
@@ -235,6 +253,16 @@ def test_prequantized_load_parity(results, case):
         assert found["relative"] <= TOL and found["quant_error"] > 100 * TOL, found
         assert found["read_over_total"] < 0.75, found  # padded: rank 0 holds 2 of 4 real heads, rank 2 none
         assert tp == 3 or found["read_over_share"] <= SHARE_SLACK, found
+
+
+@pytest.mark.parametrize("case", sorted(f"{n}/{s}" for n, s in CP))
+def test_prequantized_load_on_a_cp_mesh(results, case):
+    """A torchao-saved checkpoint loaded on a (cp=2, tp=1) mesh runs context-parallel with its quantized Linears:
+    within 1e-5 relative of diffusers' one-process load."""
+    for found in results[:2]:
+        found = found[f"cp/{case}"]
+        print(f"cp=2 load of {case}: {found['relative']:.2e} vs one process, {found['quantized_linears']} Linears")
+        assert found["relative"] <= TOL and found["quantized_linears"] > 0, found
 
 
 @pytest.mark.parametrize("case", sorted(f"{n}/{s}" for n, s in LORA))
