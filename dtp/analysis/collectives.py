@@ -35,18 +35,19 @@ class Collective:
     scope: str  # the block it ran in, "" outside every block
 
 
-class CollectiveCounter(TorchDispatchMode):
-    """`with CollectiveCounter(model) as counter: model(**inputs)`; then read `counter.records`.
-
-    `model` (optional) is only used to attribute each record to the block it ran in.
-    """
+class ScopedDispatchMode(TorchDispatchMode):
+    """A dispatch mode that knows which block of `model` is running: `self.scope` is the outermost block (element
+    of an `nn.ModuleList`) in flight, "" outside every block (or when no model is given)."""
 
     def __init__(self, model: nn.Module | None = None):
         super().__init__()
         self.model = model
-        self.records: list[Collective] = []
         self._scopes: list[str] = []
         self._handles = []
+
+    @property
+    def scope(self) -> str:
+        return self._scopes[0] if self._scopes else ""
 
     def __enter__(self):
         if self.model is not None:
@@ -59,11 +60,28 @@ class CollectiveCounter(TorchDispatchMode):
         self._handles = []
         return super().__exit__(*exc)
 
+
+def collective_op(func) -> str | None:
+    """The collective an aten-level op is ("all_reduce", "all_gather_into_tensor", ...), or None for any other op."""
+    op = func._schema.name.split("::")[-1].rstrip("_")
+    return op if func.namespace in COLLECTIVE_NAMESPACES and op not in NOT_COLLECTIVES else None
+
+
+class CollectiveCounter(ScopedDispatchMode):
+    """`with CollectiveCounter(model) as counter: model(**inputs)`; then read `counter.records`.
+
+    `model` (optional) is only used to attribute each record to the block it ran in.
+    """
+
+    def __init__(self, model: nn.Module | None = None):
+        super().__init__(model)
+        self.records: list[Collective] = []
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        op = func._schema.name.split("::")[-1].rstrip("_")
-        if func.namespace in COLLECTIVE_NAMESPACES and op not in NOT_COLLECTIVES:
-            self.records.append(Collective(op, _result_bytes(out), self._scopes[0] if self._scopes else ""))
+        op = collective_op(func)
+        if op is not None:
+            self.records.append(Collective(op, _result_bytes(out), self.scope))
         return out
 
     def counts(self, scope: str | None = None) -> Counter:

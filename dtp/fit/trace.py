@@ -38,11 +38,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapper
 
-from ..analysis.collectives import COLLECTIVE_NAMESPACES, NOT_COLLECTIVES, block_paths, scope_hooks
+from ..analysis.collectives import ScopedDispatchMode, block_paths, collective_op
 from ..runtime.memory import local_tensor_bytes
 from .repeats import repeated_calls
 
@@ -77,7 +76,7 @@ class Trace:
         return sum(self.flops.values())
 
 
-class PhaseTrace(TorchDispatchMode):
+class PhaseTrace(ScopedDispatchMode):
     """`with PhaseTrace(model, resident) as t: model(**inputs)`; then read `t.trace`.
 
     `resident`: tensors alive before the forward (parameters, buffers, inputs); their storages are not
@@ -85,35 +84,21 @@ class PhaseTrace(TorchDispatchMode):
     """
 
     def __init__(self, model: nn.Module | None = None, resident=()):
-        super().__init__()
+        super().__init__(model)
         self.trace = Trace()
-        self.model = model
         self._resident = {id(s): s for t in resident for s in _inner_storages(t)}
         self._live: dict[int, int] = {}
         self._current = 0
-        self._scopes: list[str] = []
-        self._handles = []
-
-    def __enter__(self):
-        if self.model is not None:
-            self._handles = scope_hooks(self.model, self._scopes)
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        scope = self._scopes[0] if self._scopes else ""
+        scope = self.scope
         packet = func._overloadpacket
         if packet in FLOP_FORMULAS:
             self.trace.flops[scope] += _flops(packet, args, kwargs, out)
-        op = func._schema.name.split("::")[-1].rstrip("_")
-        if func.namespace in COLLECTIVE_NAMESPACES and op not in NOT_COLLECTIVES:
+        op = collective_op(func)
+        if op is not None:
             nbytes = max(_bytes(out), _bytes(args[0]) if args else 0)
             self.trace.collectives.append((op, nbytes, _group_size(args), scope))
         for tensor in tree_leaves(out):
