@@ -59,7 +59,7 @@ class Effect:
 def repeated_calls(tracer, module: nn.Module):
     """While active, `module`'s calls under `tracer` (a `trace.PhaseTrace`) are run twice per signature and then
     replayed (module docstring)."""
-    seen: dict = {}  # signature -> [Effect, ...] (two at most) or "replay"
+    seen: dict = {}  # signature -> the Effects of its first two runs (replayed once both are equal)
     original = module.forward
 
     def forward(*args, **kwargs):
