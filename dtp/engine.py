@@ -26,6 +26,8 @@ module's style for its torch ParallelStyle.
      (padded heads are multiples of tp * cp under Ulysses, so they divide);
   7. the device: of the mesh's device type; with a `cfg` axis > 1, the model can run on the cfg groups
      (`runtime/cfg`: no stateful diffusers hooks);
+  7b. with `fsdp=True`: the mesh has a non-tp axis > 1 (checked building the `Parallelism`), the model is not
+     FSDP-sharded already and holds no torchao-quantized weight (`runtime/fsdp.py`);
   8. the ranks agree (`runtime/agree.py`): every rank of the mesh fingerprints what must be the same
      everywhere (the resolved plan, tp, cp, options, the model's class, structure, parameter names,
      shapes and dtypes, adapters, the dtp/torch/model-library versions) and one all_gather of a
@@ -55,6 +57,7 @@ from .resolve.padding import Padding, check_unpadded, pad_candidates, pad_cp, pa
 from .runtime.agree import check_agree, failed, fingerprint
 from .runtime.cfg import check_cfg, install_cfg
 from .runtime.cp import apply_cp
+from .runtime.fsdp import apply_fsdp, check_fsdp
 from .runtime.heads import set_local_heads
 from .runtime.mesh import tp_submesh
 from .runtime.norms import install_sharded_norms
@@ -102,14 +105,26 @@ class Prepared:
 
 
 def prepare(
-    model: nn.Module, mesh, plan: Plan | None = None, *, cp_mode: str = "ulysses", device=None, pad: bool = False
+    model: nn.Module,
+    mesh,
+    plan: Plan | None = None,
+    *,
+    cp_mode: str = "ulysses",
+    device=None,
+    pad: bool = False,
+    fsdp: bool = False,
 ) -> Prepared:
     """Run every check (see the module docstring for the order); mutate nothing; return what `apply` needs.
 
     Collective over `mesh`: every rank of it must call `prepare` (see step 8).
     """
     tp_submesh(mesh)  # step 2 first: without a usable mesh there is no one to agree with
-    return prepare_with(model, Parallelism(mesh, cp_mode, pad, device), plan)
+    try:
+        parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp)
+    except Exception as error:  # step 1: a rank with bad options still joins the exchange (step 8)
+        check_agree(mesh, failed(error))
+        raise
+    return prepare_with(model, parallelism, plan)
 
 
 def prepare_with(model: nn.Module, parallelism: Parallelism, plan: Plan | None = None) -> Prepared:
@@ -121,16 +136,14 @@ def prepare_with(model: nn.Module, parallelism: Parallelism, plan: Plan | None =
         check_agree(mesh, failed(error))  # raises on every rank when some ranks passed
         raise
     cp_mode = parallelism.cp_mode if prepared.cp_resolved is not None else "unused (cp=1)"
-    options = {"cp_mode": cp_mode, "pad": parallelism.pad}
+    options = {"cp_mode": cp_mode, "pad": parallelism.pad, "fsdp": parallelism.fsdp}
     check_agree(mesh, fingerprint(model, prepared.resolved, prepared.cp_resolved, mesh, options))
     return prepared
 
 
 def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None) -> Prepared:
-    """Steps 1-7: everything this rank can check on its own."""
-    parallelism = Parallelism.build(
-        parallelism.mesh, cp_mode=parallelism.cp_mode, pad=parallelism.pad, device=parallelism.device
-    )
+    """Steps 2-7 and 9: everything this rank can check on its own (the options were checked building
+    `parallelism`)."""
     tp, cp, cp_mode = parallelism.tp, parallelism.cp, parallelism.cp_mode
     resolved = resolve(plan if plan is not None else plan_for(model), model)
     check_quantized(model, resolved.linears, resolved.plan.name)
@@ -152,6 +165,8 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
         check_device(parallelism.device, parallelism.tp_mesh)
     if parallelism.cfg > 1:
         check_cfg(model, parallelism.mesh)
+    if parallelism.fsdp:
+        check_fsdp(model)
     return Prepared(resolved, cp_resolved, parallelism, padding)
 
 
@@ -169,6 +184,22 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
     `prepared.device` only the slice moves there, then everything else (replicated parameters, buffers).
     """
     device = None if weights_local else prepared.device
+    if prepared.tp > 1:
+        _apply_tp(model, prepared, device, weights_local)
+    if device is not None:
+        move_unsharded(model, device)
+    if prepared.cp_resolved is not None:
+        apply_cp(model, prepared.cp_resolved, prepared.parallelism.cp_mesh, prepared.cp_mode)
+    if prepared.parallelism.cfg > 1:
+        install_cfg(model, prepared.mesh)  # each call's branches over the cfg groups (runtime/cfg)
+    if prepared.parallelism.fsdp:
+        apply_fsdp(model, prepared.parallelism.fsdp_mesh)  # last: it shards what TP left on each rank
+    return model
+
+
+def _apply_tp(model: nn.Module, prepared: Prepared, device, weights_local: bool) -> None:
+    """The TP half of `apply` (tp > 1 only: at tp=1 every parameter stays a plain tensor, so the forward runs
+    without DTensor dispatch, which cost 1.21x on a GPU for DTensors on a 1-rank mesh)."""
     for spec in prepared.resolved.linears:
         style = spec.style.parallel_style(spec, device=device, weights_local=weights_local)
         module = model.get_submodule(spec.path)
@@ -178,13 +209,6 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
     install_sharded_norms(model, prepared.resolved.norms, prepared.tp_mesh, device=device, weights_local=weights_local)
     install_output_cuts(model, prepared.resolved.outputs, prepared.tp_mesh)
     set_local_heads(model, prepared.resolved.attention, prepared.tp)
-    if device is not None:
-        move_unsharded(model, device)
-    if prepared.cp_resolved is not None:
-        apply_cp(model, prepared.cp_resolved, prepared.parallelism.cp_mesh, prepared.cp_mode)
-    if prepared.parallelism.cfg > 1:
-        install_cfg(model, prepared.mesh)  # each call's branches over the cfg groups (runtime/cfg)
-    return model
 
 
 def move_unsharded(model: nn.Module, device) -> None:

@@ -11,7 +11,14 @@ from .resolve import resolve
 
 
 def parallelize(
-    model: nn.Module, mesh, plan: Plan | None = None, *, cp_mode: str = "ulysses", device=None, pad: bool = False
+    model: nn.Module,
+    mesh,
+    plan: Plan | None = None,
+    *,
+    cp_mode: str = "ulysses",
+    device=None,
+    pad: bool = False,
+    fsdp: bool = False,
 ) -> nn.Module:
     """Shard `model` in place with `plan` (default: `plan_for(model)`) on `mesh`'s `tp` axis; returns it.
 
@@ -27,8 +34,11 @@ def parallelize(
     `pad=True` accepts a tp that does not divide the heads or widths: they are zero-padded to the
     next multiple of tp (zero q/k/v rows and output-projection columns; zero FFN units), which is
     exact and costs the padded compute, e.g. Z-Image's 30 heads run at tp=4 as 32 (8 per rank).
+
+    `fsdp=True` also shards every weight over the mesh's non-tp axes (cfg x cp) with torch's FSDP2: one unit per
+    transformer block plus the root, each gathered just before it runs and freed after (`runtime/fsdp.py`).
     """
-    return apply(model, prepare(model, mesh, plan, cp_mode=cp_mode, device=device, pad=pad))
+    return apply(model, prepare(model, mesh, plan, cp_mode=cp_mode, device=device, pad=pad, fsdp=fsdp))
 
 
 def tp_candidates(

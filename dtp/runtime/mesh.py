@@ -78,3 +78,21 @@ def cfg_submesh(mesh: DeviceMesh) -> DeviceMesh:
             f"mesh with dtp.make_mesh(tp=..., cp=..., cfg=2)."
         )
     return mesh[CFG_AXIS]
+
+
+FSDP_AXIS = "fsdp"  # the non-tp axes (cfg, cp) flattened: what FSDP shards weights over
+
+
+def non_tp_submesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh's axes other than `tp` that are larger than 1, as one axis: ("cfg", "cp") flattened into "fsdp"
+    (DeviceMesh `_flatten`; rank r of it is the r-th rank of this rank's tp place in row-major order), or the one
+    such axis itself. PlanError when there is none (a tp-only mesh)."""
+    names = [name for name in mesh.mesh_dim_names or () if name != TP_AXIS and mesh[name].size() > 1]
+    if not names:
+        raise PlanError(
+            f"mesh axes {mesh.mesh_dim_names or '(unnamed)'} of shape {tuple(mesh.shape)} have no non-tp axis larger "
+            f"than 1 to shard weights over; build the mesh with dtp.make_mesh(tp=..., cp=2) or cfg=2."
+        )
+    if len(names) == 1:
+        return mesh[names[0]]
+    return mesh[tuple(names)]._flatten(FSDP_AXIS)

@@ -1,0 +1,74 @@
+"""FSDP2 over the non-tp axes: every weight divided on every axis of the mesh.
+
+Without FSDP only the `tp` axis divides the weights; every rank of a `cp` or `cfg` group holds its tp slice
+whole. With `fsdp=True`, torch's FSDP2 (`fully_shard`) shards each of those slices once more, over the mesh's
+non-tp axes flattened into one (`Parallelism.fsdp_mesh`: cfg x cp ranks). No all-gather machinery is home-made:
+
+    unit      = each element of the model's outermost ModuleLists (a transformer block), plus the root
+                (embedders, norms, output projection: everything outside the blocks)
+    at rest   = a parameter is dim-0 chunk r of its tp slice on fsdp rank r (torch.chunk, padded):
+                Shard(0) on the fsdp axis, or (_StridedShard(0), Shard(d)) with TP inside (torchtitan's 2-D layout)
+    forward   = a block's all-gather runs just before it, its whole parameters are freed right after
+                (`reshard_after_forward=True`), and the next block's all-gather is issued first (prefetch)
+
+    per-rank weight bytes ~ whole / (tp * fsdp) + two whole blocks / tp in flight (this one and the prefetched one)
+
+Every rank of the fsdp group must run the same sequence of units: the cfg groups do (`runtime/cfg` runs one
+forward per group per call), and so do the cp ranks (same blocks on a part of the sequence).
+
+At tp=1 the model holds no DTensor from TP (`engine.apply` leaves it plain), so FSDP2's gathered parameters are
+plain tensors in the forward: no DTensor dispatch in the compute path.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from .. import quant
+from ..errors import PlanError
+
+
+def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
+    """The model's outermost ModuleLists, in registration order: their elements are FSDP's units.
+
+    e.g. FLUX.1: [("transformer_blocks", 19 blocks), ("single_transformer_blocks", 38 blocks)]. A list inside a
+    block (`attn.to_out`) belongs to that block's unit.
+    """
+    found: list[tuple[str, nn.ModuleList]] = []
+    for name, module in model.named_modules():  # pre-order: an enclosing list comes first
+        if isinstance(module, nn.ModuleList) and not any(name.startswith(f"{outer}.") for outer, _ in found):
+            found.append((name, module))
+    return found
+
+
+def check_fsdp(model: nn.Module) -> None:
+    """PlanError (nothing changed) when FSDP2 cannot shard `model`: sharded already, or torchao-quantized weights
+    (torchao's tensor subclasses implement neither FSDP2's chunk/all-gather extension nor its copy-in)."""
+    if isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules()):
+        raise PlanError(f"{type(model).__name__} is already sharded by FSDP2 (fully_shard); shard a fresh model.")
+    quantized = [(name, quant.describe(p)) for name, p in model.named_parameters() if quant.describe(p) is not None]
+    if quantized:
+        name, kind = quantized[0]
+        raise PlanError(
+            f"fsdp=True cannot gather torchao-quantized weights: '{name}' is {kind.cls} ({kind.scheme}), and "
+            f"{len(quantized)} weights like it; torchao's {kind.cls} implements no FSDP2 all-gather "
+            f"(fsdp_pre_all_gather). Use fsdp=False with quantization (TP divides quantized weights), or leave the "
+            f"model unquantized with fsdp=True."
+        )
+
+
+def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
+    """`fully_shard` each block (prefetching the next one of its list) and then the root, over `fsdp_mesh`."""
+    for _, blocks in block_lists(model):
+        for block in blocks:
+            fully_shard(block, mesh=fsdp_mesh, reshard_after_forward=True)
+        for block, following in zip(blocks, list(blocks)[1:]):
+            block.set_modules_to_forward_prefetch([following])
+    fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=True)
+    return model
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    """Whether `model` was sharded by `apply_fsdp` (its root is an FSDP2 unit)."""
+    return isinstance(model, FSDPModule)
