@@ -1,0 +1,101 @@
+"""Shard-on-load under FSDP: the rows of a checkpoint tensor one rank holds, FSDP2's chunk of its TP slice.
+
+FSDP2 (`fully_shard`) keeps, on fsdp rank f of F, chunk f of the parameter's local tensor along dim 0, as
+`torch.chunk` cuts it (chunks of ceil(n / F) rows, the last ones short or empty). With TP inside, the local
+tensor is this rank's TP slice (`Layout.local_slice`), so a rank holds
+
+    torch.chunk(layout.local_slice(W, tp, t), F, dim=0)[f]          (layout None: W itself)
+
+`fsdp_slice` reads exactly that from a safetensors slice without building the TP slice first:
+- TP splits dim 0 (colwise, packed blocks, padding): the TP slice is a list of row pieces of W (`rank_pieces`:
+  real rows, then zero rows); the FSDP chunk is a window [a, b) of their concatenation, so only the pieces (or
+  parts of pieces) inside the window are read. Example: W of 6 rows in blocks (2, 4) at tp=2, rank 1 holds rows
+  1:2 and 4:6 (3 rows); at F=2 fsdp rank 0 holds window [0, 2) = rows 1:2 and 4:5, fsdp rank 1 row 5:6.
+- TP splits dim 1 (rowwise) or nothing: dim 0 is whole, the window is rows [a, b) of W, and TP's column slice
+  is taken from those rows only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..resolve.layout import Layout, rank_pieces
+
+Piece = tuple[int, int, int]  # real rows [start, stop) of the full tensor, then `zeros` zero rows
+
+
+def fsdp_rows(length: int, fsdp: int, rank: int) -> tuple[int, int]:
+    """[start, stop) of `torch.chunk(range(length), fsdp)[rank]`; empty (start == stop) past the last chunk.
+
+    `fsdp_rows(5, 2, 1) == (3, 5)`; `fsdp_rows(1, 2, 1) == (1, 1)` (FSDP2 pads that rank's shard).
+    """
+    chunk = -(-length // fsdp)
+    start = min(rank * chunk, length)
+    return start, min(start + chunk, length)
+
+
+def tp_row_pieces(layout: Layout | None, rows: int, tp: int, tp_rank: int) -> list[Piece]:
+    """The dim-0 pieces of W that make this TP rank's local tensor (all of dim 0 unless TP splits it)."""
+    if layout is None or layout.dim != 0:
+        return [(0, rows, 0)]
+    return rank_pieces(layout.block_sizes, tp, tp_rank, layout.padded_sizes, layout.groups, layout.replicas)
+
+
+def window(pieces: list[Piece], start: int, stop: int) -> list[Piece]:
+    """The rows [start, stop) of the concatenation of `pieces`, as pieces of their own."""
+    out, offset = [], 0
+    for real_start, real_stop, zeros in pieces:
+        real = real_stop - real_start
+        lo, hi = max(start - offset, 0), min(stop - offset, real + zeros)
+        if lo < hi:
+            r0, r1 = min(lo, real), min(hi, real)
+            out.append((real_start + r0, real_start + r1, (hi - lo) - (r1 - r0)))
+        offset += real + zeros
+    return out
+
+
+class _Rows:
+    """Rows [start, stop) of a tensor or safetensors slice, indexable like one (what `Layout.local_slice` takes)."""
+
+    def __init__(self, source, start: int, stop: int):
+        self.source, self.start, self.stop = source, start, stop
+
+    def get_shape(self) -> list[int]:
+        return [self.stop - self.start, *_shape(self.source)[1:]]
+
+    def __getitem__(self, index) -> torch.Tensor:
+        first = index[0]
+        lo = self.start + (first.start or 0)
+        hi = self.start + (self.stop - self.start if first.stop is None else first.stop)
+        return self.source[(slice(lo, hi), *index[1:])]
+
+
+def _shape(source) -> list[int]:
+    return list(source.shape) if isinstance(source, torch.Tensor) else list(source.get_shape())
+
+
+def fsdp_slice(source, layout: Layout | None, tp: int, tp_rank: int, fsdp: int, fsdp_rank: int) -> torch.Tensor:
+    """This rank's FSDP chunk of its TP slice of `source` (a tensor or a safetensors slice), a new tensor."""
+    shape = _shape(source)
+    if not shape:  # a 0-d tensor: FSDP2 does not shard it
+        return source[()].clone() if isinstance(source, torch.Tensor) else source[:].clone()
+    pieces = tp_row_pieces(layout, shape[0], tp, tp_rank)
+    length = sum(stop - start + zeros for start, stop, zeros in pieces)
+    parts = []
+    for start, stop, zeros in window(pieces, *fsdp_rows(length, fsdp, fsdp_rank)):
+        rows = _Rows(source, start, stop)
+        across = layout is not None and layout.dim != 0  # TP splits the columns of these rows
+        real = layout.local_slice(rows, tp, tp_rank) if across else rows[(slice(None),) * len(shape)]
+        parts.append(real)
+        if zeros:
+            parts.append(real.new_zeros([zeros, *real.shape[1:]]))
+    if not parts:  # past the last chunk: an empty shard of the local tensor's width
+        width = list(shape[1:]) if layout is None or layout.dim == 0 else list(layout.local_shape(shape, tp)[1:])
+        return torch.empty([0, *width], dtype=_dtype(source))
+    return torch.cat(parts) if len(parts) > 1 else parts[0].clone(memory_format=torch.contiguous_format)
+
+
+def _dtype(source) -> torch.dtype:
+    if isinstance(source, torch.Tensor):
+        return source.dtype
+    return source[(slice(0, 0),) * len(source.get_shape())].dtype
