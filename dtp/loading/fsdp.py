@@ -17,8 +17,15 @@ tensor is this rank's TP slice (`Layout.local_slice`), so a rank holds
 
 from __future__ import annotations
 
-import torch
+from dataclasses import replace
 
+import torch
+from safetensors import safe_open
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from ..engine import apply
+from ..errors import PlanError
 from ..resolve.layout import Layout, rank_pieces
 
 Piece = tuple[int, int, int]  # real rows [start, stop) of the full tensor, then `zeros` zero rows
@@ -99,3 +106,65 @@ def _dtype(source) -> torch.dtype:
     if isinstance(source, torch.Tensor):
         return source.dtype
     return source[(slice(0, 0),) * len(source.get_shape())].dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# reading into a model sharded on meta
+
+FSDP_QUANTIZED = (
+    "fsdp=True with quantization_config: torchao's quantized weights implement no FSDP2 all-gather, so they cannot be "
+    "sharded over the non-tp axes; load with fsdp=False (TP divides quantized weights) or without quantization."
+)
+
+
+def check_untied(keymap, directory) -> None:
+    """PlanError when the checkpoint ties parameters (one tensor under two names): FSDP2 would shard the tie twice."""
+    if keymap.aliases:
+        first = next(iter(keymap.aliases.items()))
+        raise PlanError(
+            f"fsdp=True cannot load '{directory}': it ties parameters ({first[0]} is {first[1]}, "
+            f"{len(keymap.aliases)} ties); load it with fsdp=False."
+        )
+
+
+def read_fsdp(model: nn.Module, prepared, checkpoint, keymap, layouts, device, counting) -> int:
+    """Shard the skeleton `model` on meta (`engine.apply`: TP, CP, cfg, FSDP2 units; nothing read), give it real
+    storage on `device`, then fill every parameter's FSDP shard from the checkpoint (`fsdp_slice`: this rank's rows
+    only) and every buffer whole; returns the bytes read. `counting` wraps each opened file (`load.CountingReader`).
+    """
+    buffers = dict(model.named_buffers())  # real: the skeleton builds them (non-persistent ones included)
+    apply(model, replace(prepared, parallelism=prepared.parallelism.with_device(None)))
+    model.to_empty(device=device)  # FSDP2 re-points its sharded parameters at the new storage
+    for key, buffer in buffers.items():
+        _set_buffer(model, key, buffer.to(device))
+    tp, tp_rank = prepared.tp, prepared.tp_mesh.get_local_rank()
+    fsdp_mesh = prepared.parallelism.fsdp_mesh
+    fsdp, fsdp_rank = fsdp_mesh.size(), fsdp_mesh.get_local_rank()
+    sources = {source: target for target, source in keymap.reads.items()}
+    params = dict(model.named_parameters())
+    bytes_read = 0
+    for file, keys in checkpoint.keys_by_file().items():
+        for source in (k for k in keys if k in sources):
+            key = sources[source]
+            with safe_open(file, framework="pt", device="cpu") as handle:  # one tensor per open: see load._read_into
+                reader = counting(handle)
+                if key in params:
+                    local = fsdp_slice(reader.get_slice(source), layouts.get(key), tp, tp_rank, fsdp, fsdp_rank)
+                else:
+                    local = reader.get_tensor(source).clone()
+            bytes_read += reader.bytes_read
+            if key in params:
+                with torch.no_grad():
+                    _local(params[key]).copy_(local.to(params[key].dtype))
+            else:
+                _set_buffer(model, key, local.to(device=device, dtype=buffers[key].dtype))
+    return bytes_read
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def _set_buffer(model: nn.Module, key: str, value: torch.Tensor) -> None:
+    module_path, _, name = key.rpartition(".")
+    model.get_submodule(module_path)._buffers[name] = value

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..engine import apply, move_unsharded, prepare_with
+from ..errors import PlanError
 from ..plan import Plan
 from ..plan.transformers import is_transformers_model
 from ..policy import check_float_dtype
@@ -42,6 +43,7 @@ from ..runtime.placement import local_device
 from ..styles import local_parameter
 from . import text
 from .checkpoint import WEIGHTS_NAME, Checkpoint, CheckpointError, TensorInfo, open_checkpoint
+from .fsdp import FSDP_QUANTIZED, check_untied, read_fsdp
 from .keys import KeyMap, model_keymap
 from .meta import build_on_meta
 from .prequantized import QuantizedInfo, install_quantized, quantize_skeleton, read_quantized, torchao_view
@@ -60,15 +62,16 @@ class LoadStats:
     replicated_bytes: int  # checkpoint bytes of everything every rank reads whole
     seconds: float
     shared_bytes: int = 0  # extra reads of shared kv heads: (replicas - 1) x their bytes (resolve/kv_share.py)
+    fsdp: int = 1  # the ranks FSDP divides each tensor over (fsdp=True), else 1
 
     @property
     def share_bytes(self) -> int:
-        """This rank's share of the checkpoint: (sharded + shared) / tp + replicated.
+        """This rank's share of the checkpoint: ((sharded + shared) / tp + replicated) / fsdp.
 
         A kv projection shared by R ranks is read by each of them in tp / R parts, so the ranks
         together read it R times: Qwen2.5-VL-7B at tp=8 reads k_proj/v_proj twice over.
         """
-        return (self.sharded_bytes + self.shared_bytes) // self.tp + self.replicated_bytes
+        return ((self.sharded_bytes + self.shared_bytes) // self.tp + self.replicated_bytes) // self.fsdp
 
 
 def from_pretrained(
@@ -83,6 +86,7 @@ def from_pretrained(
     cp_mode: str = "ulysses",
     pad: bool = False,
     quantization_config=None,
+    fsdp: bool = False,
 ) -> nn.Module:
     """Build `model_class` from a diffusers or transformers folder, sharded on `mesh`'s `tp` axis, reading only
     this rank's slices.
@@ -101,6 +105,8 @@ def from_pretrained(
     `parallelize`): each rank reads its real rows and makes its padded ones as zeros. Returns the model in eval mode.
     `quantization_config` (diffusers' `TorchAoConfig`, or a torchao config; int8 / float8 weight-only): each
     rank quantizes its slice of every Linear weight as it is read, with the whole row's scales (`dtp/quant/load.py`).
+    `fsdp=True`: the weights are sharded over the mesh's non-tp axes too (FSDP2, as `dtp.parallelize(fsdp=True)`),
+    and each rank reads only its FSDP shard of its TP slice of every tensor (`loading/fsdp.py`).
     """
     model, _ = load(
         model_class,
@@ -113,6 +119,7 @@ def from_pretrained(
         cp_mode=cp_mode,
         pad=pad,
         quantization_config=quantization_config,
+        fsdp=fsdp,
     )
     return model
 
@@ -129,15 +136,21 @@ def load(
     cp_mode="ulysses",
     pad=False,
     quantization_config=None,
+    fsdp=False,
 ):
     """`from_pretrained`, also returning this rank's `LoadStats`."""
-    start = time.perf_counter()
+    target = local_device(device if device is not None else tp_submesh(mesh).device_type)
+    parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=target, fsdp=fsdp)
     directory = os.path.join(path, subfolder) if subfolder else path
+    return load_with(model_class, directory, parallelism, plan, torch_dtype, quantization_config)
+
+
+def load_with(model_class, directory, parallelism: Parallelism, plan=None, torch_dtype=None, quantization_config=None):
+    """`load` for callers that hold the parallel setup (`pipeline/load.py`): (model, this rank's LoadStats)."""
+    start = time.perf_counter()
     model = build_skeleton(model_class, directory, torch_dtype)
     quantizer = LoadQuantizer(model, quantization_config) if quantization_config is not None else None
-    target = local_device(device if device is not None else tp_submesh(mesh).device_type)
-    parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=target).for_model(model)
-    prepared = prepare_with(model, parallelism, plan)
+    prepared = prepare_with(model, parallelism.for_model(model), plan)
     stats = load_prepared(model, prepared, directory, torch_dtype, start=start, quantizer=quantizer)
     return model, stats
 
@@ -183,14 +196,21 @@ def load_prepared(
     checkpoint = open_model_checkpoint(directory, transformers_model)
     keymap = model_keymap(model, checkpoint, transformers_model)
     target = prepared.device if prepared.device is not None else local_device(prepared.tp_mesh.device_type)
-    layouts = prepared.resolved.param_layouts()
+    layouts = prepared.resolved.param_layouts() if prepared.tp > 1 else {}  # tp=1: plain tensors, read whole
     dtypes = _target_dtypes(model, torch_dtype, transformers_model)
-    bytes_read = _read_into(model, checkpoint, keymap, layouts, dtypes, prepared.tp_mesh, target, quantizer)
-    move_unsharded(model, target)  # buffers the checkpoint does not hold (non-persistent ones)
-    _assert_materialized(model)
-    apply(model, prepared, weights_local=True)
+    if prepared.parallelism.fsdp:
+        if quantizer is not None:
+            raise PlanError(FSDP_QUANTIZED)
+        check_untied(keymap, directory)
+        bytes_read = read_fsdp(model, prepared, checkpoint, keymap, layouts, target, CountingReader)
+    else:
+        bytes_read = _read_into(model, checkpoint, keymap, layouts, dtypes, prepared.tp_mesh, target, quantizer)
+        move_unsharded(model, target)  # buffers the checkpoint does not hold (non-persistent ones)
+        _assert_materialized(model)
+        apply(model, prepared, weights_local=True)
     model.eval()
     stats = _stats(checkpoint, keymap, layouts, prepared.tp_mesh, bytes_read, time.perf_counter() - start)
+    stats = replace(stats, fsdp=prepared.parallelism.fsdp_degree if prepared.parallelism.fsdp else 1)
     logger.info(
         "dtp.from_pretrained rank %d: read %d of %d checkpoint bytes (share: sharded/%d + replicated = %d) in %.1f s",
         stats.rank,
