@@ -117,13 +117,15 @@ FSDP_QUANTIZED = (
 )
 
 
-def check_untied(keymap, directory) -> None:
-    """PlanError when the checkpoint ties parameters (one tensor under two names): FSDP2 would shard the tie twice."""
-    if keymap.aliases:
-        first = next(iter(keymap.aliases.items()))
+def check_untied(model: nn.Module, keymap, directory) -> None:
+    """PlanError when the checkpoint ties parameters (one tensor under two names) that the skeleton holds as two
+    Parameters: FSDP2 would shard them apart. A tie the skeleton already shares (T5's `shared` and
+    `encoder.embed_tokens`) is one FSDP2 parameter, read once."""
+    untied = [(a, k) for a, k in keymap.aliases.items() if model.get_parameter(a) is not model.get_parameter(k)]
+    if untied:
         raise PlanError(
-            f"fsdp=True cannot load '{directory}': it ties parameters ({first[0]} is {first[1]}, "
-            f"{len(keymap.aliases)} ties); load it with fsdp=False."
+            f"fsdp=True cannot load '{directory}': the checkpoint ties {untied[0][0]} to {untied[0][1]} ({len(untied)} "
+            f"ties) but the model holds them as separate parameters; load it with fsdp=False."
         )
 
 

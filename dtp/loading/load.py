@@ -201,7 +201,7 @@ def load_prepared(
     if prepared.parallelism.fsdp:
         if quantizer is not None:
             raise PlanError(FSDP_QUANTIZED)
-        check_untied(keymap, directory)
+        check_untied(model, keymap, directory)
         bytes_read = read_fsdp(model, prepared, checkpoint, keymap, layouts, target, CountingReader)
     else:
         bytes_read = _read_into(model, checkpoint, keymap, layouts, dtypes, prepared.tp_mesh, target, quantizer)

@@ -23,14 +23,15 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..loading import build_skeleton, from_pretrained, is_transformers_class, load_prepared
+from ..loading import build_skeleton, is_transformers_class, load_prepared
 from ..loading.checkpoint import CheckpointError
+from ..loading.load import load_with
 from ..loading.precheck import check_files
 from ..plan import Plan, load_plan
 from ..quant.load import diffusers_config
 from ..runtime.parallelism import Parallelism
 from ..runtime.placement import local_device
-from .parallelize import WHOLE, parallelize_pipeline, prepare_component
+from .parallelize import WHOLE, parallelize_with, prepare_component
 
 TRANSFORMER = "transformer"  # diffusers' component name of the denoiser
 
@@ -45,6 +46,7 @@ def load_pipeline(
     cp_mode: str = "ulysses",
     device=None,
     quantization_config=None,
+    fsdp: bool = False,
 ):
     """The pipeline in `model_dir` with every component that has a plan loaded shard-on-load on `mesh`.
 
@@ -57,6 +59,8 @@ def load_pipeline(
     quantization_config: diffusers' `TorchAoConfig` or a torchao config (`dtp.quant.config_for("int8wo")`): the
         transformer's Linears quantized while loading, each rank its own slices (`dtp.from_pretrained`); without
         a mesh, diffusers' own quantized load. The text encoders, VAE and a WHOLE transformer are not quantized.
+    fsdp: every sharded component's weights also divided over the mesh's non-tp axes (FSDP2), each rank reading only
+        its FSDP shard of its TP slice (`dtp.from_pretrained(fsdp=True)`).
     """
     from diffusers import DiffusionPipeline
 
@@ -71,18 +75,19 @@ def load_pipeline(
             model_dir, subfolder=TRANSFORMER, torch_dtype=torch_dtype, **quantized
         )
     else:
+        parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp)
         whole = {name for name, plan in plans.items() if plan is WHOLE}
-        encoders = prepare_text_encoders(model_dir, mesh, torch_dtype, device, cp_mode, pad, skip=whole)
+        encoders = prepare_text_encoders(model_dir, parallelism, torch_dtype, skip=whole)
         if TRANSFORMER not in whole:
             plan = plans.get(TRANSFORMER)
             loaded[TRANSFORMER] = load_sharded_transformer(
-                model_dir, mesh, plan, torch_dtype, device, cp_mode, pad, quantization_config=quantization_config
+                model_dir, parallelism, plan, torch_dtype, quantization_config=quantization_config
             )
         loaded |= load_text_encoders(model_dir, encoders, torch_dtype)
     pipe = DiffusionPipeline.from_pretrained(model_dir, **loaded, torch_dtype=torch_dtype)
     if mesh is not None:
         rest = {name: plan for name, plan in plans.items() if name not in loaded and name in pipe.components}
-        parallelize_pipeline(pipe, mesh, rest, exclude=tuple(loaded), cp_mode=cp_mode, device=device, pad=pad)
+        parallelize_with(pipe, parallelism, rest, exclude=tuple(loaded))
     return pipe.to(device)  # moves the whole components; the sharded ones are already there
 
 
@@ -91,12 +96,12 @@ def _plan(value):
     return load_plan(value) if isinstance(value, (str, Path)) else value
 
 
-def prepare_text_encoders(model_dir, mesh, dtype, device, cp_mode="ulysses", pad=False, *, skip=()) -> dict:
+def prepare_text_encoders(model_dir, parallelism: Parallelism, dtype, *, skip=()) -> dict:
     """`{name: (skeleton, Prepared)}` for every transformers component of the pipeline that has a plan (its
     text encoders), except those in `skip`: built on meta from `<model_dir>/<name>/config.json` and checked
     on the mesh's `tp` axis (`prepare_component`: the first of its bundled plans that fits). Nothing is read;
     a component without a plan is left out (diffusers loads it whole)."""
-    prepared, parallelism = {}, Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=device)
+    prepared = {}
     for name, cls in transformers_components(model_dir).items():
         if name in skip:
             continue
@@ -128,25 +133,14 @@ def transformers_components(model_dir) -> dict:
     return found
 
 
-def load_sharded_transformer(
-    model_dir, mesh, plan, dtype, device, cp_mode="ulysses", pad=False, *, quantization_config=None
-):
-    """The pipeline's transformer, sharded with `plan` (Plan or None = bundled) on `mesh` (TP on its `tp`
-    axis; the plan's context parallelism in `cp_mode` when its `cp` axis is > 1; `pad=True` zero-pads heads
-    and widths tp does not divide). Shard-on-load: each rank reads only its own slice of every sharded tensor
-    and moves only that slice to `device` (no full copy of the transformer on any rank)."""
-    return from_pretrained(
-        transformer_class(model_dir),
-        model_dir,
-        mesh,
-        _plan(plan),
-        subfolder=TRANSFORMER,
-        torch_dtype=dtype,
-        device=device,
-        cp_mode=cp_mode,
-        pad=pad,
-        quantization_config=quantization_config,
-    )
+def load_sharded_transformer(model_dir, parallelism: Parallelism, plan, dtype, *, quantization_config=None):
+    """The pipeline's transformer, sharded with `plan` (Plan or None = bundled) as `parallelism` says (TP on the
+    `tp` axis; the plan's context parallelism when the `cp` axis is > 1; FSDP over the non-tp axes with `fsdp`).
+    Shard-on-load: each rank reads only its own slice of every sharded tensor and moves only that slice to the
+    device (no full copy of the transformer on any rank)."""
+    directory = os.path.join(model_dir, TRANSFORMER)
+    model, _ = load_with(transformer_class(model_dir), directory, parallelism, _plan(plan), dtype, quantization_config)
+    return model
 
 
 def transformer_class(model_dir):

@@ -88,6 +88,7 @@ def parallelize_pipeline(
     cp_mode: str = "ulysses",
     device=None,
     pad: bool = False,
+    fsdp: bool = False,
 ) -> PipelineReport:
     """Shard every component of `pipe` that has a plan, in place; returns what was sharded, with bytes.
 
@@ -98,15 +99,22 @@ def parallelize_pipeline(
     device: as in `dtp.parallelize`: slices (and the rest of each sharded component) go there.
     pad: as in `dtp.parallelize`, for every component: heads and widths tp does not divide are
         zero-padded (exact), e.g. Qwen-Image's Qwen2.5-VL (28 heads) at tp=8.
+    fsdp: every planned component's weights also divided over the mesh's non-tp axes (FSDP2, `runtime/fsdp.py`).
     Every component is prepared before any is applied: a PlanError leaves the whole pipeline as it was.
     """
+    parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp)
+    return parallelize_with(pipe, parallelism, plans, exclude=exclude)
+
+
+def parallelize_with(pipe, parallelism: Parallelism, plans=None, *, exclude: Iterable[str] = ()) -> PipelineReport:
+    """`parallelize_pipeline` for callers that hold the parallel setup (`load_pipeline`)."""
+    mesh = parallelism.mesh
     plans = dict(plans or {})
     modules = {n: m for n, m in pipe.components.items() if isinstance(m, nn.Module) and n not in set(exclude)}
     unknown = set(plans) - set(modules)
     if unknown:
         raise ValueError(f"parallelize_pipeline: no module components {sorted(unknown)}; have {sorted(modules)}.")
     whole = {name: local_param_bytes(module) for name, module in modules.items()}
-    parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=device)
     prepared, vaes = {}, {}
     for name, module in modules.items():  # every check of every component first ...
         if name == VAE_COMPONENT and name not in plans:
