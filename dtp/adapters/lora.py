@@ -64,6 +64,7 @@ def load_lora(
     unchanged, when a key names no Linear of the model or a shape does not fit its base layer.
     Afterwards diffusers' adapter methods on `model` work as on an unsharded model.
     """
+    _check_not_fsdp(model)
     state_dict, file_metadata = read_lora(lora)
     peft_sd = peft_view(state_dict, prefix)
     from diffusers.utils.peft_utils import get_adapter_name  # here: diffusers' import costs seconds
@@ -127,6 +128,20 @@ def load_lora_weights(pipe, lora, *, adapter_name: str | None = None) -> LoraSta
         network_alphas=network_alphas or None,
         metadata=metadata,
     )
+
+
+def _check_not_fsdp(model: nn.Module) -> None:
+    """PlanError on a model sharded with fsdp=True: peft sizes an adapter from the base weight, which FSDP2 holds
+    as a dim-0 shard between forwards, and `fuse_lora` writes into that weight, which FSDP2 would not keep."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        raise PlanError(
+            f"{type(model).__name__} is sharded with fsdp=True, which dtp's LoRA loader does not support: peft would "
+            f"size the adapters from FSDP2's dim-0 weight shards. Load the LoRA with fsdp=False (TP splits adapters "
+            f"like their bases), or fuse it into the weights before sharding (pipe.load_lora_weights(...); "
+            f"pipe.fuse_lora(); pipe.unload_lora_weights(); then dtp.parallelize_pipeline(pipe, mesh, fsdp=True))."
+        )
 
 
 def _pipeline_state_dict(pipe, lora) -> tuple[dict, dict | None, dict | None]:

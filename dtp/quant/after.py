@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
+from ..errors import PlanError
 from .dynamic import install_dynamic_rowwise
 from .kinds import LAYOUT_ATTR, is_quantized
 from .shard import rebuild, sharded_parameter
@@ -27,6 +28,7 @@ def quantize(model: torch.nn.Module, config, filter_fn=None) -> torch.nn.Module:
     """
     from torchao.quantization import quantize_
 
+    check_not_fsdp(model)
     layouts = {name: getattr(p, LAYOUT_ATTR) for name, p in model.named_parameters() if hasattr(p, LAYOUT_ATTR)}
     quantize_(model, config, filter_fn=filter_fn)
     for name, layout in layouts.items():
@@ -34,6 +36,18 @@ def quantize(model: torch.nn.Module, config, filter_fn=None) -> torch.nn.Module:
         module = model.get_submodule(module_path)
         keep_layout(module, param_name, layout)
     return model
+
+
+def check_not_fsdp(model: torch.nn.Module) -> None:
+    """PlanError on a model FSDP2 sharded (`fsdp=True`): torchao would quantize each rank's dim-0 shard with
+    FSDP2's DTensor around it, and its quantized tensors implement no FSDP2 all-gather."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        raise PlanError(
+            f"{type(model).__name__} is sharded with fsdp=True: torchao's quantized weights cannot be gathered by "
+            f"FSDP2. Quantize with fsdp=False (TP divides quantized weights), or keep the weights unquantized."
+        )
 
 
 def quantize_linear(module: torch.nn.Module, config, layout) -> None:
