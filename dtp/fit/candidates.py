@@ -23,6 +23,9 @@ and the candidates are the product of every axis's options, minus the unsupporte
     text_encoders   "sharded" on the tp axis (by their bundled plans), "whole" on every rank, or
                     "offloaded": whole, moved to the CPU once the prompts are encoded (`dtp run
                     --offload-text-encoders`), so they are resident in the text phase only
+    fsdp            True: every weight of the transformer (and of sharded text encoders) also divided over the
+                    cfg x cp ranks by FSDP2 (`dtp run --fsdp`); its cost is modelled on the row measured without
+                    it (`fit/fsdp.py`: gathered bytes per step, prefetch overlap, two whole blocks in the peak)
     parallel_vae    True where `dtp run` splits the VAE (`dtp.parallelize_vae`: a supported class and more
                     than one rank): its decode traced with its rows split over every rank; else whole
 """
@@ -37,6 +40,7 @@ from itertools import product
 from ..policy import CP_MODES
 from ..quant import SCHEMES
 from ..vae import SUPPORTED as SPLIT_VAES
+from .fsdp import fsdp_supported
 from .measure import PHASES, Setup
 from .pipelines import FitPipeline
 
@@ -59,6 +63,7 @@ class Candidate:
     quant: str | None = None
     text_encoders: str = "whole"
     parallel_vae: bool = False
+    fsdp: bool = False
 
     @property
     def world(self) -> int:
@@ -175,7 +180,7 @@ def _apply_quant(c: Candidate, pipeline: FitPipeline, layout: Layout) -> None:
 def _te_supported(pipeline: FitPipeline, c: Candidate) -> str | None:
     if not pipeline.text_encoders and c.text_encoders != "whole":
         return "the pipeline has no text encoders"
-    if c.text_encoders == "sharded" and c.tp == 1:
+    if c.text_encoders == "sharded" and c.tp == 1 and not c.fsdp:  # with fsdp: FSDP2 divides them
         return "tp=1: nothing to shard them over (same as whole)"
     return None
 
@@ -216,6 +221,7 @@ AXES = [
     Axis("pad", lambda p, a: [{"pad": False}, {"pad": True}], _always, _apply_pad),
     Axis("quant", _quant_options, _always, _apply_quant),
     Axis("parallel_vae", lambda p, a: [{"parallel_vae": True}, {"parallel_vae": False}], _vae_supported, _apply_vae),
+    Axis("fsdp", lambda p, a: [{"fsdp": False}, {"fsdp": True}], fsdp_supported, lambda c, p, layout: None),
 ]  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from ..policy import check_degree, parse_dtype
 from ..runtime.cfg.exchange import MAX_HEADER
 from . import cost
 from .candidates import CFG_PAIR, Candidate, Layout, candidates, layout
+from .fsdp import fsdp_row
 from .hardware import hardware as find_hardware
 from .hardware import parse_memory
 from .measure import PHASES, Measurer
@@ -66,7 +67,7 @@ def fit(
     measurer: a `Measurer` of the same pipeline and dtype from an earlier call, to reuse its measurements.
     gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`; frames
         to 81 for a video pipeline (`wan-pipeline`), None for an image one.
-    Each row: cfg, cp, tp, cp_mode, pad, quant, text_encoders, parallel_vae, weight_bytes (by component),
+    Each row: cfg, cp, tp, cp_mode, pad, quant, text_encoders, parallel_vae, fsdp, weight_bytes (by component),
     phase_bytes (by phase), peak_bytes, fits, step_seconds, command. `rejected` lists the candidates whose
     plans do not fit the mesh, with the PlanError; `reason` says why nothing fits when no row does.
     """
@@ -131,7 +132,7 @@ def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape:
     exchange = cfg_exchange(plan, candidate, measurer.output_bytes(plan.setups[spec.transformer], shape))
     call = cost.call_seconds(step.flops, weights[spec.transformer], step.collectives, hw)
     seconds = plan.calls_per_step * call + cost.collective_seconds(exchange, hw)
-    return {
+    row = {
         **_options(candidate),
         "weight_bytes": weights,
         "phase_bytes": phase_bytes,
@@ -146,6 +147,7 @@ def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape:
         "calls_per_step": plan.calls_per_step,
         "command": command(candidate, spec, shape),
     }
+    return fsdp_row(row, candidate, spec, plan, call, measurer.dtype, hw, memory) if candidate.fsdp else row
 
 
 def cfg_exchange(plan: Layout, c: Candidate, output_bytes: int) -> list[tuple]:
@@ -175,6 +177,7 @@ def _options(c: Candidate) -> dict:
         "quant": c.quant,
         "text_encoders": c.text_encoders,
         "parallel_vae": c.parallel_vae,
+        "fsdp": c.fsdp,
     }
 
 
@@ -186,7 +189,7 @@ def _drop_needless_padding(rows: list[dict]) -> list[dict]:
 
 def _key(row: dict, *without: str) -> tuple:
     """The row's options but pad (and `without`): the key its twins share."""
-    names = ("cfg", "cp", "tp", "cp_mode", "quant", "text_encoders", "parallel_vae")
+    names = ("cfg", "cp", "tp", "cp_mode", "quant", "text_encoders", "parallel_vae", "fsdp")
     return tuple(row[k] for k in names if k not in without)
 
 
@@ -202,6 +205,8 @@ def command(c: Candidate, spec: FitPipeline, shape: Shape) -> str | None:
         args.append("--pad")
     if c.quant:
         args += ["--quant", c.quant]
+    if c.fsdp:
+        args.append("--fsdp")
     if c.text_encoders == "whole" and c.world > 1:
         args.append("--whole-text-encoders")
     if c.text_encoders == "offloaded":

@@ -9,9 +9,10 @@ non-tp axes flattened into one (`Parallelism.fsdp_mesh`: cfg x cp ranks). No all
     at rest   = a parameter is dim-0 chunk r of its tp slice on fsdp rank r (torch.chunk, padded):
                 Shard(0) on the fsdp axis, or (_StridedShard(0), Shard(d)) with TP inside (torchtitan's 2-D layout)
     forward   = a block's all-gather runs just before it, its whole parameters are freed right after
-                (`reshard_after_forward=True`), and the next block's all-gather is issued first (prefetch)
+                (`reshard_after_forward=True`), and the next block's all-gather is issued first (prefetch; the
+                last block prefetches the first for the next call); the root stays gathered after the first call
 
-    per-rank weight bytes ~ whole / (tp * fsdp) + two whole blocks / tp in flight (this one and the prefetched one)
+    per-rank weight bytes ~ blocks / (tp * fsdp) + root / tp + two whole blocks / tp in flight
 
 Every rank of the fsdp group must run the same sequence of units: the cfg groups do (`runtime/cfg` runs one
 forward per group per call), and so do the cp ranks (same blocks on a part of the sequence).
@@ -59,13 +60,21 @@ def check_fsdp(model: nn.Module) -> None:
 
 
 def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
-    """`fully_shard` each block (prefetching the next one of its list) and then the root, over `fsdp_mesh`."""
-    for _, blocks in block_lists(model):
-        for block in blocks:
-            fully_shard(block, mesh=fsdp_mesh, reshard_after_forward=True)
-        for block, following in zip(blocks, list(blocks)[1:]):
+    """`fully_shard` each block and then the root over `fsdp_mesh`; each unit prefetches the next one.
+
+    Units in registration order (the order the blocks run in every supported model), chained: each block's
+    forward first issues the next block's all-gather, and the last block issues the first block's for the next
+    call, so no call but the first waits on a block's gather (in flight: at most the running block and the next).
+    The root (embedders, final norm and projection: 1-3 % of the weights) keeps its parameters gathered after
+    the first call (`reshard_after_forward=False`): it runs at both ends of every call.
+    """
+    units = [block for _, blocks in block_lists(model) for block in blocks]
+    for block in units:
+        fully_shard(block, mesh=fsdp_mesh, reshard_after_forward=True)
+    for block, following in zip(units, units[1:] + units[:1]):
+        if following is not block:
             block.set_modules_to_forward_prefetch([following])
-    fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=False)
     return model
 
 
