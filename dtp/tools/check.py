@@ -18,6 +18,7 @@ def run(args) -> int:
     try:
         report = _pipeline_or_model(args)
         add_cfg(report, args.cfg)
+        add_fsdp(report, args)
         if "pipeline" not in report and args.peak and args.forward:
             report["activation_peak"] = activation_peak(args)
     except PlanError as exc:
@@ -83,6 +84,28 @@ def activation_peak(args) -> dict:
         return {"error": str(exc)}
 
 
+def add_fsdp(report: dict, args) -> None:
+    """`--fsdp`: PlanError without a non-tp axis > 1 or with --quant (as `dtp.prepare` refuses them); else each
+    rank's parameter bytes at rest with FSDP2 dividing them over the cfg x cp ranks (`fsdp_per_rank_bytes`; the
+    whole blocks gathered in flight come on top: `dtp fit` models them)."""
+    if not getattr(args, "fsdp", False):
+        return
+    ranks = args.cfg * args.cp
+    if ranks == 1:
+        raise PlanError(
+            "dtp check: --fsdp shards weights over the non-tp axes (cfg x cp), but --cp 1 --cfg 1 has none larger "
+            "than 1; pass --cp 2 (or --cfg 2), or drop --fsdp."
+        )
+    if getattr(args, "quant", None):
+        raise PlanError("dtp check: --fsdp with --quant: torchao's quantized weights cannot be gathered by FSDP2.")
+    report["fsdp"] = ranks
+    if "pipeline" in report:
+        for c in report["components"]:
+            c["fsdp_per_rank_bytes"] = -(-c["per_rank_bytes"] // ranks) if c["plan"] else c["per_rank_bytes"]
+    else:
+        report["fsdp_per_rank_bytes"] = -(-report["per_rank_bytes"] // ranks)
+
+
 def format_report(r: dict) -> str:
     lines = [
         f"dtp check: {r['model']}, plan {r['plan']}, tp={r['tp']} cp={r['cp']} "
@@ -91,6 +114,13 @@ def format_report(r: dict) -> str:
         + (f", every Linear quantized {r['quant']} (data + scales)" if r.get("quant") else ""),
         f"  total parameters     {r['params'] / 1e9:10.3f} B  {_gb(r['total_bytes'])}",
         f"  per-rank bytes       {'':12} {_gb(r['per_rank_bytes'])}",
+        *(
+            [
+                f"  with --fsdp (at rest){'':11} {_gb(r['fsdp_per_rank_bytes'])}  (divided over {r['fsdp']} cfg x cp ranks)"
+            ]
+            if "fsdp" in r
+            else []
+        ),
         f"  ideal total/tp       {'':12} {_gb(r['ideal_bytes'])}",
         f"  ratio per-rank/ideal {r['ratio']:10.3f}",
         f"  supported tp         {_degrees(r['candidates'])}"

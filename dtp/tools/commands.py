@@ -113,6 +113,11 @@ def _run(sub, common) -> None:
     p.add_argument("--guidance-scale", type=float, default=None, help="the pipeline's guidance_scale (default its own)")
     p.add_argument("--pad", action="store_true", help="zero-pad heads and widths tp does not divide (exact)")
     p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="also divide every sharded component's weights over the cfg x cp ranks (FSDP2; needs --cp or --cfg > 1)",
+    )
+    p.add_argument(
         "--whole-text-encoders",
         action="store_true",
         help="under torchrun, keep the text encoders whole on every rank (default: sharded by their plans, each "
@@ -167,6 +172,11 @@ def _check(sub, common) -> None:
     p.add_argument("--cp", type=int, default=1, help="context-parallel degree (fake world size is cp * tp)")
     p.add_argument(
         "--cfg", type=int, default=1, help="cfg groups: also count the cfg exchange of one denoising step (default 1)"
+    )
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="weights also divided over the cfg x cp ranks (FSDP2): per-rank bytes at rest (needs --cp or --cfg > 1)",
     )
     p.add_argument(
         "--quant", choices=QUANT_SCHEMES, help="quantize every Linear (torchao) before sharding: quantized bytes"

@@ -82,6 +82,7 @@ def _run_sharded(args, device: torch.device, progress: Progress) -> None:
         pad=args.pad,
         device=device,
         quantization_config=_quant(args),
+        fsdp=args.fsdp,
     )
     add_lora(pipe, args.lora, args.lora_scale, sharded=True)
     if args.offload_text_encoders:
