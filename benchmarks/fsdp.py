@@ -1,0 +1,140 @@
+"""FSDP (fsdp=True) on gloo: per-rank weights and peak, step time, and the tp=1 forward against diffusers'.
+
+    python benchmarks/fsdp.py            # ~4 min on 2 cores; writes benchmarks/results/fsdp.md
+
+A medium FLUX.1 transformer (width 256, 2 double + 6 single blocks: blocks are most of the weights, as at full
+size), fp32, CPU, 2 or 4 gloo processes:
+1. per-rank parameter bytes at rest and the forward's peak of live tensors (torch's MemTracker), with and without
+   fsdp, on (cp=2), (cp=2, tp=2) and (cfg=2, a batch of 2), against whole / world + the two largest blocks / tp;
+2. one (cp=2) forward's wall time with and without fsdp, median of 5 (issue 33's target: <= 1.15x);
+3. tp=1, cfg=2: a rank's eager forward on its half of a batch of 2 against diffusers' unsharded forward on that
+   half, median of 7 (target <= 1.05x: no DTensor dispatch on the compute path).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dtp.testing.launch import spawn
+
+CONFIG = dict(
+    patch_size=1,
+    in_channels=16,
+    num_layers=2,
+    num_single_layers=6,
+    attention_head_dim=64,
+    num_attention_heads=4,
+    joint_attention_dim=64,
+    pooled_projection_dim=32,
+    guidance_embeds=False,
+    axes_dims_rope=(8, 28, 28),
+)
+MESHES = {"cp=2": (2, dict(cp=2)), "cp=2 x tp=2": (4, dict(cp=2, tp=2)), "cfg=2": (2, dict(cfg=2))}
+REPEATS, FORWARD_REPEATS = 5, 7
+RESULT = Path(__file__).parent / "results" / "fsdp.md"
+
+
+def model():
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    return FluxTransformer2DModel(**CONFIG).eval()
+
+
+def inputs(batch: int = 1, tokens: int = 256, text: int = 64) -> dict:
+    g = torch.Generator().manual_seed(1)
+    return dict(
+        hidden_states=torch.randn(batch, tokens, CONFIG["in_channels"], generator=g),
+        encoder_hidden_states=torch.randn(batch, text, CONFIG["joint_attention_dim"], generator=g),
+        pooled_projections=torch.randn(batch, CONFIG["pooled_projection_dim"], generator=g),
+        timestep=torch.full((batch,), 0.5),
+        img_ids=torch.zeros(tokens, 3),
+        txt_ids=torch.zeros(text, 3),
+        return_dict=False,
+    )
+
+
+def param_bytes(m) -> int:
+    from dtp.runtime.memory import local_param_bytes
+
+    return local_param_bytes(m)
+
+
+def peak_bytes(m, kwargs) -> int:
+    """The forward's peak of live tensors on this rank (MemTracker: parameters, buffers, activations, gathers)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(m)
+    with tracker, torch.no_grad():
+        m(**kwargs)
+    return max(stats["Total"] for stats in tracker.get_tracker_snapshot("peak").values())
+
+
+def timed(m, kwargs, repeats: int) -> float:
+    times = []
+    with torch.no_grad():
+        m(**kwargs)  # warm-up (FSDP2's lazy init, first gathers)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            m(**kwargs)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def memory_job(rank, world, dims) -> dict:
+    import dtp
+    from dtp.runtime.fsdp import block_lists
+
+    batch = 2 if dims.get("cfg", 1) > 1 else 1
+    whole = model()
+    blocks = sorted(param_bytes(b) for _, lst in block_lists(whole) for b in lst)[-2:]
+    out = dict(whole=param_bytes(whole), blocks=sum(blocks))
+    for fsdp in (False, True):
+        m = dtp.parallelize(model(), dtp.make_mesh(**dims), fsdp=fsdp)
+        out[fsdp] = dict(rest=param_bytes(m), peak=peak_bytes(m, inputs(batch)))
+    return out
+
+
+def speed_job(rank, world) -> dict:
+    import dtp
+
+    mesh = dtp.make_mesh(cp=2)
+    out = {fsdp: timed(dtp.parallelize(model(), mesh, fsdp=fsdp), inputs(), REPEATS) for fsdp in (False, True)}
+    cfg = dtp.make_mesh(cfg=2)
+    out["cfg_dtp"] = timed(dtp.parallelize(model(), cfg), inputs(batch=2), FORWARD_REPEATS)
+    out["cfg_diffusers"] = timed(model(), inputs(batch=1), FORWARD_REPEATS)  # the same half, unsharded
+    return out
+
+
+def main() -> int:
+    lines = ["# fsdp=True on gloo (benchmarks/fsdp.py)", "", f"medium FLUX.1 transformer {CONFIG}, fp32, CPU", ""]
+    lines += ["| mesh | whole MB | at rest MB (no fsdp) | at rest MB (fsdp) | bound MB | peak MB (no fsdp) | "
+              "peak MB (fsdp) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for tag, (world, dims) in MESHES.items():
+        r = spawn(memory_job, world, dims)[0]
+        tp = dims.get("tp", 1)
+        bound = 1.05 * r["whole"] / world + r["blocks"] / tp
+        row = [r["whole"], r[False]["rest"], r[True]["rest"], bound, r[False]["peak"], r[True]["peak"]]
+        lines.append(f"| {tag} | " + " | ".join(f"{v / 1e6:.2f}" for v in row) + " |")
+    s = spawn(speed_job, 2)[0]
+    lines += ["", "| measure | seconds | ratio | target |", "|---|---|---|---|"]
+    lines.append(f"| cp=2 forward, no fsdp | {s[False]:.4f} | 1.00 | |")
+    lines.append(f"| cp=2 forward, fsdp | {s[True]:.4f} | {s[True] / s[False]:.2f} | <= 1.15 |")
+    lines.append(f"| diffusers forward, batch 1 | {s['cfg_diffusers']:.4f} | 1.00 | |")
+    ratio = s["cfg_dtp"] / s["cfg_diffusers"]
+    lines.append(f"| dtp cfg=2 tp=1 forward, batch 2 (1 per rank) | {s['cfg_dtp']:.4f} | {ratio:.2f} | <= 1.05 |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    RESULT.parent.mkdir(exist_ok=True)
+    RESULT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
