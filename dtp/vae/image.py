@@ -28,13 +28,18 @@ ROW_LOCAL = (nn.SiLU, nn.ReLU, nn.GELU, nn.Dropout, nn.Identity, nn.Linear)
 
 
 @cache
-def _diffusers_layers():
-    """(Attention, Downsample2D, Upsample2D), imported on first use (diffusers is heavy to import)."""
+def _diffusers_layers() -> dict[str, type]:
+    """diffusers' layer classes by name, imported on first use (diffusers is heavy to import)."""
     from diffusers.models.attention_processor import Attention
     from diffusers.models.downsampling import Downsample2D
     from diffusers.models.upsampling import Upsample2D
 
-    return Attention, Downsample2D, Upsample2D
+    return {"Attention": Attention, "Downsample2D": Downsample2D, "Upsample2D": Upsample2D}
+
+
+def _diffusers_layer(name: str):
+    """A `matches` for instances of the diffusers layer class `name` (subclasses included, as isinstance says)."""
+    return lambda module: isinstance(module, _diffusers_layers()[name])
 
 
 def check_conv(conv: nn.Conv2d | nn.Conv3d, path: str) -> None:
@@ -105,16 +110,14 @@ def _install_attention(attn, state: VaeParallel) -> None:
 RULES = (
     LayerRule(
         "Downsample2D",
-        lambda m: isinstance(m, _diffusers_layers()[1]),
+        _diffusers_layer("Downsample2D"),
         check=_check_downsample,
         install=_install_downsample,
         owns=lambda m: ("",),
         height_stride=lambda m: m.conv.stride[0],
     ),
-    LayerRule(
-        "Attention", lambda m: isinstance(m, _diffusers_layers()[0]), _check_attention, install=_install_attention
-    ),
-    LayerRule("Upsample2D", lambda m: isinstance(m, _diffusers_layers()[2]), _check_upsample),
+    LayerRule("Attention", _diffusers_layer("Attention"), _check_attention, install=_install_attention),
+    LayerRule("Upsample2D", _diffusers_layer("Upsample2D"), _check_upsample),
     LayerRule("Conv2d", lambda m: isinstance(m, nn.Conv2d), check_conv, install=_install_conv2d),
     LayerRule("Conv3d", lambda m: isinstance(m, nn.Conv3d), check_conv, install=_install_conv3d),
     LayerRule(
