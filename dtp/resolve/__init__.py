@@ -13,7 +13,7 @@ from .binding.heads import AttentionSpec
 from .binding.linears import LinearSpec
 from .binding.norms import NormSpec
 from .binding.resolved import Resolved, resolve
-from .exactness.cache import clear_caches
+from .exactness.memo import clear_caches
 from .layout import Layout
 
 __all__ = [

@@ -29,9 +29,9 @@ from torch import nn
 from ..errors import ForwardError, PlanError
 from .group import vae_group
 from .halo import gather_rows
-from .rule import VaeParallel
-from .rules import FRAME_LOOP_VAES, SUPPORTED, VAE_CLASSES, VIDEO_VAES, checked_layers, height_factor
 from .split import Split
+from .strip_rule import VaeParallel
+from .strip_rules import FRAME_LOOP_VAES, SUPPORTED, VAE_CLASSES, VIDEO_VAES, checked_layers, height_factor
 from .strips import bounds, split_rows
 from .video_decode import check_post_quant_conv, strip_decode
 

@@ -22,8 +22,8 @@ from torch import nn
 from .conv import self_padded_conv3d_rows
 from .halo import gather_rows
 from .norm import group_norm_rows
-from .rule import LayerRule, VaeParallel, by_class_name, reason_check
 from .split import Split
+from .strip_rule import StripRule, VaeParallel, by_class_name, reason_check
 
 KINDS = {
     "HunyuanVideoCausalConv3d": "causal_conv",
@@ -131,10 +131,10 @@ def _install_mid_block(block: nn.Module, state: VaeParallel) -> None:
     state.replace(block, lambda x: mid_block_rows(block, x, state.split))
 
 
-def _rule(class_name: str, **fields) -> LayerRule:
+def _rule(class_name: str, **fields) -> StripRule:
     kind = KINDS[class_name]
     why = reason_check(lambda module: check(module, kind))
-    return LayerRule(class_name, by_class_name(class_name), why, **fields)
+    return StripRule(class_name, by_class_name(class_name), why, **fields)
 
 
 # The inner nn.Conv3d of a causal conv is still visited (and checked by the Conv3d rule); the mid block's

@@ -21,7 +21,7 @@ from ..errors import PlanError
 from .attention import SequenceGather
 from .conv import conv2d_rows, conv3d_rows
 from .norm import group_norm_rows
-from .rule import LayerRule, VaeParallel
+from .strip_rule import StripRule, VaeParallel
 
 # Layers that act on each position (row) alone: nothing to exchange.
 ROW_LOCAL = (nn.SiLU, nn.ReLU, nn.GELU, nn.Dropout, nn.Identity, nn.Linear)
@@ -108,7 +108,7 @@ def _install_attention(attn, state: VaeParallel) -> None:
 
 
 RULES = (
-    LayerRule(
+    StripRule(
         "Downsample2D",
         _diffusers_layer("Downsample2D"),
         check=_check_downsample,
@@ -116,14 +116,14 @@ RULES = (
         owns=lambda m: ("",),
         height_stride=lambda m: m.conv.stride[0],
     ),
-    LayerRule("Attention", _diffusers_layer("Attention"), _check_attention, install=_install_attention),
-    LayerRule("Upsample2D", _diffusers_layer("Upsample2D"), _check_upsample),
-    LayerRule("Conv2d", lambda m: isinstance(m, nn.Conv2d), check_conv, install=_install_conv2d),
-    LayerRule("Conv3d", lambda m: isinstance(m, nn.Conv3d), check_conv, install=_install_conv3d),
-    LayerRule(
+    StripRule("Attention", _diffusers_layer("Attention"), _check_attention, install=_install_attention),
+    StripRule("Upsample2D", _diffusers_layer("Upsample2D"), _check_upsample),
+    StripRule("Conv2d", lambda m: isinstance(m, nn.Conv2d), check_conv, install=_install_conv2d),
+    StripRule("Conv3d", lambda m: isinstance(m, nn.Conv3d), check_conv, install=_install_conv3d),
+    StripRule(
         "GroupNorm",
         lambda m: isinstance(m, nn.GroupNorm),
         install=lambda norm, state: state.replace(norm, lambda x: group_norm_rows(x, norm, state.split)),
     ),
-    LayerRule("row-local", lambda m: isinstance(m, ROW_LOCAL)),
+    StripRule("row-local", lambda m: isinstance(m, ROW_LOCAL)),
 )

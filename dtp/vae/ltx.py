@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .rule import LayerRule, reason_check
+from .strip_rule import StripRule, reason_check
 
 KINDS = {
     "LTXVideoCausalConv3d": "causal_conv",
@@ -69,11 +69,11 @@ def patch_factor(part: nn.Module) -> int:
     return getattr(part, "patch_size", 1)
 
 
-def _rule(kind: str, **fields) -> LayerRule:
+def _rule(kind: str, **fields) -> StripRule:
     def matches(module: nn.Module) -> bool:
         return layer_kind(module) == kind
 
-    return LayerRule(f"LTX {kind}", matches, reason_check(lambda module: check(module, kind)), **fields)
+    return StripRule(f"LTX {kind}", matches, reason_check(lambda module: check(module, kind)), **fields)
 
 
 # Nothing to install: LTX's causal conv pads time itself and leaves H to its inner nn.Conv3d (the Conv3d rule);

@@ -24,8 +24,8 @@ from torch import nn
 
 from ..errors import ForwardError
 from .halo import gather_rows
-from .rules import FRAME_LOOP_VAES  # noqa: F401  (its home is rules.VAE_CLASSES; dtp/fit imports it from here)
 from .split import Split
+from .strip_rules import FRAME_LOOP_VAES  # noqa: F401  (its home is rules.VAE_CLASSES; dtp/fit imports it from here)
 from .strips import bounds, split_rows
 
 ROW_DIM = 3  # (B, C, T, H, W)

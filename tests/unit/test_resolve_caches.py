@@ -1,4 +1,4 @@
-"""The exactness checks' memo (dtp/resolve/exactness/cache.py): bounded, least recently used dropped first, and
+"""The exactness checks' memo (dtp/resolve/exactness/memo.py): bounded, least recently used dropped first, and
 emptied by `dtp.resolve.clear_caches()` so the next check runs the forward again."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from dtp.plan import load_plan
 from dtp.resolve import clear_caches, resolve
 from dtp.resolve.exactness import flow
-from dtp.resolve.exactness.cache import BoundedCache, caches
+from dtp.resolve.exactness.memo import BoundedCache, caches
 from dtp.testing.tiny import tiny_model
 
 

@@ -130,13 +130,13 @@ def test_an_unknown_leaf_is_refused_naming_it():
 
 
 def test_every_rule_of_the_table_covers_a_layer_of_a_tiny_vae():
-    """No dead row in `LAYER_RULES`: each rule matches some layer of the tiny VAEs (one per supported class and
+    """No dead row in `STRIP_RULES`: each rule matches some layer of the tiny VAEs (one per supported class and
     version), so each is exercised by the parity tests that run them."""
-    from dtp.vae.rules import LAYER_RULES, checked_layers
+    from dtp.vae.strip_rules import STRIP_RULES, checked_layers
 
     used = set()
     for name in TINY_VAE_CONFIGS:
         vae = tiny_vae(name)
         for part in ("encoder", "decoder"):
             used |= {rule.name for _, _, rule in checked_layers(getattr(vae, part), part)}
-    assert [rule.name for rule in LAYER_RULES if rule.name not in used] == []
+    assert [rule.name for rule in STRIP_RULES if rule.name not in used] == []

@@ -18,7 +18,7 @@ on a value (HiDream's MoE `bincount`, Lumina2's `.tolist()` of the caption mask,
 `repeat_interleave` of its image-token mask, Mochi's `autocast("meta")`), both run again with the
 inputs' values carried along (`meta_values.py`). Only a class without example inputs, or a forward
 that still fails, skips the check (the static rules stand alone). Results are cached per (model
-class, structure, resolved plan, tp) in a bounded cache (`cache.py`), so `prepare` pays once per plan.
+class, structure, resolved plan, tp) in a bounded cache (`memo.py`), so `prepare` pays once per plan.
 Cost of the first call at full size on meta (fake group, one loaded CPU core, CPU time): FLUX.2-dev tp=8 0.36 s (0.08 s
 without this check), HiDream-I1 tp=4 1.2 s, Mochi 0.65 s, Lumina2 0.43 s, Qwen-Image 2.1 0.33 s.
 
@@ -43,7 +43,7 @@ from ...families import FAMILIES
 from ...families import example_inputs as family_example_inputs
 from ..binding.linears import LinearSpec
 from ..binding.resolved import Resolved
-from .cache import BoundedCache
+from .memo import BoundedCache
 from .meta_values import attach, values_run
 
 # class name -> builder(config dict) -> forward keyword arguments, for classes outside `dtp.families` (whose own

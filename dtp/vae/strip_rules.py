@@ -1,7 +1,7 @@
 """The parallel VAE's two tables: which VAE classes split (and how their calls are entered), and which layer
-runs how on row strips (`LAYER_RULES`, one tuple per VAE family module, first match wins).
+runs how on row strips (`STRIP_RULES`, one tuple per VAE family module, first match wins).
 
-A new VAE family is one module with its `RULES` (see `rule.py`), its tuple here, and its classes in `VAE_CLASSES`.
+A new VAE family is one module with its `RULES` (see `strip_rule.py`), its tuple here, and its classes in `VAE_CLASSES`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import PlanError
-from . import hunyuan, image, ltx, wan
-from .rule import LayerRule
+from . import hunyuan, image, ltx, wan_qwen
+from .strip_rule import StripRule
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,15 @@ VIDEO_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.row_dim == 3
 FRAME_LOOP_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.frame_loop)
 
 # The family modules' rules before the generic ones: WanCausalConv3d is an nn.Conv3d, LTX's norms are leaves.
-LAYER_RULES: tuple[LayerRule, ...] = wan.RULES + hunyuan.RULES + ltx.RULES + image.RULES
+STRIP_RULES: tuple[StripRule, ...] = wan_qwen.RULES + hunyuan.RULES + ltx.RULES + image.RULES
 
 
-def rule_for(module: nn.Module) -> LayerRule | None:
+def rule_for(module: nn.Module) -> StripRule | None:
     """The first rule of the table that matches `module`, else None."""
-    return next((rule for rule in LAYER_RULES if rule.matches(module)), None)
+    return next((rule for rule in STRIP_RULES if rule.matches(module)), None)
 
 
-def checked_layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module, LayerRule]]:
+def checked_layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module, StripRule]]:
     """Every layer of `root` a rule covers, each checked, in traversal order; PlanError for an unknown leaf.
 
     A layer below a path some rule `owns` is not visited: that rule runs it."""
@@ -64,7 +64,7 @@ def checked_layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module, L
             if not list(module.children()):
                 raise PlanError(
                     f"parallelize_vae: layer {full} ({type(module).__name__}) has no row-strip rule; known: "
-                    f"{', '.join(r.name for r in LAYER_RULES)}, {_names(image.ROW_LOCAL)} (dtp/vae/rules.py)."
+                    f"{', '.join(r.name for r in STRIP_RULES)}, {_names(image.ROW_LOCAL)} (dtp/vae/strip_rules.py)."
                 )
             continue  # a container: its children are visited
         rule.check(module, full)

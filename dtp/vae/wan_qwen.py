@@ -26,8 +26,8 @@ from torch import nn
 from ..errors import PlanError
 from .conv import conv2d_rows, self_padded_conv3d_rows
 from .halo import gather_rows
-from .rule import LayerRule, VaeParallel, by_class_name
 from .split import Split
+from .strip_rule import StripRule, VaeParallel, by_class_name
 
 FAMILIES = ("Wan", "QwenImage")  # class-name prefixes of the causal video VAEs' layers
 
@@ -143,10 +143,10 @@ def _kind(kind: str):
 
 
 RULES = (
-    LayerRule("causal conv", _kind("causal_conv"), _check_causal_conv, install=_install_causal_conv),
-    LayerRule("RMS_norm", _kind("rms_norm"), _check_rms_norm),
-    LayerRule("upsample", _kind("upsample")),
-    LayerRule(
+    StripRule("causal conv", _kind("causal_conv"), _check_causal_conv, install=_install_causal_conv),
+    StripRule("RMS_norm", _kind("rms_norm"), _check_rms_norm),
+    StripRule("upsample", _kind("upsample")),
+    StripRule(
         "resample",
         _kind("resample"),
         _check_resample,
@@ -154,6 +154,6 @@ RULES = (
         owns=lambda m: ("resample",) if _is_downsampling(m) else (),  # its causal `time_conv` keeps its own rule
         height_stride=lambda m: 2 if _is_downsampling(m) else 1,
     ),
-    LayerRule("attention block", _kind("attention"), install=_install_attention, owns=lambda m: ("",)),
-    LayerRule("space-to-depth / depth-to-space", by_class_name("AvgDown3D", "DupUp3D")),
+    StripRule("attention block", _kind("attention"), install=_install_attention, owns=lambda m: ("",)),
+    StripRule("space-to-depth / depth-to-space", by_class_name("AvgDown3D", "DupUp3D")),
 )

@@ -1,4 +1,4 @@
-"""`LayerRule`: how one kind of VAE layer runs on row strips; `VaeParallel`: what one parallel VAE installed.
+"""`StripRule`: how one kind of VAE layer runs on row strips; `VaeParallel`: what one parallel VAE installed.
 
 A rule answers five questions about a layer, each a small function (the defaults: nothing to say):
 
@@ -10,7 +10,7 @@ A rule answers five questions about a layer, each a small function (the defaults
     height_stride(module) -> int     the factor by which it divides the height (the encoder's input is split in
                                      multiples of the product over every layer)
 
-The family modules (`image.py`, `wan.py`, `hunyuan.py`, `ltx.py`) each hold a tuple of rules; `rules.py` puts
+The family modules (`image.py`, `wan_qwen.py`, `hunyuan.py`, `ltx.py`) each hold a tuple of rules; `strip_rules.py` puts
 them in one table, first match wins.
 """
 
@@ -38,7 +38,7 @@ def _stride_one(module: nn.Module) -> int:
 
 
 @dataclass(frozen=True)
-class LayerRule:
+class StripRule:
     """One row of the VAE rule table (see the module docstring for the five functions)."""
 
     name: str
