@@ -93,3 +93,11 @@ def test_the_checker_finds_a_broken_link_and_a_broken_anchor(tmp_path):
     )
     bad = broken_links(page, root=tmp_path)
     assert [b.split(" ")[0] for b in bad] == ["missing.md", "other.md#nowhere"]
+
+
+def test_the_readme_test_command_is_the_one_ci_runs():
+    """The README promises one test command; .ci/run must run exactly it (the lead keeps both working)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    commands = re.findall(r"^python -m pytest[^\n]*$", readme, flags=re.M)
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert len(commands) == 1 and commands[0] in ci, (commands, "not a line of .ci/run")
