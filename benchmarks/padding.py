@@ -1,7 +1,7 @@
 """What pad=True costs at full size: per-rank weights and FLOPs of zero-padded heads and widths.
 
 Full-size default configs, bf16, on the meta device and torch's fake process group, exactly as
-`dtp check --pad` does (see `dtp.resolve.padding.overhead` for the columns' definitions):
+`dtp check --pad` does (see `dtp.resolve.transforms.padding.overhead` for the columns' definitions):
 
 - ratio: per-rank weight bytes / (unpadded total / tp), padding included (1.000 is the limit);
 - padded / rank: the zero elements this rank stores (bytes);

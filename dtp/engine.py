@@ -51,9 +51,9 @@ from .plan import Plan, plan_for
 from .policy import check_cp_mode
 from .quant import check_quantized
 from .resolve import CpResolved, Resolved, resolve, resolve_cp
-from .resolve.exact import check_exact
-from .resolve.kv_share import share_kv
-from .resolve.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
+from .resolve.exactness.exact import check_exact
+from .resolve.transforms.kv_share import share_kv
+from .resolve.transforms.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
 from .runtime.agree import check_agree, failed, fingerprint
 from .runtime.cfg import check_cfg, install_cfg
 from .runtime.cp import apply_cp

@@ -34,7 +34,7 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from ..engine import SPEC_ATTR
-from ..resolve.linears import LinearSpec
+from ..resolve.binding.linears import LinearSpec
 from ..styles import LinearStyle, local_parameter
 
 PARTS = ("lora_A", "lora_B")

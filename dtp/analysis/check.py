@@ -38,7 +38,7 @@ from ..plan import Plan, bundled_plan_names, load_plan
 from ..policy import check_degree, parse_dtype
 from ..quant import config_for, quantize
 from ..resolve import Resolved
-from ..resolve.padding import overhead
+from ..resolve.transforms.padding import overhead
 from ..runtime.cfg.cost import exchange_per_step
 from ..runtime.cfg.tree import leaves
 from ..runtime.memory import local_param_bytes, local_tensor_bytes

@@ -42,10 +42,10 @@ from ..families import FAMILIES
 from ..families.tiny import tiny_inputs, tiny_model
 from ..plan import Plan, plan_for
 from ..resolve import Resolved, resolve
-from ..resolve.globs import expand
-from ..resolve.heads import attention_spec, resolve_attention
-from ..resolve.linears import resolve_linears
-from ..resolve.norms import resolve_norms
+from ..resolve.binding.globs import expand
+from ..resolve.binding.heads import attention_spec, resolve_attention
+from ..resolve.binding.linears import resolve_linears
+from ..resolve.binding.norms import resolve_norms
 from .tracing import (
     SPLITS,
     feature_slice_start,

@@ -40,7 +40,7 @@ from ..families import example_inputs as known_inputs
 from ..plan import Plan
 from ..policy import check_degree
 from ..resolve import resolve
-from ..resolve.heads import attention_spec
+from ..resolve.binding.heads import attention_spec
 from .tracing import (
     SPLITS,
     feature_slice_start,

@@ -42,7 +42,7 @@ from ..families.tiny import random_model
 from ..plan import Plan, load_plan
 from ..policy import check_degree
 from ..resolve import Layout, Resolved
-from ..resolve.heads import attention_spec
+from ..resolve.binding.heads import attention_spec
 from ..runtime.mesh import make_mesh
 from ..runtime.parallelism import Parallelism
 from .launch import spawn

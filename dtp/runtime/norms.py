@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
-from ..resolve.norms import NormSpec
+from ..resolve.binding.norms import NormSpec
 from ..styles import shard_parameter
 
 

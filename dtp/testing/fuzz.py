@@ -26,8 +26,8 @@ from ..engine import prepare
 from ..errors import PlanError
 from ..parallelize import parallelize
 from ..plan import Plan, Rule, load_plan
-from ..resolve.heads import HEAD_ATTRS, WIDTH_ATTRS
-from ..resolve.text_attention import REWRITTEN_ATTRS
+from ..resolve.binding.heads import HEAD_ATTRS, WIDTH_ATTRS
+from ..resolve.binding.text_attention import REWRITTEN_ATTRS
 from ..runtime.mesh import make_mesh
 from .tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 from .tiny_text import hidden_states, tiny_text_inputs, tiny_text_model

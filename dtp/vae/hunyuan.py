@@ -23,6 +23,7 @@ from .conv import self_padded_conv3d_rows
 from .halo import gather_rows
 from .norm import group_norm_rows
 from .split import Split
+from .strip_rule import StripRule, VaeParallel, by_class_name, reason_check
 
 KINDS = {
     "HunyuanVideoCausalConv3d": "causal_conv",
@@ -58,17 +59,6 @@ def check(module: nn.Module, kind: str) -> str | None:
 def height_stride(module: nn.Module) -> int:
     """The factor by which a layer divides the height (2 for a spatial downsampler, else 1)."""
     return module.conv.conv.stride[1] if layer_kind(module) == "downsample" else 1
-
-
-def owned(module: nn.Module, kind: str, path: str) -> set[str]:
-    """Subtrees a rule covers: the causal conv's inner nn.Conv3d; the mid block's attentions (run by
-    `mid_block_rows`, which calls their group_norm with global statistics itself)."""
-    prefix = f"{path}." if path else ""
-    if kind == "causal_conv":
-        return {f"{prefix}conv"}
-    if kind == "mid_block":
-        return {f"{prefix}attentions"}
-    return set()
 
 
 def causal_conv3d_rows(x: torch.Tensor, module: nn.Module, split: Split) -> torch.Tensor:
@@ -131,3 +121,27 @@ def _check_attention(attn: nn.Module) -> str | None:
     if extras or attn.group_norm is None or attn.is_cross_attention:
         return f"an attention with {extras or 'no group_norm / cross-attention'}"
     return None
+
+
+def _install_causal_conv(module: nn.Module, state: VaeParallel) -> None:
+    state.replace(module, lambda x: causal_conv3d_rows(x, module, state.split))
+
+
+def _install_mid_block(block: nn.Module, state: VaeParallel) -> None:
+    state.replace(block, lambda x: mid_block_rows(block, x, state.split))
+
+
+def _rule(class_name: str, **fields) -> StripRule:
+    kind = KINDS[class_name]
+    why = reason_check(lambda module: check(module, kind))
+    return StripRule(class_name, by_class_name(class_name), why, **fields)
+
+
+# The inner nn.Conv3d of a causal conv is still visited (and checked by the Conv3d rule); the mid block's
+# attentions are run by `mid_block_rows`, so nothing below `attentions` is visited.
+RULES = (
+    _rule("HunyuanVideoCausalConv3d", install=_install_causal_conv, owns=lambda m: ("conv",)),
+    _rule("HunyuanVideoMidBlock3D", install=_install_mid_block, owns=lambda m: ("attentions",)),
+    _rule("HunyuanVideoUpsampleCausal3D"),
+    _rule("HunyuanVideoDownsampleCausal3D", height_stride=height_stride),
+)

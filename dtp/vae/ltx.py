@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from .strip_rule import StripRule, reason_check
+
 KINDS = {
     "LTXVideoCausalConv3d": "causal_conv",
     "LTXVideoResnetBlock3d": "resnet",
@@ -62,11 +64,25 @@ def height_stride(module: nn.Module) -> int:
     return 1
 
 
-def owned(module: nn.Module, kind: str, path: str) -> set[str]:
-    """Subtrees with nothing to split: the timestep embedder (acts on the timestep, not on rows)."""
-    return {path} if kind == "timestep" else set()
-
-
 def patch_factor(part: nn.Module) -> int:
     """The encoder's patchify factor in H (its input rows per row of its first activation)."""
     return getattr(part, "patch_size", 1)
+
+
+def _rule(kind: str, **fields) -> StripRule:
+    def matches(module: nn.Module) -> bool:
+        return layer_kind(module) == kind
+
+    return StripRule(f"LTX {kind}", matches, reason_check(lambda module: check(module, kind)), **fields)
+
+
+# Nothing to install: LTX's causal conv pads time itself and leaves H to its inner nn.Conv3d (the Conv3d rule);
+# the other layers are row-local. The timestep embedder's subtree acts on the timestep, not on rows.
+RULES = (
+    _rule("causal_conv", height_stride=height_stride),
+    _rule("resnet"),
+    _rule("downsampler", height_stride=height_stride),
+    _rule("upsampler"),
+    _rule("timestep", owns=lambda m: ("",)),
+    _rule("channel_norm"),
+)

@@ -25,10 +25,9 @@ from torch import nn
 from ..errors import ForwardError
 from .halo import gather_rows
 from .split import Split
+from .strip_rules import FRAME_LOOP_VAES  # noqa: F401  (its home is rules.VAE_CLASSES; dtp/fit imports it from here)
 from .strips import bounds, split_rows
 
-# VAE classes whose `_decode` is diffusers' per-frame loop above (autoencoder_kl_wan.py, autoencoder_kl_qwenimage.py).
-FRAME_LOOP_VAES = ("AutoencoderKLWan", "AutoencoderKLQwenImage")
 ROW_DIM = 3  # (B, C, T, H, W)
 
 

@@ -5,7 +5,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 import dtp
-from dtp.resolve.heads import HEAD_ATTRS, WIDTH_ATTRS
+from dtp.resolve.binding.heads import HEAD_ATTRS, WIDTH_ATTRS
 from dtp.testing.tiny import tiny_model
 
 FLUX = "FluxTransformer2DModel"

@@ -15,8 +15,8 @@ from dtp.analysis.fakepg import meta_model
 from dtp.errors import ForwardError
 from dtp.plan import Style, bundled_plan_names, load_plan
 from dtp.resolve import resolve
-from dtp.resolve.heads import derived_kv_heads
-from dtp.resolve.kv_share import share_kv
+from dtp.resolve.binding.heads import derived_kv_heads
+from dtp.resolve.transforms.kv_share import share_kv
 from dtp.runtime.outputs import _cut
 from dtp.testing.tiny import tiny_model
 

@@ -13,7 +13,7 @@ import dtp
 from dtp import ForwardError
 from dtp.plan.cp import SplitRule
 from dtp.resolve import resolve, resolve_cp
-from dtp.resolve.cp import attention_routes
+from dtp.resolve.binding.cp import attention_routes
 from dtp.runtime.cp import attention as plugin
 from dtp.runtime.cp.hooks import SplitInputs
 from dtp.runtime.cp.masks import split_mask

@@ -11,9 +11,9 @@ import pytest
 import dtp
 from dtp.analysis.fakepg import fake_world
 from dtp.resolve import resolve
-from dtp.resolve.alignment import check_alignment
-from dtp.resolve.kv_share import share_kv
-from dtp.resolve.padding import pad_resolved
+from dtp.resolve.exactness.alignment import check_alignment
+from dtp.resolve.transforms.kv_share import share_kv
+from dtp.resolve.transforms.padding import pad_resolved
 from dtp.testing import fuzz
 from dtp.testing.fuzz import snapshot, unchanged
 from dtp.testing.plans import edited

@@ -101,6 +101,14 @@ ALLOWED = {
         "vae",
     },
 }
+# Inside dtp/resolve the same rule, one level down: the slicing math at the bottom, the plan bound to the shapes on
+# it, then the exact rewrites (padding, shared kv heads) and the forward-running checks, which may use both below.
+RESOLVE_ALLOWED = {
+    "layout": set(),
+    "binding": {"layout"},
+    "transforms": {"layout", "binding"},
+    "exactness": {"layout", "binding", "transforms"},
+}
 FACADE = {"__init__", "__main__"}  # the package facade exports everything; `python -m dtp` runs the CLI
 
 
@@ -182,6 +190,29 @@ def map_violations(root: Path = ROOT, allowed: dict = ALLOWED) -> list[str]:
     return bad
 
 
+def subpackage_violations(root: Path = ROOT, package: str = "resolve", allowed: dict = RESOLVE_ALLOWED) -> list[str]:
+    """Imports between the parts of `package` (its subfolders and top-level modules) that `allowed` does not list."""
+    prefix = f"{root.name}.{package}."
+
+    def part(module: str) -> str | None:
+        return module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
+
+    bad = []
+    for src, targets in graph(root).items():
+        src_part = part(src)
+        if src_part is None:
+            continue
+        if src_part not in allowed:
+            bad.append(f"{src}: part '{src_part}' of {package} is not in its map")
+            continue
+        bad += [
+            f"{src} imports {dst} ('{src_part}' may import {sorted(allowed[src_part])})"
+            for dst in sorted(targets)
+            if part(dst) not in (None, src_part) and part(dst) not in allowed[src_part]
+        ]
+    return bad
+
+
 def private_imports(root: Path = ROOT) -> list[str]:
     return [
         f"{module_name(path, root)} imports {name} from {target}"
@@ -252,6 +283,24 @@ def test_no_import_cycle():
 
 def test_imports_follow_the_allowed_map():
     assert not map_violations(), map_violations()
+
+
+def test_resolve_parts_follow_their_map():
+    assert not subpackage_violations(), subpackage_violations()
+
+
+def test_the_resolve_map_catches_a_planted_upward_import(tmp_path):
+    """A throwaway `pkg.resolve` whose binding imports its exactness checks: reported; the reverse is fine."""
+    for folder in ("binding", "exactness"):
+        (tmp_path / "pkg" / "resolve" / folder).mkdir(parents=True)
+        (tmp_path / "pkg" / "resolve" / folder / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "resolve" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "resolve" / "binding" / "heads.py").write_text("from ..exactness import flow\n")
+    (tmp_path / "pkg" / "resolve" / "exactness" / "flow.py").write_text("from ..binding import heads\n")
+    assert subpackage_violations(tmp_path / "pkg") == [
+        "pkg.resolve.binding.heads imports pkg.resolve.exactness.flow ('binding' may import ['layout'])"
+    ]
 
 
 def test_the_map_is_a_partial_order():

@@ -10,7 +10,7 @@ from dtp import PlanError
 from dtp.adapters.keys import check_lora, peft_view
 from dtp.adapters.shard import local_tensor, split_part
 from dtp.plan import Rule, Style
-from dtp.resolve.linears import LinearSpec
+from dtp.resolve.binding.linears import LinearSpec
 
 RANK = 3
 

@@ -6,7 +6,7 @@ Independent constructions: each expected value or shape is the same op run on CP
 import pytest
 import torch
 
-from dtp.resolve.meta_values import KnownValues, attach, values_run
+from dtp.resolve.exactness.meta_values import KnownValues, attach, values_run
 
 
 def known(value: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,9 @@ from torch import nn
 import dtp
 from dtp.engine import prepare
 from dtp.resolve import resolve
-from dtp.resolve.heads import AttentionSpec
+from dtp.resolve.binding.heads import AttentionSpec
 from dtp.resolve.layout import Layout, rank_pieces
-from dtp.resolve.padding import head_padding, pad_resolved, round_up
+from dtp.resolve.transforms.padding import head_padding, pad_resolved, round_up
 from dtp.testing.tiny import tiny_model
 
 ZIMAGE30 = dict(dim=240, n_heads=30, n_kv_heads=30, axes_dims=[4, 2, 2])

@@ -12,8 +12,8 @@ import dtp
 from dtp.plan import Style
 from dtp.plan.transformers import DROPPED, TRANSLATED, translate
 from dtp.resolve import Layout, resolve
-from dtp.resolve.kv_share import share_kv
-from dtp.resolve.padding import pad_resolved
+from dtp.resolve.transforms.kv_share import share_kv
+from dtp.resolve.transforms.padding import pad_resolved
 from dtp.testing.plans import edited
 from dtp.testing.tiny_text import TEXT_CLASSES, tiny_grouped_qwen, tiny_text_model
 from dtp.testing.tiny_vision import MISTRAL3, QWEN_VL, meta_vision_model, tiny_vision_model, vision_bytes

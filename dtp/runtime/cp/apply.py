@@ -7,7 +7,7 @@ from collections import defaultdict
 import torch.distributed as dist
 from torch import nn
 
-from ...resolve.cp import CpResolved
+from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, install_attention
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
 

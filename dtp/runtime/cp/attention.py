@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ...errors import ForwardError
-from ...resolve.cp import DISPATCH_NAME, attention_routes, processor_module
+from ...resolve.binding.cp import DISPATCH_NAME, attention_routes, processor_module
 from .adapters import install_adapter
 from .masks import split_mask
 from .ring import ring_attention

@@ -28,12 +28,12 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from ..errors import PlanError
-from ..policy import is_int
-from .heads import AttentionSpec, attention_spec
-from .layout import Layout
-from .linears import LinearSpec
-from .resolved import Resolved
+from ...errors import PlanError
+from ...policy import is_int
+from ..binding.heads import AttentionSpec, attention_spec
+from ..binding.linears import LinearSpec
+from ..binding.resolved import Resolved
+from ..layout import Layout
 
 # Direct children of an attention module, by role. Joint attention's two streams share the roles:
 # text and image heads are concatenated along the sequence, so they must be the same heads.

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..errors import PlanError
-from ..plan.cp import GatherRule, SplitRule
-from ..policy import check_cp_mode, check_degree, is_int
+from ...errors import PlanError
+from ...plan.cp import GatherRule, SplitRule
+from ...policy import check_cp_mode, check_degree, is_int
 from .globs import expand
 from .resolved import Resolved
 

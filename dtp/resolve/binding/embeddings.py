@@ -9,8 +9,8 @@ Example: T5-XXL, 64 heads at tp=8: rank 3 keeps bias columns 24:32, the heads of
 
 from __future__ import annotations
 
-from ..errors import PlanError
-from ..plan import Plan, Style
+from ...errors import PlanError
+from ...plan import Plan, Style
 from .heads import AttentionSpec
 from .linears import LinearSpec
 

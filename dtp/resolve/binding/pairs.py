@@ -10,8 +10,8 @@ in an enclosing module; the head bookkeeping (`heads.py`) checks that tp divides
 
 from __future__ import annotations
 
-from ..errors import PlanError
-from ..plan import Plan
+from ...errors import PlanError
+from ...plan import Plan
 from .linears import LinearSpec
 
 

@@ -18,8 +18,8 @@ on a value (HiDream's MoE `bincount`, Lumina2's `.tolist()` of the caption mask,
 `repeat_interleave` of its image-token mask, Mochi's `autocast("meta")`), both run again with the
 inputs' values carried along (`meta_values.py`). Only a class without example inputs, or a forward
 that still fails, skips the check (the static rules stand alone). Results are cached per (model
-class, structure, resolved plan, tp), so `prepare` pays once per plan. Cost of the first call at
-full size on meta (fake group, one loaded CPU core, CPU time): FLUX.2-dev tp=8 0.36 s (0.08 s
+class, structure, resolved plan, tp) in a bounded cache (`memo.py`), so `prepare` pays once per plan.
+Cost of the first call at full size on meta (fake group, one loaded CPU core, CPU time): FLUX.2-dev tp=8 0.36 s (0.08 s
 without this check), HiDream-I1 tp=4 1.2 s, Mochi 0.65 s, Lumina2 0.43 s, Qwen-Image 2.1 0.33 s.
 
 Values are not computed: a shard that keeps every shape right and is still wrong (heads out of
@@ -38,19 +38,22 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ..errors import PlanError
-from ..families import FAMILIES
-from ..families import example_inputs as family_example_inputs
-from .linears import LinearSpec
+from ...errors import PlanError
+from ...families import FAMILIES
+from ...families import example_inputs as family_example_inputs
+from ..binding.linears import LinearSpec
+from ..binding.resolved import Resolved
+from .memo import BoundedCache
 from .meta_values import attach, values_run
-from .resolved import Resolved
 
 # class name -> builder(config dict) -> forward keyword arguments, for classes outside `dtp.families` (whose own
 # input builders come first).
 EXAMPLE_INPUTS: dict[str, Callable[[dict], dict]] = {}
 TEXT_TOKENS = 8  # transformers text encoders: one prompt of this many token ids
-_CACHE: dict[str, str | None] = {}  # (class, structure, plan, tp) digest -> None (fine) or the PlanError message
-_BASELINES: dict[str, object] = {}  # (class, structure) digest -> output shapes, or a _Failure
+# (class, structure, plan, tp) digest -> None (fine) or the PlanError message
+_RESULTS = BoundedCache("flow results", maxsize=256)
+# (class, structure, thinning, mode) digest -> output shapes, or a _Failure
+_BASELINES = BoundedCache("flow baselines", maxsize=64)
 
 
 def _family_inputs(class_name: str, config: dict) -> dict:
@@ -76,10 +79,9 @@ def check_flow(resolved: Resolved, model: nn.Module, tp: int) -> None:
         return
     structure = _structure_digest(model)
     key = _digest(structure, repr(resolved), str(tp))
-    if key not in _CACHE:
-        _CACHE[key] = _first_failure(resolved, model, tp, structure)
-    if _CACHE[key] is not None:
-        raise PlanError(_CACHE[key])
+    failure = _RESULTS.get_or_compute(key, lambda: _first_failure(resolved, model, tp, structure))
+    if failure is not None:
+        raise PlanError(failure)
 
 
 def _first_failure(resolved: Resolved, model: nn.Module, tp: int, structure: str) -> str | None:
@@ -118,9 +120,7 @@ def _runnable(model: nn.Module, inputs: dict, keep: dict[str, list[int]], struct
 def _baseline(model: nn.Module, inputs: dict, keep: dict[str, list[int]], values: bool, structure: str):
     """The unsharded meta forward's output shapes (or its `_Failure`), cached per structure, thinning and mode."""
     key = _digest(structure, repr(sorted(keep.items())), str(values))
-    if key not in _BASELINES:
-        _BASELINES[key] = _run(meta_copy(model, keep)[0], inputs, [], _unthinned(keep), values)
-    return _BASELINES[key]
+    return _BASELINES.get_or_compute(key, lambda: _run(meta_copy(model, keep)[0], inputs, [], _unthinned(keep), values))
 
 
 def _unthinned(keep: dict[str, list[int]]) -> Callable[[str], str]:

@@ -31,15 +31,15 @@ from dataclasses import dataclass, replace
 
 from torch import nn
 
-from ..errors import PlanError
-from ..policy import check_degree, is_int
-from .constraints import check_divides
-from .cp import CpResolved
-from .heads import GROUPS_ATTR, HEAD_COUNTS, KV_COUNTS, AttentionSpec, width_constraints
-from .linears import LinearSpec
-from .norms import NormSpec
-from .pairs import nearest_scope
-from .resolved import Resolved
+from ...errors import PlanError
+from ...policy import check_degree, is_int
+from ..binding.constraints import check_divides
+from ..binding.cp import CpResolved
+from ..binding.heads import GROUPS_ATTR, HEAD_COUNTS, KV_COUNTS, AttentionSpec, width_constraints
+from ..binding.linears import LinearSpec
+from ..binding.norms import NormSpec
+from ..binding.pairs import nearest_scope
+from ..binding.resolved import Resolved
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..errors import PlanError
+from ...errors import PlanError
 
 _ABSENT = object()
 

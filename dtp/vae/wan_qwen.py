@@ -1,4 +1,5 @@
-"""Causal video VAEs (AutoencoderKLWan, AutoencoderKLQwenImage) on row strips: height split, time untouched.
+"""The causal video VAEs' layers (AutoencoderKLWan, AutoencoderKLQwenImage) on row strips: height split, time
+untouched. Their `_decode` loop is split one level up (`video_decode.py`).
 
 Their activations are (B, C, T, H, W); the strips split H (dim 3). Each diffusers class family has the
 same layers under its own prefix (`WanCausalConv3d`, `QwenImageCausalConv3d`, ...):
@@ -11,6 +12,9 @@ same layers under its own prefix (`WanCausalConv3d`, `QwenImageCausalConv3d`, ..
   downsampling by ZeroPad2d((0, 1, 0, 1)) + a stride-2 conv, run as one strip conv with row padding (0, 1).
 - AttentionBlock: single-head attention per frame over all H x W positions: local queries, K and V
   gathered over ranks (`attention.py`'s rule, here written out for the block's fused to_qkv).
+- Wan 2.2's residual shortcuts (is_residual=True): space-to-depth (AvgDown3D: mean over channel groups of
+  f_t x f_s x f_s blocks) and depth-to-space (DupUp3D) by f_s in H. Strip bounds are multiples of f_s at
+  every grid (strips.py), so each strip maps to whole rows: row-local.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import PlanError
 from .conv import conv2d_rows, self_padded_conv3d_rows
 from .halo import gather_rows
 from .split import Split
+from .strip_rule import StripRule, VaeParallel, by_class_name
 
 FAMILIES = ("Wan", "QwenImage")  # class-name prefixes of the causal video VAEs' layers
 
@@ -93,3 +99,61 @@ def check_resample(resample: nn.Module) -> str | None:
             return f"downsampling by {pad} then {conv}"
         return None
     return None if resample.mode == "none" else f"mode {resample.mode}"
+
+
+def _is_downsampling(resample: nn.Module) -> bool:
+    return resample.mode.startswith("downsample")
+
+
+def _check_rms_norm(norm: nn.Module, path: str) -> None:
+    if not norm.channel_first:
+        raise PlanError(
+            f"parallelize_vae: {path} normalizes over the last dim; only channel-first RMS_norm is row-local."
+        )
+
+
+def _check_resample(resample: nn.Module, path: str) -> None:
+    reason = check_resample(resample)
+    if reason is not None:
+        raise PlanError(f"parallelize_vae: {path} ({type(resample).__name__}) has no row-strip rule for {reason}.")
+
+
+def _install_resample(resample: nn.Module, state: VaeParallel) -> None:
+    """Downsampling: ZeroPad2d + stride-2 conv as one strip conv; upsampling is row-local (its conv is a child)."""
+    if _is_downsampling(resample):
+        seq = resample.resample
+        state.replace(seq, lambda x: downsample_rows(x, seq[1], state.split))
+
+
+def _check_causal_conv(conv: nn.Module, path: str) -> None:
+    if conv.padding_mode != "zeros":
+        raise PlanError(f"parallelize_vae: {path} pads with padding_mode={conv.padding_mode!r}; only zeros is split.")
+
+
+def _install_causal_conv(conv: nn.Module, state: VaeParallel) -> None:
+    state.replace(conv, lambda x, cache_x=None: causal_conv3d_rows(x, conv, state.split, cache_x))
+
+
+def _install_attention(block: nn.Module, state: VaeParallel) -> None:
+    state.replace(block, lambda x: attention_block_rows(block, x, state.split))
+
+
+def _kind(kind: str):
+    return lambda module: layer_kind(module) == kind
+
+
+RULES = (
+    StripRule("causal conv", _kind("causal_conv"), _check_causal_conv, install=_install_causal_conv),
+    StripRule("RMS_norm", _kind("rms_norm"), _check_rms_norm),
+    StripRule("upsample", _kind("upsample")),
+    StripRule(
+        "resample",
+        _kind("resample"),
+        _check_resample,
+        install=_install_resample,
+        owns=lambda m: ("resample",) if _is_downsampling(m) else (),  # its causal `time_conv` keeps its own rule
+        height_stride=lambda m: 2 if _is_downsampling(m) else 1,
+    ),
+    StripRule("attention block", _kind("attention"), install=_install_attention, owns=lambda m: ("",)),
+    StripRule("space-to-depth / depth-to-space", by_class_name("AvgDown3D", "DupUp3D")),
+)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..policy import is_int
+from ...policy import is_int
 
 # Counts (and one width) that transformers' attention modules keep and use in their forward.
 REWRITTEN_ATTRS = ("num_heads", "n_heads", "num_key_value_heads", "num_key_value_groups", "inner_dim")

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..errors import PlanError
-from ..plan import Plan, Rule
+from ...errors import PlanError
+from ...plan import Plan, Rule
+from ..layout import Layout
 from .constraints import Constraint
 from .globs import expand
-from .layout import Layout
 from .linears import LinearSpec
 
 NORM_CLASS_NAMES = ("RMSNorm",)  # torch.nn.RMSNorm and diffusers.models.normalization.RMSNorm

@@ -28,11 +28,11 @@ from dataclasses import replace
 
 from torch import nn
 
-from ..errors import PlanError
-from ..policy import is_int
-from .heads import AttentionSpec
-from .linears import LinearSpec
-from .resolved import Resolved
+from ...errors import PlanError
+from ...policy import is_int
+from ..binding.heads import AttentionSpec
+from ..binding.linears import LinearSpec
+from ..binding.resolved import Resolved
 
 
 def share_kv(resolved: Resolved, model: nn.Module, tp: int) -> Resolved:

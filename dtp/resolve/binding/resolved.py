@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..plan import Plan
+from ...plan import Plan
+from ..layout import Layout
 from .constraints import Constraint, candidates, check_divides
 from .embeddings import check_embeddings
 from .heads import AttentionSpec, resolve_attention, width_constraints
-from .layout import Layout
 from .linears import LinearSpec, resolve_linears
 from .norms import NormSpec, resolve_norms
 from .outputs import OutputSpec, resolve_outputs

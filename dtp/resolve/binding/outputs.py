@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..errors import PlanError
-from ..plan import Plan, Rule, Style
+from ...errors import PlanError
+from ...plan import Plan, Rule, Style
 from .globs import expand
 
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass, replace
 
 from torch import nn
 
-from ..errors import PlanError
-from ..plan import Plan, Rule, Style
+from ...errors import PlanError
+from ...plan import Plan, Rule, Style
+from ..layout import Layout, block_sizes
 from .constraints import Constraint
 from .globs import expand
-from .layout import Layout, block_sizes
 
 
 @dataclass(frozen=True)

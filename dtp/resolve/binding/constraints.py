@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import PlanError
-from ..policy import check_degree
+from ...errors import PlanError
+from ...policy import check_degree
 
 _SHOWN = 3  # failing constraints named in one error message
 

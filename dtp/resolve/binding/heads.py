@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..errors import PlanError
-from ..plan import Plan
-from ..policy import is_int
+from ...errors import PlanError
+from ...plan import Plan
+from ...policy import is_int
 from .constraints import Constraint
 from .globs import expand
 from .linears import LinearSpec

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..errors import PlanError
+from ...errors import PlanError
 from .linears import LinearSpec
 
 

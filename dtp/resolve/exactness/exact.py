@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..errors import PlanError
+from ...errors import PlanError
+from ..binding.resolved import Resolved
+from ..layout import block_sizes
 from .alignment import check_alignment
 from .flow import check_flow
-from .layout import block_sizes
-from .resolved import Resolved
 
 
 def check_exact(resolved: Resolved, model: nn.Module, tp: int) -> None:

@@ -1,0 +1,87 @@
+"""The parallel VAE's two tables: which VAE classes split (and how their calls are entered), and which layer
+runs how on row strips (`STRIP_RULES`, one tuple per VAE family module, first match wins).
+
+A new VAE family is one module with its `RULES` (see `strip_rule.py`), its tuple here, and its classes in `VAE_CLASSES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..errors import PlanError
+from . import hunyuan, image, ltx, wan_qwen
+from .strip_rule import StripRule
+
+
+@dataclass(frozen=True)
+class VaeClass:
+    """How a VAE class's encoder / decoder calls are split.
+
+    row_dim: the activations' height dim (2 for (B, C, H, W) images, 3 for (B, C, T, H, W) videos).
+    frame_loop: its `_decode` runs the decoder once per latent frame (diffusers' Wan / Qwen-Image loop): the split
+        happens at `_decode` (`video_decode.py`), each rank keeping its rows of every chunk.
+    """
+
+    row_dim: int = 2
+    frame_loop: bool = False
+
+
+# Image VAEs have diffusers' `Encoder` / `Decoder` (image.py); video VAEs (B, C, T, H, W) activations.
+VAE_CLASSES = {
+    "AutoencoderKL": VaeClass(),
+    "AutoencoderKLFlux2": VaeClass(),
+    "AutoencoderKLWan": VaeClass(row_dim=3, frame_loop=True),
+    "AutoencoderKLQwenImage": VaeClass(row_dim=3, frame_loop=True),
+    "AutoencoderKLHunyuanVideo": VaeClass(row_dim=3),
+    "AutoencoderKLLTXVideo": VaeClass(row_dim=3),
+}
+SUPPORTED = tuple(VAE_CLASSES)
+VIDEO_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.row_dim == 3)
+FRAME_LOOP_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.frame_loop)
+
+# The family modules' rules before the generic ones: WanCausalConv3d is an nn.Conv3d, LTX's norms are leaves.
+STRIP_RULES: tuple[StripRule, ...] = wan_qwen.RULES + hunyuan.RULES + ltx.RULES + image.RULES
+
+
+def rule_for(module: nn.Module) -> StripRule | None:
+    """The first rule of the table that matches `module`, else None."""
+    return next((rule for rule in STRIP_RULES if rule.matches(module)), None)
+
+
+def checked_layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module, StripRule]]:
+    """Every layer of `root` a rule covers, each checked, in traversal order; PlanError for an unknown leaf.
+
+    A layer below a path some rule `owns` is not visited: that rule runs it."""
+    found, inside = [], set()
+    for path, module in root.named_modules():
+        if any(path.startswith(owned + ".") for owned in inside):
+            continue
+        full = f"{prefix}.{path}" if path else prefix
+        rule = rule_for(module)
+        if rule is None:
+            if not list(module.children()):
+                raise PlanError(
+                    f"parallelize_vae: layer {full} ({type(module).__name__}) has no row-strip rule; known: "
+                    f"{', '.join(r.name for r in STRIP_RULES)}, {_names(image.ROW_LOCAL)} (dtp/vae/strip_rules.py)."
+                )
+            continue  # a container: its children are visited
+        rule.check(module, full)
+        found.append((full, module, rule))
+        inside |= {".".join(filter(None, (path, rel))) for rel in rule.owns(module)}
+    return found
+
+
+def height_factor(part: nn.Module) -> int:
+    """Input rows per latent row of an encoder (1 for a decoder): the product of its layers' height strides, times
+    LTX's patchify factor. The encoder's input is split in multiples of it."""
+    factor = ltx.patch_factor(part) if type(part).__name__ == "LTXVideoEncoder3d" else 1
+    for layer in part.modules():
+        rule = rule_for(layer)
+        factor *= rule.height_stride(layer) if rule is not None else 1
+    return factor
+
+
+def _names(types) -> str:
+    return ", ".join(t.__name__ for t in types)
