@@ -259,7 +259,7 @@ def pipeline_parity(model_dir: str, mesh, scheme: str) -> dict:
     scheme's own pixel error against the unquantized pipeline, quantized Linears in the sharded transformer
     and in the text encoders (none: they are left unquantized)."""
     from dtp.quant import config_for
-    from dtp.tools.run import generate
+    from dtp.pipeline.generate import generate
 
     def pixels(pipe):
         pipe.set_progress_bar_config(disable=True)

@@ -13,7 +13,7 @@ import pytest
 from cfg_cases import CASES, STEPS, rank_job, references
 
 from dtp.testing.launch import spawn
-from dtp.tools.demo import compare
+from dtp.pipeline.compare import compare
 
 MEAN_TOL = 1e-6
 MESH = dict(cfg=2)

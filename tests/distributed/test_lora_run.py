@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from dtp.families.pipelines import tiny_checkpoint
 from dtp.testing.tiny import tiny_model
-from dtp.tools.demo import compare
+from dtp.pipeline.compare import compare
 
 SMALL = ["--steps", "2", "--height", "32", "--width", "32", "--seed", "0", "--prompt", "a cat"]
 

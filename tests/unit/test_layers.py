@@ -36,6 +36,7 @@ ALLOWED = {
         "loading",
         "families",
         "vae",
+        "adapters",  # a pipeline session loads LoRAs by name (pipeline/session.py)
     },
     "adapters": {"errors", "policy", "plan", "styles", "quant", "resolve", "runtime", "engine", "families"},
     "families": {"errors"},
@@ -101,6 +102,11 @@ ALLOWED = {
         "vae",
     },
 }
+ALLOWED["choices"] = set()  # the torch-free values the parsers show: every package may read them
+for _targets in ALLOWED.values():
+    _targets.add("choices")
+ALLOWED["serve"] = set(ALLOWED["tools"])  # the HTTP server: a front end like the CLI
+ALLOWED["tools"].add("serve")
 FACADE = {"__init__", "__main__"}  # the package facade exports everything; `python -m dtp` runs the CLI
 
 

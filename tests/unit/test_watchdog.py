@@ -6,7 +6,7 @@ import time
 
 import torch.distributed as dist
 
-from dtp.tools.watchdog import Progress
+from dtp.runtime.watchdog import Progress
 
 
 def _ranks(world_size, stall_s=0.0, log=None):

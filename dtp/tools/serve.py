@@ -1,0 +1,5 @@
+"""`dtp serve` (written next)."""
+
+
+def run(args) -> int:
+    raise NotImplementedError
