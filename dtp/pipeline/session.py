@@ -10,7 +10,6 @@ re-weight them, as `set_adapters` does); `cache` names a step cache applied by `
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 
 import torch
@@ -89,9 +88,8 @@ def open_pipeline(options: LoadOptions, device: torch.device, *, distributed: bo
     if options.offload_text_encoders:
         offload_text_encoders(pipe)
     if options.cache is not None:
-        # The step caches' package (dtp.cache, its own branch), imported only when one is asked for; by name, so
-        # that this module does not depend on it until the layer map says where it sits.
-        apply_cache = importlib.import_module("dtp.cache").apply_cache
+        from ..cache import apply_cache  # the step caches' package, imported only when one is asked for
+
         apply_cache(pipe, options.cache, options.cache_threshold)
     return pipe
 

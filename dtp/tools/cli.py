@@ -1,13 +1,12 @@
 """The `dtp` command line (also `python -m dtp`).
 
 The parsers (`commands.py`) import neither torch nor diffusers, so `--help` answers at once; a
-command's module (`commands.COMMANDS[name].module`) is imported only when that command runs. A user
+command's module (`commands.COMMANDS[name].module()`) is imported only when that command runs. A user
 error ends as one message and exit code 1 (`failure.py`); `--debug` re-raises it with its traceback.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 from .commands import COMMANDS, build_parser
@@ -16,7 +15,7 @@ from .failure import USER_ERRORS, report
 
 def command_module(name: str):
     """The module whose `run(args) -> int` does `name`'s work, imported only now: it imports torch."""
-    return importlib.import_module(COMMANDS[name].module)
+    return COMMANDS[name].module()
 
 
 def main(argv=None) -> int:

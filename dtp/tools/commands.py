@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.resources
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +36,12 @@ from ..choices import (
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: its parser's arguments and the module whose `run(args) -> int` does the work."""
+    """One subcommand: its help, its parser's arguments, and `module()`: the module whose `run(args) -> int` does
+    the work, imported only when the command runs (it imports torch; a plain import, so the layer guard sees it)."""
 
-    module: str  # imported only when the command runs (it imports torch)
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
+    module: Callable[[], types.ModuleType]
 
 
 def bundled_plan_names() -> list[str]:
@@ -313,24 +315,62 @@ def _fit(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all", action="store_true", help=f"print every row (default: the best {FIT_TABLE_ROWS})")
 
 
+def _demo_module():
+    from . import demo
+
+    return demo
+
+
+def _run_module():
+    from . import run
+
+    return run
+
+
+def _serve_module():
+    from . import serve
+
+    return serve
+
+
+def _check_module():
+    from . import check
+
+    return check
+
+
+def _verify_module():
+    from . import verify
+
+    return verify
+
+
+def _suggest_module():
+    from . import suggest
+
+    return suggest
+
+
+def _fit_module():
+    from . import fit
+
+    return fit
+
+
 COMMANDS = {
     "demo": Command(
-        "dtp.tools.demo", "generate with a tiny FLUX pipeline on N processes and on 1; compare the images", _demo
+        "generate with a tiny FLUX pipeline on N processes and on 1; compare the images", _demo, _demo_module
     ),
-    "run": Command("dtp.tools.run", "generate images or videos with a sharded pipeline (launch with torchrun)", _run),
+    "run": Command("generate images or videos with a sharded pipeline (launch with torchrun)", _run, _run_module),
     "serve": Command(
-        "dtp.tools.serve", "serve generations over HTTP from a pipeline loaded once (launch with torchrun)", _serve
+        "serve generations over HTTP from a pipeline loaded once (launch with torchrun)", _serve, _serve_module
     ),
-    "check": Command(
-        "dtp.tools.check", "check a plan at full size on the meta device with a fake process group", _check
-    ),
+    "check": Command("check a plan at full size on the meta device with a fake process group", _check, _check_module),
     "verify": Command(
-        "dtp.tools.verify", "run a plan sharded on local gloo processes; name the first module that diverges", _verify
+        "run a plan sharded on local gloo processes; name the first module that diverges", _verify, _verify_module
     ),
     "suggest": Command(
-        "dtp.tools.suggest", "propose a plan for a model from one traced forward of a small instance", _suggest
+        "propose a plan for a model from one traced forward of a small instance", _suggest, _suggest_module
     ),
-    "fit": Command(
-        "dtp.tools.fit", "will a pipeline fit N GPUs: per-rank peak memory and step time of every mesh", _fit
-    ),
+    "fit": Command("will a pipeline fit N GPUs: per-rank peak memory and step time of every mesh", _fit, _fit_module),
 }

@@ -102,9 +102,9 @@ ALLOWED = {
         "vae",
     },
 }
-ALLOWED["choices"] = set()  # the torch-free values the parsers show: every package may read them
-for _targets in ALLOWED.values():
+for _targets in ALLOWED.values():  # the torch-free values the parsers show (dtp/choices.py): every package reads them
     _targets.add("choices")
+ALLOWED["choices"] = set()
 ALLOWED["serve"] = set(ALLOWED["tools"])  # the HTTP server: a front end like the CLI
 ALLOWED["tools"].add("serve")
 FACADE = {"__init__", "__main__"}  # the package facade exports everything; `python -m dtp` runs the CLI
