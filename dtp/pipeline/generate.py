@@ -30,12 +30,13 @@ class Generation:
 
 
 @torch.no_grad()
-def run_request(pipe, request: Request) -> Generation:
-    """Check `request` against `pipe` (PlanError before anything runs), then generate."""
+def run_request(pipe, request: Request, *, on_step=None) -> Generation:
+    """Check `request` against `pipe` (PlanError before anything runs), then generate; `on_step(n)` after
+    each denoising step (a server's progress)."""
     check_request(pipe, request)
     if request.lora is not None:
         pipe.transformer.set_adapters(list(request.lora), weights=list(request.lora.values()))
-    timer = StepTimer(pipe)
+    timer = StepTimer(pipe, on_step=on_step)
     with timer:
         out = pipe(
             prompt=request.prompt,
@@ -80,8 +81,9 @@ def generate(pipe, prompt=None, *, steps=None, height=None, width=None, seed=42,
 class StepTimer:
     """Wall time of each denoising step: from the step's first transformer call to its end-of-step callback."""
 
-    def __init__(self, pipe):
+    def __init__(self, pipe, on_step=None):
         self.pipe = pipe
+        self.on_step = on_step
         self.seconds: list[float] = []
         self._start = None
         self._cuda = pipe.device.type == "cuda"
@@ -105,6 +107,8 @@ class StepTimer:
     def end_step(self, pipe, step, timestep, callback_kwargs):
         self.seconds.append(self._now() - self._start)
         self._start = None
+        if self.on_step is not None:
+            self.on_step(len(self.seconds))
         return callback_kwargs
 
 
