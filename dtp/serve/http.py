@@ -9,7 +9,8 @@
 
 A request is checked here, before any rank sees it: bad JSON, unknown or wrong-typed fields, sizes or frames
 the pipeline cannot take, unknown LoRA names -> 400 with {"error": {"message": ...}}; a full queue -> 503;
-a generation that failed on any rank -> 500 with the ranks' messages.
+a generation that failed on any rank -> 500 with the ranks' messages. Imported only by `dtp serve`, once it has
+checked that FastAPI is installed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import json
 import time
 from dataclasses import asdict
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
 from ..errors import PlanError
 from ..pipeline.parse import HTTP_FIELDS, decode_image_base64, request_from_json
 from ..pipeline.request import check_request, makes_video
@@ -29,8 +33,6 @@ RESPONSE_FORMATS = ("b64_json",)  # no "url": the server keeps no files
 
 
 def error(status: int, message: str):
-    from fastapi.responses import JSONResponse
-
     return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
 
 
@@ -53,16 +55,12 @@ def parse_body(raw: bytes, pipe, model_id: str, loras: set[str]):
     return request
 
 
-def build_app(pipe, jobs: JobQueue, progress: Progress, *, model_id: str, loras: set[str]):
-    from fastapi import FastAPI, Request
-
+def build_app(pipe, jobs: JobQueue, progress: Progress, *, model_id: str, loras: set[str]) -> FastAPI:
     app = FastAPI(title="dtp serve")
     video = makes_video(pipe)
 
     @app.get("/health")
     def health():
-        from fastapi.responses import JSONResponse
-
         state = {"status": "ok" if progress.loaded else "loading", **asdict(progress)}
         return JSONResponse(state, status_code=200 if progress.loaded else 503)
 
