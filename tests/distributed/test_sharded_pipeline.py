@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dtp.testing.launch import spawn
 from dtp.pipeline.compare import compare
+from dtp.testing.launch import spawn
 
 ARGS = dict(prompt="a cat holding a sign that says hello", steps=2, height=32, width=32, seed=0)
 EMBED_TOL = 1e-5  # prompt embeddings: max |sharded - ref| <= 1e-5 * max |ref|, fp32
