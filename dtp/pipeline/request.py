@@ -3,7 +3,7 @@ HTTP body, and checked against the pipeline before any rank starts.
 
 The pipeline decides what it takes, not a list of class names: a request's frames need a `num_frames`
 argument in the pipeline's `__call__`, its image an `image` argument; sizes must be multiples of what the
-VAE and the transformer's patches divide (`size_multiple`), frames of the VAE's time factor (`4k + 1` for Wan).
+VAE and the transformer's patch divide (`size_multiple`), frames of the VAE's time factor (`4k + 1` for Wan).
 Every refusal is a `PlanError` naming the field, the value and what would work.
 """
 
@@ -50,11 +50,14 @@ def makes_video(pipe) -> bool:
 
 
 def size_multiple(pipe) -> int:
-    """Height and width must be multiples of this: the VAE's spatial factor times the 2 x 2 latent patch
-    that every planned DiT packs or embeds (FLUX.1/.2 and Qwen-Image pack 2 x 2 latents; Wan's patch is
-    (1, 2, 2)); e.g. FLUX.1-dev 8 x 2 = 16."""
+    """Height and width must be multiples of this: the VAE's spatial factor times the transformer's spatial patch
+    (Wan 8 x 2 = 16, Qwen-Image 8 x 2 = 16, LTX-Video 32 x 1 = 32). FLUX.1/.2 declare a patch of 1 and pack 2 x 2
+    latents themselves: for them 8, and the pipeline rounds a size to 16 with a warning, as diffusers does."""
     vae = getattr(pipe, "vae_scale_factor_spatial", None) or getattr(pipe, "vae_scale_factor", None) or 8
-    return int(vae) * 2
+    config = getattr(getattr(pipe, "transformer", None), "config", None)
+    patch = getattr(config, "patch_size", None) or 1
+    patch = patch[-1] if isinstance(patch, (tuple, list)) else patch
+    return int(vae) * int(patch)
 
 
 def frame_step(pipe) -> int:
@@ -70,7 +73,7 @@ def check_request(pipe, request: Request) -> None:
         multiple = size_multiple(pipe)
         if value is not None and value % multiple:
             raise PlanError(
-                f"{name} {value} is not a multiple of {multiple} (the VAE's factor x the 2 x 2 latent patch); "
+                f"{name} {value} is not a multiple of {multiple} (the VAE's factor x the transformer's patch); "
                 f"try {value - value % multiple or multiple}."
             )
     if request.frames is not None:

@@ -109,6 +109,11 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
         "tp * cp ranks; tp = world size / (cfg * cp) (default 1)",
     )
     p.add_argument("--pad", action="store_true", help="zero-pad heads and widths tp does not divide (exact)")
+    _add_weight_options(p)
+
+
+def _add_weight_options(p: argparse.ArgumentParser) -> None:
+    """Where the weights live and what is added to them (FSDP, text encoders, LoRA, quantization, cache)."""
     p.add_argument(
         "--fsdp", action="store_true", help="also shard the weights over the cfg x cp ranks with FSDP2 (under torchrun)"
     )

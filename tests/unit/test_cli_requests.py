@@ -3,6 +3,8 @@ its VAE factors are all `check_request` reads, so small stand-in classes carry t
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,8 +18,9 @@ from dtp.tools.commands import build_parser
 from dtp.tools.run import jobs, pipeline_args
 
 
-class ImagePipe:  # FLUX.1-like: packs 2 x 2 latents, VAE factor 8
+class ImagePipe:  # Qwen-Image-like: VAE factor 8, patch 2
     vae_scale_factor = 8
+    transformer = SimpleNamespace(config=SimpleNamespace(patch_size=2))
 
     def __call__(self, prompt=None, height=None, width=None, num_inference_steps=28, guidance_scale=3.5,
                  num_images_per_prompt=1, generator=None, output_type="pil", callback_on_step_end=None):  # fmt: skip
@@ -26,6 +29,7 @@ class ImagePipe:  # FLUX.1-like: packs 2 x 2 latents, VAE factor 8
 
 class VideoPipe:  # Wan image-to-video-like: the image is required, frames are 4k + 1
     vae_scale_factor_spatial = 8
+    transformer = SimpleNamespace(config=SimpleNamespace(patch_size=(1, 2, 2)))
     vae_scale_factor_temporal = 4
 
     def __call__(self, image, prompt=None, negative_prompt=None, height=480, width=832, num_frames=81,
@@ -62,6 +66,7 @@ def test_the_pipeline_signature_decides_what_a_request_may_ask():
     _fails(VideoPipe(), "needs an input image")
     _fails(VideoPipe(), "frames 80 is not 4k", frames=80, image=object())
     check_request(VideoPipe(), Request(prompt="a cat", frames=81, image=object(), n=2))
+    _fails(VideoPipe(), "width 840 is not a multiple of 16", width=840, image=object())
 
 
 def test_pipe_kwargs_name_the_pipeline_arguments():
