@@ -1,4 +1,4 @@
-"""tools/watchdog.Progress: a rank that stops moving names the ranks behind it (ranks simulated on one store)."""
+"""runtime/watchdog.Progress: a rank that stops moving names the ranks behind it (ranks simulated on one store)."""
 
 from __future__ import annotations
 
