@@ -146,3 +146,23 @@ def test_run_and_serve_share_the_loading_flags():
     loading |= {"whole_text_encoders", "offload_text_encoders", "cache", "cache_threshold", "dtype", "timeout"}
     assert loading <= set(run) and loading <= set(serve)
     assert {k: run[k] for k in loading} == {k: serve[k] for k in loading}  # the same defaults
+
+
+def test_the_commands_dtp_fit_prints_parse(tmp_path):
+    """Every `dtp run` / `dtp serve` line `dtp fit` prints for a video pipeline parses, with frames and an mp4."""
+    import shlex
+
+    import dtp
+
+    report = dtp.fit("wan-pipeline", 4, "80GB")
+    rows = [r for r in report["rows"] if r["command"]]
+    assert rows
+    parser = build_parser()
+    for row in rows:
+        for line in (row["command"], row["serve_command"]):
+            words = shlex.split(line)
+            args = parser.parse_args(words[words.index("dtp") + 1 :])
+            assert args.model_dir == "./Wan2.1-T2V-14B-Diffusers"
+        run = parser.parse_args(shlex.split(row["command"])[shlex.split(row["command"]).index("dtp") + 1 :])
+        assert run.frames == 81 and run.output == "output.mp4"
+        check_output(run.output, video=True)
