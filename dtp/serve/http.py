@@ -1,6 +1,6 @@
 """The HTTP face of `dtp serve`, on rank 0: FastAPI routes over the job queue (the `serve` extra).
 
-    GET  /health                   200 {"status": "ok", ...progress} once every rank has loaded, else 503
+    GET  /health                   200 {"status": "ok", ...progress} once every rank has loaded, 503 while loading
     GET  /v1/models                the loaded pipeline (OpenAI's list form), its kind and LoRA names
     POST /v1/images/generations    OpenAI's body (prompt, n, size "WxH", response_format "b64_json") plus seed,
                                    num_inference_steps, negative_prompt, guidance_scale, true_cfg_scale,
@@ -55,9 +55,9 @@ def parse_body(raw: bytes, pipe, model_id: str, loras: set[str]):
     return request
 
 
-def build_app(pipe, jobs: JobQueue, progress: Progress, *, model_id: str, loras: set[str]) -> FastAPI:
+def build_app(loaded: dict, jobs: JobQueue, progress: Progress, *, model_id: str, loras: set[str]) -> FastAPI:
+    """The routes; `loaded["pipe"]` is rank 0's pipeline once every rank has loaded (until then: 503s)."""
     app = FastAPI(title="dtp serve")
-    video = makes_video(pipe)
 
     @app.get("/health")
     def health():
@@ -66,7 +66,10 @@ def build_app(pipe, jobs: JobQueue, progress: Progress, *, model_id: str, loras:
 
     @app.get("/v1/models")
     def models():
-        entry = {"id": model_id, "object": "model", "owned_by": "dtp", "kind": "video" if video else "image"}
+        if not progress.loaded:
+            return error(503, "the model is still loading; GET /health says when it is ready.")
+        kind = "video" if makes_video(loaded["pipe"]) else "image"
+        entry = {"id": model_id, "object": "model", "owned_by": "dtp", "kind": kind}
         return {"object": "list", "data": [{**entry, "loras": sorted(loras)}]}
 
     @app.post("/v1/images/generations")
@@ -74,7 +77,7 @@ def build_app(pipe, jobs: JobQueue, progress: Progress, *, model_id: str, loras:
         if not progress.loaded:
             return error(503, "the model is still loading; GET /health says when it is ready.")
         try:
-            request = parse_body(await http.body(), pipe, model_id, loras)
+            request = parse_body(await http.body(), loaded["pipe"], model_id, loras)
         except PlanError as exc:
             return error(400, str(exc))
         job = jobs.put(request)

@@ -41,14 +41,16 @@ def run(args) -> int:
     if rank == 0:
         _check_serving(args.host, args.port)  # before minutes of loading
     stopping = _on_sigterm()
+    progress, jobs, loaded = Progress(), JobQueue(args.queue), {}
+    server = _start_http(loaded, jobs, progress, args, options.loras) if rank == 0 else None  # /health: 503
     device = init_distributed(args.timeout) if distributed else local_device(default_device_type())
     pipe = open_pipeline(options, device, distributed=distributed)
     group = dist.new_group(backend="gloo") if distributed else None  # objects travel over gloo, also beside NCCL
     if distributed:
         pipe.set_progress_bar_config(disable=True)
         dist.barrier(group=group)  # every rank has loaded
-    progress, jobs = Progress(loaded=True), JobQueue(args.queue)
-    server = _start_http(pipe, jobs, progress, args, options.loras) if rank == 0 else None
+    loaded["pipe"], progress.loaded = pipe, True
+    print(f"dtp serve: rank {rank} ready", file=sys.stderr, flush=True)
     default = {name: options.lora_scale for name in options.loras}
     try:
         Lockstep(pipe, group, default_lora=default, progress=progress, stopping=stopping).run(jobs)
@@ -93,14 +95,14 @@ def _on_sigterm() -> threading.Event:
     return stopping
 
 
-def _start_http(pipe, jobs: JobQueue, progress: Progress, args, loras: dict):
+def _start_http(loaded: dict, jobs: JobQueue, progress: Progress, args, loras: dict):
     """uvicorn serving the app in a thread of rank 0 (the main thread runs the lockstep loop)."""
     import uvicorn
 
     from ..serve.http import build_app
 
-    app = build_app(pipe, jobs, progress, model_id=Path(args.model_dir).name, loras=set(loras))
+    app = build_app(loaded, jobs, progress, model_id=Path(args.model_dir).name, loras=set(loras))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
     threading.Thread(target=server.run, name="dtp-serve-http", daemon=True).start()
-    print(f"dtp serve: http://{args.host}:{args.port} ready", file=sys.stderr, flush=True)
+    print(f"dtp serve: http://{args.host}:{args.port} (loading)", file=sys.stderr, flush=True)
     return server
