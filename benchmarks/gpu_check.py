@@ -135,7 +135,7 @@ def shard_on_load(mesh, ckpt):
 def pipeline(mesh, ckpt):
     from diffusers import DiffusionPipeline
 
-    from dtp.tools.run import generate
+    from dtp.pipeline.generate import generate
 
     options = dict(prompt="a red cube on a table", steps=4, height=64, width=64, seed=0)
     ref = DiffusionPipeline.from_pretrained(ckpt, torch_dtype=torch.bfloat16).to(DEVICE)

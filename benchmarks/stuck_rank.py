@@ -22,18 +22,18 @@ RESULTS = Path(__file__).resolve().parent / "results" / "stuck_rank.md"
 
 
 def stalled_rank_main(argv: list[str]) -> int:
-    """`dtp run` with `generate` held back on rank 1 (the stuck rank)."""
+    """`dtp run` with its generation held back on rank 1 (the stuck rank)."""
     import dtp.tools.run as run
     from dtp.tools.cli import main
 
-    generate = run.generate
+    run_request = run.run_request
 
     def held_back(pipe, *args, **kwargs):
         if os.environ["RANK"] == "1":
             time.sleep(float(os.environ["DTP_STALL_S"]))
-        return generate(pipe, *args, **kwargs)
+        return run_request(pipe, *args, **kwargs)
 
-    run.generate = held_back
+    run.run_request = held_back
     return main(["run", *argv])
 
 

@@ -10,20 +10,17 @@ import importlib.util
 
 import torch
 
+from .choices import CP_MODES, DTYPE_NAMES
 from .errors import PlanError
 
-# Context-parallel attention: Ulysses (all-to-all over heads) or ring (K/V passed around the cp ranks).
-CP_MODES = ("ulysses", "ring")
-
 # Dtype names accepted anywhere a dtype is spelled out (CLI flags, configs). Short and long forms.
-DTYPES = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-}
+DTYPES = dict(
+    zip(
+        DTYPE_NAMES,
+        (torch.float32, torch.float32, torch.bfloat16, torch.bfloat16, torch.float16, torch.float16),
+        strict=True,
+    )
+)
 
 # The process-group backend for each device type a mesh can live on.
 BACKENDS = {"cuda": "nccl", "neuron": "xla", "cpu": "gloo"}

@@ -30,6 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
+from ..choices import DEFAULT_TEXT_TOKENS
 from ..engine import apply, prepare, supported_tp
 from ..errors import ForwardError, PlanError
 from ..families import FAMILIES
@@ -48,10 +49,8 @@ from .fakepg import default_config, fake_world, meta_inputs, meta_model, read_co
 from .lint import lint_report
 from .released import RELEASED_PIPELINES, build_pipeline, released_pipeline
 
-CHECK_DTYPES = ("fp32", "bf16", "fp16")
 TOP_REPLICATED = 6
 LATENT_PIXELS_PER_TOKEN = 16  # VAE downsampling 8 x patch 2, for all four bundled architectures
-DEFAULT_TEXT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL prompt length the pipelines pad or cap to
 PIPELINE_SUFFIX = "-pipeline"  # `dtp check flux-pipeline`: a released pipeline, every component
 TEXT_ENCODER_PREFIX = "text_encoder"  # diffusers' component names: text_encoder, text_encoder_2, ...
 

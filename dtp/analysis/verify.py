@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ..choices import DEFAULT_TOL
 from ..engine import Prepared, apply, prepare
 from ..families import FAMILIES
 from ..families import example_inputs as known_inputs
@@ -48,7 +49,6 @@ from ..runtime.parallelism import Parallelism
 from .launch import spawn
 from .lint import Finding, bind, lint
 
-DEFAULT_TOL = 1e-5  # fp32: the house parity bound for a whole tiny model
 ATTENTION = "attention"  # the `kind` of an attention module's site
 MODEL = "model"  # the `kind` of the model's own output (path "")
 HEADS = "heads"  # expected layout of an attention output that stays sharded: this rank's heads

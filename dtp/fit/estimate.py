@@ -146,6 +146,7 @@ def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape:
         + sum(nbytes for _, nbytes, _ in exchange),
         "calls_per_step": plan.calls_per_step,
         "command": command(candidate, spec, shape),
+        "serve_command": command(candidate, spec, shape, "serve"),
     }
     return fsdp_row(row, candidate, spec, plan, call, measurer.dtype, hw, memory) if candidate.fsdp else row
 
@@ -193,10 +194,14 @@ def _key(row: dict, *without: str) -> tuple:
     return tuple(row[k] for k in names if k not in without)
 
 
-def command(c: Candidate, spec: FitPipeline, shape: Shape) -> str | None:
-    """The `dtp run` command line that runs `c` (the VAE split needs no option: `dtp run` splits it when it can)."""
-    args = ["--model-dir", spec.model_dir, "--prompt", DEFAULT_PROMPT, "--height", str(shape.height)]
-    args += ["--width", str(shape.width)]
+def command(c: Candidate, spec: FitPipeline, shape: Shape, verb: str = "run") -> str | None:
+    """The `dtp run` command line that runs `c` (the VAE split needs no option: `dtp run` splits it when it can);
+    with verb "serve", the `dtp serve` line that loads the same mesh (sizes and frames then come per request)."""
+    args = ["--model-dir", spec.model_dir]
+    if verb == "run":
+        args += ["--prompt", DEFAULT_PROMPT, "--height", str(shape.height), "--width", str(shape.width)]
+        if shape.frames > 1:  # a video pipeline: its frame count, and an mp4 (`dtp run` writes by the suffix)
+            args += ["--frames", str(shape.frames), "--output", "output.mp4"]
     if c.cfg > 1:
         args += ["--cfg", str(c.cfg)]
     if c.cp > 1:
@@ -211,10 +216,8 @@ def command(c: Candidate, spec: FitPipeline, shape: Shape) -> str | None:
         args.append("--whole-text-encoders")
     if c.text_encoders == "offloaded":
         args.append("--offload-text-encoders")  # implies whole text encoders
-    launcher = ["python", "-m", "dtp", "run"] if c.world == 1 else ["torchrun", "--nproc-per-node", str(c.world)]
-    if c.world > 1:
-        launcher += ["-m", "dtp", "run"]
-    return shlex.join(launcher + args)
+    launcher = ["python"] if c.world == 1 else ["torchrun", "--nproc-per-node", str(c.world)]
+    return shlex.join([*launcher, "-m", "dtp", verb, *args])
 
 
 def why_none_fits(rows: list[dict], rejected: list[dict], memory: int) -> str:

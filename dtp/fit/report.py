@@ -50,6 +50,9 @@ def format_table(report: dict, limit: int | None = None) -> str:
         for i, r in enumerate(rows, 1):
             if r["fits"]:
                 lines.append(f"  {i:>2} {r['command']}")
+        best = next((r for r in rows if r["fits"] and r.get("serve_command")), None)
+        if best is not None:  # the same mesh, loaded once, answering HTTP requests (docs/serve.md)
+            lines.append(f"serve the best row: {best['serve_command']}")
     if report["rejected"]:
         lines.append(f"{len(report['rejected'])} candidates refused by their plans (--json: 'rejected'), e.g.:")
         lines.append(f"  {label(report['rejected'][0])}: {report['rejected'][0]['reason'][:200]}")

@@ -116,7 +116,8 @@ def format_report(r: dict) -> str:
         f"  per-rank bytes       {'':12} {_gb(r['per_rank_bytes'])}",
         *(
             [
-                f"  with --fsdp (at rest){'':11} {_gb(r['fsdp_per_rank_bytes'])}  (divided over {r['fsdp']} cfg x cp ranks)"
+                f"  with --fsdp (at rest){'':11} {_gb(r['fsdp_per_rank_bytes'])}  "
+                f"(divided over {r['fsdp']} cfg x cp ranks)"
             ]
             if "fsdp" in r
             else []

@@ -1,36 +1,21 @@
 """The `dtp` command line (also `python -m dtp`).
 
 The parsers (`commands.py`) import neither torch nor diffusers, so `--help` answers at once; a
-command's module is imported only when that command runs. A user error ends as one message and
-exit code 1 (`failure.py`); `--debug` re-raises it with its traceback.
+command's module (`commands.COMMANDS[name].module()`) is imported only when that command runs. A user
+error ends as one message and exit code 1 (`failure.py`); `--debug` re-raises it with its traceback.
 """
 
 from __future__ import annotations
 
 import sys
 
-from .commands import build_parser
+from .commands import COMMANDS, build_parser
 from .failure import USER_ERRORS, report
 
 
 def command_module(name: str):
-    """The module whose `run(args) -> int` does `name`'s work (`commands.COMMANDS`), imported only now: it
-    imports torch. Plain imports, so the layer guard sees them."""
-    if name == "demo":
-        from . import demo as module
-    elif name == "run":
-        from . import run as module
-    elif name == "check":
-        from . import check as module
-    elif name == "verify":
-        from . import verify as module
-    elif name == "suggest":
-        from . import suggest as module
-    elif name == "fit":
-        from . import fit as module
-    else:
-        raise AssertionError(f"no runner for command {name!r}")  # commands.py and this list are kept equal
-    return module
+    """The module whose `run(args) -> int` does `name`'s work, imported only now: it imports torch."""
+    return COMMANDS[name].module()
 
 
 def main(argv=None) -> int:

@@ -4,39 +4,44 @@
 3-4 s to import. So the parsers live here, importing only the standard library, and `cli.main`
 imports a command's module (`COMMANDS[name]`, which imports torch) only once that command runs.
 
-The few values a parser shows that have a home elsewhere (CP modes, dtype names, bundled plans,
-released pipelines, defaults) are repeated below because their homes import torch;
-`tests/unit/test_cli_startup.py` holds each copy equal to its home.
+The values a parser shows (CP modes, dtype names, released pipelines, defaults) come from
+`dtp.choices`, their one torch-free home. `COMMANDS` is the one registry of subcommands: each names
+its arguments and its module; adding a command is one entry there and one module in `dtp/tools/`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.resources
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-# Subcommand -> the module whose `run(args) -> int` does the work (imported when the command runs).
-COMMANDS = {
-    "demo": "dtp.tools.demo",
-    "run": "dtp.tools.run",
-    "check": "dtp.tools.check",
-    "verify": "dtp.tools.verify",
-    "suggest": "dtp.tools.suggest",
-    "fit": "dtp.tools.fit",
-}
+from ..choices import (
+    CHECK_DTYPES,
+    CP_MODES,
+    DEFAULT_TEXT_TOKENS,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_TOL,
+    DEMO_MODELS,
+    DTYPE_NAMES,
+    FIT_TABLE_ROWS,
+    HARDWARE_NAMES,
+    QUANT_SCHEMES,
+    RELEASED_PIPELINES,
+    RUN_QUANT_SCHEMES,
+)
 
-CP_MODES = ("ulysses", "ring")  # dtp.policy.CP_MODES
-DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")  # dtp.policy.DTYPES
-CHECK_DTYPES = ("fp32", "bf16", "fp16")  # dtp.analysis.check.CHECK_DTYPES
-RELEASED_PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline")  # dtp.analysis.released
-DEMO_MODELS = ("flux", "qwenimage")  # the tiny pipelines of dtp.families.pipelines
-DEFAULT_TIMEOUT_S = 600  # dtp.tools.run.DEFAULT_TIMEOUT_S
-DEFAULT_TOL = 1e-5  # dtp.analysis.verify.DEFAULT_TOL
-QUANT_SCHEMES = ("fp8wo", "int8wo")  # dtp check: the weight-only dtp.quant.SCHEMES (fp8 needs a GPU to quantize)
-RUN_QUANT_SCHEMES = ("fp8", "fp8wo", "int8wo")  # sorted(dtp.quant.SCHEMES)
-FIT_TABLE_ROWS = 20  # dtp.tools.fit.TABLE_ROWS
-HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090")  # dtp.fit.hardware.HARDWARE
-DEFAULT_TEXT_TOKENS = 512  # dtp.analysis.check.DEFAULT_TEXT_TOKENS
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its help, its parser's arguments, and `module()`: the module whose `run(args) -> int` does
+    the work, imported only when the command runs (it imports torch; a plain import, so the layer guard sees it)."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    module: Callable[[], types.ModuleType]
 
 
 def bundled_plan_names() -> list[str]:
@@ -57,15 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--debug", action="store_true", help="on a failure, show the full traceback instead of the one-line message"
     )
-    for add in (_demo, _run, _check, _verify, _suggest, _fit):
-        add(sub, common)
+    for name, command in COMMANDS.items():
+        command.add_arguments(sub.add_parser(name, parents=[common], help=command.help))
     return parser
 
 
-def _demo(sub, common) -> None:
-    p = sub.add_parser(
-        "demo", parents=[common], help="generate with a tiny FLUX pipeline on N processes and on 1; compare the images"
-    )
+def _demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=2, help="number of local processes = cfg * TP degree (default 2)")
     p.add_argument(
         "--cfg",
@@ -87,8 +89,8 @@ def _demo(sub, common) -> None:
     p.add_argument("--output", default="output.png", help="where to save the sharded run's image (default output.png)")
 
 
-def _run(sub, common) -> None:
-    p = sub.add_parser("run", parents=[common], help="generate an image with a sharded pipeline (launch with torchrun)")
+def add_load_options(p: argparse.ArgumentParser) -> None:
+    """How a pipeline is loaded and sharded: one set of flags for `dtp run` and `dtp serve`."""
     p.add_argument("--model-dir", required=True, help="a diffusers pipeline directory (model_index.json)")
     p.add_argument(
         "--plan",
@@ -106,12 +108,12 @@ def _run(sub, common) -> None:
         help="cfg groups under torchrun: the guidance branches (or the batch) of each step on different groups of "
         "tp * cp ranks; tp = world size / (cfg * cp) (default 1)",
     )
-    p.add_argument("--negative-prompt", default=None, help="the guidance's negative prompt (default: the pipeline's)")
-    p.add_argument(
-        "--true-cfg-scale", type=float, default=None, help="Qwen-Image / FLUX.1 true CFG scale (with --negative-prompt)"
-    )
-    p.add_argument("--guidance-scale", type=float, default=None, help="the pipeline's guidance_scale (default its own)")
     p.add_argument("--pad", action="store_true", help="zero-pad heads and widths tp does not divide (exact)")
+    _add_weight_options(p)
+
+
+def _add_weight_options(p: argparse.ArgumentParser) -> None:
+    """Where the weights live and what is added to them (FSDP, text encoders, LoRA, quantization, cache)."""
     p.add_argument(
         "--fsdp",
         action="store_true",
@@ -129,9 +131,15 @@ def _run(sub, common) -> None:
         help="move the text encoders (whole, as --whole-text-encoders) to the CPU once the prompts are encoded, "
         "before the first transformer call (what `dtp fit` calls 'offloaded')",
     )
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--lora", default=None, help="a diffusers LoRA file or folder for the transformer (default: none)")
-    p.add_argument("--lora-scale", type=float, default=1.0, help="the LoRA's adapter weight (default 1.0)")
+    p.add_argument(
+        "--lora",
+        action="append",
+        default=None,
+        metavar="[NAME=]PATH",
+        help="a diffusers LoRA file or folder for the transformer, repeatable; NAME (default 'lora') is what a "
+        '`dtp serve` request weighs with {"lora": {NAME: weight}}',
+    )
+    p.add_argument("--lora-scale", type=float, default=1.0, help="every loaded LoRA's adapter weight (default 1.0)")
     p.add_argument(
         "--quant",
         choices=RUN_QUANT_SCHEMES,
@@ -139,16 +147,11 @@ def _run(sub, common) -> None:
         help="quantize the transformer's Linears with torchao while loading (int8 / float8 weight-only, fp8: float8 "
         "weights and activations, CUDA capability >= 8.9 and --dtype bf16); text encoders stay unquantized",
     )
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's)")
-    p.add_argument("--height", type=int, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--seed", type=int, default=42, help="latents seed, the same on every rank (default 42)")
+    p.add_argument("--cache", default=None, metavar="NAME", help="a step cache (dtp.cache) to skip transformer work")
+    p.add_argument("--cache-threshold", type=float, default=None, help="the step cache's threshold (with --cache)")
     p.add_argument(
         "--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="auto: bfloat16 on accelerators, float32 on CPU"
     )
-    p.add_argument("--output", default="output.png", help="image path, written by rank 0 (default output.png)")
-    p.add_argument("--report", default=None, help="also write per-rank weight bytes and step times as JSON (rank 0)")
-    p.add_argument("--save-pixels", default=None, help="also save the float [0, 1] pixels as .npy (rank 0)")
     p.add_argument(
         "--timeout",
         type=float,
@@ -158,10 +161,54 @@ def _run(sub, common) -> None:
     )
 
 
-def _check(sub, common) -> None:
-    p = sub.add_parser(
-        "check", parents=[common], help="check a plan at full size on the meta device with a fake process group"
+def _run(p: argparse.ArgumentParser) -> None:
+    add_load_options(p)
+    asked = p.add_mutually_exclusive_group(required=True)
+    asked.add_argument("--prompt", help="the one generation's prompt")
+    asked.add_argument(
+        "--prompts",
+        metavar="FILE.jsonl",
+        help='one generation per line, the model loaded once: {"prompt": ..., "seed", "steps", "size": '
+        '"WxH", "frames", "image": PATH, "negative_prompt", "output"}; the flags below are the defaults',
     )
+    p.add_argument("--negative-prompt", default=None, help="the guidance's negative prompt (default: the pipeline's)")
+    p.add_argument(
+        "--true-cfg-scale", type=float, default=None, help="Qwen-Image / FLUX.1 true CFG scale (with --negative-prompt)"
+    )
+    p.add_argument("--guidance-scale", type=float, default=None, help="the pipeline's guidance_scale (default its own)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's)")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None, help="video frames (video pipelines; Wan: 4k + 1)")
+    p.add_argument("--fps", type=int, default=16, help="the mp4's frame rate (default 16)")
+    p.add_argument("--image", default=None, metavar="PATH", help="the pipeline's input image (I2V, edit, Kontext)")
+    p.add_argument(
+        "--pipeline-arg",
+        action="append",
+        default=None,
+        metavar="KEY=JSON",
+        help="any other keyword of the pipeline's __call__, its value as JSON (e.g. max_sequence_length=64)",
+    )
+    p.add_argument("--seed", type=int, default=42, help="latents seed, the same on every rank (default 42)")
+    p.add_argument(
+        "--output",
+        default=None,
+        help="written by rank 0: .png for an image pipeline, .mp4 for a video one (default output.png / output.mp4)",
+    )
+    p.add_argument("--report", default=None, help="also write per-rank weight bytes and step times as JSON (rank 0)")
+    p.add_argument(
+        "--save-pixels", default=None, help="also save the float [0, 1] pixels (every frame of a video) as .npy"
+    )
+
+
+def _serve(p: argparse.ArgumentParser) -> None:
+    add_load_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address rank 0 listens on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--queue", type=int, default=64, help="requests waiting beyond the running one (default 64)")
+
+
+def _check(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "target",
         metavar="MODEL_OR_PLAN",
@@ -229,12 +276,7 @@ def _check(sub, common) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
-def _verify(sub, common) -> None:
-    p = sub.add_parser(
-        "verify",
-        parents=[common],
-        help="run a plan sharded on local gloo processes; name the first module that diverges",
-    )
+def _verify(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="diffusers class name (e.g. Flux2Transformer2DModel)")
     p.add_argument("--plan", help="bundled plan name or YAML path (default: plan_for the class)")
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree = number of local processes")
@@ -254,10 +296,7 @@ def _verify(sub, common) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
-def _suggest(sub, common) -> None:
-    p = sub.add_parser(
-        "suggest", parents=[common], help="propose a plan for a model from one traced forward of a small instance"
-    )
+def _suggest(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="diffusers class name (e.g. Flux2Transformer2DModel)")
     p.add_argument(
         "--config", help="config.json path or an inline JSON object (default: the tiny config of a known class)"
@@ -266,10 +305,7 @@ def _suggest(sub, common) -> None:
     p.add_argument("-o", "--output", help="write the plan YAML here (default: print it)")
 
 
-def _fit(sub, common) -> None:
-    p = sub.add_parser(
-        "fit", help="will a pipeline fit N GPUs: per-rank peak memory and step time of every mesh", parents=[common]
-    )
+def _fit(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "pipeline", metavar="PIPELINE", help="released pipeline (flux-pipeline, ...) or a pipeline directory"
     )
@@ -289,3 +325,64 @@ def _fit(sub, common) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="also draw the per-rank memory of each row")
     p.add_argument("--all", action="store_true", help=f"print every row (default: the best {FIT_TABLE_ROWS})")
+
+
+def _demo_module():
+    from . import demo
+
+    return demo
+
+
+def _run_module():
+    from . import run
+
+    return run
+
+
+def _serve_module():
+    from . import serve
+
+    return serve
+
+
+def _check_module():
+    from . import check
+
+    return check
+
+
+def _verify_module():
+    from . import verify
+
+    return verify
+
+
+def _suggest_module():
+    from . import suggest
+
+    return suggest
+
+
+def _fit_module():
+    from . import fit
+
+    return fit
+
+
+COMMANDS = {
+    "demo": Command(
+        "generate with a tiny FLUX pipeline on N processes and on 1; compare the images", _demo, _demo_module
+    ),
+    "run": Command("generate images or videos with a sharded pipeline (launch with torchrun)", _run, _run_module),
+    "serve": Command(
+        "serve generations over HTTP from a pipeline loaded once (launch with torchrun)", _serve, _serve_module
+    ),
+    "check": Command("check a plan at full size on the meta device with a fake process group", _check, _check_module),
+    "verify": Command(
+        "run a plan sharded on local gloo processes; name the first module that diverges", _verify, _verify_module
+    ),
+    "suggest": Command(
+        "propose a plan for a model from one traced forward of a small instance", _suggest, _suggest_module
+    ),
+    "fit": Command("will a pipeline fit N GPUs: per-rank peak memory and step time of every mesh", _fit, _fit_module),
+}

@@ -25,13 +25,11 @@ from ..errors import PlanError
 from ..families.pipelines import tiny_checkpoint
 from ..parallelize import tp_candidates
 from ..pipeline import transformer_class
+from ..pipeline.compare import MEAN_TOLERANCE, P99_TOLERANCE, compare
 from ..plan import load_plan
 from ..policy import check_degree, default_backend, default_device_type
 from .run import quiet_libraries
 
-# Pixels in [0, 1], fp32: vllm-omni's TP test accepts 3e-2 / 2.5e-1; fp32 CPU runs differ by ~1e-7.
-MEAN_TOLERANCE = 1e-3
-P99_TOLERANCE = 1e-2
 PROMPT = "a cat holding a sign that says hello"
 NEGATIVE_PROMPT = "blurry, low quality"  # with --cfg > 1: true CFG (two transformer calls per step)
 _TITLES = {"flux": "FLUX.1", "qwenimage": "Qwen-Image"}
@@ -52,13 +50,6 @@ def run(args) -> int:
     mean, p99, ok = compare(sharded["pixels"], single["pixels"])
     print(_table(args, sharded, single, mean, p99, ok))
     return 0 if ok else 1
-
-
-def compare(pixels: np.ndarray, reference: np.ndarray) -> tuple[float, float, bool]:
-    """(mean |diff|, 99th percentile of |diff|, both within tolerance) of two [0, 1] images."""
-    diff = np.abs(pixels - reference)
-    mean, p99 = float(diff.mean()), float(np.quantile(diff, 0.99))
-    return mean, p99, mean <= MEAN_TOLERANCE and p99 <= P99_TOLERANCE
 
 
 def _check_args(args) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import sys
 
+from ..choices import FIT_TABLE_ROWS
 from ..errors import PlanError
 from ..fit import fit
 from ..fit.report import format_table, plot
 
-TABLE_ROWS = 20  # rows printed without --all
+TABLE_ROWS = FIT_TABLE_ROWS  # rows printed without --all
 
 
 def run(args) -> int:

@@ -1,306 +1,206 @@
-"""`dtp run`: generate one image with a diffusers pipeline whose transformer is sharded by dtp.
+"""`dtp run`: generate images or videos with a diffusers pipeline whose components dtp shards.
 
-Under torchrun every process is one rank of the TP group (tp = world size):
+Under torchrun every process is one rank (tp = world size / (cp x cfg)):
 
     torchrun --nproc-per-node 4 -m dtp run --model-dir ./FLUX.2-dev --prompt "a cat" --output cat.png
+    torchrun --nproc-per-node 2 -m dtp run --model-dir ./Wan2.1-T2V-14B-Diffusers --prompt "a cat" \\
+        --height 720 --width 1280 --frames 81 --output cat.mp4
+    torchrun --nproc-per-node 2 -m dtp run --model-dir ./wan --prompts batch.jsonl   # loaded once
 
-Each rank loads the pipeline's transformer and its text encoders sharded (each rank reads only its
-slice of every sharded tensor, and only that slice reaches the accelerator; a text encoder by the
-first of its bundled plans that fits, as `dtp.parallelize_pipeline` picks it), shards any other
-component that has a plan, keeps the VAE whole, and runs the same denoising loop from the same seeded latents;
-the transformer's collectives keep the ranks in lock step, and rank 0 saves the image. Started
-without torchrun, `dtp run` runs the unsharded pipeline in one process: the reference.
+Each rank loads the pipeline sharded (`dtp.pipeline.session.open_pipeline`), runs the same call from the
+same seeded latents (`dtp.pipeline.generate`), and rank 0 writes the output by its suffix (.png, .mp4;
+`dtp.pipeline.outputs`). Started without torchrun, `dtp run` runs the whole pipeline in one process: the
+reference. This module parses and prints; the work is in the library.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import statistics
 import sys
-import time
 import warnings
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
-from ..adapters import load_lora_weights
 from ..errors import PlanError
-from ..pipeline import WHOLE, check_pipeline_files, load_pipeline, transformer_class
-from ..pipeline.load import transformers_components
-from ..policy import default_backend, default_device_type, parse_dtype
-from ..quant import config_for
-from ..runtime.cfg import CFG_ATTR
-from ..runtime.memory import local_param_bytes
-from ..runtime.mesh import make_mesh
+from ..pipeline import transformer_class
+from ..pipeline.generate import rank_report, run_request
+from ..pipeline.outputs import check_output, default_output, save
+from ..pipeline.parse import LINE_FIELDS, open_image_path, request_from_json
+from ..pipeline.request import Request, check_request, makes_video
+from ..pipeline.session import LoadOptions, open_pipeline, parse_loras
+from ..policy import default_device_type
+from ..runtime.launch import exit_now, init_distributed, rank_progress, under_torchrun
 from ..runtime.placement import local_device
-from .watchdog import Progress
 
-DEFAULT_TIMEOUT_S = 600  # torch's own default for gloo is 30 min, NCCL's watchdog 10: one value for both here
 
-LORA_ADAPTER = "lora"  # the adapter name `--lora` loads under
+@dataclass(frozen=True)
+class Job:
+    """One generation of this command: the request (or why its line was refused) and where it goes."""
+
+    where: str  # "" for --prompt, "line N" for --prompts
+    request: Request | None
+    output: str | None
+    error: str | None = None
 
 
 def run(args) -> int:
     """Entry point of `dtp run`: sharded under torchrun (WORLD_SIZE set), else the one-process reference."""
     quiet_libraries()
     transformer_class(args.model_dir)  # a missing or foreign folder: one CheckpointError, before any process group
-    if "WORLD_SIZE" not in os.environ:
-        device = local_device(default_device_type())
-        dtype = _dtype(args.dtype, device)
-        check_pipeline_files(args.model_dir, dtype)
-        pipe = load_pipeline(args.model_dir, torch_dtype=dtype, device=device, quantization_config=_quant(args))
-        add_lora(pipe, args.lora, args.lora_scale, sharded=False)
-        if args.offload_text_encoders:
-            offload_text_encoders(pipe)
-        _generate_and_save(pipe, args, distributed=False)
-        return 0
+    options = load_options(args)
+    if not under_torchrun():
+        pipe = open_pipeline(options, local_device(default_device_type()), distributed=False)
+        return _run_jobs(pipe, args, rank=0, world=1)
     device = init_distributed(args.timeout)
     try:
         with rank_progress(min(60.0, args.timeout / 2)) as progress:
-            _run_sharded(args, device, progress)
+            progress.post("loading the pipeline")
+            pipe = open_pipeline(options, device, distributed=True)
+            pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
+            calls = iter(range(1, sys.maxsize))
+            pipe.transformer.register_forward_pre_hook(lambda *_: progress.post(f"transformer call {next(calls)}"))
+            code = _run_jobs(pipe, args, rank=dist.get_rank(), world=dist.get_world_size())
+            progress.post("finishing")
+            dist.barrier()  # tear down together, not while rank 0 still writes
     finally:
         dist.destroy_process_group()
-    _exit_now()
-    return 0
+    exit_now(code)
+    return code
 
 
-def _run_sharded(args, device: torch.device, progress: Progress) -> None:
-    progress.post("loading the pipeline")
-    tp = _tp_degree(dist.get_world_size(), args.cp, args.cfg)
-    mesh = make_mesh(tp=tp, cp=args.cp, cfg=args.cfg, device_type=device.type)
-    pipe = load_pipeline(
-        args.model_dir,
-        mesh,
-        torch_dtype=_dtype(args.dtype, device),
-        plans=_plans(args),
+def load_options(args) -> LoadOptions:
+    """The loading flags `dtp run` and `dtp serve` share (`commands.add_load_options`)."""
+    if args.cache_threshold is not None and args.cache is None:
+        raise PlanError("--cache-threshold needs --cache NAME.")
+    return LoadOptions(
+        model_dir=args.model_dir,
+        plan=args.plan,
+        cp=args.cp,
+        cfg=args.cfg,
         cp_mode=args.cp_mode,
         pad=args.pad,
-        device=device,
-        quantization_config=_quant(args),
+        dtype=args.dtype,
+        quant=args.quant,
+        loras=parse_loras(args.lora),
+        lora_scale=args.lora_scale,
+        whole_text_encoders=args.whole_text_encoders,
+        offload_text_encoders=args.offload_text_encoders,
         fsdp=args.fsdp,
+        cache=args.cache,
+        cache_threshold=args.cache_threshold,
+        timeout=args.timeout,
     )
-    add_lora(pipe, args.lora, args.lora_scale, sharded=True)
-    if args.offload_text_encoders:
-        offload_text_encoders(pipe)
-    pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
-    calls = iter(range(1, sys.maxsize))
-    pipe.transformer.register_forward_pre_hook(lambda *_: progress.post(f"transformer call {next(calls)}"))
-    _generate_and_save(pipe, args, distributed=True)
-    progress.post("finishing")
-    dist.barrier()  # tear down together, not while rank 0 still writes the image
 
 
-def _plans(args) -> dict:
-    """`load_pipeline`'s plans from the flags: `--plan` for the transformer, `--whole-text-encoders` (also
-    implied by `--offload-text-encoders`: a sharded encoder's DTensors stay on their mesh's device)."""
-    plans = {} if args.plan is None else {"transformer": args.plan}
-    if args.whole_text_encoders or args.offload_text_encoders:
-        plans |= {name: WHOLE for name in transformers_components(args.model_dir)}
-    return plans
+def _run_jobs(pipe, args, *, rank: int, world: int) -> int:
+    """Every job on every rank in the same order; rank 0 writes. A refused line is reported and skipped (the
+    same on every rank: the checks are deterministic); a refused --prompt raises. 0 when all ran, else 1."""
+    failed = 0
+    for job in jobs(args, pipe):
+        try:
+            if job.error is not None:
+                raise PlanError(job.error)
+            check_request(pipe, job.request)
+            check_output(job.output, makes_video(pipe))
+            generation = run_request(pipe, job.request)
+        except (PlanError, ValueError) as error:
+            if not job.where:
+                raise
+            failed += 1
+            if rank == 0:
+                print(f"dtp run: {args.prompts} {job.where}: {error}", file=sys.stderr, flush=True)
+            continue
+        reports = _gather_reports(rank_report(pipe, generation.step_seconds), world)
+        if rank == 0:
+            _write(generation, job, args, reports)
+    return 1 if failed else 0
 
 
-def _quant(args):
-    """The torchao config of `--quant` (None without it)."""
-    return None if getattr(args, "quant", None) is None else config_for(args.quant)
+def _gather_reports(report: dict, world: int) -> list[dict]:
+    if world == 1:
+        return [report]
+    reports = [None] * world
+    dist.all_gather_object(reports, report)
+    return reports
 
 
-def _exit_now() -> None:
-    """End a finished rank without interpreter finalization.
-
-    Rarely (once in a full CI run here; not in 24 launches since) a gloo rank aborted after its
-    work was done and its group destroyed: "terminate called without an active exception"
-    (exit -6), which makes torchrun, and so `dtp demo`, fail. Gloo worker threads that still hold
-    tensors crash while the interpreter tears down (pytorch/pytorch#179291 describes it). Every
-    output is written and closed by now, so flush the streams and leave without finalizing.
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _tp_degree(world_size: int, cp: int, cfg: int = 1) -> int:
-    if cp < 1 or cfg < 1 or world_size % (cp * cfg):
-        raise PlanError(f"dtp run: --cp {cp} times --cfg {cfg} must divide the number of processes ({world_size}).")
-    return world_size // (cp * cfg)
-
-
-def _generate_and_save(pipe, args, *, distributed: bool) -> None:
-    """Generate on every rank; rank 0 saves the image and, if asked, the pixels and every rank's report."""
-    pixels, step_s = generate(
-        pipe, args.prompt, steps=args.steps, height=args.height, width=args.width, seed=args.seed, **guidance(args)
-    )
-    reports = [rank_report(pipe, step_s)]
-    if distributed:
-        reports = [None] * dist.get_world_size()
-        dist.all_gather_object(reports, rank_report(pipe, step_s))
-        if dist.get_rank() != 0:
-            return
-    save_image(pixels, args.output)
+def _write(generation, job: Job, args, reports: list[dict]) -> None:
+    save(generation.outputs[0], job.output, video=generation.video, fps=job.request.fps)
+    for index, extra in enumerate(generation.outputs[1:], start=1):  # n > 1 (a JSONL line's "n" is not taken)
+        save(extra, _numbered(job.output, index), video=generation.video, fps=job.request.fps)
     if args.save_pixels:
-        np.save(args.save_pixels, pixels)
+        np.save(_numbered(args.save_pixels, job.where.rpartition(" ")[2]) if job.where else args.save_pixels,
+                generation.outputs[0])  # fmt: skip
     if args.report:
         Path(args.report).write_text(json.dumps({"ranks": reports}, indent=1))
+    print(f"dtp run: {job.output} ({len(generation.step_seconds)} steps)", flush=True)
 
 
-def guidance(args) -> dict:
-    """The guidance options given on the command line, as pipeline keyword arguments (the rest: the pipeline's)."""
-    given = dict(
-        negative_prompt=args.negative_prompt, true_cfg_scale=args.true_cfg_scale, guidance_scale=args.guidance_scale
+def _numbered(path: str, suffix) -> str:
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{suffix}{p.suffix}"))
+
+
+def jobs(args, pipe) -> list[Job]:
+    """The generations asked: `--prompt` with the flags, or one per line of `--prompts` (flags as defaults)."""
+    video = makes_video(pipe)
+    output = args.output or default_output(video)
+    base = Request(
+        prompt=args.prompt,
+        seed=args.seed,
+        steps=args.steps,
+        height=args.height,
+        width=args.width,
+        frames=args.frames,
+        fps=args.fps,
+        image=None if args.image is None else open_image_path(args.image),
+        negative_prompt=args.negative_prompt,
+        guidance_scale=args.guidance_scale,
+        true_cfg_scale=args.true_cfg_scale,
+        extra=pipeline_args(args.pipeline_arg),
     )
-    return {name: value for name, value in given.items() if value is not None}
+    if args.prompts is None:
+        return [Job("", base, output)]
+    return [_line_job(n, line, base, output) for n, line in _lines(args.prompts)]
 
 
-# ---- loading -------------------------------------------------------------------------------------
+def _lines(path: str) -> list[tuple[int, str]]:
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise PlanError(f"--prompts {path}: cannot read it ({error.strerror}).") from None
+    return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
 
 
-def add_lora(pipe, lora, scale: float, *, sharded: bool) -> None:
-    """The LoRA at `lora` (None: nothing) on the transformer at weight `scale`: dtp's loader when the
-    transformer is sharded, diffusers' own for the one-process reference."""
-    if lora is None:
-        return
-    if sharded:
-        load_lora_weights(pipe, lora, adapter_name=LORA_ADAPTER)
-    else:
-        pipe.load_lora_weights(lora, adapter_name=LORA_ADAPTER)
-    pipe.transformer.set_adapters(LORA_ADAPTER, weights=scale)
+def _line_job(number: int, line: str, base: Request, output: str) -> Job:
+    where = f"line {number}"
+    try:
+        body = json.loads(line)
+        if isinstance(body, dict) and "prompt" not in body:
+            raise PlanError("missing field 'prompt' (a string).")
+        request, other = request_from_json(body, LINE_FIELDS, load_image=open_image_path, base=base)
+    except json.JSONDecodeError as error:
+        return Job(where, None, None, f"not JSON ({error.msg} at column {error.colno}).")
+    except PlanError as error:
+        return Job(where, None, None, str(error))
+    return Job(where, request, other.get("output") or _numbered(output, number))
 
 
-def offload_text_encoders(pipe) -> None:
-    """Move every text encoder to the CPU at the transformer's first call (the prompts are encoded by then),
-    freeing their accelerator memory for the denoising loop and the decode; a second generation encodes on the CPU.
-    """
-    encoders = [
-        m for n, m in pipe.components.items() if n.startswith("text_encoder") and isinstance(m, torch.nn.Module)
-    ]
-
-    def offload(module, args) -> None:
-        handle.remove()
-        for encoder in encoders:
-            encoder.to("cpu")
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-    handle = pipe.transformer.register_forward_pre_hook(offload)
-
-
-# ---- generating ------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def generate(pipe, prompt=None, *, steps=None, height=None, width=None, seed=42, **pipe_kwargs):
-    """Run the pipeline once; returns (float pixels H x W x 3 in [0, 1], wall seconds of each step).
-
-    The generator lives on the CPU so every rank, whatever its device, draws the same latents.
-    """
-    options = {k: v for k, v in dict(num_inference_steps=steps, height=height, width=width).items() if v is not None}
-    timer = StepTimer(pipe)
-    with timer:
-        out = pipe(
-            prompt=prompt,
-            generator=torch.Generator("cpu").manual_seed(seed),
-            output_type="np",
-            callback_on_step_end=timer.end_step,
-            **options,
-            **pipe_kwargs,
-        )
-    return out.images[0], timer.seconds
-
-
-class StepTimer:
-    """Wall time of each denoising step: from the step's first transformer call to its end-of-step callback."""
-
-    def __init__(self, pipe):
-        self.pipe = pipe
-        self.seconds: list[float] = []
-        self._start = None
-        self._cuda = pipe.device.type == "cuda"
-
-    def __enter__(self):
-        self._hook = self.pipe.transformer.register_forward_pre_hook(self._begin)
-        return self
-
-    def __exit__(self, *exc):
-        self._hook.remove()
-
-    def _now(self) -> float:
-        if self._cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def _begin(self, module, args):
-        if self._start is None:  # classifier-free guidance calls the transformer twice per step
-            self._start = self._now()
-
-    def end_step(self, pipe, step, timestep, callback_kwargs):
-        self.seconds.append(self._now() - self._start)
-        self._start = None
-        return callback_kwargs
-
-
-def rank_report(pipe, step_seconds: list[float]) -> dict:
-    """This rank's weight bytes (transformer, text encoders, every module component) and step times."""
-    modules = {name: c for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
-    return {
-        "transformer_bytes": local_param_bytes(pipe.transformer),
-        "text_encoder_bytes": sum(local_param_bytes(m) for n, m in modules.items() if n.startswith("text_encoder")),
-        "total_bytes": sum(local_param_bytes(m) for m in modules.values()),
-        "step_s": statistics.median(step_seconds),
-        "steps": len(step_seconds),
-        **_cfg_report(pipe.transformer),
-    }
-
-
-def _cfg_report(transformer) -> dict:
-    """How the cfg axis ran the transformer's calls (`runtime.cfg.CfgStats`), when it is installed."""
-    wrapper = getattr(transformer, CFG_ATTR, None)
-    return {} if wrapper is None else {"cfg_calls": dict(vars(wrapper.stats))}
-
-
-def save_image(pixels: np.ndarray, path) -> None:
-    from PIL import Image
-
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray((pixels * 255).round().clip(0, 255).astype(np.uint8)).save(path)
-
-
-# ---- process setup ---------------------------------------------------------------------------
-
-
-def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
-    """Join torchrun's process group (the backend of this rank's device type); returns this rank's device.
-
-    `timeout_s`: how long a collective waits for the other ranks before the group fails it.
-    """
-    device = local_device(default_device_type())  # cuda:<local rank>, the local Neuron core, or cpu
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(default_backend(device.type), timeout=timedelta(seconds=timeout_s))
-    return device
-
-
-def rank_progress(stall_s: float) -> Progress:
-    """This rank's `Progress`, posted to a client of torchrun's rendezvous store (MASTER_ADDR:MASTER_PORT).
-
-    A store of our own next to the process group: it keeps answering while the group is blocked in
-    a collective, and the posts live under their own prefix.
-    """
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=30)
-    )
-    return Progress(dist.PrefixStore("dtp/progress/", store), dist.get_rank(), dist.get_world_size(), stall_s=stall_s)
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    return parse_dtype(name)
+def pipeline_args(values: list[str] | None) -> dict:
+    """{key: value} of repeated `--pipeline-arg KEY=JSON` (a value that is not JSON is taken as a string)."""
+    found = {}
+    for value in values or []:
+        key, sep, text = value.partition("=")
+        if not sep or not key.isidentifier():
+            raise PlanError(f"--pipeline-arg {value!r}: expected KEY=VALUE, e.g. max_sequence_length=64.")
+        try:
+            found[key] = json.loads(text)
+        except json.JSONDecodeError:
+            found[key] = text
+    return found
 
 
 def quiet_libraries() -> None:

@@ -258,8 +258,8 @@ def pipeline_parity(model_dir: str, mesh, scheme: str) -> dict:
     `load_pipeline` with the same config (diffusers' own quantized load): relative pixel difference, the
     scheme's own pixel error against the unquantized pipeline, quantized Linears in the sharded transformer
     and in the text encoders (none: they are left unquantized)."""
+    from dtp.pipeline.generate import generate
     from dtp.quant import config_for
-    from dtp.tools.run import generate
 
     def pixels(pipe):
         pipe.set_progress_bar_config(disable=True)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from cfg_cases import CASES, STEPS, rank_job, references
 
+from dtp.pipeline.compare import compare
 from dtp.testing.launch import spawn
-from dtp.tools.demo import compare
 
 MEAN_TOL = 1e-6
 MESH = dict(cfg=2)

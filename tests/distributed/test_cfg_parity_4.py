@@ -16,9 +16,9 @@ from lora_cases import random_lora
 from safetensors.torch import save_file
 
 from dtp.families.pipelines import tiny_checkpoint
+from dtp.pipeline.compare import compare
 from dtp.testing.launch import spawn
 from dtp.testing.tiny import tiny_model
-from dtp.tools.demo import compare
 
 MEAN_TOL = 1e-6
 RUNS = [(dict(cfg=2, tp=2), ["qwenimage", "pixart", "wan"]), (dict(cfg=2, cp=2), ["qwenimage"])]

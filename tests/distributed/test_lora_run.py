@@ -14,8 +14,8 @@ from lora_cases import random_lora
 from safetensors.torch import save_file
 
 from dtp.families.pipelines import tiny_checkpoint
+from dtp.pipeline.compare import compare
 from dtp.testing.tiny import tiny_model
-from dtp.tools.demo import compare
 
 SMALL = ["--steps", "2", "--height", "32", "--width", "32", "--seed", "0", "--prompt", "a cat"]
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dtp.families.pipelines import CHECKPOINTS, tiny_checkpoint
+from dtp.pipeline.compare import compare
 from dtp.testing.launch import spawn
-from dtp.tools.demo import compare
 
 MODELS = ["flux", "qwenimage"]  # tiny checkpoint name = bundled plan name
 ARGS = dict(prompt="a cat holding a sign that says hello", steps=3, height=32, width=32, seed=0)
@@ -23,8 +23,8 @@ ARGS = dict(prompt="a cat holding a sign that says hello", steps=3, height=32, w
 
 def _rank_job(rank: int, world_size: int, model_dirs: dict) -> dict:
     import dtp
+    from dtp.pipeline.generate import generate
     from dtp.runtime.memory import local_param_bytes
-    from dtp.tools.run import generate
 
     mesh = dtp.make_mesh(tp=world_size)
     cp_mesh = dtp.make_mesh(tp=1, cp=world_size)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dtp.tools.demo import MEAN_TOLERANCE, P99_TOLERANCE, compare
+from dtp.pipeline.compare import MEAN_TOLERANCE, P99_TOLERANCE, compare
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tensor_parallel_flux.py"
 SMALL = [

@@ -198,7 +198,7 @@ def _pipeline(model_dir, mesh) -> float:
     one-process `load_pipeline` (diffusers' own load): relative pixel difference."""
     from quant_cases import PIPELINE_ARGS
 
-    from dtp.tools.run import generate
+    from dtp.pipeline.generate import generate
 
     def pixels(pipe):
         pipe.set_progress_bar_config(disable=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dtp.pipeline.compare import compare
 from dtp.testing.launch import spawn
-from dtp.tools.demo import compare
 
 ARGS = dict(prompt="a cat holding a sign that says hello", steps=2, height=32, width=32, seed=0)
 EMBED_TOL = 1e-5  # prompt embeddings: max |sharded - ref| <= 1e-5 * max |ref|, fp32
@@ -29,7 +29,7 @@ def _pipelines(build, mesh):
 
 
 def _result(ref, sharded, report, embeds: dict) -> dict:
-    from dtp.tools.run import generate
+    from dtp.pipeline.generate import generate
 
     return {
         "report": {c.name: (c.plan, c.whole_bytes, c.local_bytes) for c in report.components},
@@ -138,7 +138,7 @@ def test_prompt_embeddings_match(results):
 
 @pytest.mark.parametrize("pipeline", ["flux", "qwenimage"])
 def test_image_matches_one_device(results, pipeline):
-    """Pixels in [0, 1]: mean |diff| <= 1e-3 and p99 <= 1e-2 (the demo's tolerances, dtp.tools.demo.compare)."""
+    """Pixels in [0, 1]: mean |diff| <= 1e-3 and p99 <= 1e-2 (the demo's tolerances, dtp.pipeline.compare.compare)."""
     for rank in results:
         mean, p99, ok = compare(rank[pipeline]["tp"], rank[pipeline]["ref"])
         assert ok, (mean, p99)

@@ -6,13 +6,15 @@ import sys
 import types
 from pathlib import Path
 
-from dtp import policy
+from dtp import choices, policy
 from dtp.analysis import check, verify
 from dtp.analysis.released import RELEASED_PIPELINES
 from dtp.families.pipelines import CHECKPOINTS
 from dtp.fit.hardware import HARDWARE
 from dtp.plan import bundled_plan_names
-from dtp.tools import commands, run
+from dtp.quant import SCHEMES
+from dtp.runtime import launch
+from dtp.tools import commands
 from dtp.tools import fit as fit_command
 from dtp.tools.cli import command_module
 
@@ -41,31 +43,35 @@ def test_help_and_import_load_no_heavy_library():
     assert done.stdout.strip().splitlines()[-1] == "imported:", done.stdout.strip().splitlines()[-1]
 
 
-def test_the_copies_in_the_parsers_equal_their_homes():
-    assert commands.CP_MODES == policy.CP_MODES
-    assert tuple(policy.DTYPES) == commands.DTYPE_NAMES
+def test_the_parsers_and_the_library_read_one_home():
+    """The values the parsers show are `dtp.choices`' own objects in the modules that use them; the tables keyed
+    by those names have exactly those keys."""
+    assert policy.CP_MODES is choices.CP_MODES and commands.CP_MODES is choices.CP_MODES
+    assert check.DEFAULT_TEXT_TOKENS is choices.DEFAULT_TEXT_TOKENS
+    assert verify.DEFAULT_TOL is choices.DEFAULT_TOL
+    assert fit_command.TABLE_ROWS is choices.FIT_TABLE_ROWS
+    assert launch.DEFAULT_TIMEOUT_S is choices.DEFAULT_TIMEOUT_S
     assert commands.bundled_plan_names() == bundled_plan_names()
-    assert tuple(RELEASED_PIPELINES) == commands.RELEASED_PIPELINES
-    assert commands.CHECK_DTYPES == check.CHECK_DTYPES
-    assert commands.DEFAULT_TIMEOUT_S == run.DEFAULT_TIMEOUT_S
-    assert commands.DEFAULT_TOL == verify.DEFAULT_TOL
-    assert commands.DEFAULT_TEXT_TOKENS == check.DEFAULT_TEXT_TOKENS
-    assert set(commands.DEMO_MODELS) == set(CHECKPOINTS)
-    assert tuple(HARDWARE) == commands.HARDWARE_NAMES
-    assert commands.FIT_TABLE_ROWS == fit_command.TABLE_ROWS
+    assert tuple(policy.DTYPES) == choices.DTYPE_NAMES
+    assert tuple(RELEASED_PIPELINES) == choices.RELEASED_PIPELINES
+    assert set(choices.DEMO_MODELS) == set(CHECKPOINTS)
+    assert tuple(HARDWARE) == choices.HARDWARE_NAMES
+    assert tuple(sorted(SCHEMES)) == choices.RUN_QUANT_SCHEMES
+    assert set(choices.QUANT_SCHEMES) < set(SCHEMES)
 
 
 def test_every_command_has_a_runner():
     parser = commands.build_parser()
-    for name, module in commands.COMMANDS.items():
-        assert command_module(name).__name__ == module
-        assert callable(command_module(name).run), module
+    for name in commands.COMMANDS:
+        assert command_module(name).__name__ == f"dtp.tools.{name}"
+        assert callable(command_module(name).run), name
         assert parser.parse_args([name, *_required(name)]).command == name
 
 
 def _required(name: str) -> list[str]:
     return {
         "run": ["--model-dir", "x", "--prompt", "p"],
+        "serve": ["--model-dir", "x"],
         "check": ["flux", "--tp", "2"],
         "verify": ["M", "--tp", "2"],
         "suggest": ["M"],

@@ -36,6 +36,7 @@ ALLOWED = {
         "loading",
         "families",
         "vae",
+        "adapters",  # a pipeline session loads LoRAs by name (pipeline/session.py)
     },
     "adapters": {"errors", "policy", "plan", "styles", "quant", "resolve", "runtime", "engine", "families"},
     "families": {"errors"},
@@ -109,6 +110,11 @@ RESOLVE_ALLOWED = {
     "transforms": {"layout", "binding"},
     "exactness": {"layout", "binding", "transforms"},
 }
+for _targets in ALLOWED.values():  # the torch-free values the parsers show (dtp/choices.py): every package reads them
+    _targets.add("choices")
+ALLOWED["choices"] = set()
+ALLOWED["serve"] = set(ALLOWED["tools"])  # the HTTP server: a front end like the CLI
+ALLOWED["tools"].add("serve")
 FACADE = {"__init__", "__main__"}  # the package facade exports everything; `python -m dtp` runs the CLI
 
 

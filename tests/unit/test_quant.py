@@ -191,13 +191,15 @@ def test_fp8_dynamic_load_refused_where_torchao_cannot_run_it():
 
 def test_run_quant_flag_is_a_torchao_config():
     """`dtp run --quant SCHEME` parses to `dtp.quant.config_for(SCHEME)`; its choices are every scheme."""
+    from dtp.pipeline.session import quant_config
     from dtp.quant import SCHEMES
     from dtp.tools import commands, run
 
     assert tuple(sorted(SCHEMES)) == commands.RUN_QUANT_SCHEMES
     args = commands.build_parser().parse_args(["run", "--model-dir", "m", "--prompt", "p", "--quant", "int8wo"])
-    assert type(run._quant(args)).__name__ == "Int8WeightOnlyConfig"
-    assert run._quant(commands.build_parser().parse_args(["run", "--model-dir", "m", "--prompt", "p"])) is None
+    assert type(quant_config(run.load_options(args))).__name__ == "Int8WeightOnlyConfig"
+    plain = commands.build_parser().parse_args(["run", "--model-dir", "m", "--prompt", "p"])
+    assert quant_config(run.load_options(plain)) is None
 
 
 def test_prequantized_checkpoint_whole_load_sharded(mesh, tmp_path):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from torch import nn
 
-from dtp.tools.run import offload_text_encoders
+from dtp.pipeline.generate import offload_text_encoders
 
 
 class Recorder(nn.Module):

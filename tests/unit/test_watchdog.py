@@ -1,4 +1,4 @@
-"""tools/watchdog.Progress: a rank that stops moving names the ranks behind it (ranks simulated on one store)."""
+"""runtime/watchdog.Progress: a rank that stops moving names the ranks behind it (ranks simulated on one store)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import torch.distributed as dist
 
-from dtp.tools.watchdog import Progress
+from dtp.runtime.watchdog import Progress
 
 
 def _ranks(world_size, stall_s=0.0, log=None):

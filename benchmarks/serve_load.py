@@ -1,0 +1,141 @@
+"""`dtp serve` under load: 100 requests from 8 concurrent clients against `torchrun --nproc-per-node 2 -m dtp serve`
+on the tiny FLUX.1 pipeline (CPU, gloo, fp32), against back-to-back `dtp run` launches of the same generation.
+
+Counts lost requests (no 200) and duplicated ones (two answers with the same image, or the server logging more
+generations than requests: every request has its own seed, so every image differs), and prints the median and
+p99 latency and the throughput of both ways. Writes benchmarks/results/serve_load.json.
+
+    python benchmarks/serve_load.py [--requests 100] [--clients 8] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results" / "serve_load.json"
+SIZE, STEPS = 32, 2
+LAUNCH = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "dtp"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def body(seed: int) -> dict:
+    return {"prompt": "a cat", "seed": seed, "size": f"{SIZE}x{SIZE}", "num_inference_steps": STEPS}
+
+
+def start_server(model_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = free_port()
+    command = [*LAUNCH, "serve", "--model-dir", str(model_dir), "--port", str(port), "--dtype", "fp32"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None:
+            raise SystemExit(log.read_text()[-3000:])
+        time.sleep(0.5)
+    raise SystemExit("the server did not become healthy")
+
+
+def load(url: str, requests: int, clients: int) -> dict:
+    import httpx
+
+    def one(seed: int):
+        start = time.perf_counter()
+        answer = httpx.post(f"{url}/v1/images/generations", json=body(seed), timeout=600)
+        image = answer.json()["data"][0]["b64_json"] if answer.status_code == 200 else None
+        return answer.status_code, time.perf_counter() - start, image
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        answers = list(pool.map(one, range(requests)))
+    wall = time.perf_counter() - start
+    latencies = sorted(seconds for _, seconds, _ in answers)
+    images = [hashlib.sha256(image.encode()).hexdigest() for _, _, image in answers if image is not None]
+    return {
+        "requests": requests,
+        "clients": clients,
+        "ok": sum(code == 200 for code, _, _ in answers),
+        "lost": sum(code != 200 for code, _, _ in answers),
+        "distinct_images": len(set(images)),
+        "median_latency_s": statistics.median(latencies),
+        "p99_latency_s": latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))],
+        "wall_s": wall,
+        "throughput_per_s": requests / wall,
+    }
+
+
+def back_to_back(model_dir: Path, runs: int, folder: Path) -> dict:
+    """`runs` consecutive `torchrun ... dtp run` launches of one generation each (load, generate, exit)."""
+    seconds = []
+    for seed in range(runs):
+        command = [*LAUNCH, "run", "--model-dir", str(model_dir), "--prompt", "a cat", "--seed", str(seed)]
+        command += ["--steps", str(STEPS), "--height", str(SIZE), "--width", str(SIZE), "--dtype", "fp32"]
+        command += ["--output", str(folder / f"run{seed}.png")]
+        start = time.perf_counter()
+        subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, capture_output=True)
+        seconds.append(time.perf_counter() - start)
+    return {"runs": runs, "median_s": statistics.median(seconds), "throughput_per_s": 1 / statistics.mean(seconds)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=3, help="back-to-back `dtp run` launches")
+    args = parser.parse_args()
+    from dtp.families.pipelines import tiny_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="dtp-serve-load-") as tmp:
+        folder = Path(tmp)
+        model_dir = tiny_checkpoint("flux", root=folder)
+        process, url = start_server(model_dir, folder / "server.log")
+        try:
+            served = load(url, args.requests, args.clients)
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=60)
+        generated = len(re.findall(r"dtp serve: request \d+: .* ok", (folder / "server.log").read_text()))
+        served["generated_by_server"] = generated
+        served["duplicated"] = (served["ok"] - served["distinct_images"]) + max(0, generated - args.requests)
+        runs = back_to_back(model_dir, args.runs, folder)
+    result = {"pipeline": "tiny FLUX.1, 32x32, 2 steps, fp32, 2 gloo ranks (CPU)", "serve": served, "dtp_run": runs}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    print("| way | requests | lost | duplicated | median s | p99 s | per second |\n|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| dtp serve, {args.clients} clients | {served['requests']} | {served['lost']} | {served['duplicated']} "
+        f"| {served['median_latency_s']:.2f} | {served['p99_latency_s']:.2f} | {served['throughput_per_s']:.2f} |"
+    )
+    print(
+        f"| back-to-back dtp run | {runs['runs']} | 0 | 0 | {runs['median_s']:.2f} | - "
+        f"| {runs['throughput_per_s']:.3f} |"
+    )
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""The values the command line shows before it imports torch: one torch-free home for each.
+
+`dtp --help` must answer in well under a second, so the parsers (`tools/commands.py`) import only
+the standard library and this module. Each value below is defined here once; the torch-side modules
+that use it (`policy`, `analysis.check`, `analysis.verify`, `quant.schemes`, `fit.hardware`, ...) import
+it from here rather than keeping a copy. Tables keyed by these names (`policy.DTYPES`, `quant.SCHEMES`,
+`fit.hardware.HARDWARE`, `analysis.released.RELEASED_PIPELINES`, `families.pipelines.CHECKPOINTS`) stay
+in their homes, with the keys this module names.
+"""
+
+from __future__ import annotations
+
+CP_MODES = ("ulysses", "ring")  # context-parallel attention: all-to-all over heads, or K/V passed around
+DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")  # short and long forms
+CHECK_DTYPES = ("fp32", "bf16", "fp16")  # `dtp check --dtype`
+RELEASED_PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline")  # full-size component configs
+DEMO_MODELS = ("flux", "qwenimage")  # the tiny pipeline checkpoints `dtp demo` writes
+DEFAULT_TIMEOUT_S = 600  # a collective's wait: torch's gloo default is 30 min, NCCL's watchdog 10; one value here
+DEFAULT_TOL = 1e-5  # fp32: the house parity bound for a whole tiny model (`dtp verify`)
+QUANT_SCHEMES = ("fp8wo", "int8wo")  # `dtp check`: the weight-only schemes (fp8 needs a GPU to quantize)
+RUN_QUANT_SCHEMES = ("fp8", "fp8wo", "int8wo")  # every torchao scheme `dtp run --quant` loads
+FIT_TABLE_ROWS = 20  # `dtp fit` rows printed without --all
+HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090")  # `dtp fit --hardware` presets
+DEFAULT_TEXT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL prompt length the pipelines pad or cap to

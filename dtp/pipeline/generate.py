@@ -1,0 +1,149 @@
+"""Run a loaded (sharded or whole) pipeline once: the same call on every rank, pixels back as float arrays.
+
+    run_request(pipe, request) -> Generation(outputs, video, step_seconds)
+        outputs: one float32 array in [0, 1] per output, H x W x 3 for an image, F x H x W x 3 for a video
+
+The pipeline's own output decides images vs frames (`.frames` for video pipelines, `.images` otherwise).
+The generator lives on the CPU so every rank, whatever its device, draws the same latents; the
+transformer's collectives then keep the ranks in lock step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..runtime.cfg import CFG_ATTR
+from ..runtime.memory import local_param_bytes
+from .request import Request, check_request, pipe_kwargs
+
+
+@dataclass(frozen=True)
+class Generation:
+    outputs: list  # float32 arrays in [0, 1]: H x W x 3 (image) or F x H x W x 3 (video)
+    video: bool
+    step_seconds: list
+
+
+@torch.no_grad()
+def run_request(pipe, request: Request, *, on_step=None) -> Generation:
+    """Check `request` against `pipe` (PlanError before anything runs), then generate; `on_step(n)` after
+    each denoising step (a server's progress)."""
+    check_request(pipe, request)
+    if request.lora is not None:
+        pipe.transformer.set_adapters(list(request.lora), weights=list(request.lora.values()))
+    timer = StepTimer(pipe, on_step=on_step)
+    with timer:
+        out = pipe(
+            prompt=request.prompt,
+            generator=torch.Generator("cpu").manual_seed(request.seed),
+            output_type="np",
+            callback_on_step_end=timer.end_step,
+            **pipe_kwargs(pipe, request),
+        )
+    outputs, video = pixels_of(out)
+    return Generation(outputs=outputs, video=video, step_seconds=timer.seconds)
+
+
+def pixels_of(out) -> tuple[list, bool]:
+    """(one float32 array per output, is a video) of a pipeline output called with output_type="np"."""
+    if hasattr(out, "frames"):
+        return [np.asarray(video, dtype=np.float32) for video in out.frames], True
+    return [np.asarray(image, dtype=np.float32) for image in out.images], False
+
+
+def generate(pipe, prompt=None, *, steps=None, height=None, width=None, seed=42, frames=None, image=None, **extra):
+    """One generation; returns (the first output's float pixels, wall seconds of each step).
+
+    The short form of `run_request` that tests and benchmarks call: guidance options and any other
+    `__call__` argument go in `extra` (negative_prompt, guidance_scale and true_cfg_scale by name).
+    """
+    named = {k: extra.pop(k) for k in ("negative_prompt", "guidance_scale", "true_cfg_scale") if k in extra}
+    request = Request(
+        prompt=prompt,
+        seed=seed,
+        steps=steps,
+        height=height,
+        width=width,
+        frames=frames,
+        image=image,
+        extra=extra,
+        **named,
+    )
+    generation = run_request(pipe, request)
+    return generation.outputs[0], generation.step_seconds
+
+
+class StepTimer:
+    """Wall time of each denoising step: from the step's first transformer call to its end-of-step callback."""
+
+    def __init__(self, pipe, on_step=None):
+        self.pipe = pipe
+        self.on_step = on_step
+        self.seconds: list[float] = []
+        self._start = None
+        self._cuda = pipe.device.type == "cuda"
+
+    def __enter__(self):
+        self._hook = self.pipe.transformer.register_forward_pre_hook(self._begin)
+        return self
+
+    def __exit__(self, *exc):
+        self._hook.remove()
+
+    def _now(self) -> float:
+        if self._cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _begin(self, module, args):
+        if self._start is None:  # classifier-free guidance calls the transformer twice per step
+            self._start = self._now()
+
+    def end_step(self, pipe, step, timestep, callback_kwargs):
+        self.seconds.append(self._now() - self._start)
+        self._start = None
+        if self.on_step is not None:
+            self.on_step(len(self.seconds))
+        return callback_kwargs
+
+
+def rank_report(pipe, step_seconds: list[float]) -> dict:
+    """This rank's weight bytes (transformer, text encoders, every module component) and step times."""
+    modules = {name: c for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
+    return {
+        "transformer_bytes": local_param_bytes(pipe.transformer),
+        "text_encoder_bytes": sum(local_param_bytes(m) for n, m in modules.items() if n.startswith("text_encoder")),
+        "total_bytes": sum(local_param_bytes(m) for m in modules.values()),
+        "step_s": statistics.median(step_seconds),
+        "steps": len(step_seconds),
+        **_cfg_report(pipe.transformer),
+    }
+
+
+def _cfg_report(transformer) -> dict:
+    """How the cfg axis ran the transformer's calls (`runtime.cfg.CfgStats`), when it is installed."""
+    wrapper = getattr(transformer, CFG_ATTR, None)
+    return {} if wrapper is None else {"cfg_calls": dict(vars(wrapper.stats))}
+
+
+def offload_text_encoders(pipe) -> None:
+    """Move every text encoder to the CPU at the transformer's first call (the prompts are encoded by then),
+    freeing their accelerator memory for the denoising loop and the decode; a second generation encodes on the CPU.
+    """
+    encoders = [
+        m for n, m in pipe.components.items() if n.startswith("text_encoder") and isinstance(m, torch.nn.Module)
+    ]
+
+    def offload(module, args) -> None:
+        handle.remove()
+        for encoder in encoders:
+            encoder.to("cpu")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    handle = pipe.transformer.register_forward_pre_hook(offload)

@@ -1,0 +1,108 @@
+"""The lockstep loop: every rank runs each request together, one at a time, in the order rank 0 took them.
+
+Rank 0 broadcasts a message over a gloo group (`broadcast_object_list`; a gloo group also beside NCCL,
+whose collectives cannot carry Python objects): a request, a heartbeat when the queue stayed empty for
+`HEARTBEAT_S` (so that an idle server never reaches the process group's timeout), or stop. Every rank then
+generates; each catches its own exception, and an `all_gather_object` of the outcomes makes the ranks agree:
+one failed rank fails the request everywhere (one 5xx), and the next request runs. A failure that leaves the
+other ranks waiting inside a collective (one rank raising in the middle of the sharded transformer) cannot be
+agreed on this way: the others wait until the process group's timeout (--timeout) and the server ends.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+
+import torch.distributed as dist
+
+from ..pipeline.generate import run_request
+from ..pipeline.outputs import encode
+from .jobs import Job, JobFailed, JobQueue, Progress, Result
+
+HEARTBEAT_S = 2.0
+STOP = "stop"
+HEARTBEAT = "heartbeat"
+
+
+class Lockstep:
+    """The loop of one rank. `default_lora`: the adapter weights of a request that names none."""
+
+    def __init__(self, pipe, group, *, default_lora: dict | None, progress: Progress, stopping):
+        self.pipe = pipe
+        self.group = group  # a gloo group of every rank
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.default_lora = default_lora or None
+        self.progress = progress
+        self.stopping = stopping  # a threading.Event set by SIGTERM (rank 0 turns it into STOP)
+
+    def run(self, jobs: JobQueue | None) -> None:
+        """Until stop: rank 0 takes jobs from `jobs`, the other ranks follow rank 0 (`jobs` None)."""
+        while True:
+            job = None
+            if self.rank == 0:
+                job = None if self.stopping.is_set() else jobs.get(timeout=HEARTBEAT_S)
+                message = STOP if self.stopping.is_set() else (HEARTBEAT if job is None else job.request)
+            message = self._broadcast(message if self.rank == 0 else None)
+            if message == STOP:
+                return
+            if message != HEARTBEAT:
+                self._serve(message, job)
+
+    def _broadcast(self, message):
+        if self.world == 1:
+            return message
+        box = [message]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def _serve(self, request, job: Job | None) -> None:
+        """Generate on this rank, agree with the others, and (rank 0) answer the job and log one line."""
+        if self.default_lora is not None and request.lora is None:
+            request = replace(request, lora=self.default_lora)
+        start = time.perf_counter()
+        outcome, result = self._generate(request, job)
+        outcomes = self._agree(outcome)
+        seconds = time.perf_counter() - start
+        if self.rank != 0:
+            return
+        failures = {f"rank {r}: {o}" for r, o in enumerate(outcomes) if o is not None}
+        if failures:
+            self.progress.failed += 1
+            job.future.set_exception(JobFailed("; ".join(sorted(failures))))
+        else:
+            self.progress.done += 1
+            job.future.set_result(replace(result, seconds=seconds))
+        status = "failed" if failures else "ok"
+        steps = result.steps if result is not None else "-"
+        print(f"dtp serve: request {job.id}: {steps} steps, {seconds:.2f} s, {status}", file=sys.stderr, flush=True)
+        self.progress.job = None
+
+    def _generate(self, request, job: Job | None) -> tuple[str | None, Result | None]:
+        if job is not None:
+            self.progress.job, self.progress.step, self.progress.steps = job.id, 0, request.steps
+        try:
+            generation = run_request(self.pipe, request, on_step=self._on_step)
+            encoded = [encode(p, video=generation.video, fps=request.fps) for p in generation.outputs] if job else []
+        except Exception as error:  # noqa: BLE001 - any failure of this rank's generation is the request's
+            return f"{type(error).__name__}: {error}", None
+        return None, Result(encoded, generation.video, len(generation.step_seconds), 0.0)
+
+    def _on_step(self, step: int) -> None:
+        self.progress.step = step
+
+    def _agree(self, outcome: str | None) -> list:
+        if self.world == 1:
+            return [outcome]
+        outcomes = [None] * self.world
+        dist.all_gather_object(outcomes, outcome, group=self.group)
+        return outcomes
+
+
+def fail_waiting(jobs: JobQueue) -> None:
+    jobs.fail_all("the server is stopping")
+
+
+__all__ = ["HEARTBEAT_S", "JobFailed", "Lockstep", "fail_waiting"]

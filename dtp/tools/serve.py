@@ -1,0 +1,108 @@
+"""`dtp serve`: load a pipeline once, sharded over every rank, and serve generations over HTTP from rank 0.
+
+    torchrun --nproc-per-node 2 -m dtp serve --model-dir ./FLUX.1-dev --port 8000
+    curl -s localhost:8000/v1/images/generations -d '{"prompt": "a cat", "size": "1024x1024", "seed": 1}'
+
+Started without torchrun it serves the whole pipeline from one process. The loading flags are `dtp run`'s
+(`commands.add_load_options`). SIGTERM (or Ctrl-C) stops every rank: rank 0 broadcasts stop at the end of
+the running request; a rank still busy after `STOP_GRACE_S` leaves anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ..errors import PlanError
+from ..pipeline import transformer_class
+from ..pipeline.session import open_pipeline
+from ..policy import default_device_type
+from ..runtime.launch import exit_now, init_distributed, under_torchrun
+from ..runtime.placement import local_device
+from ..serve.jobs import JobQueue, Progress
+from ..serve.worker import Lockstep, fail_waiting
+from .run import load_options, quiet_libraries
+
+STOP_GRACE_S = 10.0
+
+
+def run(args) -> int:
+    quiet_libraries()
+    transformer_class(args.model_dir)  # a missing or foreign folder: one CheckpointError, before any process group
+    options = load_options(args)
+    distributed = under_torchrun()
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        _check_serving(args.host, args.port)  # before minutes of loading
+    stopping = _on_sigterm()
+    progress, jobs, loaded = Progress(), JobQueue(args.queue), {}
+    server = _start_http(loaded, jobs, progress, args, options.loras) if rank == 0 else None  # /health: 503
+    device = init_distributed(args.timeout) if distributed else local_device(default_device_type())
+    pipe = open_pipeline(options, device, distributed=distributed)
+    group = dist.new_group(backend="gloo") if distributed else None  # objects travel over gloo, also beside NCCL
+    if distributed:
+        pipe.set_progress_bar_config(disable=True)
+        dist.barrier(group=group)  # every rank has loaded
+    loaded["pipe"], progress.loaded = pipe, True
+    print(f"dtp serve: rank {rank} ready", file=sys.stderr, flush=True)
+    default = {name: options.lora_scale for name in options.loras}
+    try:
+        Lockstep(pipe, group, default_lora=default, progress=progress, stopping=stopping).run(jobs)
+    finally:
+        if server is not None:
+            server.should_exit = True
+            fail_waiting(jobs)
+        if distributed:
+            dist.destroy_process_group()
+    print(f"dtp serve: rank {rank} stopped", file=sys.stderr, flush=True)
+    exit_now(0)
+    return 0
+
+
+def _check_serving(host: str, port: int) -> None:
+    """PlanError when the `serve` extra is missing or the port is taken."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise PlanError(f"dtp serve needs FastAPI and uvicorn: pip install 'dtp[serve]' ({exc}).") from None
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise PlanError(f"--host {host} --port {port}: cannot listen there ({exc.strerror}).") from None
+
+
+def _on_sigterm() -> threading.Event:
+    """An event set by SIGTERM / SIGINT; a rank that has not left `STOP_GRACE_S` later leaves anyway."""
+    stopping = threading.Event()
+
+    def handle(signum, frame) -> None:
+        stopping.set()
+        timer = threading.Timer(STOP_GRACE_S, exit_now, args=(0,))
+        timer.daemon = True
+        timer.start()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    return stopping
+
+
+def _start_http(loaded: dict, jobs: JobQueue, progress: Progress, args, loras: dict):
+    """uvicorn serving the app in a thread of rank 0 (the main thread runs the lockstep loop)."""
+    import uvicorn
+
+    from ..serve.http import build_app
+
+    app = build_app(loaded, jobs, progress, model_id=Path(args.model_dir).name, loras=set(loras))
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
+    threading.Thread(target=server.run, name="dtp-serve-http", daemon=True).start()
+    print(f"dtp serve: http://{args.host}:{args.port} (loading)", file=sys.stderr, flush=True)
+    return server

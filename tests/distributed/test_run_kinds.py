@@ -1,0 +1,126 @@
+"""`dtp run` on every pipeline kind as a user runs it: tiny saved Wan 2.1 text-to-video, Wan image-to-video and
+FLUX.1 Kontext pipelines, one process (the reference, in this process) vs torchrun with 2 gloo ranks.
+
+Four launches in all (CPU is scarce): Wan T2V at tp=2 and at cp=2 (the tp=2 one reads a JSONL file of two
+generations and one bad line), Wan I2V at tp=2 (the image enters as latent channels), Kontext at cp=2 (the
+image's tokens join the sequence that cp cuts). Every frame's fp32 pixels: mean |diff| <= 1e-6 and
+max <= 1e-4 (measured: Wan T2V tp=2 ~2e-7 / 1e-6, I2V tp=2 1.8e-7 / 1.1e-6); each mp4 decodes to the frames asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dtp.pipeline.outputs import read_video
+from dtp.testing.conditioned_pipelines import (
+    sample_image,
+    tiny_flux_kontext_pipeline,
+    tiny_wan_i2v_pipeline,
+    tiny_wan_video_pipeline,
+)
+from dtp.tools.cli import main
+
+MEAN_BOUND, MAX_BOUND = 1e-6, 1e-4
+FRAMES = 5
+BUILDERS = {"wan": tiny_wan_video_pipeline, "wan_i2v": tiny_wan_i2v_pipeline, "kontext": tiny_flux_kontext_pipeline}
+WAN = ["--steps", "2", "--height", "16", "--width", "16", "--frames", str(FRAMES)]
+WAN += ["--pipeline-arg", "max_sequence_length=16"]
+KONTEXT = ["--steps", "2", "--height", "32", "--width", "32"]
+KONTEXT += ["--pipeline-arg", "max_area=1024", "--pipeline-arg", "_auto_resize=false"]
+LINES = [
+    {"prompt": "a cat", "seed": 1, "output": "{out}/cat.mp4"},
+    {"prompt": "a dog", "seed": 2, "frames": 4},  # 4 is not 2k + 1: refused, the others run
+    {"prompt": "a bird", "seed": 3, "size": "16x16", "steps": 1},
+]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """The three tiny pipelines saved with save_pretrained, and two input images."""
+    root = tmp_path_factory.mktemp("kinds")
+    for name, build in BUILDERS.items():
+        build().save_pretrained(root / name)
+    sample_image(16).save(root / "in16.png")
+    sample_image(32, seed=1).save(root / "in32.png")
+    return root
+
+
+def _args(saved, kind: str) -> list[str]:
+    if kind == "wan":
+        return ["--model-dir", str(saved / "wan"), *WAN]
+    if kind == "wan_i2v":
+        return ["--model-dir", str(saved / "wan_i2v"), "--image", str(saved / "in16.png"), *WAN]
+    return ["--model-dir", str(saved / "kontext"), "--image", str(saved / "in32.png"), *KONTEXT]
+
+
+def _torchrun(argv: list[str]) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*command, "-m", "dtp", "run", *argv], env=env, capture_output=True, text=True, timeout=600)
+
+
+def _generate(saved, kind: str, out, *, mesh: list[str] | None, extra=()) -> str:
+    """`dtp run` of `kind` writing under `out`: in this process (mesh None) or under torchrun; returns its stderr."""
+    out.mkdir(exist_ok=True)
+    suffix = "png" if kind == "kontext" else "mp4"
+    argv = [*_args(saved, kind), "--dtype", "fp32", "--output", str(out / f"out.{suffix}")]
+    argv += ["--save-pixels", str(out / "pixels.npy"), *extra]
+    argv += [] if "--prompts" in extra else ["--prompt", "a cat"]
+    if mesh is None:
+        assert main(["run", *argv]) in (0, 1)
+        return ""
+    done = _torchrun([*argv, *mesh])
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    return done.stderr
+
+
+def _assert_close(pixels: np.ndarray, reference: np.ndarray) -> None:
+    assert pixels.shape == reference.shape
+    diff = np.abs(pixels.astype(np.float64) - reference)
+    assert diff.mean() <= MEAN_BOUND and diff.max() <= MAX_BOUND, (diff.mean(), diff.max())
+
+
+@pytest.mark.parametrize(
+    "kind, mesh",
+    [("wan", ["--cp", "2"]), ("wan_i2v", []), ("kontext", ["--cp", "2"])],
+    ids=["wan-t2v-cp2", "wan-i2v-tp2", "kontext-cp2"],
+)
+def test_two_ranks_draw_the_one_process_pixels(saved, tmp_path, kind, mesh):
+    """Every frame of the sharded run equals the one-process run's; the mp4 holds the frames asked."""
+    _generate(saved, kind, tmp_path / "ref", mesh=None)
+    _generate(saved, kind, tmp_path / "two", mesh=mesh)
+    reference, pixels = (np.load(tmp_path / run / "pixels.npy") for run in ("ref", "two"))
+    _assert_close(pixels, reference)
+    if kind == "kontext":
+        assert reference.shape == (32, 32, 3)
+    else:
+        assert reference.shape == (FRAMES, 16, 16, 3)
+        assert read_video(tmp_path / "two" / "out.mp4").shape == (FRAMES, 16, 16, 3)
+
+
+def test_prompts_file_loads_once_and_skips_a_bad_line(saved, tmp_path):
+    """--prompts at tp=2: lines 1 and 3 generate (equal to one process), line 2 is named and skipped, exit 1."""
+    for run in ("ref", "two"):
+        (tmp_path / run).mkdir()
+        lines = [json.dumps({k: v.format(out=tmp_path / run) if k == "output" else v for k, v in line.items()})
+                 for line in LINES]  # fmt: skip
+        (tmp_path / run / "batch.jsonl").write_text("\n".join(lines) + "\n")
+    _generate(saved, "wan", tmp_path / "ref", mesh=None, extra=["--prompts", str(tmp_path / "ref" / "batch.jsonl")])
+    stderr = _generate(
+        saved, "wan", tmp_path / "two", mesh=[], extra=["--prompts", str(tmp_path / "two" / "batch.jsonl")]
+    )
+    assert "line 2: frames 4 is not 2k + 1" in stderr, stderr[-2000:]
+    for run in ("ref", "two"):
+        assert read_video(tmp_path / run / "cat.mp4").shape == (FRAMES, 16, 16, 3)
+        assert read_video(tmp_path / run / "out-3.mp4").shape == (FRAMES, 16, 16, 3)
+        assert not (tmp_path / run / "out-2.mp4").exists()
+    for line in (1, 3):
+        _assert_close(
+            np.load(tmp_path / "two" / f"pixels-{line}.npy"), np.load(tmp_path / "ref" / f"pixels-{line}.npy")
+        )

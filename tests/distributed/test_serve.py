@@ -1,0 +1,192 @@
+"""`dtp serve` as a user runs it: `torchrun --nproc-per-node 2` on the tiny FLUX.1 checkpoint with a LoRA loaded
+under a name, real sockets, a real HTTP client (httpx), nothing mocked.
+
+One server for the module (started through `serve_fault.py`, which plants a failure in rank 1's VAE decode for
+48 x 48 requests only); references from the one-process `dtp run --prompts` in this process (the model loaded
+once). PNGs are compared as decoded pixels: within 1/255 (measured: 0 or 1/255 where fp32 rounding flips a level).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from lora_cases import random_lora
+from PIL import Image
+from safetensors.torch import save_file
+
+from dtp.families.pipelines import tiny_checkpoint
+from dtp.testing.tiny import tiny_model
+from dtp.tools.cli import main
+
+FAULT = Path(__file__).resolve().parent / "serve_fault.py"
+SIZE, FAIL_SIZE, STEPS = 32, 48, 2
+REQUESTS = [{"prompt": f"a cat number {i % 3}", "seed": i, "size": f"{SIZE}x{SIZE}", "num_inference_steps": STEPS}
+            for i in range(10)]  # fmt: skip
+ONE_LEVEL = 1 / 255
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    lora = root / "style.safetensors"
+    save_file(random_lora(tiny_model("FluxTransformer2DModel"), seed=10), str(lora))
+    return tiny_checkpoint("flux", root=root), lora, root
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    model_dir, lora, root = checkpoint
+    port = free_port()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(FAULT)]
+    command += ["serve", "--model-dir", str(model_dir), "--port", str(port), "--dtype", "fp32"]
+    command += ["--lora", f"style={lora}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DTP_TEST_FAIL_RANK": "1", "DTP_TEST_FAIL_SIZE": str(FAIL_SIZE)}
+    log = open(root / "server.log", "w")  # noqa: SIM115 - open for the module's life
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
+    _wait_healthy(client, process, root / "server.log")
+    yield process, client, root / "server.log"
+    client.close()
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    log.close()
+
+
+def _wait_healthy(client, process, log: Path) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()[-3000:]
+        try:
+            if client.get("/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    raise AssertionError("the server did not become healthy in 300 s")
+
+
+def _pixels(png_b64: str) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(png_b64))).convert("RGB"), dtype=np.float64) / 255
+
+
+def _references(checkpoint, lines: list[dict], *flags) -> list[np.ndarray]:
+    """The one-process `dtp run --prompts` of `lines` (JSONL names), in this process; the PNGs it writes."""
+    model_dir, _, root = checkpoint
+    folder = Path(root) / f"ref{len(list(Path(root).glob('ref*')))}"
+    folder.mkdir()
+    (folder / "batch.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    argv = ["run", "--model-dir", str(model_dir), "--prompts", str(folder / "batch.jsonl"), "--dtype", "fp32"]
+    assert main([*argv, "--output", str(folder / "ref.png"), *flags]) == 0
+    return [np.asarray(Image.open(folder / f"ref-{n}.png"), dtype=np.float64) / 255 for n in range(1, len(lines) + 1)]
+
+
+def _as_line(body: dict) -> dict:
+    return {"prompt": body["prompt"], "seed": body["seed"], "size": body["size"], "steps": body["num_inference_steps"]}
+
+
+def test_health_and_models(server):
+    _, client, _ = server
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["loaded"] is True
+    models = client.get("/v1/models").json()["data"]
+    assert [(m["kind"], m["loras"]) for m in models] == [("image", ["style"])]
+
+
+def test_ten_requests_from_four_threads_equal_dtp_run(server, checkpoint):
+    """All 200; each PNG equals the one-process `dtp run` of its prompt and seed (the LoRA at its loaded weight)."""
+    _, client, _ = server
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda body: client.post("/v1/images/generations", json=body), REQUESTS))
+    assert [a.status_code for a in answers] == [200] * len(REQUESTS), [a.text[:200] for a in answers]
+    _, lora, _ = checkpoint
+    references = _references(checkpoint, [_as_line(b) for b in REQUESTS], "--lora", f"style={lora}")
+    for answer, reference in zip(answers, references, strict=True):
+        data = answer.json()
+        assert data["output_format"] == "png" and len(data["data"]) == 1
+        assert np.abs(_pixels(data["data"][0]["b64_json"]) - reference).max() <= ONE_LEVEL + 1e-9
+
+
+def test_a_request_chooses_its_lora_weight(server, checkpoint):
+    """{"lora": {"style": 0.3}} equals `dtp run --lora style=... --lora-scale 0.3`, and differs from the default."""
+    _, client, _ = server
+    body = {**REQUESTS[0], "lora": {"style": 0.3}}
+    answer = client.post("/v1/images/generations", json=body)
+    assert answer.status_code == 200, answer.text
+    _, lora, _ = checkpoint
+    (reference,) = _references(checkpoint, [_as_line(body)], "--lora", f"style={lora}", "--lora-scale", "0.3")
+    pixels = _pixels(answer.json()["data"][0]["b64_json"])
+    assert np.abs(pixels - reference).max() <= ONE_LEVEL + 1e-9
+    default = _pixels(client.post("/v1/images/generations", json=REQUESTS[0]).json()["data"][0]["b64_json"])
+    assert np.abs(pixels - default).mean() > 10 * ONE_LEVEL  # the weight really changed the image
+
+
+BAD = {
+    "not JSON": b"{prompt: a cat",
+    "not an object": b'["a cat"]',
+    "no prompt": b'{"seed": 1}',
+    "prompt not a string": b'{"prompt": 7}',
+    "unknown field": b'{"prompt": "a cat", "colour": "red"}',
+    "size not WxH": b'{"prompt": "a cat", "size": "big"}',
+    "size the pipeline cannot take": b'{"prompt": "a cat", "size": "33x32"}',
+    "unknown LoRA": b'{"prompt": "a cat", "lora": {"nope": 1}}',
+    "frames for an image pipeline": b'{"prompt": "a cat", "num_frames": 5}',
+    "image not base64": b'{"prompt": "a cat", "image": "%%%"}',
+    "url response format": b'{"prompt": "a cat", "response_format": "url"}',
+    "negative steps": b'{"prompt": "a cat", "num_inference_steps": -1}',
+}
+
+
+def test_bad_requests_get_4xx_with_a_json_error_and_the_server_goes_on(server):
+    _, client, _ = server
+    for name, body in BAD.items():
+        answer = client.post("/v1/images/generations", content=body, headers={"content-type": "application/json"})
+        assert 400 <= answer.status_code < 500, (name, answer.status_code, answer.text)
+        assert isinstance(answer.json()["error"]["message"], str), name
+    assert client.post("/v1/images/generations", json=REQUESTS[1]).status_code == 200
+
+
+def test_a_client_that_leaves_does_not_stall_the_ranks(server):
+    _, client, _ = server
+    with pytest.raises(httpx.TimeoutException):
+        client.post("/v1/images/generations", json=REQUESTS[2], timeout=0.05)
+    assert client.post("/v1/images/generations", json=REQUESTS[3]).status_code == 200
+
+
+def test_a_failure_on_one_rank_is_one_500_and_the_next_request_runs(server):
+    _, client, log = server
+    failing = {**REQUESTS[0], "size": f"{FAIL_SIZE}x{FAIL_SIZE}"}
+    answer = client.post("/v1/images/generations", json=failing)
+    assert answer.status_code == 500, answer.text
+    assert "rank 1: RuntimeError: planted failure" in answer.json()["error"]["message"]
+    assert "rank 0" not in answer.json()["error"]["message"]  # rank 0 generated; only rank 1 failed
+    assert client.post("/v1/images/generations", json=REQUESTS[4]).status_code == 200
+    assert "failed" in log.read_text() and client.get("/health").json()["failed"] >= 1
+
+
+def test_sigterm_ends_every_rank(server):
+    """Last in the module: SIGTERM to torchrun ends the launcher and both ranks within 20 s."""
+    process, _, log = server
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=20)
+    assert log.read_text().count("stopped") == 2, log.read_text()[-2000:]
+    left = subprocess.run(["pgrep", "-s", str(process.pid)], capture_output=True, text=True).stdout.split()
+    assert left == [], left
