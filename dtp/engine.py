@@ -25,7 +25,7 @@ module's style for its torch ParallelStyle.
   6. the `cp` section, when the mesh's `cp` axis is > 1: sites, pluggable attention, Ulysses heads
      (padded heads are multiples of tp * cp under Ulysses, so they divide);
   7. the device: of the mesh's device type; with a `cfg` axis > 1, the model can run on the cfg groups
-     (`runtime/cfg`: no stateful diffusers hooks);
+     (`runtime/cfg`); a diffusers cache already enabled runs exactly on this mesh (`cache/kinds.py`);
   8. the ranks agree (`runtime/agree.py`): every rank of the mesh fingerprints what must be the same
      everywhere (the resolved plan, tp, cp, options, the model's class, structure, parameter names,
      shapes and dtypes, adapters, the dtp/torch/model-library versions) and one all_gather of a
@@ -45,6 +45,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
+from .cache import attach as attach_cache
+from .cache import check_cache
 from .plan import Plan, plan_for
 from .policy import check_cp_mode
 from .quant import check_quantized
@@ -152,6 +154,7 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
         check_device(parallelism.device, parallelism.tp_mesh)
     if parallelism.cfg > 1:
         check_cfg(model, parallelism.mesh)
+    check_cache(model, parallelism.mesh)
     return Prepared(resolved, cp_resolved, parallelism, padding)
 
 
@@ -184,6 +187,7 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
         apply_cp(model, prepared.cp_resolved, prepared.parallelism.cp_mesh, prepared.cp_mode)
     if prepared.parallelism.cfg > 1:
         install_cfg(model, prepared.mesh)  # each call's branches over the cfg groups (runtime/cfg)
+    attach_cache(model, prepared.mesh)  # enable_cache through dtp: checked, rank-consistent (dtp/cache)
     return model
 
 
