@@ -89,7 +89,8 @@ def refusal(config, degrees: dict[str, int]) -> str | None:
     kind = kind_of(config)
     for axis, why in kind.refused:
         if degrees.get(axis, 1) > 1:
-            return f"{type(config).__name__} ({kind.name}) on {axis}={degrees[axis]}: {why}. Use {axis}=1 or another cache."
+            what = f"{type(config).__name__} ({kind.name}) on {axis}={degrees[axis]}"
+            return f"{what}: {why}. Use {axis}=1 or another cache."
     return None
 
 

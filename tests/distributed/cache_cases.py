@@ -48,7 +48,11 @@ def bodies():
     from diffusers.models.transformers import transformer_flux as flux
 
     counts = Counter()
-    classes = {flux.FluxTransformerBlock: "block", flux.FluxSingleTransformerBlock: "block", flux.FluxAttention: "attention"}
+    classes = {
+        flux.FluxTransformerBlock: "block",
+        flux.FluxSingleTransformerBlock: "block",
+        flux.FluxAttention: "attention",
+    }
     originals = {cls: cls.forward for cls in classes}
 
     def counting(cls, key):
@@ -71,7 +75,11 @@ def bodies():
 def generate(pipe) -> np.ndarray:
     pipe.set_progress_bar_config(disable=True)
     out = pipe(
-        prompt=PROMPT, num_inference_steps=STEPS, generator=torch.Generator("cpu").manual_seed(0), output_type="np", **CALL
+        prompt=PROMPT,
+        num_inference_steps=STEPS,
+        generator=torch.Generator("cpu").manual_seed(0),
+        output_type="np",
+        **CALL,
     )
     return np.asarray(out.images, dtype=np.float32)
 

@@ -109,9 +109,10 @@ class CfgParallel:
         found = unvouched(self.model) if self.model is not None else []
         if found:
             raise ForwardError(
-                f"cfg={self.groups}: stateful diffusers hooks dtp did not make rank-consistent ({', '.join(found[:3])}):"
-                " a cache added behind dtp would see the other branch's calls on cfg group 1. Enable caches with "
-                "model.enable_cache(config) on the sharded model (it goes through dtp.cache), not diffusers' apply_*."
+                f"cfg={self.groups}: stateful diffusers hooks dtp did not make rank-consistent "
+                f"({', '.join(found[:3])}): a cache added behind dtp would see the other branch's calls on cfg "
+                "group 1. Enable caches with model.enable_cache(config) on the sharded model (it goes through "
+                "dtp.cache), not diffusers' apply_* functions."
             )
 
     def _learn(self, arguments: dict) -> dict | None:
