@@ -123,6 +123,7 @@ def rank_job(rank: int, world: int, runs: list[tuple[str, str, bool]]) -> dict:
         dims, mode = MESHES[key]
         out[(key, name, before)] = cached_run(name, dtp.make_mesh(**dims), before, mode)
     out["split"] = cached_run("fbc", dtp.make_mesh(cp=2), threshold=SPLIT_THRESHOLD)  # the control, metric global
+    out["behind dtp"] = behind_dtp()
     real = scope.DecisionScope.split_groups
     scope.DecisionScope.split_groups = lambda self: []  # each rank's metric over its own tokens only
     try:
@@ -130,3 +131,24 @@ def rank_job(rank: int, world: int, runs: list[tuple[str, str, bool]]) -> dict:
     finally:
         scope.DecisionScope.split_groups = real
     return out
+
+
+def behind_dtp() -> dict:
+    """diffusers' apply_first_block_cache called directly on sharded transformers (cp=2, then cfg=2): the error
+    each raises on its first forward, before anything runs."""
+    from diffusers.hooks import FirstBlockCacheConfig, apply_first_block_cache
+
+    import dtp
+    from dtp.families.pipelines import tiny_flux_pipeline
+
+    errors = {}
+    for key in ("cp=2", "cfg=2"):
+        pipe = tiny_flux_pipeline()
+        dtp.parallelize(pipe.transformer, dtp.make_mesh(**MESHES[key][0]))
+        apply_first_block_cache(pipe.transformer, FirstBlockCacheConfig(threshold=FBC_THRESHOLD))
+        try:
+            generate(pipe)
+            errors[key] = None
+        except dtp.ForwardError as error:
+            errors[key] = str(error)
+    return errors
