@@ -34,6 +34,7 @@ DEFAULT_TIMEOUT_S = 600  # dtp.tools.run.DEFAULT_TIMEOUT_S
 DEFAULT_TOL = 1e-5  # dtp.analysis.verify.DEFAULT_TOL
 QUANT_SCHEMES = ("fp8wo", "int8wo")  # dtp check: the weight-only dtp.quant.SCHEMES (fp8 needs a GPU to quantize)
 RUN_QUANT_SCHEMES = ("fp8", "fp8wo", "int8wo")  # sorted(dtp.quant.SCHEMES)
+CACHE_NAMES = ("fbc", "taylorseer", "pab", "faster", "mag", "sea")  # dtp.cache.CACHE_NAMES
 FIT_TABLE_ROWS = 20  # dtp.tools.fit.TABLE_ROWS
 HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090")  # dtp.fit.hardware.HARDWARE
 DEFAULT_TEXT_TOKENS = 512  # dtp.analysis.check.DEFAULT_TEXT_TOKENS
@@ -133,6 +134,16 @@ def _run(sub, common) -> None:
         default=None,
         help="quantize the transformer's Linears with torchao while loading (int8 / float8 weight-only, fp8: float8 "
         "weights and activations, CUDA capability >= 8.9 and --dtype bf16); text encoders stay unquantized",
+    )
+    p.add_argument(
+        "--cache",
+        choices=CACHE_NAMES,
+        default=None,
+        help="a diffusers step cache on the transformer, made rank-consistent by dtp (docs/cache.md); refused with "
+        "the reason on a mesh axis where it is not exact",
+    )
+    p.add_argument(
+        "--cache-threshold", type=float, default=None, help="the threshold of --cache fbc, mag or sea (default: theirs)"
     )
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the pipeline's)")
     p.add_argument("--height", type=int, default=None)

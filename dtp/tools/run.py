@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..adapters import load_lora_weights
+from ..cache import apply_cache
 from ..errors import PlanError
 from ..pipeline import WHOLE, check_pipeline_files, load_pipeline, transformer_class
 from ..pipeline.load import transformers_components
@@ -55,6 +56,7 @@ def run(args) -> int:
         check_pipeline_files(args.model_dir, dtype)
         pipe = load_pipeline(args.model_dir, torch_dtype=dtype, device=device, quantization_config=_quant(args))
         add_lora(pipe, args.lora, args.lora_scale, sharded=False)
+        add_cache(pipe, args)
         if args.offload_text_encoders:
             offload_text_encoders(pipe)
         _generate_and_save(pipe, args, distributed=False)
@@ -84,6 +86,7 @@ def _run_sharded(args, device: torch.device, progress: Progress) -> None:
         quantization_config=_quant(args),
     )
     add_lora(pipe, args.lora, args.lora_scale, sharded=True)
+    add_cache(pipe, args)
     if args.offload_text_encoders:
         offload_text_encoders(pipe)
     pipe.set_progress_bar_config(disable=dist.get_rank() != 0)  # one progress bar, not one per rank
@@ -168,6 +171,12 @@ def add_lora(pipe, lora, scale: float, *, sharded: bool) -> None:
     else:
         pipe.load_lora_weights(lora, adapter_name=LORA_ADAPTER)
     pipe.transformer.set_adapters(LORA_ADAPTER, weights=scale)
+
+
+def add_cache(pipe, args) -> None:
+    """`--cache NAME [--cache-threshold X]` on the transformer (through dtp.cache when it is sharded)."""
+    if getattr(args, "cache", None) is not None:
+        apply_cache(pipe, args.cache, getattr(args, "cache_threshold", None), steps=args.steps)
 
 
 def offload_text_encoders(pipe) -> None:

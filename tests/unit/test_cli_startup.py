@@ -9,6 +9,7 @@ from pathlib import Path
 from dtp import policy
 from dtp.analysis import check, verify
 from dtp.analysis.released import RELEASED_PIPELINES
+from dtp.cache import names as cache_names
 from dtp.families.pipelines import CHECKPOINTS
 from dtp.fit.hardware import HARDWARE
 from dtp.plan import bundled_plan_names
@@ -53,6 +54,7 @@ def test_the_copies_in_the_parsers_equal_their_homes():
     assert set(commands.DEMO_MODELS) == set(CHECKPOINTS)
     assert tuple(HARDWARE) == commands.HARDWARE_NAMES
     assert commands.FIT_TABLE_ROWS == fit_command.TABLE_ROWS
+    assert commands.CACHE_NAMES == cache_names.CACHE_NAMES
 
 
 def test_every_command_has_a_runner():
