@@ -10,13 +10,15 @@ One row per config class diffusers 0.42.1 ships (`diffusers.hooks`), read from i
                                  per attention shared by the cond and uncond calls (the uncond call reuses the
                                  cond call's output), so two-call cfg runs both calls on every cfg group
     MagCacheConfig               skip blocks while the product of calibrated per-step ratios stays close
-                                 to 1: a schedule; calibration measures the ratios (made global over cp)
-    FasterCacheConfig            approximates the unconditional branch from the conditional one inside a
-                                 doubled batch (and its own attention schedule): refused on cp / cfg (below)
-    SeaCacheConfig               refuses DTensor-sharded blocks itself and votes over the default process
-                                 group (every rank of the world, not one forward's ranks): refused on a mesh
+                                 to 1: a schedule, per cache context; calibration measures the ratios (their
+                                 token mean made global over cp)
+    FasterCacheConfig            attention reused on a schedule; with a doubled batch it also skips the
+                                 unconditional half and rebuilds it from the cached one: refused on cfg
+    SeaCacheConfig               sees DTensor parameters and runs fail-open (never skips); its spectral metric
+                                 is per rank and voted over the whole world: refused on every axis
     TextKVCacheConfig            keys cached text K/V by the `data_ptr()` of encoder_hidden_states, which CP
-                                 cuts and the cfg wrapper copies every call: refused on cp / cfg
+                                 cuts and the cfg wrapper copies every call: refused on cp / cfg (and on tp,
+                                 not verified)
 
 `refusal(config, parallelism)` is the one home of these rules; dtp's `enable_cache` and `prepare` ask it.
 """
@@ -44,29 +46,26 @@ KINDS = {
     "FirstBlockCacheConfig": CacheKind("fbc", "first block's residual change (metric reduced over cp, agreed)"),
     "TaylorSeerCacheConfig": CacheKind("taylorseer", "a fixed step schedule (a counter per cache context)"),
     "PyramidAttentionBroadcastConfig": CacheKind("pab", "a schedule of calls and timesteps (one state per attention)"),
-    "MagCacheConfig": CacheKind(
-        "mag", "calibrated per-step ratios (a schedule); calibration reduced over cp", (("cfg", _UNVERIFIED),)
-    ),
+    "MagCacheConfig": CacheKind("mag", "calibrated per-step ratios (a schedule); calibration reduced over cp"),
     "FasterCacheConfig": CacheKind(
         "faster",
         "a schedule; the uncond branch approximated from the cond one inside a doubled batch",
-        (
-            ("cfg", "it splits the doubled batch into uncond/cond itself and reuses the uncond branch across steps"),
-            ("cp", _UNVERIFIED),
-        ),
+        (("cfg", "it splits the doubled batch into uncond/cond itself and reuses the uncond branch across steps"),),
     ),
     "SeaCacheConfig": CacheKind(
         "sea",
         "a spectral residual metric, voted over the default process group",
-        tuple(
-            (axis, "it refuses DTensor-sharded blocks and votes over the whole world, not one forward's ranks")
-            for axis in ("tp", "cp", "cfg")
+        (
+            ("tp", "it sees DTensor parameters and runs fail-open: nothing is ever skipped"),
+            ("cp", "its metric is computed on each rank's tokens and voted over the whole world"),
+            ("cfg", "its metric is computed on each rank's tokens and voted over the whole world"),
         ),
     ),
     "TextKVCacheConfig": CacheKind(
         "textkv",
         "cached text K/V keyed by encoder_hidden_states.data_ptr()",
         (
+            ("tp", _UNVERIFIED),
             ("cp", "CP cuts encoder_hidden_states into new tensors every call, so the data_ptr key never repeats"),
             ("cfg", "the cfg wrapper copies a predicted call's inputs, so the data_ptr key never repeats"),
         ),

@@ -7,6 +7,7 @@ compute, so a skipped block or attention is not counted; a forward pre-hook woul
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from contextlib import contextmanager
 
@@ -43,19 +44,26 @@ def config(name: str, pipe, threshold: float = FBC_THRESHOLD):
 
 
 @contextmanager
-def bodies():
-    """A Counter of real runs: "block" (either FLUX block class) and "attention" (FluxAttention)."""
+def bodies(model=None):
+    """A Counter of real runs: "block" (a child of the model's block lists) and "attention" (an attention module).
+    Without a model: tiny FLUX.1's classes (patched before the pipeline is built)."""
+    from diffusers.models.attention import AttentionModuleMixin
+    from diffusers.models.attention_processor import Attention
     from diffusers.models.transformers import transformer_flux as flux
 
+    if model is None:
+        classes = {flux.FluxTransformerBlock: "block", flux.FluxSingleTransformerBlock: "block"}
+        classes[flux.FluxAttention] = "attention"
+    else:
+        lists = [m for m in model.children() if isinstance(m, torch.nn.ModuleList)]
+        classes = {type(block): "block" for blocks in lists for block in blocks}
+        kinds = (AttentionModuleMixin, Attention)
+        classes |= {type(m): "attention" for m in model.modules() if isinstance(m, kinds)}
     counts = Counter()
-    classes = {
-        flux.FluxTransformerBlock: "block",
-        flux.FluxSingleTransformerBlock: "block",
-        flux.FluxAttention: "attention",
-    }
     originals = {cls: cls.forward for cls in classes}
 
     def counting(cls, key):
+        @functools.wraps(originals[cls])  # dtp's CP reads block signatures
         def forward(self, *args, **kwargs):
             counts[key] += 1
             return originals[cls](self, *args, **kwargs)
@@ -152,3 +160,95 @@ def behind_dtp() -> dict:
         except dtp.ForwardError as error:
             errors[key] = str(error)
     return errors
+
+
+# ---- other pipelines and caches (priority-2 cases) ----------------------------------------------------------------
+
+
+def pipelines() -> dict:
+    """name -> (builder, call arguments): two-call true CFG (FLUX.1, Qwen-Image, Wan), and Qwen-Image with 2 images
+    per prompt (each call's batch of 2 is split over cfg=2's groups: the batch path)."""
+    from dtp.families.pipelines import tiny_flux_pipeline, tiny_qwenimage_pipeline
+    from dtp.testing.cfg_pipelines import WAN_CALL, tiny_wan_pipeline
+
+    return {
+        "flux": (tiny_flux_pipeline, CALL),
+        "qwenimage": (tiny_qwenimage_pipeline, CALL),
+        "wan": (tiny_wan_pipeline, dict(negative_prompt=NEGATIVE, guidance_scale=5.0, **WAN_CALL)),
+        "qwenimage_batch": (tiny_qwenimage_pipeline, dict(num_images_per_prompt=2, **CALL)),
+    }
+
+
+def any_config(name: str, pipe, **options):
+    """`config` for the first three; MagCache (calibration with `calibrate=True`, else FLUX's ratios), FasterCache."""
+    from diffusers import FasterCacheConfig, MagCacheConfig
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
+
+    if name == "mag":
+        if options.get("calibrate"):
+            return MagCacheConfig(calibrate=True, num_inference_steps=STEPS)
+        return MagCacheConfig(mag_ratios=FLUX_MAG_RATIOS, num_inference_steps=STEPS, threshold=0.3, retention_ratio=0.2)
+    if name == "faster":
+        return FasterCacheConfig(current_timestep_callback=lambda: pipe.current_timestep, is_guidance_distilled=True)
+    return config(name, pipe, **options)
+
+
+@torch.no_grad()
+def pipeline_run(pipeline: str, name: str, mesh=None, cp_mode: str = "ulysses", **options) -> dict:
+    """Pixels and body counts of a tiny pipeline with the cache `name` enabled after sharding (None: one process);
+    with `calibrate`, also MagCache's calibration ratios."""
+    import dtp
+
+    build, call = pipelines()[pipeline]
+    pipe = build()
+    pipe.set_progress_bar_config(disable=True)
+    with bodies(pipe.transformer) as counts:
+        if mesh is not None:
+            dtp.parallelize(pipe.transformer, mesh, cp_mode=cp_mode)
+        cfg = any_config(name, pipe, **options)
+        pipe.transformer.enable_cache(cfg)
+        counts.clear()  # the sharding's own checks may run the blocks (on meta tensors)
+        ratios = _ratios(pipe.transformer) if options.get("calibrate") else None
+        out = pipe(
+            prompt=PROMPT,
+            num_inference_steps=STEPS,
+            generator=torch.Generator("cpu").manual_seed(0),
+            output_type="np",
+            **call,
+        )
+    pixels = out.frames if hasattr(out, "frames") else out.images
+    result = {"pixels": np.asarray(pixels, dtype=np.float32), **counts}
+    if ratios is not None:
+        result["ratios"] = ratios
+    return result
+
+
+def _ratios(model) -> list:
+    """MagCache calibration: the ratios its tail hook appends each step, captured before the run's end clears them."""
+    from diffusers.hooks.mag_cache import MagCacheBlockHook
+
+    seen = []
+    for module in model.modules():
+        for hook in getattr(getattr(module, "_diffusers_hook", None), "hooks", {}).values():
+            if isinstance(hook, MagCacheBlockHook) and hook.is_tail:
+                step = hook._perform_calibration_step
+
+                def recording(state, residual, _step=step, _hook=hook):
+                    _step(state, residual)
+                    seen.append((_hook.state_manager.context.name, state.calibration_ratios[-1]))
+
+                hook._perform_calibration_step = recording
+    return seen
+
+
+def pipeline_job(rank: int, world: int, runs: list) -> dict:
+    """Each (pipeline, cache, mesh key, options) run on its mesh."""
+    import dtp
+
+    out = {}
+    for pipeline, name, key, options in runs:
+        dims, mode = MESHES[key]
+        out[(pipeline, name, key, tuple(options))] = pipeline_run(
+            pipeline, name, dtp.make_mesh(**dims), mode, **dict(options)
+        )
+    return out
