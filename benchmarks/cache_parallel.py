@@ -76,7 +76,10 @@ def one_run(name: str, dims: dict | None, steps: int, counts: Counter) -> dict:
         dtp.parallelize(pipe.transformer, dtp.make_mesh(**dims))
     cache = config(name, pipe, steps)
     if cache is not None:
-        pipe.transformer.enable_cache(cache)
+        try:
+            pipe.transformer.enable_cache(cache)
+        except dtp.PlanError as error:  # a cache dtp refuses on this mesh: the table says so
+            return {"refused": str(error)}
     ends = []
 
     def mark(pipe, step, timestep, kwargs):
@@ -120,6 +123,9 @@ def table(rows: dict, steps: int) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for (mesh, name), ranks in rows.items():
+        if "refused" in ranks[0]:
+            lines.append(f"| {mesh} | {name} | refused: {ranks[0]['refused'].split(': ', 1)[1]} | | | | |")
+            continue
         base = ranks[0]["step_s"] if name == "none" else rows[(mesh, "none")][0]["step_s"]
         blocks = " / ".join(str(r["blocks"]) for r in ranks)
         attentions = " / ".join(str(r["attentions"]) for r in ranks)

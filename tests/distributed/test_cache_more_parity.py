@@ -12,7 +12,7 @@ from dtp.testing.launch import spawn
 from dtp.tools.demo import compare
 
 MEAN_TOL = 1e-6  # measured: <= 1.6e-7 (cp), 0.0 (cfg=2 pair path), 1.4e-7 (cfg=2 batch path)
-RATIO_TOL = 1e-6  # MagCache ratios, dtp's float64 token mean vs diffusers' fp32 one: measured <= 4e-9
+RATIO_TOL = 1e-6  # MagCache ratios, dtp's float64 token mean vs diffusers' fp32 one: measured <= 4.1e-8
 T = (("threshold", 2.0),)  # FirstBlockCache on tiny Qwen-Image / Wan: 14 / 12 of 20 blocks run in one process
 CAL = (("calibrate", True),)
 RUNS = [
