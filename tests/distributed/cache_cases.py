@@ -242,13 +242,21 @@ def _ratios(model) -> list:
 
 
 def pipeline_job(rank: int, world: int, runs: list) -> dict:
-    """Each (pipeline, cache, mesh key, options) run on its mesh."""
+    """Each (pipeline, cache, mesh key, options) run on its mesh; option `per_rank`: the negative control, the
+    decision metrics left over each rank's own tokens (DecisionScope reduces over nothing)."""
     import dtp
+    from dtp.cache import scope
 
-    out = {}
+    out, real = {}, scope.DecisionScope.split_groups
     for pipeline, name, key, options in runs:
         dims, mode = MESHES[key]
-        out[(pipeline, name, key, tuple(options))] = pipeline_run(
-            pipeline, name, dtp.make_mesh(**dims), mode, **dict(options)
-        )
+        given = dict(options)
+        if given.pop("per_rank", False):
+            scope.DecisionScope.split_groups = lambda self: []
+        try:
+            out[(pipeline, name, key, tuple(options))] = pipeline_run(
+                pipeline, name, dtp.make_mesh(**dims), mode, **given
+            )
+        finally:
+            scope.DecisionScope.split_groups = real
     return out

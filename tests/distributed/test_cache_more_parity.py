@@ -30,6 +30,7 @@ RUNS = [
 ]
 STEP0 = {"flux": 8, "qwenimage": 4, "wan": 4}  # blocks of step 0's two calls, run by both cfg groups
 IDS = [f"{p}-{n}-{m}{'-calibrate' if o == CAL else ''}" for p, n, m, o in RUNS]
+PER_RANK = ("flux", "mag", "cp=2", CAL + (("per_rank", True),))  # the negative control, run after RUNS
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def refs():
 
 @pytest.fixture(scope="module")
 def results():
-    return spawn(pipeline_job, 2, RUNS, timeout_s=900)
+    return spawn(pipeline_job, 2, RUNS + [PER_RANK], timeout_s=900)
 
 
 @pytest.mark.parametrize("run", RUNS, ids=IDS)
@@ -80,3 +81,12 @@ def test_magcache_calibration_measures_the_one_process_ratios(results, refs, mes
         expected = ref if mesh == "cp=2" else ref[:2] + [r for r in ref[2:] if r[0] == ("cond", "uncond")[g]]
         assert [c for c, _ in seen] == [c for c, _ in expected]
         assert max(abs(a - b) for (_, a), (_, b) in zip(seen, expected)) <= RATIO_TOL
+
+
+def test_per_rank_calibration_is_not_the_one_process_ratios(results, refs):
+    """Negative control: MagCache's calibration mean over each rank's own tokens at cp=2 misses the one-process
+    ratios by far more than RATIO_TOL (the image is the same: calibration never skips)."""
+    ref = refs[("flux", "mag", CAL)]["ratios"]
+    for rank in results:
+        seen = rank[PER_RANK]["ratios"]
+        assert max(abs(a - b) for (_, a), (_, b) in zip(seen, ref)) > 100 * RATIO_TOL
