@@ -18,6 +18,14 @@ DEMO_MODELS = ("flux", "qwenimage")  # the tiny pipeline checkpoints `dtp demo` 
 DEFAULT_TIMEOUT_S = 600  # a collective's wait: torch's gloo default is 30 min, NCCL's watchdog 10; one value here
 DEFAULT_TOL = 1e-5  # fp32: the house parity bound for a whole tiny model (`dtp verify`)
 QUANT_SCHEMES = ("fp8wo", "int8wo")  # `dtp check`: the weight-only schemes (fp8 needs a GPU to quantize)
+CACHE_NAMES = (
+    "fbc",
+    "taylorseer",
+    "pab",
+    "faster",
+    "mag",
+    "sea",
+)  # the step caches `dtp run --cache` names (dtp.cache)
 RUN_QUANT_SCHEMES = ("fp8", "fp8wo", "int8wo")  # every torchao scheme `dtp run --quant` loads
 FIT_TABLE_ROWS = 20  # `dtp fit` rows printed without --all
 HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090")  # `dtp fit --hardware` presets

@@ -25,7 +25,7 @@ module's style for its torch ParallelStyle.
   6. the `cp` section, when the mesh's `cp` axis is > 1: sites, pluggable attention, Ulysses heads
      (padded heads are multiples of tp * cp under Ulysses, so they divide);
   7. the device: of the mesh's device type; with a `cfg` axis > 1, the model can run on the cfg groups
-     (`runtime/cfg`: no stateful diffusers hooks);
+     (`runtime/cfg`); a diffusers cache already enabled runs exactly on this mesh (`cache/kinds.py`);
   7b. with `fsdp=True`: the mesh has a non-tp axis > 1 (checked building the `Parallelism`), the model is not
      FSDP-sharded already and holds no torchao-quantized weight (`runtime/fsdp.py`);
   8. the ranks agree (`runtime/agree.py`): every rank of the mesh fingerprints what must be the same
@@ -47,6 +47,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
+from .cache import attach as attach_cache
+from .cache import check_cache
 from .plan import Plan, plan_for
 from .policy import check_cp_mode
 from .quant import check_quantized
@@ -167,6 +169,7 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
         check_cfg(model, parallelism.mesh)
     if parallelism.fsdp:
         check_fsdp(model)
+    check_cache(model, parallelism.mesh)
     return Prepared(resolved, cp_resolved, parallelism, padding)
 
 
@@ -192,6 +195,7 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
         apply_cp(model, prepared.cp_resolved, prepared.parallelism.cp_mesh, prepared.cp_mode)
     if prepared.parallelism.cfg > 1:
         install_cfg(model, prepared.mesh)  # each call's branches over the cfg groups (runtime/cfg)
+    attach_cache(model, prepared.mesh)  # enable_cache through dtp: checked, rank-consistent (dtp/cache)
     if prepared.parallelism.fsdp:
         apply_fsdp(model, prepared.parallelism.fsdp_mesh)  # last: it shards what TP left on each rank
     return model

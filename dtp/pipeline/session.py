@@ -46,6 +46,7 @@ class LoadOptions:
     fsdp: bool = False  # weights also sharded over the non-tp axes (FSDP2)
     cache: str | None = None  # a step cache by name (dtp.cache)
     cache_threshold: float | None = None
+    cache_steps: int | None = None  # MagCache's ratios are per step: `dtp run --steps`
     timeout: float = DEFAULT_TIMEOUT_S
 
 
@@ -89,7 +90,7 @@ def open_pipeline(options: LoadOptions, device: torch.device, *, distributed: bo
     if options.cache is not None:
         from ..cache import apply_cache  # the step caches' package, imported only when one is asked for
 
-        apply_cache(pipe, options.cache, options.cache_threshold)
+        apply_cache(pipe, options.cache, options.cache_threshold, steps=options.cache_steps)
     return pipe
 
 

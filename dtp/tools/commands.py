@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..choices import (
+    CACHE_NAMES,
     CHECK_DTYPES,
     CP_MODES,
     DEFAULT_TEXT_TOKENS,
@@ -147,8 +148,16 @@ def _add_weight_options(p: argparse.ArgumentParser) -> None:
         help="quantize the transformer's Linears with torchao while loading (int8 / float8 weight-only, fp8: float8 "
         "weights and activations, CUDA capability >= 8.9 and --dtype bf16); text encoders stay unquantized",
     )
-    p.add_argument("--cache", default=None, metavar="NAME", help="a step cache (dtp.cache) to skip transformer work")
-    p.add_argument("--cache-threshold", type=float, default=None, help="the step cache's threshold (with --cache)")
+    p.add_argument(
+        "--cache",
+        choices=CACHE_NAMES,
+        default=None,
+        help="a diffusers step cache on the transformer, made rank-consistent by dtp (docs/cache.md); refused with "
+        "the reason on a mesh axis where it is not exact",
+    )
+    p.add_argument(
+        "--cache-threshold", type=float, default=None, help="the threshold of --cache fbc, mag or sea (default: theirs)"
+    )
     p.add_argument(
         "--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="auto: bfloat16 on accelerators, float32 on CPU"
     )

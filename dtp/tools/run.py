@@ -91,6 +91,7 @@ def load_options(args) -> LoadOptions:
         fsdp=args.fsdp,
         cache=args.cache,
         cache_threshold=args.cache_threshold,
+        cache_steps=getattr(args, "steps", None),
         timeout=args.timeout,
     )
 

@@ -1,5 +1,5 @@
 """The cfg axis without processes: batch rows, argument splitting and joining, call comparison, the mesh,
-the refusal of stateful hooks, and the wrapper's decisions (with the two collectives stubbed)."""
+the refusal of unknown stateful hooks, and the wrapper's decisions (with the two collectives stubbed)."""
 
 from __future__ import annotations
 
@@ -83,8 +83,12 @@ def test_mesh_axes(fake_world):
 
 
 def test_parallelize_installs_the_wrapper_and_stateful_hooks_are_refused(fake_world):
-    """`dtp.parallelize` on a cfg mesh wraps the forward; a model with a cache hook is refused untouched."""
-    from diffusers.hooks import FirstBlockCacheConfig
+    """`dtp.parallelize` on a cfg mesh wraps the forward; a model with a stateful hook that no cache config accounts
+    for is refused untouched (diffusers' caches are checked per config by dtp.cache: tests/unit/test_cache.py)."""
+    from diffusers.hooks.hooks import HookRegistry, ModelHook
+
+    class Stateful(ModelHook):
+        _is_stateful = True
 
     mesh = dtp.make_mesh(tp=2, cfg=2, device_type="cpu")
     model = dtp.parallelize(tiny_model("FluxTransformer2DModel"), mesh)
@@ -93,9 +97,9 @@ def test_parallelize_installs_the_wrapper_and_stateful_hooks_are_refused(fake_wo
     assert "forward" not in vars(model)
 
     cached = tiny_model("FluxTransformer2DModel")
-    cached.enable_cache(FirstBlockCacheConfig(threshold=0.1))
+    HookRegistry.check_if_exists_or_initialize(cached.transformer_blocks[0]).register_hook(Stateful(), "mine")
     before = {k: v.clone() for k, v in cached.state_dict().items()}
-    with pytest.raises(dtp.PlanError, match="stateful diffusers hooks"):
+    with pytest.raises(dtp.PlanError, match="stateful diffusers hooks.*transformer_blocks.0: mine"):
         dtp.parallelize(cached, mesh)
     assert "forward" not in vars(cached) or not hasattr(cached, CFG_ATTR)
     assert all(torch.equal(v, before[k]) for k, v in cached.state_dict().items())

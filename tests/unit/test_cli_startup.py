@@ -9,6 +9,7 @@ from pathlib import Path
 from dtp import choices, policy
 from dtp.analysis import check, verify
 from dtp.analysis.released import RELEASED_PIPELINES
+from dtp.cache import names as cache_names
 from dtp.families.pipelines import CHECKPOINTS
 from dtp.fit.hardware import HARDWARE
 from dtp.plan import bundled_plan_names
@@ -58,6 +59,7 @@ def test_the_parsers_and_the_library_read_one_home():
     assert tuple(HARDWARE) == choices.HARDWARE_NAMES
     assert tuple(sorted(SCHEMES)) == choices.RUN_QUANT_SCHEMES
     assert set(choices.QUANT_SCHEMES) < set(SCHEMES)
+    assert cache_names.CACHE_NAMES is choices.CACHE_NAMES
 
 
 def test_every_command_has_a_runner():

@@ -25,24 +25,32 @@ three paths, the same on every rank:
 
 A decision that depends on tensor values (hit or not, predict or not) is agreed by one all-reduce of
 two flags over the whole mesh on every pair-or-whole call, so no rank runs a forward its peers skip.
-Stateful diffusers hooks (caches keyed by "cond"/"uncond") are refused: group 1 would run the uncond
-branch inside "cond".
+
+diffusers' cache hooks (`hooks.py`): the pipeline's `cache_context(name)` is recorded as part of each call
+(CONTEXT_KEY), so the prediction learns that the second call runs under "uncond" and group 1 runs it under
+"uncond": each group's per-context cache state sees exactly the calls it sees in one process. A hook that
+shares one state between the branches makes every call run `whole`. Checked on every call, so hooks added
+after the wrapper are seen: one dtp did not vouch for is a ForwardError before anything runs; so is a missed
+prediction while a cache is on (group 1's cache state already took the call that never came).
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 from torch import nn
 
-from ...errors import PlanError
+from ...errors import ForwardError, PlanError
 from ..mesh import CFG_AXIS, cfg_degree
 from .batch import batch_size, join_parts, rows, split_arguments
 from .exchange import agree_min, gather_parts
+from .hooks import SHARED, sharing, unvouched
 from .tree import differences, same, snapshot
 
 CFG_ATTR = "_dtp_cfg"  # on a model with the cfg axis installed: its CfgParallel
+CONTEXT_KEY = "\0cache_context"  # in a call's recorded arguments: the name of its diffusers cache context
 
 
 @dataclass
@@ -73,6 +81,9 @@ class CfgParallel:
     template: dict | None = None  # argument name -> value of the last pair's second call
     last: dict | None = None  # the previous call, when it was not answered by the exchange
     pending: _Pending | None = None
+    model: nn.Module | None = None
+    context: object = None  # the diffusers CacheContext the pipeline set for the current call, if any
+    batch_split: bool = False  # a call's batch is being split over the groups now (read by dtp's cache layer)
 
     @property
     def groups(self) -> int:
@@ -85,11 +96,24 @@ class CfgParallel:
     def __call__(self, *args, **kwargs):
         bound = self.signature.bind(*args, **kwargs)
         arguments = dict(bound.arguments)
+        self._check_hooks()
+        if self.context is not None:
+            arguments[CONTEXT_KEY] = self.context.name
         batch = batch_size(arguments)
         if batch is not None and batch >= self.groups:
             self.pending = self.last = None
             return self._batch(arguments, batch)
         return self._pair_or_whole(arguments)
+
+    def _check_hooks(self) -> None:
+        found = unvouched(self.model) if self.model is not None else []
+        if found:
+            raise ForwardError(
+                f"cfg={self.groups}: stateful diffusers hooks dtp did not make rank-consistent "
+                f"({', '.join(found[:3])}): a cache added behind dtp would see the other branch's calls on cfg "
+                "group 1. Enable caches with model.enable_cache(config) on the sharded model (it goes through "
+                "dtp.cache), not diffusers' apply_* functions."
+            )
 
     def _learn(self, arguments: dict) -> dict | None:
         """The prediction template after this call (when it is not a hit).
@@ -106,14 +130,35 @@ class CfgParallel:
         return None if self.pending is not None else self.template
 
     def _call(self, arguments: dict):
+        arguments = dict(arguments)
+        name = arguments.pop(CONTEXT_KEY, None)
         bound = self.signature.bind_partial()
         bound.arguments.update(arguments)
-        return self.forward(*bound.args, **bound.kwargs)
+        with self._context_named(name):
+            return self.forward(*bound.args, **bound.kwargs)
+
+    @contextmanager
+    def _context_named(self, name):
+        """Run under the cache context `name` (the current one with its name changed), then restore the current."""
+        if name is None or self.context is None or name == self.context.name:
+            yield
+            return
+        from diffusers.hooks.hooks import _set_cache_context
+
+        _set_cache_context(self.model, replace(self.context, name=name))
+        try:
+            yield
+        finally:
+            _set_cache_context(self.model, self.context)
 
     def _batch(self, arguments: dict, batch: int):
         self.stats.batch += 1
         start, stop = rows(batch, self.groups, self.group)
-        output = self._call(split_arguments(arguments, batch, start, stop))
+        self.batch_split = True
+        try:
+            output = self._call(split_arguments(arguments, batch, start, stop))
+        finally:
+            self.batch_split = False
         sizes = [rows(batch, self.groups, g)[1] - rows(batch, self.groups, g)[0] for g in range(self.groups)]
         return join_parts(gather_parts(output, self.mesh[CFG_AXIS].get_group()), sizes)
 
@@ -122,6 +167,8 @@ class CfgParallel:
         template = self._learn(arguments)
         predicted = {**arguments, **template} if template else None
         predict = predicted is not None and not same(predicted, arguments)
+        cached = sharing(self.model) if self.model is not None else None
+        predict = predict and cached != SHARED  # a state shared by the branches needs both calls on every group
         # Always agreed (not only when this rank sees a reason to): a decision read from tensor values must
         # never let one rank skip a collective its peers enter.
         hit, predict = (bool(v) for v in agree_min([int(hit), int(predict)], self.mesh))
@@ -129,6 +176,11 @@ class CfgParallel:
             self.stats.hits += 1
             output, self.pending, self.last = self.pending.output, None, None
             return output
+        if self.pending is not None and cached is not None:
+            raise ForwardError(
+                f"cfg={self.groups}: a cache is on and this call is not the predicted second call of the pair, "
+                "whose cache state cfg group 1 has already advanced; this pipeline's calls need cfg=1 with a cache."
+            )
         self.template, self.last, self.pending = snapshot(template), snapshot(arguments), None
         if not predict:
             self.stats.whole += 1
@@ -151,32 +203,45 @@ def install_cfg(model: nn.Module, mesh) -> CfgParallel:
         return existing
     check_cfg(model, mesh)
     forward = model.forward
-    wrapper = CfgParallel(forward, mesh, inspect.signature(forward))
+    wrapper = CfgParallel(forward, mesh, inspect.signature(forward), model=model)
     model.forward = wrapper
+    if hasattr(model, "cache_context"):  # diffusers' CacheMixin: record the context of each call
+        model.cache_context = _recording_context(model, wrapper)
     setattr(model, CFG_ATTR, wrapper)
     return wrapper
 
 
+def _recording_context(model: nn.Module, wrapper: CfgParallel):
+    """`model.cache_context` that also tells the wrapper which context the pipeline's current call runs in."""
+    own = type(model).cache_context
+
+    @contextmanager
+    def cache_context(name: str, **kwargs):
+        from diffusers.hooks.hooks import CacheContext
+
+        with own(model, name, **kwargs):
+            wrapper.context = CacheContext(name, **kwargs)
+            try:
+                yield
+            finally:
+                wrapper.context = None
+
+    return cache_context
+
+
 def remove_cfg(model: nn.Module) -> None:
-    """Undo `install_cfg`: the model's own forward again."""
+    """Undo `install_cfg`: the model's own forward (and cache_context) again."""
     if getattr(model, CFG_ATTR, None) is not None:
         del model.forward
+        vars(model).pop("cache_context", None)
         delattr(model, CFG_ATTR)
 
 
 def check_cfg(model: nn.Module, mesh) -> None:
-    """PlanError (nothing changed) when `model` cannot run on the mesh's cfg groups exactly."""
+    """PlanError (nothing changed) when `model` cannot run on the mesh's cfg groups exactly.
+
+    diffusers' cache hooks are checked by `dtp.cache` (which caches run on which axes) and, as they run,
+    by the wrapper (hooks dtp did not vouch for).
+    """
     if cfg_degree(mesh) == 1:
         raise PlanError("install_cfg: the mesh has no cfg axis > 1; build it with dtp.make_mesh(..., cfg=2).")
-    stateful = sorted(
-        f"{path or '<model>'}: {name}"
-        for path, module in model.named_modules()
-        for name, hook in getattr(getattr(module, "_diffusers_hook", None), "hooks", {}).items()
-        if getattr(hook, "_is_stateful", False)
-    )
-    if stateful:
-        raise PlanError(
-            f"cfg={cfg_degree(mesh)}: {type(model).__name__} has stateful diffusers hooks ({', '.join(stateful[:3])}): "
-            "a cache keyed by the 'cond'/'uncond' call would see the other branch's inputs on cfg group 1. Remove "
-            "the cache (model.disable_cache()) or build the mesh with cfg=1."
-        )

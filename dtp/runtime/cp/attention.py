@@ -32,6 +32,7 @@ from torch import nn
 
 from ...errors import ForwardError
 from ...resolve.binding.cp import DISPATCH_NAME, attention_routes, processor_module
+from ..probe import body_runs
 from .adapters import install_adapter
 from .masks import split_mask
 from .ring import ring_attention
@@ -107,6 +108,7 @@ class _Scope:
 
     A module that finishes without calling the dispatcher or SDPA (e.g. a processor with its own
     attention math) attended over its local tokens only, a silently wrong result: that is a ForwardError.
+    A module whose own forward did not run (a diffusers cache answered the call: `runtime/probe.py`) is not.
     """
 
     def __init__(self, path: str, attention, sdpa: bool = True):
@@ -117,6 +119,7 @@ class _Scope:
         self.calls = 0
         self.busy = False  # CP attention is running: SDPA calls it makes on whole sequences pass through
         self.modes = []
+        self.runs = None  # the module's probed real runs when it was entered (None: not probed)
 
     def route(self, original, args: dict):
         """Run CP attention for one attention call (from either route)."""
@@ -129,6 +132,7 @@ class _Scope:
 
     def enter(self, module, args):
         self.calls = 0
+        self.runs = body_runs(module)
         _ACTIVE.append(self)
         if self.sdpa:
             mode = SdpaRoute(self)
@@ -139,7 +143,8 @@ class _Scope:
         if self.sdpa:
             self.modes.pop().__exit__(None, None, None)
         _ACTIVE.pop()
-        if self.calls == 0 and output is not None:  # output None: the forward raised; keep its error
+        skipped = self.runs is not None and body_runs(module) == self.runs  # a cache answered the call
+        if self.calls == 0 and output is not None and not skipped:  # output None: the forward raised
             raise ForwardError(
                 f"attention '{self.path}' ({type(module.processor).__name__}) ran without calling "
                 f"dispatch_attention_fn or F.scaled_dot_product_attention, so it attended over this rank's "

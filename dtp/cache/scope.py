@@ -1,0 +1,70 @@
+"""The ranks one cache decision is made over, and the two collectives that make it rank-consistent.
+
+A cache hook decides per call from a tensor (FirstBlockCache: the first block's residual change,
+`mean|r - r_prev| / mean|r_prev|`). In one process the tensor is whole; on a mesh it is cut:
+
+    cp axis         each rank holds a slice of the sequence        -> reduce the sums over `cp`
+    cfg axis, batch each cfg group holds rows of a doubled batch   -> reduce the sums over `cfg` too
+    cfg axis, pair  each group runs a whole call of its own branch -> nothing to reduce over `cfg`
+    tp axis         activations are replicated                     -> nothing to reduce
+
+A global mean is then sum(local sums) / sum(local counts), the value the one-process hook computes
+(up to the order of the additions). Whatever the metric, the decision itself is agreed last over every
+rank that runs the same forward (`agree_any`: compute when any rank would), so no rank can skip a block
+whose collectives its peers enter, whatever the metric's numerics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..runtime.cfg import CFG_ATTR
+from ..runtime.mesh import CFG_AXIS, CP_AXIS, TP_AXIS
+
+
+@dataclass(frozen=True)
+class DecisionScope:
+    """The mesh of one sharded model, and the model (its cfg wrapper says whether a batch is being split).
+
+    split_cp: reduce metrics over the `cp` axis (False only in the negative control of the tests).
+    """
+
+    mesh: object
+    model: object
+    split_cp: bool = True
+
+    def _axes(self, names) -> list:
+        present = self.mesh.mesh_dim_names or ()
+        return [self.mesh[name].get_group() for name in names if name in present and self.mesh[name].size() > 1]
+
+    def _batch_split(self) -> bool:
+        wrapper = getattr(self.model, CFG_ATTR, None)
+        return wrapper is not None and wrapper.batch_split
+
+    def split_groups(self) -> list:
+        """The groups over which the tensor of this call is cut (see the module docstring)."""
+        names = ([CP_AXIS] if self.split_cp else []) + ([CFG_AXIS] if self._batch_split() else [])
+        return self._axes(names)
+
+    def forward_groups(self) -> list:
+        """The groups whose ranks all run this call's forward (and its collectives) together."""
+        return self._axes([CP_AXIS, TP_AXIS] + ([CFG_AXIS] if self._batch_split() else []))
+
+    def means(self, *tensors: torch.Tensor) -> list[float]:
+        """The mean of each tensor over its whole (uncut) extent, the same float on every rank."""
+        sums = torch.stack([t.detach().double().sum() for t in tensors])
+        counts = torch.tensor([float(t.numel()) for t in tensors], dtype=torch.float64, device=sums.device)
+        totals = torch.cat([sums, counts])
+        for group in self.split_groups():
+            dist.all_reduce(totals, group=group)
+        return (totals[: len(tensors)] / totals[len(tensors) :]).tolist()
+
+    def agree_any(self, flag: bool, device) -> bool:
+        """True on every rank of the forward when it is True on any of them."""
+        value = torch.tensor([int(flag)], dtype=torch.int64, device=device)
+        for group in self.forward_groups():
+            dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+        return bool(value.item())
