@@ -1,6 +1,7 @@
 """FSDP (fsdp=True) on gloo: per-rank weights and peak, step time, and the tp=1 forward against diffusers'.
 
-    python benchmarks/fsdp.py            # ~4 min on 2 cores; writes benchmarks/results/fsdp.md
+    python benchmarks/fsdp.py            # ~5 min on 2 cores; writes benchmarks/results/fsdp.md
+    python benchmarks/fsdp.py --fit      # the full-size `dtp fit` figures of issue 33 (~5 min): fsdp_fit.md
 
 A medium FLUX.1 transformer (width 256, 2 double + 6 single blocks: blocks are most of the weights, as at full
 size), fp32, CPU, 2 or 4 gloo processes:
@@ -37,6 +38,13 @@ CONFIG = dict(
 MESHES = {"cp=2": (2, dict(cp=2)), "cp=2 x tp=2": (4, dict(cp=2, tp=2)), "cfg=2": (2, dict(cfg=2))}
 REPEATS, FORWARD_REPEATS = 5, 7
 RESULT = Path(__file__).parent / "results" / "fsdp.md"
+FIT_RESULT = Path(__file__).parent / "results" / "fsdp_fit.md"
+FIT_CASES = {
+    "flux-pipeline 8 x H100 80GB 2048^2": dict(pipeline="flux-pipeline", gpus=8, gpu_memory="80GB", resolution=2048),
+    "wan-pipeline 4 x RTX 4090 24GB 720x1280x81": dict(
+        pipeline="wan-pipeline", gpus=4, gpu_memory="24GB", height=720, width=1280, frames=81, hardware="RTX 4090"
+    ),
+}
 
 
 def model():
@@ -136,5 +144,35 @@ def main() -> int:
     return 0
 
 
+def _row(r: dict) -> str:
+    mesh = f"cfg={r['cfg']} cp={r['cp']} tp={r['tp']} {r['cp_mode'] or ''}"
+    options = f"fsdp={r['fsdp']} text={r['text_encoders']} quant={r['quant']}"
+    return f"| {mesh} | {options} | {r['step_seconds']:.4f} | {r['peak_bytes'] / 1e9:.2f} |"
+
+
+def fit_figures() -> int:
+    """Issue 33's fit criteria: FLUX.1's first row against one GPU's peak / 8; Wan's fastest bf16 row."""
+    import dtp
+
+    lines = ["# fsdp in `dtp fit` (benchmarks/fsdp.py --fit)", ""]
+    for title, kwargs in FIT_CASES.items():
+        rows = [r for r in dtp.fit(**kwargs)["rows"] if r["fits"]]
+        lines += [f"## {title}", "", "| mesh | options | s/step | peak GB |", "|---|---|---|---|"]
+        lines += [_row(r) for r in rows[:4]]
+        bf16 = next(r for r in rows if r["quant"] is None)
+        lines.append(f"\nfastest bf16 / fastest: {bf16['step_seconds'] / rows[0]['step_seconds']:.3f} (target <= 1.02)")
+        if kwargs["pipeline"] == "flux-pipeline":
+            one = min(
+                r["peak_bytes"] for r in dtp.fit(**{**kwargs, "gpus": 1})["rows"] if r["text_encoders"] == "whole"
+            )
+            ratio = rows[0]["peak_bytes"] / (one / kwargs["gpus"])
+            lines.append(f"first row's peak / (one GPU's peak {one / 1e9:.2f} GB / 8): {ratio:.2f} (target <= 1.15)")
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    FIT_RESULT.write_text(text)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fit_figures() if "--fit" in sys.argv else main())

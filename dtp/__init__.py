@@ -36,6 +36,7 @@ _EXPORTS = {
     "quantize": ".quant",
     "Layout": ".resolve",
     "make_mesh": ".runtime.mesh",
+    "Parallelism": ".runtime.parallelism",
     "suggest_plan": ".analysis.suggest",
     "verify": ".analysis.verify",
 }
@@ -69,6 +70,7 @@ sys.modules[__name__].__class__ = _Facade
 __all__ = [
     "ForwardError",
     "Layout",
+    "Parallelism",
     "Plan",
     "PlanError",
     "Prepared",

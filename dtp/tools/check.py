@@ -106,6 +106,12 @@ def add_fsdp(report: dict, args) -> None:
         report["fsdp_per_rank_bytes"] = -(-report["per_rank_bytes"] // ranks)
 
 
+def _fsdp_lines(r: dict) -> list[str]:
+    if "fsdp" not in r:
+        return []
+    return [f"  with --fsdp (at rest){'':11} {_gb(r['fsdp_per_rank_bytes'])}  (over {r['fsdp']} cfg x cp ranks)"]
+
+
 def format_report(r: dict) -> str:
     lines = [
         f"dtp check: {r['model']}, plan {r['plan']}, tp={r['tp']} cp={r['cp']} "
@@ -114,14 +120,7 @@ def format_report(r: dict) -> str:
         + (f", every Linear quantized {r['quant']} (data + scales)" if r.get("quant") else ""),
         f"  total parameters     {r['params'] / 1e9:10.3f} B  {_gb(r['total_bytes'])}",
         f"  per-rank bytes       {'':12} {_gb(r['per_rank_bytes'])}",
-        *(
-            [
-                f"  with --fsdp (at rest){'':11} {_gb(r['fsdp_per_rank_bytes'])}  "
-                f"(divided over {r['fsdp']} cfg x cp ranks)"
-            ]
-            if "fsdp" in r
-            else []
-        ),
+        *_fsdp_lines(r),
         f"  ideal total/tp       {'':12} {_gb(r['ideal_bytes'])}",
         f"  ratio per-rank/ideal {r['ratio']:10.3f}",
         f"  supported tp         {_degrees(r['candidates'])}"

@@ -143,13 +143,24 @@ def test_candidates_of_four_gpus():
     """FLUX.1 on 4 GPUs, batch 1: (cp, tp) in (1, 4), (2, 2) x 2 modes, (4, 1) x 2 modes, no cfg (one call of one
     row: nothing to spread); sharded text encoders only with tp > 1; every quant scheme; the VAE always split."""
     spec = fit_pipeline("flux-pipeline")
-    found = candidates(spec, 4)
+    everything = candidates(spec, 4)
+    found = [c for c in everything if not c.fsdp]
     meshes = {(c.cfg, c.cp, c.tp, c.cp_mode) for c in found}
     assert meshes == {(1, 1, 4, None), (1, 2, 2, "ulysses"), (1, 2, 2, "ring"), (1, 4, 1, "ulysses"), (1, 4, 1, "ring")}
     assert all(c.world == 4 and c.parallel_vae for c in found)
     assert not [c for c in found if c.tp == 1 and c.text_encoders == "sharded"]
     assert {c.quant for c in found} == {None, "int8wo", "fp8wo"}
     assert len(found) == (3 * 3 + 2 * 2) * 2 * 3  # (tp > 1: 3 text-encoder modes; tp = 1: 2) x pad x quant
+    fsdp = [
+        c for c in everything if c.fsdp
+    ]  # fsdp: every mesh with cp > 1, text encoders also sharded at tp=1, no quant
+    assert {(c.cp, c.tp, c.cp_mode) for c in fsdp} == {
+        (2, 2, "ulysses"),
+        (2, 2, "ring"),
+        (4, 1, "ulysses"),
+        (4, 1, "ring"),
+    }
+    assert len(fsdp) == 4 * 3 * 2 and all(c.quant is None for c in fsdp)
 
 
 def test_command_names_every_option():
