@@ -86,7 +86,8 @@ VISION_CLASSES = {QWEN_VL: _qwen2_5_vl_config, MISTRAL3: _mistral3_config}
 
 def tiny_vision_model(class_name: str, seed: int = 0, **vision) -> torch.nn.Module:
     """The tiny `class_name` with weights drawn from `seed` (every parameter perturbed), in eval mode, eager
-    attention, fp32; `vision` overrides entries of the tiny vision config (e.g. widths tp does not divide, for pad=True)."""
+    attention, fp32; `vision` overrides entries of the tiny vision config (e.g. widths tp does not divide, for
+    pad=True)."""
     import transformers as tf
 
     config = VISION_CLASSES[class_name]()
