@@ -22,6 +22,7 @@ refused needlessly (over-refused; a cost, not a wrong answer). Used by the prope
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -282,11 +283,23 @@ def parity_worker(rank: int, world: int, batch: list[Mutant]) -> list[tuple[str,
 EXACTNESS_CHECKS = ("check_exact", "check_unpadded")  # the engine's steps that refuse a plan for giving wrong numbers
 
 
-def overrefusal_worker(rank: int, world: int, batch: list[Mutant]) -> list[tuple[str, str]]:
-    """`parity_worker` with the engine's exactness checks switched off: for refused mutants, "exact" here means
-    the refusal was not needed (over-refused); "refused" means another check (syntax, matching) refused it."""
+@contextmanager
+def exactness_checks_off():
+    """The engine's exactness checks replaced by no-ops for the duration (the over-refusal measure only)."""
     from .. import engine
 
+    real = {name: getattr(engine, name) for name in EXACTNESS_CHECKS}
     for name in EXACTNESS_CHECKS:
         setattr(engine, name, lambda *args, **kwargs: None)
-    return parity_worker(rank, world, batch)
+    try:
+        yield
+    finally:
+        for name, check in real.items():
+            setattr(engine, name, check)
+
+
+def overrefusal_worker(rank: int, world: int, batch: list[Mutant]) -> list[tuple[str, str]]:
+    """`parity_worker` with the engine's exactness checks switched off: for refused mutants, "exact" here means
+    the refusal was not needed (over-refused)."""
+    with exactness_checks_off():
+        return parity_worker(rank, world, batch)
