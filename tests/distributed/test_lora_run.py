@@ -75,7 +75,7 @@ def images(tmp_path_factory):
     }
 
 
-MAX_BOUND = 1e-5  # max |pixel diff|: measured MEASURED
+MAX_BOUND = 2e-6  # max |pixel diff|: measured 4.2e-7 (mean 7.9e-8)
 
 
 def test_sharded_lora_image_matches_diffusers(images):
