@@ -16,7 +16,7 @@ from dtp.testing.launch import spawn
 from dtp.testing.pixels import pixel_error
 
 MEAN_TOL = 1e-6
-MAX_TOL = 1e-5  # max |pixel diff| of every cfg image: measured MEASURED
+MAX_TOL = 1e-5  # max |pixel diff| of every cfg image: measured 0..2.6e-6 (PixArt; its mean 3.8e-7)
 MESH = dict(cfg=2)
 TAG = "cfg=2"
 SWAPPED = ["qwenimage", "pixart"]

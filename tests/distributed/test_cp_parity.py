@@ -3,9 +3,9 @@
 Two process groups in all: one 4-process group for Flux and Qwen-Image at (cp, tp) in
 {(2, 2), (4, 1), (1, 4)} x {ulysses, ring} plus the non-divisible-length refusal, and one
 2-process group for Flux2 and Z-Image at (cp=2, tp=1). Tolerance: max |out - ref| <= 1e-5 * max |ref|
-(measured MEASURED). Negative controls on Z-Image (batch 2, masked): each rank's own key mask standing for
+(measured 0..6.2e-7). Negative controls on Z-Image (batch 2, masked): each rank's own key mask standing for
 every rank's (the mask all-gather skipped), in both modes, and ring attention dropping every block it receives
-(each rank attends to its own keys only), each miss it by far.
+(each rank attends to its own keys only), each miss it by far (3.1e-2..3.6e-1).
 """
 
 from __future__ import annotations
