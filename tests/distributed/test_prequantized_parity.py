@@ -30,9 +30,10 @@ from dtp.testing.tiny import model_class, tiny_model  # noqa: E402
 TOL = 1e-5
 SCHEMES = ("int8wo", "fp8wo")
 SHARE_SLACK = 1.02  # a rowwise layer reads its per-row scales whole (4 bytes a row against K / tp of data)
-CASES = {  # (model, scheme): the tp degrees it runs at; the suite's time on 2 cores keeps three of them
+CASES = {  # (model, scheme): the tp degrees it runs at; the suite's time on 2 cores keeps one case per model and scheme
     ("FluxTransformer2DModel", "int8wo"): (2,),
     ("FluxTransformer2DModel", "fp8wo"): (3,),
+    ("QwenImageTransformer2DModel", "int8wo"): (2,),
 }
 FULL = os.environ.get("DTP_PREQUANTIZED_ALL") == "1"  # opt-in: every pair at both degrees, and the pipeline
 if FULL:
