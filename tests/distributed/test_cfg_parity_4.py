@@ -21,7 +21,7 @@ from dtp.testing.pixels import pixel_error
 from dtp.testing.tiny import tiny_model
 
 MEAN_TOL = 1e-6
-MAX_TOL = 1e-5  # max |pixel diff| of every cfg image: measured MEASURED
+MAX_TOL = 1e-5  # max |pixel diff| of every cfg image: measured 5.1e-7..2.6e-6 (PixArt; its mean 4.0e-7)
 RUNS = [(dict(cfg=2, tp=2), ["qwenimage", "pixart", "wan"]), (dict(cfg=2, cp=2), ["qwenimage"])]
 SWAPPED = ["wan"]
 CHECKS = [(tag(dims), case) for dims, cases in RUNS for case in cases]
