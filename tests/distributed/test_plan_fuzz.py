@@ -43,7 +43,9 @@ def _judge_by_prepare() -> dict[tuple[int, int], list]:
             database=None,
             suppress_health_check=list(HealthCheck),
         )
-        @given(st.data(), arch=st.sampled_from(fuzz.CORE), rng=st.randoms(use_true_random=False), pad=st.booleans())
+        @given(
+            data=st.data(), arch=st.sampled_from(fuzz.CORE), rng=st.randoms(use_true_random=False), pad=st.booleans()
+        )
         def judged_by_prepare(data, arch, rng, pad):
             tp, cp = data.draw(st.sampled_from(fuzz.meshes(arch)))
             mutant = fuzz.mutate(arch, rng, tp, pad, linears[arch], cp)
