@@ -139,14 +139,16 @@ def _glob(model: nn.Module, path: str) -> str:
     return path
 
 
-def mutate(arch: str, rng: random.Random, tp: int, pad: bool, linears: list[str], cp: int = 1) -> Mutant:
-    """The bundled plan of `arch` with 1-3 random edits (see the module docstring)."""
+def mutate(
+    arch: str, rng: random.Random, tp: int, pad: bool, linears: list[str], cp: int = 1, kinds: tuple[str, ...] = ()
+) -> Mutant:
+    """The bundled plan of `arch` with 1-3 random edits (see the module docstring), or exactly the edits `kinds`."""
     plan = load_plan(arch)
     rules = {rule.key: rule_value(rule) for rule in plan.rules}
     attention = list(plan.attention) if plan.attention is not None else None
     edits = []
-    for _ in range(rng.randint(1, 3)):
-        edits.append(_edit(rng.choice(MUTATIONS), rules, attention, rng, linears))
+    for kind in kinds or [rng.choice(MUTATIONS) for _ in range(rng.randint(1, 3))]:
+        edits.append(_edit(kind, rules, attention, rng, linears))
     return Mutant(
         arch,
         tuple(rules.items()),
