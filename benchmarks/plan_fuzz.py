@@ -141,13 +141,14 @@ def main() -> None:
     print(text)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(text)
-    kept = [{"mutant": str(r["mutant"]), "verdict": r["verdict"], "detail": _detail(r)} for r in rows]
-    RESULTS.with_suffix(".json").write_text(json.dumps({"command": command, "rows": kept}, indent=0) + "\n")
+    kept = [json.dumps({"mutant": str(r["mutant"]), "verdict": r["verdict"], "detail": _detail(r)}) for r in rows]
+    header = json.dumps(command)
+    RESULTS.with_suffix(".json").write_text(f'{{"command": {header}, "rows": [\n' + ",\n".join(kept) + "\n]}\n")
 
 
 def _detail(row: dict) -> str:
     found = row.get("parity") or row.get("overrefusal")
-    return (found[1] if found else row["detail"])[:300]
+    return (found[1] if found else row["detail"])[: 300 if row["verdict"] in ("wrong", "crash") else 120]
 
 
 if __name__ == "__main__":
