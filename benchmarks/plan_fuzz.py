@@ -1,16 +1,19 @@
-"""The plan fuzzer at depth: mutated bundled plans -> exact / refused / crashed / different, and the time per plan.
+"""The plan fuzzer at depth: mutated bundled plans -> exact / refused / over-refused / wrong / crash.
 
-Every bundled DiT plan with a tiny config plus three text-encoder plans (T5, CLIP, Llama), each
-mutated `--per-arch` times per (tp, pad) from a fixed seed (1-3 edits: a style changed, a rule
-dropped, a rule added on another Linear, an attention glob dropped, packed blocks changed; see
-`dtp/testing/fuzz.py`). `prepare` judges every mutant on a fake process group in this process; the
-accepted ones run sharded on a gloo group of tp processes against the whole model. The promise: 0
-crashed, 0 different.
+Every bundled DiT plan with a tiny config plus three text-encoder plans (T5, CLIP, Llama), each mutated
+`--per-mesh` times on every 4-rank mesh it takes (`fuzz.meshes`: (tp=2, cp=2) with its bundled cp section,
+and (tp=4, cp=1)) from a fixed seed, pad cycled (1-3 edits; see `dtp/testing/fuzz.py`); batch 2 with masks.
+`prepare` judges every mutant on a fake process group in this process; the accepted ones run sharded on a
+gloo group of 4 processes against the whole model. A refused mutant that `prepare` accepts with the engine's
+exactness checks switched off runs the same way: exact there means the refusal was not needed.
 
-    nice python benchmarks/plan_fuzz.py --per-arch 12 --tps 2 4 --fresh   # writes benchmarks/results/plan_fuzz.md
+    exact         accepted, and the sharded forward within 1e-5 of one process
+    refused       PlanError, and needed (with the exactness checks off it is still refused, differs or crashes)
+    over-refused  PlanError, but with the exactness checks off it runs exactly (a cost, not a wrong answer)
+    wrong         accepted, and the forward differs                                  (the promise: 0)
+    crash         prepare or the accepted forward raised something else than PlanError (the promise: 0)
 
-Each run keeps its rows in `results/plan_fuzz.json` and reports all rows kept: `--archs a b` reruns those plans
-only (their rows replace the older ones), `--fresh` starts over.
+    nice python benchmarks/plan_fuzz.py --per-mesh 50    # writes benchmarks/results/plan_fuzz.{md,json}
 """
 
 from __future__ import annotations
@@ -28,147 +31,124 @@ from dtp.testing import fuzz
 from dtp.testing.launch import spawn
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plan_fuzz.md"
-ROWS = RESULTS.with_suffix(".json")  # every mutant's verdict, so that runs over some plans (`--archs`) add up
-BATCH = 40  # accepted mutants per gloo group
-DETAIL = 120  # characters of a refusal kept in ROWS (a crash or difference is kept whole)
+WORLD = 4
+BATCH = 40  # mutants per gloo group
+VERDICTS = ("exact", "refused", "over-refused", "wrong", "crash")
 
 
-def judge(archs, per_arch: int, tps, seed: int):
-    """(mutant, verdict, detail, seconds in prepare) for every mutant; the accepted ones run on gloo afterwards."""
-    rows, accepted = [], collections.defaultdict(list)
-    for tp in tps:
-        with fake_world(tp):
-            mesh = make_mesh(tp=tp, device_type="cpu")
-            for arch in archs:
-                model = fuzz.make_model(arch)
-                for mutant in fuzz.mutants(arch, 2 * per_arch, seed, tps=(tp,)):
-                    start = time.perf_counter()
-                    verdict, detail = fuzz.check_prepare(mutant, model, mesh)
-                    rows.append([mutant, verdict, detail, time.perf_counter() - start])
-                    if verdict == "accepted":
-                        accepted[tp].append(len(rows) - 1)
-                print(
-                    f"tp={tp} {arch}: {collections.Counter(r[1] for r in rows if r[0].arch == arch and r[0].tp == tp)}"
-                )
-    for tp, indices in accepted.items():
-        for i in range(0, len(indices), BATCH):
-            run_batch(rows, indices[i : i + BATCH], tp)
+def judge_locally(archs, per_mesh: int, seed: int) -> list[dict]:
+    """Every mutant with its `prepare` verdict, and for refused ones whether it passes with the checks off."""
+    rows = []
+    with fake_world(WORLD):
+        meshes = {m: make_mesh(tp=m[0], cp=m[1], device_type="cpu") for m in ((2, 2), (4, 1))}
+        for arch in archs:
+            model = fuzz.make_model(arch)
+            for tp, cp in fuzz.meshes(arch):
+                for mutant in fuzz.mutants(arch, per_mesh, seed, tps=(tp,), cp=cp):
+                    verdict, detail = fuzz.check_prepare(mutant, model, meshes[(tp, cp)])
+                    row = dict(mutant=mutant, prepare=verdict, detail=detail, unchecked=None)
+                    if verdict == "refused":
+                        with fuzz.exactness_checks_off():
+                            row["unchecked"] = fuzz.check_prepare(mutant, model, meshes[(tp, cp)])[0]
+                    rows.append(row)
+            print(f"{arch}: {collections.Counter(r['prepare'] for r in rows if r['mutant'].arch == arch)}", flush=True)
     return rows
 
 
-def run_batch(rows, batch: list[int], tp: int) -> None:
-    """The gloo parity of `rows[batch]`; when the group fails (a rank died or hung), each mutant alone."""
-    start = time.perf_counter()
+def run_on_gloo(rows: list[dict], worker, key: str) -> None:
+    """`worker` over `rows` (grouped by mesh, BATCH at a time); its verdict stored under `key`."""
+    by_mesh = collections.defaultdict(list)
+    for row in rows:
+        by_mesh[(row["mutant"].tp, row["mutant"].cp)].append(row)
+    for batch_rows in by_mesh.values():
+        for i in range(0, len(batch_rows), BATCH):
+            _run_batch(batch_rows[i : i + BATCH], worker, key)
+
+
+def _run_batch(batch: list[dict], worker, key: str) -> None:
+    """One gloo group for the batch; when it fails (a rank died or hung), each mutant alone."""
     try:
-        verdicts = spawn(fuzz.parity_worker, tp, [rows[j][0] for j in batch], timeout_s=900)[0]
+        verdicts = spawn(worker, WORLD, [r["mutant"] for r in batch], timeout_s=300)[0]
     except Exception as error:
         if len(batch) > 1:
-            for j in batch:
-                run_batch(rows, [j], tp)
+            for row in batch:
+                _run_batch([row], worker, key)
             return
         verdicts = [("crashed", f"gloo group failed: {' '.join(str(error).split())[:300]}")]
-    seconds = (time.perf_counter() - start) / len(batch)
-    for j, (verdict, detail) in zip(batch, verdicts):
-        rows[j][1:] = [verdict, detail, rows[j][3] + seconds]
-    print(f"tp={tp}: gloo parity of {len(batch)} accepted mutants, {seconds:.2f} s each", flush=True)
+    for row, verdict in zip(batch, verdicts):
+        row[key] = verdict
+    print(f"{worker.__name__}: {len(batch)} mutants", flush=True)
 
 
-def table(rows, archs, tps) -> list[str]:
-    lines = [
-        "| plan | tp | mutants | exact | refused | crashed | different | s / plan |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for arch in archs:
-        for tp in tps:
-            mine = [r for r in rows if r["arch"] == arch and r["tp"] == tp]
-            if not mine:
-                continue
-            counts = collections.Counter(r["verdict"] for r in mine)
-            mean = sum(r["seconds"] for r in mine) / len(mine)
-            lines.append(
-                f"| {arch} | {tp} | {len(mine)} | {counts['exact']} | {counts['refused']} | {counts['crashed']} | "
-                f"{counts['different']} | {mean:.2f} |"
-            )
+def final(row: dict) -> str:
+    if row["prepare"] == "crashed":
+        return "crash"
+    if row["prepare"] == "accepted":
+        return {"exact": "exact", "different": "wrong", "refused": "refused"}.get(row["parity"][0], "crash")
+    return "over-refused" if row.get("overrefusal", ("",))[0] == "exact" else "refused"
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| plan | (tp, cp) | mutants | " + " | ".join(VERDICTS) + " |", "|---|---|" + "---:|" * 6]
+    groups = collections.defaultdict(list)
+    for row in rows:
+        groups[(row["mutant"].arch, (row["mutant"].tp, row["mutant"].cp))].append(row)
+    for (arch, mesh), mine in groups.items():
+        counts = collections.Counter(r["verdict"] for r in mine)
+        lines.append(f"| {arch} | {mesh} | {len(mine)} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
     return lines
 
 
-def stored(rows, args, elapsed: float) -> dict:
-    """The rows of every run so far (`ROWS`), this run's (arch, tp) rows replacing older ones: a deep run can be split
-    into several (`--archs`), and the report covers them all."""
-    old = json.loads(ROWS.read_text()) if ROWS.exists() else {"runs": [], "rows": []}
-    fresh = [
-        {"arch": m.arch, "tp": m.tp, "mutant": str(m), "verdict": v, "detail": _detail(v, d), "seconds": round(t, 3)}
-        for m, v, d, t in rows
-    ]
-    ran = {(r["arch"], r["tp"]) for r in fresh}
-    command = f"nice python benchmarks/plan_fuzz.py {' '.join(sys.argv[1:])}".strip()
-    run = {"command": command, "mutants": len(fresh), "seconds": round(elapsed)}
-    return {
-        "runs": [*old["runs"], run],
-        "rows": [r for r in old["rows"] if (r["arch"], r["tp"]) not in ran] + fresh,
-    }
-
-
-def _detail(verdict: str, detail: str) -> str:
-    return detail[:DETAIL] if verdict == "refused" else detail
-
-
-def dumps(data: dict) -> str:
-    """ROWS' text: one line per run and per row."""
-    lines = [json.dumps(item) for item in data["runs"]], [json.dumps(item) for item in data["rows"]]
-    return '{"runs": [\n' + ",\n".join(lines[0]) + '\n], "rows": [\n' + ",\n".join(lines[1]) + "\n]}\n"
-
-
-def report(data: dict, per_arch: int) -> str:
-    rows = data["rows"]
-    archs = [a for a in fuzz.architectures() if any(r["arch"] == a for r in rows)]
-    tps = sorted({r["tp"] for r in rows})
+def report(rows: list[dict], seconds: float, command: str) -> str:
     counts = collections.Counter(r["verdict"] for r in rows)
-    total = sum(run["seconds"] for run in data["runs"])
-    bad = [r for r in rows if r["verdict"] in ("crashed", "different")]
+    bad = [r for r in rows if r["verdict"] in ("wrong", "crash")]
+    over = [r for r in rows if r["verdict"] == "over-refused"]
     lines = [
         "# Plan fuzzing: mutated bundled plans, refused or exact",
         "",
-        f"{len(rows)} mutants of {len(archs)} plans ({per_arch} per plan, tp and pad setting; pad off and on, half "
-        f"each), {total:.0f} s in all on a shared 2-core CPU ({total / len(rows):.2f} s per plan: `prepare` on a fake "
-        f"process group for every mutant, plus a gloo forward at tp ranks against one process for the accepted ones). "
-        f"Runs:",
+        f"`{command}`: {len(rows)} mutants of {len({r['mutant'].arch for r in rows})} plans in {seconds:.0f} s on a "
+        "shared 2-core CPU.",
         "",
-        *[f"- `{run['command']}`: {run['mutants']} mutants, {run['seconds']} s" for run in data["runs"]],
+        "**Totals: " + ", ".join(f"{counts[v]} {v}" for v in VERDICTS) + ".**",
         "",
-        f"**Totals: {counts['exact']} exact, {counts['refused']} refused, {counts['crashed']} crashed, "
-        f"{counts['different']} different.**",
-        "",
-        *table(rows, archs, tps),
+        *table(rows),
         "",
     ]
     if bad:
-        lines += ["## Crashed or different", ""]
-        lines += [f"- {r['verdict']}: {r['mutant']} -> {r['detail'][:300]}" for r in bad]
-        lines.append("")
-    exact = [r for r in rows if r["verdict"] == "exact"]
-    lines += ["## Accepted and exact (first 20)", ""] + [f"- {r['mutant']} ({r['detail']})" for r in exact[:20]] + [""]
+        lines += ["## Wrong or crash", ""] + [f"- {r['verdict']}: {r['mutant']} -> {_why(r)[:300]}" for r in bad] + [""]
+    lines += ["## Over-refused (first 20)", ""] + [f"- {r['mutant']}: {r['detail'][:160]}" for r in over[:20]] + [""]
     return "\n".join(lines)
+
+
+def _why(row: dict) -> str:
+    return row["detail"] if row["prepare"] == "crashed" else row["parity"][1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--per-arch", type=int, default=12, help="mutants per plan, tp and pad setting")
-    parser.add_argument("--tps", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--per-mesh", type=int, default=50, help="mutants per plan and mesh")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--archs", nargs="+", default=list(fuzz.architectures()))
-    parser.add_argument("--fresh", action="store_true", help="forget the rows of earlier runs")
     args = parser.parse_args()
-    if args.fresh and ROWS.exists():
-        ROWS.unlink()
     start = time.perf_counter()
-    rows = judge(args.archs, args.per_arch, args.tps, args.seed)
-    data = stored(rows, args, time.perf_counter() - start)
-    RESULTS.parent.mkdir(exist_ok=True)
-    ROWS.write_text(dumps(data))
-    text = report(data, args.per_arch)
+    rows = judge_locally(args.archs, args.per_mesh, args.seed)
+    run_on_gloo([r for r in rows if r["prepare"] == "accepted"], fuzz.parity_worker, "parity")
+    run_on_gloo([r for r in rows if r["unchecked"] == "accepted"], fuzz.overrefusal_worker, "overrefusal")
+    for row in rows:
+        row["verdict"] = final(row)
+    command = f"nice python benchmarks/plan_fuzz.py {' '.join(sys.argv[1:])}".strip()
+    text = report(rows, time.perf_counter() - start, command)
     print(text)
+    RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(text)
+    kept = [json.dumps({"mutant": str(r["mutant"]), "verdict": r["verdict"], "detail": _detail(r)}) for r in rows]
+    header = json.dumps(command)
+    RESULTS.with_suffix(".json").write_text(f'{{"command": {header}, "rows": [\n' + ",\n".join(kept) + "\n]}\n")
+
+
+def _detail(row: dict) -> str:
+    found = row.get("parity") or row.get("overrefusal")
+    return (found[1] if found else row["detail"])[: 300 if row["verdict"] in ("wrong", "crash") else 120]
 
 
 if __name__ == "__main__":

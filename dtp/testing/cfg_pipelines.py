@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..families.pipelines import t5_encoder, t5_tokenizer
+from .perturb import perturb
 from .tiny import TINY_CONFIGS, tiny_model
 
 PIXART_CALL = dict(height=32, width=32, use_resolution_binning=False, max_sequence_length=16, clean_caption=False)
@@ -43,8 +44,8 @@ def tiny_pixart_sigma_pipeline():
     )
     return PixArtSigmaPipeline(
         tokenizer=t5_tokenizer(),
-        text_encoder=t5_encoder(cfg["caption_channels"], seed=2, model_class=T5EncoderModel),
-        vae=vae,
+        text_encoder=perturb(t5_encoder(cfg["caption_channels"], seed=2, model_class=T5EncoderModel), seed=2),
+        vae=perturb(vae, seed=1),
         transformer=tiny_model("PixArtTransformer2DModel", seed=0),
         scheduler=DPMSolverMultistepScheduler(),
     )
@@ -70,8 +71,8 @@ def tiny_wan_pipeline():
     )
     return WanPipeline(
         tokenizer=t5_tokenizer(),
-        text_encoder=t5_encoder(cfg["text_dim"], seed=2, model_class=UMT5EncoderModel),
-        vae=vae,
+        text_encoder=perturb(t5_encoder(cfg["text_dim"], seed=2, model_class=UMT5EncoderModel), seed=2),
+        vae=perturb(vae, seed=1),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
         transformer=tiny_model("WanTransformer3DModel", seed=0),
     )

@@ -2,22 +2,28 @@
 
 A mutant is a bundled plan with 1-3 of these edits, as a new user makes them: a rule's style changed,
 a rule dropped, a rule added on another Linear, an attention glob dropped, packed blocks changed;
-and `pad` on or off. Each is judged in two steps, so that the many refused ones stay cheap:
+and `pad` on or off. Its `cp` section is the bundled one, and a plan that has one runs at (tp=2, cp=2)
+as well as (tp=4, cp=1) (`meshes`). Inputs are batch 2, and a model that takes a key mask gets one with
+the second sample's last 3 text tokens masked. Each mutant is judged in two steps, so that the many
+refused ones stay cheap:
 
     1. `check_prepare`: `prepare` on rank 0 of a fake process group (one process): refused (PlanError,
        the model untouched), accepted, or crashed (any other exception: a bug);
-    2. `parity_worker`: the accepted ones, on a gloo group of tp processes: the sharded forward of
-       the tiny model against the same model whole: exact (max |out - ref| <= 1e-4 max |ref|),
+    2. `parity_worker`: the accepted ones, on a gloo group of tp x cp processes: the sharded forward of
+       the tiny model against the same model whole: exact (max |out - ref| <= 1e-5 max |ref|),
        different, or crashed.
 
-The promise is that step 2 never says "different" or "crashed". Used by the property test
+The promise is that step 2 never says "different" or "crashed". `overrefusal_worker` runs refused mutants
+with the exactness checks (`check_exact`, `check_unpadded`) switched off: one that then runs exactly was
+refused needlessly (over-refused; a cost, not a wrong answer). Used by the property test
 (`tests/distributed/test_plan_fuzz.py`) and `benchmarks/plan_fuzz.py`.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -32,13 +38,16 @@ from ..runtime.mesh import make_mesh
 from .tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 from .tiny_text import hidden_states, tiny_text_inputs, tiny_text_model
 
-TOL = 1e-4
+TOL = 1e-5  # exact mutants measure 0..1e-6 (fp32 summation order)
+MASKED = 3  # text tokens masked at the end of the second sample
 TEXT_PLANS = {"t5": "T5EncoderModel", "clip": "CLIPTextModel", "llama": "LlamaModel"}
 # The six architectures of the property test: FLUX.1, FLUX.2, Qwen-Image, Wan, LTX-Video, a text encoder.
 CORE = ("flux", "flux2", "qwenimage", "wan", "ltx_video", "t5")
 LINEAR_STYLES = ("colwise", "rowwise", "colwise_gathered", "packed_colwise", "packed_rowwise")
 BLOCK_CHOICES = ((1, 1), (1, 3), (1, 1, 1), (3, 1), (1, 4))
-MUTATIONS = ("style", "drop", "add", "attention", "blocks")
+# "gather" (a rule made colwise_gathered) and "unshard" (every rule under one parent dropped, e.g. a whole MLP)
+# are edits a user makes to shard less; most other edits are refused, so these keep the parity step fed.
+MUTATIONS = ("style", "drop", "add", "attention", "blocks", "gather", "unshard")
 
 
 def architectures() -> dict[str, str]:
@@ -52,7 +61,21 @@ def make_model(plan_name: str) -> nn.Module:
 
 
 def make_inputs(plan_name: str) -> dict:
-    return tiny_text_inputs() if plan_name in TEXT_PLANS else tiny_inputs(architectures()[plan_name])
+    """Batch 2; every [B, S] key mask the model takes (text encoders' attention_mask, Qwen-Image's
+    encoder_hidden_states_mask, LTX-Video's encoder_attention_mask) masks the second sample's last tokens."""
+    if plan_name in TEXT_PLANS:
+        return tiny_text_inputs()  # 2 prompts, the second right-padded by 3
+    inputs = tiny_inputs(architectures()[plan_name], batch=2)
+    for name, value in inputs.items():
+        if name.endswith("mask") and value.ndim == 2:
+            value[1, -MASKED:] = 0
+    return inputs
+
+
+def meshes(plan_name: str) -> tuple[tuple[int, int], ...]:
+    """The (tp, cp) meshes of 4 ranks a mutant of `plan_name` runs on: (2, 2) too when its plan has a cp section."""
+    cp = load_plan(plan_name).cp
+    return ((2, 2), (4, 1)) if cp is not None and cp.refused is None else ((4, 1),)
 
 
 def outputs(plan_name: str, model: nn.Module, inputs: dict) -> list[torch.Tensor]:
@@ -73,19 +96,21 @@ class Mutant:
     tp: int
     pad: bool
     edits: tuple[str, ...] = field(default=())
+    cp: int = 1
 
     def plan(self) -> Plan:
+        """The edited `tp` rules and attention globs, with the bundled plan's `cp` section unchanged."""
         data = {"tp": dict(self.rules), "models": list(self.models)}
         if self.attention is not None:
             data["attention"] = list(self.attention)
-        return Plan.from_dict(data, name=f"{self.arch} (fuzzed)")
+        return replace(Plan.from_dict(data, name=f"{self.arch} (fuzzed)"), cp=load_plan(self.arch).cp)
 
     def __str__(self) -> str:
-        return f"{self.arch} tp={self.tp} pad={self.pad}: " + "; ".join(self.edits)
+        return f"{self.arch} tp={self.tp} cp={self.cp} pad={self.pad}: " + "; ".join(self.edits)
 
 
 def rule_value(rule: Rule) -> object:
-    """A rule as its YAML value (the cp section is not carried: the fuzzer shards on the tp axis only)."""
+    """A rule as its YAML value (the plan's cp section is carried whole by `Mutant.plan`)."""
     value = {"style": rule.style.value}
     if rule.blocks is not None:
         value["blocks"] = list(rule.blocks)
@@ -114,14 +139,16 @@ def _glob(model: nn.Module, path: str) -> str:
     return path
 
 
-def mutate(arch: str, rng: random.Random, tp: int, pad: bool, linears: list[str]) -> Mutant:
-    """The bundled plan of `arch` with 1-3 random edits (see the module docstring)."""
+def mutate(
+    arch: str, rng: random.Random, tp: int, pad: bool, linears: list[str], cp: int = 1, kinds: tuple[str, ...] = ()
+) -> Mutant:
+    """The bundled plan of `arch` with 1-3 random edits (see the module docstring), or exactly the edits `kinds`."""
     plan = load_plan(arch)
     rules = {rule.key: rule_value(rule) for rule in plan.rules}
     attention = list(plan.attention) if plan.attention is not None else None
     edits = []
-    for _ in range(rng.randint(1, 3)):
-        edits.append(_edit(rng.choice(MUTATIONS), rules, attention, rng, linears))
+    for kind in kinds or [rng.choice(MUTATIONS) for _ in range(rng.randint(1, 3))]:
+        edits.append(_edit(kind, rules, attention, rng, linears))
     return Mutant(
         arch,
         tuple(rules.items()),
@@ -130,6 +157,7 @@ def mutate(arch: str, rng: random.Random, tp: int, pad: bool, linears: list[str]
         tp,
         pad,
         tuple(edits),
+        cp,
     )
 
 
@@ -151,6 +179,15 @@ def _edit(kind: str, rules: dict, attention: list | None, rng: random.Random, li
         key = rng.choice(sorted(rules))
         del rules[key]
         return f"drop {key}"
+    if kind == "gather":
+        key = rng.choice(sorted(rules))
+        rules[key] = "colwise_gathered"
+        return f"gather {key}"
+    if kind == "unshard":
+        parent = rng.choice(sorted(rules)).rsplit(".", 1)[0]
+        for key in [k for k in rules if k.startswith(parent + ".")]:
+            del rules[key]
+        return f"unshard {parent}"
     if kind == "attention" and attention:
         glob = attention.pop(rng.randrange(len(attention)))
         return f"drop attention {glob}"
@@ -180,11 +217,11 @@ def _random_style(rng: random.Random) -> object:
     return style
 
 
-def mutants(arch: str, count: int, seed: int, tps=(2,), pads=(False, True)) -> list[Mutant]:
+def mutants(arch: str, count: int, seed: int, tps=(2,), pads=(False, True), cp: int = 1) -> list[Mutant]:
     """`count` mutants of `arch`'s plan, drawn from `seed` and `tps` (tp and pad cycled): another tp, other edits."""
-    rng = random.Random(f"{arch}:{seed}:{','.join(map(str, tps))}")
+    rng = random.Random(f"{arch}:{seed}:{','.join(map(str, tps))}:{cp}")
     linears = linear_keys(make_model(arch))
-    return [mutate(arch, rng, tps[i % len(tps)], pads[(i // len(tps)) % len(pads)], linears) for i in range(count)]
+    return [mutate(arch, rng, tps[i % len(tps)], pads[(i // len(tps)) % len(pads)], linears, cp) for i in range(count)]
 
 
 def snapshot(model: nn.Module) -> tuple:
@@ -236,7 +273,35 @@ def compare(arch: str, mutant: Mutant, mesh) -> tuple[str, str]:
 
 
 def parity_worker(rank: int, world: int, batch: list[Mutant]) -> list[tuple[str, str]]:
-    """Run in every rank of a gloo group of `world` = tp processes: `compare` each mutant (rank 0's verdicts)."""
+    """Run in every rank of a gloo group of `world` = tp x cp processes (one (tp, cp) for the whole batch):
+    `compare` each mutant (rank 0's verdicts)."""
     torch.set_num_threads(1)
-    mesh = make_mesh(tp=world, device_type="cpu")
+    meshes = {(m.tp, m.cp) for m in batch}
+    assert len(meshes) == 1 and batch[0].tp * batch[0].cp == world, (meshes, world)
+    mesh = make_mesh(tp=batch[0].tp, cp=batch[0].cp, device_type="cpu")
     return [compare(mutant.arch, mutant, mesh) for mutant in batch]
+
+
+EXACTNESS_CHECKS = ("check_exact", "check_unpadded")  # the engine's steps that refuse a plan for giving wrong numbers
+
+
+@contextmanager
+def exactness_checks_off():
+    """The engine's exactness checks replaced by no-ops for the duration (the over-refusal measure only)."""
+    from .. import engine
+
+    real = {name: getattr(engine, name) for name in EXACTNESS_CHECKS}
+    for name in EXACTNESS_CHECKS:
+        setattr(engine, name, lambda *args, **kwargs: None)
+    try:
+        yield
+    finally:
+        for name, check in real.items():
+            setattr(engine, name, check)
+
+
+def overrefusal_worker(rank: int, world: int, batch: list[Mutant]) -> list[tuple[str, str]]:
+    """`parity_worker` with the engine's exactness checks switched off: for refused mutants, "exact" here means
+    the refusal was not needed (over-refused)."""
+    with exactness_checks_off():
+        return parity_worker(rank, world, batch)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .perturb import perturb
+
 WIDTH, HEADS, KV_HEADS, LAYERS, VOCAB = 32, 4, 2, 2, 64
 _DECODER = dict(
     vocab_size=VOCAB,
@@ -92,13 +94,14 @@ TEXT_CLASSES = (
 
 
 def tiny_text_model(class_name: str, seed: int = 0) -> torch.nn.Module:
-    """The tiny `class_name` with weights drawn from `seed`, in eval mode, eager attention."""
+    """The tiny `class_name` with weights drawn from `seed` (every parameter perturbed), in eval mode, eager
+    attention."""
     import transformers as tf
 
     config = _config(class_name)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
-    return getattr(tf, class_name)(config).eval()
+    return perturb(getattr(tf, class_name)(config), seed).eval()
 
 
 def tiny_grouped_qwen(seed: int = 0, heads: int = 6, kv_heads: int = 2, intermediate: int = 96) -> torch.nn.Module:
@@ -122,7 +125,7 @@ def tiny_grouped_qwen(seed: int = 0, heads: int = 6, kv_heads: int = 2, intermed
     config = tf.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, fullatt_block_indexes=[0]))
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
-    return tf.Qwen2_5_VLForConditionalGeneration(config).eval()
+    return perturb(tf.Qwen2_5_VLForConditionalGeneration(config), seed).eval()
 
 
 def tiny_text_inputs(seed: int = 0) -> dict:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime.memory import local_param_bytes
+from .perturb import perturb
 
 WIDTH, HEADS, PATCH, CHANNELS = 32, 4, 2, 3
 QWEN_VL, MISTRAL3 = "Qwen2_5_VLForConditionalGeneration", "Mistral3ForConditionalGeneration"
@@ -84,8 +85,9 @@ VISION_CLASSES = {QWEN_VL: _qwen2_5_vl_config, MISTRAL3: _mistral3_config}
 
 
 def tiny_vision_model(class_name: str, seed: int = 0, **vision) -> torch.nn.Module:
-    """The tiny `class_name` with weights drawn from `seed`, in eval mode, eager attention, fp32; `vision`
-    overrides entries of the tiny vision config (e.g. widths tp does not divide, for pad=True)."""
+    """The tiny `class_name` with weights drawn from `seed` (every parameter perturbed), in eval mode, eager
+    attention, fp32; `vision` overrides entries of the tiny vision config (e.g. widths tp does not divide, for
+    pad=True)."""
     import transformers as tf
 
     config = VISION_CLASSES[class_name]()
@@ -94,7 +96,7 @@ def tiny_vision_model(class_name: str, seed: int = 0, **vision) -> torch.nn.Modu
     for sub in (config, config.vision_config, config.text_config):
         sub._attn_implementation = "eager"
     torch.manual_seed(seed)
-    return getattr(tf, class_name)(config).eval()
+    return perturb(getattr(tf, class_name)(config), seed).eval()
 
 
 def meta_vision_model(class_name: str, vision: dict, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:

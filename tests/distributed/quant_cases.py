@@ -4,19 +4,20 @@
 the same scheme (fp32 compute on CPU), within 1e-5 relative; each case also reports the scheme's own
 error against the unquantized model, so a pass is never vacuous (that error is 1e-3..1e-1).
 
-Two measures per case: `relative`, the whole forward; `layers`, the worst sharded quantized Linear fed the
-one-process model's input to that Linear (its slice for a rowwise one). For weight-only schemes both are
-~1e-7. Float8 dynamic activation quantizes every activation on the fly, a step function: the fp32 partial
-sums of a rowwise layer add in another order than one process's matmul (a 1e-7 difference), and an
-activation that sits on a float8 rounding edge in the next layer then rounds the other way (one float8
-step, 1/16 relative) and the difference grows through the blocks (6.7e-2 for tiny Qwen-Image at tp=4).
-The one-process model shows the same sensitivity to its own rounding (`noise_floor`: its input scaled by
-1 + 2^-23), so for that scheme exactness is asserted per layer and the whole forward is printed.
+Two measures per case: `layers`, the worst sharded quantized Linear fed the one-process model's input to that
+Linear (its slice for a rowwise one): this is what is exact for every scheme (~1e-7, fp32 summation order);
+`relative`, the whole forward. For weight-only schemes the whole forward is exact too (~1e-7). Float8 dynamic
+activation quantizes every activation on the fly, a step function: the fp32 partial sums of a rowwise layer add
+in another order than one process's matmul (a 1e-7 difference), an activation that sits on a float8 rounding
+edge in the next layer then rounds the other way (one float8 step, up to 1/8 relative) and the difference grows
+through the blocks (6.7e-2 for tiny Qwen-Image at tp=4 on every machine measured). Such a flip is one of the
+roundings the scheme makes anyway, so the whole forward of a dynamic scheme is bounded by the scheme's own
+error against the fp32 model (`quant_error`, 1.9e-1 there): a number computed from the model, not from the
+machine's rounding noise.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import torch
@@ -73,15 +74,7 @@ def quant_parity(name: str, scheme: str, mesh, pad: bool = False) -> dict:
             quant_error=float((ref - base).abs().max() / base.abs().max()),
             sharded_quantized=len(sharded),
         )
-    noise = output_tensor(reference(**_nudged(inputs)))
-    for found in results.values():
-        found["noise_floor"] = float((noise - ref).abs().max() / ref.abs().max())
     return results
-
-
-def _nudged(inputs: dict) -> dict:
-    """The forward inputs with hidden_states scaled by 1 + 2^-23 (one fp32 rounding step)."""
-    return {**inputs, "hidden_states": inputs["hidden_states"] * (1 + 2.0**-23)}
 
 
 @torch.no_grad()
@@ -210,7 +203,6 @@ def local_token_scale_control(mesh) -> dict:
 
 
 def run_quant_cases(mesh, schemes, pad: bool = False, controls: bool = True) -> dict:
-    start = time.process_time()
     results = {}
     for name in CLASSES:
         for scheme in schemes:
@@ -221,7 +213,6 @@ def run_quant_cases(mesh, schemes, pad: bool = False, controls: bool = True) -> 
         results["column_slice_control"] = column_slice_control(mesh)
         results["int8_dynamic_rowwise_refused"] = int8_dynamic_rowwise_refused(mesh)
         results["local_token_scale_control"] = local_token_scale_control(mesh)
-    results["cpu_seconds"] = time.process_time() - start
     return results
 
 

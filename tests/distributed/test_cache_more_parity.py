@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from cache_cases import pipeline_job, pipeline_run
 
+from dtp.pipeline.compare import compare
 from dtp.testing.launch import spawn
-from dtp.tools.demo import compare
 
 MEAN_TOL = 1e-6  # measured: <= 1.6e-7 (cp), 0.0 (cfg=2 pair path), 1.4e-7 (cfg=2 batch path)
 RATIO_TOL = 1e-6  # MagCache ratios, dtp's float64 token mean vs diffusers' fp32 one: measured <= 4.1e-8

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 from cache_cases import BLOCKS, MESHES, UNCACHED, rank_job, references
 
+from dtp.pipeline.compare import compare
 from dtp.testing.launch import spawn
-from dtp.tools.demo import compare
 
 MEAN_TOL = 1e-6  # measured: <= 1.3e-7 at tp and cp, 0.0 at cfg=2 (each group runs a whole call)
 CACHES = ("fbc", "taylorseer", "pab")

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from cfg_cases import CASES, STEPS, rank_job, references
 
-from dtp.pipeline.compare import compare
 from dtp.testing.launch import spawn
+from dtp.testing.pixels import pixel_error
 
 MEAN_TOL = 1e-6
+MAX_TOL = 1e-5  # max |pixel diff| of every cfg image: measured 0..2.6e-6 (PixArt; its mean 3.8e-7)
 MESH = dict(cfg=2)
 TAG = "cfg=2"
 SWAPPED = ["qwenimage", "pixart"]
@@ -33,12 +34,13 @@ def results():
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_cfg2_matches_one_process(results, refs, case):
-    """cfg=2 vs one process, fp32 pixels: mean |diff| <= 1e-6 and the demo's verdict; every rank the same."""
+    """cfg=2 vs one process, fp32 pixels: mean |diff| <= 1e-6, max <= 1e-5; every rank the same."""
     for rank in results:
         image = rank[(TAG, case)]
-        mean, p99, ok = compare(image, refs[case])
+        mean, worst = pixel_error(image, refs[case])
+        print(f"{case}: mean {mean:.2e} max {worst:.2e}")
         assert image.shape == refs[case].shape
-        assert mean <= MEAN_TOL and ok, (case, mean, p99)
+        assert mean <= MEAN_TOL and worst <= MAX_TOL, (case, mean, worst)
         np.testing.assert_array_equal(image, results[0][(TAG, case)])
 
 
@@ -54,5 +56,5 @@ def test_paths_taken(results):
 @pytest.mark.parametrize("case", SWAPPED)
 def test_swapped_branches_fail_the_tolerance(results, refs, case):
     """Negative control: each group taking the other's result (cond <-> uncond) fails both tolerances."""
-    mean, p99, ok = compare(results[0][("swapped", case)], refs[case])
-    assert mean > MEAN_TOL and not ok, (case, mean, p99)
+    mean, worst = pixel_error(results[0][("swapped", case)], refs[case])
+    assert mean > 100 * MEAN_TOL and worst > 100 * MAX_TOL, (case, mean, worst)

@@ -20,11 +20,14 @@ from dtp.testing.launch import spawn
 
 TOL = 1e-5
 # The whole matrix costs ~100 s of CPU per rank (each case a cold trace; dynamo through DTensor is slow), too
-# much for the suite: by default three regional cases cover TP + LoRA, CP, and TP + int8 weights (torchao's Int8Tensor
-# holding DTensor data and scales), and the parallel VAE's decode compiled whole; DTP_COMPILE_MATRIX=full runs all.
+# much for the suite: by default regional cases cover TP + LoRA, CP (Ulysses and ring: p2p ops under dynamo), padded
+# heads, and TP + int8 weights (torchao's Int8Tensor holding DTensor data and scales), and the parallel VAE's decode
+# compiled whole; DTP_COMPILE_MATRIX=full runs all (inductor, fp8wo, the Wan VAE and CogVideoX's SDPA among them).
 QUICK = [
     ("lora", "regional", "eager"),
     ("cp-ulysses", "regional", "eager"),
+    ("cp-ring", "regional", "eager"),
+    ("pad", "regional", "eager"),
     ("int8wo", "regional", "eager"),
     ("vae-kl", "full", "eager"),
 ]

@@ -17,9 +17,9 @@ from lora_cases import random_lora
 from safetensors.torch import save_file
 
 from dtp.families.pipelines import tiny_checkpoint, tiny_flux_pipeline, tiny_qwenimage_pipeline
+from dtp.pipeline.compare import compare
 from dtp.testing.launch import spawn
 from dtp.testing.tiny import tiny_model
-from dtp.tools.demo import compare
 
 MEAN_TOL = 1e-6  # mean |pixels - reference| on [0, 1]; measured 0 to 3e-8
 FLUX_CALL = dict(prompt="a cat holding a sign", num_inference_steps=STEPS, height=32, width=32)

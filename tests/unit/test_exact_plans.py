@@ -87,7 +87,8 @@ def test_gathered_q(mesh2):
 def test_bundled_plans_pass(mesh2, name, class_name):
     """The plans the six are mutated from pass `prepare` (and `dtp.parallelize` shards them)."""
     model = tiny_model(class_name, guidance_embeds=True) if class_name == FLUX else tiny_model(class_name)
-    dtp.engine.prepare(model, mesh2, dtp.load_plan(name))
+    prepared = dtp.engine.prepare(model, mesh2, dtp.load_plan(name))
+    assert prepared.resolved.linears, name  # accepted, and something is sharded
 
 
 def test_declared_blocks(mesh2):
@@ -164,4 +165,5 @@ def test_data_dependent_forwards_are_checked(mesh2, class_name, name, changes, p
 def test_data_dependent_bundled_plans_pass(mesh2, class_name, name):
     """The positive control: their bundled plans pass the flow check (run with known values), with and without pad."""
     for pad in (False, True):
-        dtp.engine.prepare(tiny_model(class_name), mesh2, dtp.load_plan(name), pad=pad)
+        prepared = dtp.engine.prepare(tiny_model(class_name), mesh2, dtp.load_plan(name), pad=pad)
+        assert prepared.resolved.linears, (name, pad)  # accepted, and something is sharded
