@@ -29,17 +29,15 @@ import time
 
 from ..errors import PlanError
 from ..policy import check_degree, parse_dtype
-from ..runtime.cfg.exchange import MAX_HEADER
+from ..runtime.cfg.cost import exchange
 from . import cost
-from .candidates import CFG_PAIR, Candidate, Layout, candidates, layout
+from .candidates import Arrangement, Candidate, arrangement, candidates
 from .hardware import hardware as find_hardware
 from .hardware import parse_memory
 from .measure import PHASES, Measurer
-from .pipelines import PROMPT_TOKENS, VIDEO_FRAMES, FitPipeline, Shape, fit_pipeline
+from .pipelines import PROMPT_TOKENS, FitPipeline, Shape, fit_pipeline
 
 DEFAULT_PROMPT = "a photo of a cat"
-HEADER_BYTES = MAX_HEADER * 8  # the cfg exchange's shape header: MAX_HEADER int64 values
-FLAG_BYTES = 2 * 8  # the cfg pair's agreement: two int64 flags
 
 
 def fit(
@@ -75,7 +73,7 @@ def fit(
     memory = parse_memory(gpu_memory)
     hw = find_hardware(hardware, memory)
     spec = fit_pipeline(pipeline)
-    frames = frames or (VIDEO_FRAMES if spec.is_video else None)
+    frames = frames or spec.usual_frames
     shape = Shape(batch, height or resolution, width or resolution, frames or 1, text_tokens)
     measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
@@ -117,7 +115,7 @@ def fit(
 
 def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape: Shape, memory: int, hw) -> dict:
     """One row: per-rank weights, phase activations, peak, fit and step time of `candidate`."""
-    plan = layout(candidate, spec, shape.batch)
+    plan = arrangement(candidate, spec, shape.batch)
     figures = {name: measurer.phase(name, setup, shape) for name, setup in plan.setups.items()}
     weights = {name: f.weight_bytes for name, f in figures.items()}
     phase_bytes = {
@@ -148,21 +146,13 @@ def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape:
     }
 
 
-def cfg_exchange(plan: Layout, c: Candidate, output_bytes: int) -> list[tuple]:
-    """The cfg axis's collectives of one step on one rank, as (op, result bytes, group size) (`runtime/cfg`):
-
-        per exchanged call   all_gather of the 64-int64 shape header and of the output over the cfg group
-                             (result: cfg x this rank's output)
-        pair path            + one all-reduce of two int64 flags over the mesh for each of the pair's calls
-
-    batch path: every call of the step is exchanged; pair path: one per step (the second call is answered).
-    """
+def cfg_exchange(plan: Arrangement, c: Candidate, output_bytes: int) -> list[tuple]:
+    """The cfg axis's collectives of one step on one rank, as (op, result bytes, group size) (`runtime.cfg.cost`):
+    batch path, every call of the step is exchanged; pair path, one per step (the second call is answered)."""
     if plan.cfg_path is None:
         return []
-    exchanged = [("all_gather", c.cfg * HEADER_BYTES, c.cfg), ("all_gather", c.cfg * output_bytes, c.cfg)]
-    if plan.cfg_path == "batch":
-        return exchanged * plan.calls_per_step
-    return exchanged + [("all_reduce", FLAG_BYTES, c.world)] * CFG_PAIR
+    records = exchange(plan.cfg_path, c.cfg, c.cfg * output_bytes, c.world)
+    return records * plan.calls_per_step if plan.cfg_path == "batch" else records
 
 
 def _options(c: Candidate) -> dict:

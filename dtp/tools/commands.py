@@ -28,7 +28,8 @@ COMMANDS = {
 CP_MODES = ("ulysses", "ring")  # dtp.policy.CP_MODES
 DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")  # dtp.policy.DTYPES
 CHECK_DTYPES = ("fp32", "bf16", "fp16")  # dtp.analysis.check.CHECK_DTYPES
-RELEASED_PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline")  # dtp.analysis.released
+# dtp.families.released_pipelines.RELEASED_PIPELINES
+RELEASED_PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline", "wan-pipeline")
 DEMO_MODELS = ("flux", "qwenimage")  # the tiny pipelines of dtp.families.pipelines
 DEFAULT_TIMEOUT_S = 600  # dtp.tools.run.DEFAULT_TIMEOUT_S
 DEFAULT_TOL = 1e-5  # dtp.analysis.verify.DEFAULT_TOL

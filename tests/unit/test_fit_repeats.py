@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from dtp.analysis.fakepg import fake_world
+from dtp.analysis.trace import fake_mode, to_fake, trace_call
 from dtp.fit.measure import REPEATED
 from dtp.fit.pipelines import decode
-from dtp.fit.trace import fake_mode, to_fake, trace_call
 from dtp.runtime.mesh import make_mesh
 from dtp.testing.tiny_vae import tiny_vae
 from dtp.vae import parallelize_vae

@@ -1,4 +1,5 @@
-"""Activation peak of one forward on fake tensors (`dtp/fit/forward_peak.py`) and its `dtp check` lines."""
+"""Activation peak of one forward on fake tensors (`dtp/analysis/forward.py`), the full-size inputs each family's
+geometry gives (`dtp/analysis/inputs.py`), and the `dtp check` lines."""
 
 import json
 
@@ -8,8 +9,10 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from dtp import PlanError
-from dtp.fit.forward_peak import ForwardShape, forward_inputs, forward_peak, latent_grid
-from dtp.fit.trace import truncate_blocks
+from dtp.analysis.forward import forward_peak
+from dtp.analysis.inputs import ForwardShape, forward_inputs, latent_grid, video_size
+from dtp.analysis.trace import truncate_blocks
+from dtp.families import FAMILIES
 from dtp.testing.tiny import TINY_CONFIGS
 from dtp.tools.check import format_peak, format_report
 from dtp.tools.cli import main
@@ -34,7 +37,7 @@ def test_fake_peak_is_memtrackers_real_peak():
     torch.manual_seed(0)
     model = diffusers.FluxTransformer2DModel.from_config(MEDIUM_FLUX).eval()
     truncate_blocks(model, keep=1)  # as forward_peak traces it
-    meta, _, _ = forward_inputs(FLUX, dict(model.config), torch.float32, shape)
+    meta = forward_inputs(FLUX, dict(model.config), torch.float32, shape).kwargs
     inputs = {k: torch.randn(v.shape) if isinstance(v, torch.Tensor) else v for k, v in meta.items()}
     tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
     tracker = MemTracker()
@@ -69,22 +72,19 @@ def test_cp_divides_flux_peak():
     ],
 )
 def test_latent_grid(class_name, shape, grid):
-    config = {"patch_size": (1, 2, 2)} if "Wan" in class_name else {"patch_size": 2 - ("LTX" in class_name)}
-    assert latent_grid(class_name, config, shape) == grid
+    assert latent_grid(class_name, video_size(FAMILIES[class_name].geometry, shape)) == grid
 
 
 def test_latent_grid_refuses_frames_the_vae_cannot_take():
     with pytest.raises(PlanError, match="1 \\+ 4 k frames"):
-        latent_grid("WanTransformer3DModel", {"patch_size": (1, 2, 2)}, ForwardShape(frames=80))
+        latent_grid("WanTransformer3DModel", (80, 480, 832))
 
 
 def test_wan_tokens_are_the_issues():
     """Wan 2.1 14B at 480p x 81 frames: 32,760 video tokens (issue 21), a [1, 16, 21, 60, 104] latent."""
-    inputs, tokens, described = forward_inputs(
-        "WanTransformer3DModel", _wan_full_config(), torch.bfloat16, ForwardShape()
-    )
-    assert tokens == 32760 and tuple(inputs["hidden_states"].shape) == (1, 16, 21, 60, 104)
-    assert "81 frames of 480x832 px" in described
+    inputs = forward_inputs("WanTransformer3DModel", _wan_full_config(), torch.bfloat16, ForwardShape())
+    assert inputs.tokens == 32760 and tuple(inputs.kwargs["hidden_states"].shape) == (1, 16, 21, 60, 104)
+    assert "81 frames of 480x832 px" in inputs.described
 
 
 def _wan_full_config() -> dict:
