@@ -25,6 +25,7 @@ only: no forward, no collectives.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections import Counter
@@ -136,30 +137,47 @@ def _measure(class_name, plan, *, config, shape, tp, cp, cp_mode, dtype, pad, qu
     """(report, the traced forward): the layout figures while sharding, then one whole-depth trace (collectives,
     activation peak, output bytes) of the sharded model with its cp hooks, as `parallelize` leaves it."""
     model = meta_model(class_name, config, parse_dtype(dtype))
+    quantized = None
     if quant is not None:
-        quantize(model, config_for(quant))
+        quantized = quantize(copy.deepcopy(model), config_for(quant))
     inputs = None
     if forward and class_name in FAMILIES:
         inputs = forward_inputs(class_name, dict(model.config), parse_dtype(dtype), shape)
-    report, groups = {}, {}
     layout = dict(class_name=class_name, config=config, dtype=dtype, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad)
-
-    def shard(module):
-        mesh = make_mesh(tp=tp, cp=cp, device_type="cpu")
-        prepared = prepare(module, mesh, plan, cp_mode=cp_mode, pad=pad)
-        report.update(_prepared_report(module, prepared, quant=quant, **layout))
-        groups["cp"] = mesh.get_group("cp").group_name if cp > 1 else None
-        apply(module, prepared)
-        report["per_rank_bytes"] = local_param_bytes(module)
-        report["_implied"] = implied_collectives(prepared.resolved, module)
-
+    shard = _CheckShard(plan, layout, quant, quantized)
     calls = {"forward": Call(inputs.kwargs)} if inputs is not None else {}
     traces, _ = trace_sharded(model, tp * cp, shard, calls, catch=(Exception,))
-    implied = report.pop("_implied")
+    report = shard.report
     if forward:
-        report["collectives"] = _collectives(implied, traces.get("forward"), inputs, class_name, groups["cp"])
+        report["collectives"] = _collectives(shard.implied, traces.get("forward"), inputs, class_name, shard.cp_group)
     report["ratio"] = report["per_rank_bytes"] / (report["total_bytes"] / tp)
     return report, _Traced(traces.get("forward"), inputs)
+
+
+class _CheckShard:
+    """`dtp check`'s shard step (inside the fake world): prepare + apply as `parallelize` does, the layout figures
+    taken on the way. With `quant` they are taken on the quantized twin (every byte figure the quantized one) and the
+    traced model is sharded alike unquantized: torchao's tensors cannot be made fake, and a weight-only scheme
+    changes no activation and no collective."""
+
+    def __init__(self, plan, layout: dict, quant: str | None, quantized):
+        self.plan, self.layout, self.quant, self.quantized = plan, layout, quant, quantized
+        self.report: dict = {}
+        self.implied: dict = {}
+        self.cp_group: str | None = None
+
+    def __call__(self, module) -> None:
+        tp, cp, cp_mode, pad = (self.layout[k] for k in ("tp", "cp", "cp_mode", "pad"))
+        mesh = make_mesh(tp=tp, cp=cp, device_type="cpu")
+        measured = module if self.quantized is None else self.quantized
+        prepared = prepare(measured, mesh, self.plan, cp_mode=cp_mode, pad=pad)
+        self.report = _prepared_report(measured, prepared, quant=self.quant, **self.layout)
+        apply(measured, prepared)
+        self.report["per_rank_bytes"] = local_param_bytes(measured)
+        self.implied = implied_collectives(prepared.resolved, measured)
+        if measured is not module:
+            apply(module, prepare(module, mesh, self.plan, cp_mode=cp_mode, pad=pad))
+        self.cp_group = mesh.get_group("cp").group_name if cp > 1 else None
 
 
 def _prepared_report(model, prepared, *, class_name, config, dtype, tp, cp, cp_mode, pad, quant) -> dict:

@@ -75,6 +75,8 @@ def trace_sharded(
     `calls` that is an exception already (its inputs could not be built) is passed through."""
     with fake_world(world):
         shard(module)
+        if not calls:  # figures of the sharded meta module only
+            return {}, param_bytes_by_scope(module)
         with fake_mode():
             to_fake(module)
             if quant is not None:

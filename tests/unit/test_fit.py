@@ -83,7 +83,8 @@ def test_tp2_pair_flops_and_all_reduce_bytes():
             to_fake(model)
             trace = trace_call(model, lambda m, x: m(x), {"x": torch.empty(4, 32)})
     assert trace.total_flops() == (2 * 4 * 32 * 64 + 2 * 4 * 64 * 32) // 2
-    ((op, nbytes, group, _),) = trace.collectives
+    (record,) = trace.collectives
+    op, nbytes, group = record.op, record.bytes, record.group
     assert (op, nbytes, group) == ("all_reduce", 4 * 32 * 4, 2)
     assert cost.wire_bytes(op, nbytes, group) == 512
 
