@@ -84,10 +84,13 @@ class Family:
     geometry: Geometry = IMAGE
 
 
-FAMILIES: dict[str, Family] = {
-    m.CLASS_NAME: Family(m.CLASS_NAME, m.PLAN, m.TINY, m.RELEASED, m.inputs, getattr(m, "GEOMETRY", IMAGE))
-    for m in _MODULES
-}
+def family_of(module) -> Family:
+    """The `Family` a family module declares; `GEOMETRY` is optional (the image default, `geometry.IMAGE`)."""
+    geometry = getattr(module, "GEOMETRY", IMAGE)
+    return Family(module.CLASS_NAME, module.PLAN, module.TINY, module.RELEASED, module.inputs, geometry)
+
+
+FAMILIES: dict[str, Family] = {m.CLASS_NAME: family_of(m) for m in _MODULES}
 
 
 def family(class_name: str) -> Family:

@@ -77,22 +77,7 @@ def fit(
     shape = Shape(batch, height or resolution, width or resolution, frames or 1, text_tokens)
     measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
-    rows, rejected = [], []
-    runs, fits = set(), set()  # keys of the unpadded candidates that run; of the unquantized ones that fit
-    for candidate in sorted(candidates(spec, gpus, batch), key=lambda c: (c.quant is not None, c.pad)):
-        options = _options(candidate)
-        if only and any(options[k] != v for k, v in only.items()):
-            continue
-        if (candidate.pad and _key(options) in runs) or (candidate.quant and _key(options, "quant") in fits):
-            continue
-        try:
-            rows.append(estimate(candidate, spec, measurer, shape, memory, hw))
-        except PlanError as exc:
-            rejected.append({**options, "reason": str(exc)})
-            continue
-        runs.add(_key(options))
-        if rows[-1]["fits"] and not candidate.quant:
-            fits.add(_key(options, "quant"))
+    rows, rejected = _estimate_all(candidates(spec, gpus, batch), spec, measurer, shape, memory, hw, only)
     rows = _drop_needless_padding(rows)
     rows.sort(key=lambda r: (not r["fits"], r["step_seconds"] if r["fits"] else 0, r["peak_bytes"]))
     return {
@@ -111,6 +96,28 @@ def fit(
         "reason": None if any(r["fits"] for r in rows) else why_none_fits(rows, rejected, memory),
         "seconds": round(time.perf_counter() - start, 1),
     }
+
+
+def _estimate_all(found, spec, measurer, shape, memory, hw, only) -> tuple[list[dict], list[dict]]:
+    """(rows, rejected) of the candidates `found`: unpadded and unquantized first, a padded one only where its
+    unpadded twin is refused, a quantized one only where no unquantized twin fits (module docstring)."""
+    rows, rejected = [], []
+    runs, fits = set(), set()  # keys of the unpadded candidates that run; of the unquantized ones that fit
+    for candidate in sorted(found, key=lambda c: (c.quant is not None, c.pad)):
+        options = _options(candidate)
+        if only and any(options[k] != v for k, v in only.items()):
+            continue
+        if (candidate.pad and _key(options) in runs) or (candidate.quant and _key(options, "quant") in fits):
+            continue
+        try:
+            rows.append(estimate(candidate, spec, measurer, shape, memory, hw))
+        except PlanError as exc:
+            rejected.append({**options, "reason": str(exc)})
+            continue
+        runs.add(_key(options))
+        if rows[-1]["fits"] and not candidate.quant:
+            fits.add(_key(options, "quant"))
+    return rows, rejected
 
 
 def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape: Shape, memory: int, hw) -> dict:

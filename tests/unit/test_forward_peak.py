@@ -9,6 +9,8 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from dtp import PlanError
+from dtp.analysis import forward as forward_module
+from dtp.analysis.check import check
 from dtp.analysis.forward import forward_peak
 from dtp.analysis.inputs import ForwardShape, forward_inputs, latent_grid, video_size
 from dtp.analysis.trace import truncate_blocks
@@ -123,3 +125,30 @@ def test_cli_peak_json_and_table(tiny_flux_config, capsys):
 def test_frames_are_for_video_models():
     with pytest.raises(PlanError, match="--frames 9 applies to a video model"):
         forward_inputs(FLUX, TINY_CONFIGS[FLUX], torch.bfloat16, ForwardShape(frames=9))
+
+
+def _config_file(tmp_path, config: dict) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"_class_name": FLUX, **config}))
+    return str(path)
+
+
+def test_check_traces_the_forward_once_for_collectives_and_peak(tmp_path, monkeypatch):
+    """`dtp check --peak` traces two full-size forwards: the sharded one (collectives, peak and output bytes from one
+    trace) and the one-rank reference; a second trace of the sharded model for the peak would make three."""
+    traced = []
+    trace_call = forward_module.trace_call
+    monkeypatch.setattr(forward_module, "trace_call", lambda *a, **k: traced.append(1) or trace_call(*a, **k))
+    config = _config_file(tmp_path, MEDIUM_FLUX)
+    report = check("flux", tp=2, config=config, resolution=64, text_tokens=8, dtype="fp32", peak=True)
+    assert len(traced) == 2
+    assert report["collectives"]["count"] == 18 and report["activation_peak"]["per_rank_bytes"] > 0
+
+
+def test_whole_depth_peak_is_the_cut_peak(tmp_path):
+    """Medium FLUX.1 at one rank: `dtp check`'s whole-depth trace (2 + 2 blocks) peaks at exactly the bytes of the
+    one-block-per-list trace the reference uses (only the residual stream crosses a block), so its ratio is 1."""
+    config = _config_file(tmp_path, MEDIUM_FLUX)
+    report = check("flux", tp=1, config=config, resolution=256, text_tokens=64, dtype="fp32", peak=True)
+    peak = report["activation_peak"]
+    assert peak["per_rank_bytes"] == peak["one_rank_bytes"] > 3_000_000, peak
