@@ -1,4 +1,4 @@
-"""fit's replay of repeated calls (`dtp/fit/repeats.py`) gives the figures of running every call: Wan's and
+"""fit's replay of repeated calls (`dtp/analysis/repeats.py`) gives the figures of running every call: Wan's and
 Qwen-Image's per-frame decoder, whole and split over 3 ranks of a fake world; a call that keeps state outside its
 arguments is refused loudly rather than miscounted."""
 
