@@ -14,7 +14,7 @@ The tensors are on the meta device; their values are never read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -82,10 +82,14 @@ def full_inputs(
     frames: int | None = None,
     text_tokens: int = DEFAULT_TEXT_TOKENS,
     batch: int = 1,
+    vae: tuple[int, int] | None = None,
 ) -> FullInputs:
     """The transformer's forward kwargs for an H x W image (or F frames of it) at batch `batch`; PlanError when the
-    sizes are not whole tokens or whole latent frames."""
+    sizes are not whole tokens or whole latent frames. `vae`: (scale, time scale) of the VAE this transformer is
+    paired with, when it is not the family's released one (a pipeline directory's VAE config says them)."""
     geometry = _geometry(class_name)
+    if vae is not None:
+        geometry = replace(geometry, vae_scale=vae[0], vae_time_scale=vae[1] if geometry.is_video else 1)
     txt = config.get("max_text_seq_length", text_tokens)  # CogVideoX's prompt length is fixed by its config
     if geometry.is_video:
         return _video_inputs(class_name, geometry, config, dtype, (frames, height, width), txt, batch)
@@ -107,10 +111,11 @@ def video_size(geometry: Geometry, shape: ForwardShape) -> tuple[int, int, int]:
     return shape.frames if shape.frames is not None else frames, height, width
 
 
-def latent_grid(class_name: str, size: tuple[int, int, int]) -> tuple[int, int, int]:
+def latent_grid(class_name: str, size: tuple[int, int, int], geometry: Geometry | None = None) -> tuple[int, int, int]:
     """(frames, height, width) of the latent video of a (frames, height, width) px clip: (f - 1) / t + 1, h / s,
-    w / s; PlanError when they are not whole latent frames or tokens (the patch must divide h / s and w / s)."""
-    geometry = _geometry(class_name)
+    w / s; PlanError when they are not whole latent frames or tokens (the patch must divide h / s and w / s).
+    `geometry`: the family's unless given."""
+    geometry = geometry or _geometry(class_name)
     t, s = geometry.vae_time_scale, geometry.vae_scale
     frames, height, width = size
     if frames is None or frames < 1 or (frames - 1) % t:
@@ -122,7 +127,7 @@ def latent_grid(class_name: str, size: tuple[int, int, int]) -> tuple[int, int, 
 
 def _video_inputs(class_name, geometry: Geometry, config, dtype, size, txt: int, batch: int) -> FullInputs:
     """The family's inputs for a small clip, with the latent video replaced by the full-size one."""
-    f, h, w = latent_grid(class_name, size)
+    f, h, w = latent_grid(class_name, size, geometry)
     kwargs = meta_inputs(class_name, config, dtype, img_tokens=16, txt_tokens=txt, batch=batch)
     latent = kwargs["hidden_states"]
     if geometry.layout == "video_tokens":  # LTX: tokens [B, f h w, C] with the grid beside them

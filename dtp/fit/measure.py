@@ -38,7 +38,16 @@ from ..runtime.parallelism import Parallelism
 from ..vae import parallelize_vae
 from ..vae.video_decode import FRAME_LOOP_VAES
 from .cache import FiguresCache, enabled
-from .pipelines import RELEASED_PIPELINES, FitPipeline, Shape, decode, decode_inputs, text_inputs
+from .pipelines import (
+    RELEASED_PIPELINES,
+    FitPipeline,
+    Shape,
+    decode,
+    decode_inputs,
+    text_inputs,
+    vae_scale,
+    vae_time_scale,
+)
 
 PHASES = ("text", "denoise", "decode")
 # Submodules a component calls many times alike, replayed after two runs (`repeats.py`): the per-frame decoder.
@@ -95,6 +104,9 @@ class Measurer:
         self._phases: dict = {}
         self._templates: dict = {}
         self._inputs: dict = {}
+        # The transformer's latents follow this pipeline's VAE (a directory's may not be its family's released one).
+        vae_config = self._template(pipeline.vae, 1)[0].config
+        self.vae_scales = vae_scale(vae_config), vae_time_scale(vae_config)
         self._disk = FiguresCache(PhaseFigures) if (enabled() if cache is None else cache) else None
 
     def phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures:
@@ -204,7 +216,8 @@ class Measurer:
         if name == self.pipeline.transformer:
             frames = s.frames if self.pipeline.geometry.is_video else None
             sizes = dict(height=s.height, width=s.width, frames=frames, text_tokens=s.text_tokens, batch=s.batch)
-            return Call(full_inputs(type(module).__name__, dict(module.config), self.dtype, **sizes).kwargs)
+            inputs = full_inputs(type(module).__name__, dict(module.config), self.dtype, vae=self.vae_scales, **sizes)
+            return Call(inputs.kwargs)
         if name == self.pipeline.vae:
             return Call(decode_inputs(module, self.dtype, s), decode, REPEATED.get(type(module).__name__, ()))
         return Call(text_inputs(module, s))
