@@ -190,14 +190,15 @@ def _prepared_report(model, prepared, *, class_name, config, dtype, tp, cp, cp_m
 
 
 def _peak(class_name, plan, traced: _Traced, config, shape, options) -> dict:
-    """The activation-peak section: (cp, tp) from `dtp check`'s own trace, one rank's from a trace of its own."""
+    """The activation-peak section: (cp, tp) from `dtp check`'s own trace, one rank's from a trace of its own, both of
+    the whole model (a cut one misses the peak of a block unlike the first: SD3's context-only last block)."""
     if isinstance(traced.trace, Exception):  # e.g. cp does not divide this sequence: the rest of the report stands
         return {"error": str(traced.trace)}
     degrees = {k: options[k] for k in ("cp", "tp", "cp_mode", "pad")}
     sharded = trace_peak(traced.trace, traced.inputs)
     try:
         common = dict(shape=shape, dtype=parse_dtype(options["dtype"]), config=config)
-        return peak_report(class_name, plan, **degrees, sharded=sharded, **common)
+        return peak_report(class_name, plan, **degrees, sharded=sharded, cut=False, **common)
     except ForwardError as exc:
         return {"error": str(exc)}
 

@@ -16,10 +16,12 @@ the block's figures; `dtp check` traces its model whole, so its collectives are 
 
         ideal = one rank's peak / (cp * tp)       ratio = per-rank peak / ideal (1.00: perfectly divided)
 
-Why one block per list is enough for the peak: only the residual stream (and what the model computes once before
-its blocks: RoPE tables, modulation, text states) crosses a block boundary, so the forward's peak is reached inside
-one block or in the head/tail, and a cut model has both (checked on FLUX.1 by the unit tests, and at full size:
-FLUX.1-dev tp=4 at 1024^2, 245,419,012 bytes cut and whole).
+Why one block per list is enough for the peak of a stack of alike blocks: only the residual stream (and what the
+model computes once before its blocks: RoPE tables, modulation, text states) crosses a block boundary, so the
+forward's peak is reached inside one block or in the head/tail, and a cut model has both (checked on FLUX.1 by the
+unit tests, and at full size: FLUX.1-dev tp=4 at 1024^2, 245,419,012 bytes cut and whole). Not for a stack whose
+blocks differ: SD3.5-L's last block (context only) makes the whole forward's peak at tp=2 92.6 MB where the cut one
+says 88.5 MB, so `dtp check`, which traces its sharded model whole, takes its one-rank reference whole too.
 """
 
 from __future__ import annotations
@@ -127,14 +129,16 @@ def forward_peak(
     shape: ForwardShape = DEFAULT_SHAPE,
     dtype: torch.dtype = torch.bfloat16,
     config: dict | None = None,
+    cut: bool = True,
 ) -> ForwardPeak:
-    """The activation peak of rank 0 of a (cp, tp) world in one forward at `shape`, one block per list (module
-    docstring). PlanError when the plan refuses (cp, tp) or the model has no input builder; ForwardError from the cp
-    hooks when cp does not divide the sequence."""
+    """The activation peak of rank 0 of a (cp, tp) world in one forward at `shape`, one block per list unless `cut`
+    is False (module docstring). PlanError when the plan refuses (cp, tp) or the model has no input builder;
+    ForwardError from the cp hooks when cp does not divide the sequence."""
     check_degree(cp, "forward peak: cp")
     check_degree(tp, "forward peak: tp")
     model = meta_model(class_name, config, dtype)
-    truncate_blocks(model, keep=1, skip=INDEXED_LISTS)
+    if cut:
+        truncate_blocks(model, keep=1, skip=INDEXED_LISTS)
     inputs = forward_inputs(class_name, dict(model.config), dtype, shape)
     shard = partial(shard_with_plan, plan=plan, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad)
     traces, _ = trace_sharded(model, cp * tp, shard, {0: Call(inputs.kwargs)})
@@ -157,10 +161,11 @@ def peak_report(
     config: dict | None = None,
     one: ForwardPeak | None = None,
     sharded: ForwardPeak | None = None,
+    cut: bool = True,
 ) -> dict:
     """`forward_peak` at (cp, tp) (`sharded`, when traced already) and at (1, 1) (`one`, likewise), with
-    ideal = one rank / (cp tp) and their ratio (a dict)."""
-    common = dict(shape=shape, dtype=dtype, config=config)
+    ideal = one rank / (cp tp) and their ratio (a dict). `cut`: as `forward_peak`'s."""
+    common = dict(shape=shape, dtype=dtype, config=config, cut=cut)
     one = one or forward_peak(class_name, plan, **common)
     sharded = sharded or forward_peak(class_name, plan, cp=cp, tp=tp, cp_mode=cp_mode, pad=pad, **common)
     ideal = one.peak_bytes / (cp * tp)

@@ -126,7 +126,7 @@ def format_peak(p: dict, dtype: str) -> list[str]:
         (f"ideal one rank / {p['cp'] * p['tp']}", _gb(p["ideal_bytes"])),
         ("ratio per-rank/ideal", f"{p['ratio']:10.3f}"),
     )
-    head = f"activation peak of one forward (batch 1, {dtype}, fake tensors, one block per stack): {p['input']}"
+    head = f"activation peak of one forward (batch 1, {dtype}, fake tensors, the whole model): {p['input']}"
     return [head] + [f"  {label:<32} {value}" for label, value in rows]
 
 

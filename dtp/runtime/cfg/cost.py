@@ -44,7 +44,7 @@ def exchange_per_step(output_bytes: int, cfg: int) -> dict:
 
 def _by_op(records: list[tuple[str, int, int]]) -> dict:
     by_op: dict = {}
-    for op, nbytes, _ in records:
+    for op, nbytes, _ in sorted(records, key=lambda r: r[0] != "all_reduce"):  # the table lists the flags first
         entry = by_op.setdefault(op, {"count": 0, "bytes": 0})
         entry["count"] += 1
         entry["bytes"] += nbytes
