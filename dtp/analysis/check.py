@@ -254,11 +254,6 @@ def _target(target: str, plan: str | None) -> tuple[str, Plan | None]:
     return target, load_plan(plan) if plan else None
 
 
-def resolve_target(target: str, plan: str | None) -> tuple[str, Plan | None]:
-    """`dtp check`'s MODEL_OR_PLAN (and --plan) as (class name, plan or None for `plan_for`); PlanError otherwise."""
-    return _target(target, plan)
-
-
 def replicated_modules(model: torch.nn.Module, resolved: Resolved) -> list[dict]:
     """Every rank's whole-held parameters, by module with block indices folded to `*`, largest first.
 
