@@ -1,13 +1,13 @@
 """Per-rank activation peak of one full-size transformer forward at 8 ranks, every bundled DiT plan.
 
 For each plan: the peak of one forward on one rank (cp=1, tp=1) and on rank 0 at (cp, tp) = (8, 1), (4, 2),
-(2, 4), (1, 8), each as `dtp check PLAN --cp C --tp T` reports it (`dtp/fit/forward_peak.py`: built at
+(2, 4), (1, 8), each as `dtp check PLAN --cp C --tp T` reports it (`dtp/analysis/forward.py`: built at
 full size on the meta device, one block per stack, sharded and CP-split by its plan in a fake process
 group of 8, run in bf16 on fake tensors under `PhaseTrace`), and ratio = per rank / (one rank / 8).
 A mesh the plan refuses says why (its PlanError / ForwardError, shortened).
 
 Inputs, batch 1: image models 1024 x 1024 px (4096 image tokens, 1024 for the 32x-VAE models) and 512
-text tokens; video models their usual clip (`forward_peak.VIDEO_CLIPS`, e.g. Wan 81 frames of 480 x 832).
+text tokens; video models their usual clip (`each family's `GEOMETRY.clip``, e.g. Wan 81 frames of 480 x 832).
 Then the issue's check: best mesh per model <= 1.25 x (one rank / 8) for Wan 2.1 14B at 480p x 81,
 HunyuanVideo at 720p x 129 and FLUX.1-dev at 2048 x 2048.
 
@@ -22,9 +22,10 @@ import argparse
 import time
 from pathlib import Path
 
+from dtp.analysis.forward import forward_peak, peak_report
+from dtp.analysis.inputs import ForwardShape
 from dtp.errors import ForwardError, PlanError
 from dtp.families import FAMILIES
-from dtp.fit.forward_peak import ForwardShape, forward_peak, peak_report
 from dtp.plan import bundled_plan_names, load_plan
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cp_peaks.md"
@@ -128,7 +129,7 @@ def main() -> None:
     text = [
         f"# Activation peak of one full-size forward per rank at 8 ranks ({args.cp_mode})",
         "",
-        "`dtp check PLAN --cp C --tp T` (dtp/fit/forward_peak.py): bf16, batch 1, fake tensors, the real plan and",
+        "`dtp check PLAN --cp C --tp T` (dtp/analysis/forward.py): bf16, batch 1, fake tensors, the real plan and",
         "CP split, one block per stack traced. Cells: per-rank peak (ratio to one rank / 8); `ring`: Ulysses",
         "refused the mesh (heads), ring attention measured instead. Cosmos: traced with concat_padding_mask off.",
         "Images 1024 x 1024 px + 512 text tokens; videos their usual clip.",

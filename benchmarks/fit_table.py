@@ -30,7 +30,7 @@ import torch
 
 from dtp.fit import fit
 from dtp.fit.measure import Measurer
-from dtp.fit.pipelines import VIDEO_FRAMES, Shape, fit_pipeline
+from dtp.fit.pipelines import Shape, fit_pipeline
 from dtp.fit.report import format_table, label, plot
 
 PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline", "wan-pipeline")
@@ -67,7 +67,7 @@ def _rows(pipeline: str, gpu_counts: tuple[int, ...]) -> tuple[dict, float]:
     both at once."""
     start = _cpu()
     spec = fit_pipeline(pipeline)
-    frames = VIDEO_FRAMES if spec.is_video else 1
+    frames = spec.usual_frames or 1
     measurer = Measurer(spec, torch.bfloat16, shapes=tuple(Shape(1, r, r, frames) for r in RESOLUTIONS))
     lines = {}
     for gpus in gpu_counts:

@@ -11,7 +11,7 @@ Checks, each reported as a row (a failing check prints its error and the others 
 3. a medium FLUX.1 transformer (released widths: 3072, 24 heads; 2 double + 4 single blocks) at 1024^2
    (4096 image + 512 text tokens), bf16: forward time of diffusers' model vs `dtp.parallelize` at tp=1,
    eager and `torch.compile`d, and the forward's activation peak (`torch.cuda.max_memory_allocated` above
-   the resident bytes) vs what `dtp.fit.trace` predicts on fake tensors for the same forward;
+   the resident bytes) vs what `dtp.analysis.trace` predicts on fake tensors for the same forward;
 4. torchao weight-only int8 / float8 on the GPU: `dtp.parallelize` then `dtp.quantize` vs torchao's
    `quantize_` on diffusers' model (the same quantization, so equal), and the time per forward.
 Writes gpu_check.md (and .json) to --out (default benchmarks/results).
@@ -181,8 +181,8 @@ def medium_inputs(model, img=None, txt=None):
 
 def predicted_peak(config: dict, inputs: dict) -> int:
     """dtp fit's figure: the forward traced on fake tensors (one block per stack, as fit does)."""
+    from dtp.analysis.trace import fake_like, fake_mode, to_fake, trace_call
     from dtp.families.tiny import model_class
-    from dtp.fit.trace import fake_like, fake_mode, to_fake, trace_call
 
     with torch.device("meta"):
         meta = model_class(FLUX).from_config(config).to(torch.bfloat16)

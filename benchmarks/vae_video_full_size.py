@@ -7,7 +7,7 @@ holds the most rows: `split_rows` gives the remainder to the first ranks), and w
 rank too. The latent is (1, 16, 21, 60, 104) -> video (1, 3, 81, 480, 832), fp32 (the Wan pipelines
 decode in the VAE's fp32).
 
-Peak: live bytes of every storage an op creates, freed when the storage dies (`dtp.fit.trace.PhaseTrace`, a
+Peak: live bytes of every storage an op creates, freed when the storage dies (`dtp.analysis.trace.PhaseTrace`, a
 dispatch-mode counter; torch's MemTracker refuses the decoder's per-frame calls of the same modules), minus
 nothing: parameters, buffers and the latent are resident and not counted. Wan decodes one latent frame per
 call with a per-layer temporal cache, so the peak is that of one frame's decode plus the caches and the
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from dtp.fit.trace import PhaseTrace
+from dtp.analysis.trace import PhaseTrace
 from dtp.vae import parallelize_vae
 
 RESULT = Path(__file__).resolve().parent / "results" / "vae_video_full_size.md"
@@ -80,7 +80,7 @@ def main() -> None:
         f"# Parallel VAE, full size: AutoencoderKLWan (Wan 2.1) decode of {args.frames} frames at "
         f"{args.height} x {args.width}, fp32, activation peak per rank\n\n"
         "FakeTensorMode + torch's fake process group + a dispatch-mode live-bytes counter "
-        "(`dtp.fit.trace.PhaseTrace`; no compute). Command: `python benchmarks/vae_video_full_size.py "
+        "(`dtp.analysis.trace.PhaseTrace`; no compute). Command: `python benchmarks/vae_video_full_size.py "
         f"--ranks {' '.join(map(str, args.ranks))} --frames {args.frames} --height {args.height} "
         f"--width {args.width}{' --last-rank' if args.last_rank else ''}{' --strips' if args.strips else ''}`"
         f"{' (each rank keeps its rows: gather_output=False)' if args.strips else ''}\n\n" + "\n".join(rows) + "\n"

@@ -13,7 +13,12 @@ from __future__ import annotations
 CP_MODES = ("ulysses", "ring")  # context-parallel attention: all-to-all over heads, or K/V passed around
 DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")  # short and long forms
 CHECK_DTYPES = ("fp32", "bf16", "fp16")  # `dtp check --dtype`
-RELEASED_PIPELINES = ("flux-pipeline", "flux2-pipeline", "qwenimage-pipeline")  # full-size component configs
+RELEASED_PIPELINES = (
+    "flux-pipeline",
+    "flux2-pipeline",
+    "qwenimage-pipeline",
+    "wan-pipeline",
+)  # full-size component configs
 DEMO_MODELS = ("flux", "qwenimage")  # the tiny pipeline checkpoints `dtp demo` writes
 DEFAULT_TIMEOUT_S = 600  # a collective's wait: torch's gloo default is 30 min, NCCL's watchdog 10; one value here
 DEFAULT_TOL = 1e-5  # fp32: the house parity bound for a whole tiny model (`dtp verify`)

@@ -9,11 +9,15 @@ reports what one rank would hold and send:
     ideal        = total / tp            (the physical limit: nothing replicated)
     ratio        = per rank / ideal      (1.00 is perfect; diffusers' FLUX.1-dev plan: 2.93 at tp 8)
 
-and the collectives of one forward, counted while a meta forward runs at a stated resolution (one
-denoising step without CFG; true CFG runs two). Weights are replicated along `cp`, so the memory
-figures do not depend on `cp`; the collectives listed are the tensor-parallel ones on the `tp` axis.
+and, from ONE traced forward of the sharded model (`forward.trace_sharded`: whole depth, fake tensors, the cp
+hooks as `parallelize` installs them) at the family's full-size input (`inputs.forward_inputs`: a 1024^2 image,
+a video model's usual clip), the collectives of one denoising step without CFG (true CFG runs two) and, with
+`peak`, the activation peak next to one rank's. Weights are replicated along `cp`, so the memory figures do
+not depend on `cp`; `measured` lists the tensor-parallel collectives, `cp_measured` the context-parallel ones
+(each rank's share of the sequence).
 
-`dtp check flux-pipeline --tp N` (also flux2-pipeline, qwenimage-pipeline; configs in `released.py`):
+`dtp check flux-pipeline --tp N` (every pipeline of `families/released_pipelines.py`: also flux2-pipeline,
+qwenimage-pipeline, wan-pipeline):
 every component of a released pipeline as `dtp.parallelize_pipeline` shards it, its plan or whole with
 the reason, and the same figures for the pipeline (total, per rank, ideal = total / tp, ratio). Memory
 only: no forward, no collectives.
@@ -21,10 +25,11 @@ only: no forward, no collectives.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,16 +46,17 @@ from ..quant import config_for, quantize
 from ..resolve import Resolved
 from ..resolve.transforms.padding import overhead
 from ..runtime.cfg.cost import exchange_per_step
-from ..runtime.cfg.tree import leaves
 from ..runtime.memory import local_param_bytes, local_tensor_bytes
 from ..runtime.mesh import make_mesh
-from .collectives import CollectiveCounter, implied_collectives
-from .fakepg import default_config, fake_world, meta_inputs, meta_model, read_config
+from .collectives import implied_collectives
+from .fakepg import default_config, fake_world, meta_model, read_config
+from .forward import Call, peak_report, trace_peak, trace_sharded
+from .inputs import ForwardShape, FullInputs, forward_inputs
 from .lint import lint_report
 from .released import RELEASED_PIPELINES, build_pipeline, released_pipeline
+from .trace import Trace
 
 TOP_REPLICATED = 6
-LATENT_PIXELS_PER_TOKEN = 16  # VAE downsampling 8 x patch 2, for all four bundled architectures
 PIPELINE_SUFFIX = "-pipeline"  # `dtp check flux-pipeline`: a released pipeline, every component
 TEXT_ENCODER_PREFIX = "text_encoder"  # diffusers' component names: text_encoder, text_encoder_2, ...
 
@@ -64,32 +70,29 @@ def check(
     plan: str | None = None,
     config: str | None = None,
     dtype: str = "bf16",
-    resolution: int = 1024,
+    resolution: int | None = None,
+    frames: int | None = None,
     text_tokens: int = DEFAULT_TEXT_TOKENS,
     forward: bool = True,
     pad: bool = False,
     quant: str | None = None,
+    cfg: int = 1,
+    peak: bool = False,
 ) -> dict:
-    """The `dtp check` report as a dict; PlanError on a bad target, config, degree or plan."""
+    """The `dtp check` report as a dict; PlanError on a bad target, config, degree or plan. `cfg` > 1 adds the cfg
+    exchange (`add_cfg`); `peak` (with `forward`) the activation peak at (cp, tp) from the same trace as the
+    collectives, next to one rank's (`forward.peak_report`)."""
     _check_degrees(tp, cp)
     class_name, the_plan = _target(target, plan)
-    cfg = read_config(config) if config else None
-    report = measure(
-        class_name,
-        the_plan,
-        tp=tp,
-        cp=cp,
-        cp_mode=cp_mode,
-        config=cfg,
-        dtype=dtype,
-        resolution=resolution,
-        text_tokens=text_tokens,
-        forward=forward,
-        pad=pad,
-        quant=quant,
-    )
+    options = dict(tp=tp, cp=cp, cp_mode=cp_mode, dtype=dtype, pad=pad, quant=quant, forward=forward)
+    model_config = read_config(config) if config else None
+    shape = ForwardShape(resolution=resolution, frames=frames, text_tokens=text_tokens)
+    report, traced = _measure(class_name, the_plan, config=model_config, shape=shape, **options)
     report["config"] = config or report["config"]
     report["lint"] = lint_report(class_name, the_plan)
+    add_cfg(report, cfg)
+    if peak and forward:
+        report["activation_peak"] = _peak(class_name, the_plan, traced, model_config, shape, options)
     return report
 
 
@@ -102,7 +105,8 @@ def measure(
     cp_mode: str = "ulysses",
     config: dict | None = None,
     dtype: str = "bf16",
-    resolution: int = 1024,
+    resolution: int | None = None,
+    frames: int | None = None,
     text_tokens: int = DEFAULT_TEXT_TOKENS,
     forward: bool = True,
     pad: bool = False,
@@ -110,30 +114,93 @@ def measure(
 ) -> dict:
     """Build `class_name` on meta, shard it with `plan` (None: `plan_for`) on rank 0 of a fake world.
 
-    `forward=False` skips the meta forward (and the measured collectives), for callers after memory only.
+    `forward=False` skips the traced forward (and the measured collectives), for callers after memory only.
     `pad=True` zero-pads heads and widths tp does not divide; `report["padding"]` says what that costs
     (`padding.overhead`); `total_bytes` and `ideal_bytes` stay the unpadded model's.
     `quant` (a `dtp.quant.SCHEMES` name): every Linear quantized by torchao first (on meta), so every byte
     figure is the quantized one (data + scales).
     """
+    shape = ForwardShape(resolution=resolution, frames=frames, text_tokens=text_tokens)
+    options = dict(tp=tp, cp=cp, cp_mode=cp_mode, dtype=dtype, pad=pad, quant=quant, forward=forward)
+    return _measure(class_name, plan, config=config, shape=shape, **options)[0]
+
+
+@dataclass(frozen=True)
+class _Traced:
+    """The one forward `dtp check` traced: its trace (or why it could not run) and its inputs."""
+
+    trace: Trace | Exception | None
+    inputs: FullInputs | None
+
+
+def _measure(class_name, plan, *, config, shape, tp, cp, cp_mode, dtype, pad, quant, forward) -> tuple[dict, _Traced]:
+    """(report, the traced forward): the layout figures while sharding, then one whole-depth trace (collectives,
+    activation peak, output bytes) of the sharded model with its cp hooks, as `parallelize` leaves it."""
     model = meta_model(class_name, config, parse_dtype(dtype))
+    quantized = None
     if quant is not None:
-        quantize(model, config_for(quant))
-    with fake_world(tp * cp):
-        prepared = prepare(model, make_mesh(tp=tp, cp=cp, device_type="cpu"), plan, cp_mode=cp_mode, pad=pad)
-        unpadded = prepared.padding.unpadded if prepared.padding is not None else prepared.resolved
-        report = _layout_report(model, unpadded, class_name, config, dtype, tp, cp, cp_mode, pad)
-        report["quant"] = quant
-        report["padding"] = overhead(prepared.padding, model) if prepared.padding is not None else None
-        # Weights only: the cp hooks are left out, so the meta forward counts the tensor-parallel collectives.
-        apply(model, replace(prepared, cp_resolved=None))
-        report["per_rank_bytes"] = local_param_bytes(model)
-        if forward:
-            report["collectives"] = _collectives(
-                model, prepared.resolved, class_name, parse_dtype(dtype), resolution, text_tokens
-            )
+        quantized = quantize(copy.deepcopy(model), config_for(quant))
+    inputs = None
+    if forward and class_name in FAMILIES:
+        inputs = forward_inputs(class_name, dict(model.config), parse_dtype(dtype), shape)
+    layout = dict(class_name=class_name, config=config, dtype=dtype, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad)
+    shard = _CheckShard(plan, layout, quant, quantized)
+    calls = {"forward": Call(inputs.kwargs)} if inputs is not None else {}
+    traces, _ = trace_sharded(model, tp * cp, shard, calls, catch=(Exception,))
+    report = shard.report
+    if forward:
+        report["collectives"] = _collectives(shard.implied, traces.get("forward"), inputs, class_name, shard.cp_group)
     report["ratio"] = report["per_rank_bytes"] / (report["total_bytes"] / tp)
+    return report, _Traced(traces.get("forward"), inputs)
+
+
+class _CheckShard:
+    """`dtp check`'s shard step (inside the fake world): prepare + apply as `parallelize` does, the layout figures
+    taken on the way. With `quant` they are taken on the quantized twin (every byte figure the quantized one) and the
+    traced model is sharded alike unquantized: torchao's tensors cannot be made fake, and a weight-only scheme
+    changes no activation and no collective."""
+
+    def __init__(self, plan, layout: dict, quant: str | None, quantized):
+        self.plan, self.layout, self.quant, self.quantized = plan, layout, quant, quantized
+        self.report: dict = {}
+        self.implied: dict = {}
+        self.cp_group: str | None = None
+
+    def __call__(self, module) -> None:
+        tp, cp, cp_mode, pad = (self.layout[k] for k in ("tp", "cp", "cp_mode", "pad"))
+        mesh = make_mesh(tp=tp, cp=cp, device_type="cpu")
+        measured = module if self.quantized is None else self.quantized
+        prepared = prepare(measured, mesh, self.plan, cp_mode=cp_mode, pad=pad)
+        self.report = _prepared_report(measured, prepared, quant=self.quant, **self.layout)
+        apply(measured, prepared)
+        self.report["per_rank_bytes"] = local_param_bytes(measured)
+        self.implied = implied_collectives(prepared.resolved, measured)
+        if measured is not module:
+            apply(module, prepare(module, mesh, self.plan, cp_mode=cp_mode, pad=pad))
+        self.cp_group = mesh.get_group("cp").group_name if cp > 1 else None
+
+
+def _prepared_report(model, prepared, *, class_name, config, dtype, tp, cp, cp_mode, pad, quant) -> dict:
+    """The layout figures of `prepared` on the unsharded `model`: what a rank holds, what stays whole, padding."""
+    unpadded = prepared.padding.unpadded if prepared.padding is not None else prepared.resolved
+    report = _layout_report(model, unpadded, class_name, config, dtype, tp, cp, cp_mode, pad)
+    report["quant"] = quant
+    report["padding"] = overhead(prepared.padding, model) if prepared.padding is not None else None
     return report
+
+
+def _peak(class_name, plan, traced: _Traced, config, shape, options) -> dict:
+    """The activation-peak section: (cp, tp) from `dtp check`'s own trace, one rank's from a trace of its own, both of
+    the whole model (a cut one misses the peak of a block unlike the first: SD3's context-only last block)."""
+    if isinstance(traced.trace, Exception):  # e.g. cp does not divide this sequence: the rest of the report stands
+        return {"error": str(traced.trace)}
+    degrees = {k: options[k] for k in ("cp", "tp", "cp_mode", "pad")}
+    sharded = trace_peak(traced.trace, traced.inputs)
+    try:
+        common = dict(shape=shape, dtype=parse_dtype(options["dtype"]), config=config)
+        return peak_report(class_name, plan, **degrees, sharded=sharded, cut=False, **common)
+    except ForwardError as exc:
+        return {"error": str(exc)}
 
 
 def _layout_report(model, resolved: Resolved, class_name, config, dtype, tp, cp, cp_mode, pad) -> dict:
@@ -187,11 +254,6 @@ def _target(target: str, plan: str | None) -> tuple[str, Plan | None]:
     return target, load_plan(plan) if plan else None
 
 
-def resolve_target(target: str, plan: str | None) -> tuple[str, Plan | None]:
-    """`dtp check`'s MODEL_OR_PLAN (and --plan) as (class name, plan or None for `plan_for`); PlanError otherwise."""
-    return _target(target, plan)
-
-
 def replicated_modules(model: torch.nn.Module, resolved: Resolved) -> list[dict]:
     """Every rank's whole-held parameters, by module with block indices folded to `*`, largest first.
 
@@ -212,65 +274,49 @@ def replicated_modules(model: torch.nn.Module, resolved: Resolved) -> list[dict]
     return [{"module": m, "count": len(paths_by[m]), "bytes": b} for m, b in bytes_by.most_common()]
 
 
-def _collectives(model, resolved, class_name, dtype, resolution, text_tokens) -> dict:
-    """Collectives of one meta forward (measured), next to what the plan implies."""
-    implied = Counter()
-    for counts in implied_collectives(resolved, model).values():
-        implied.update(counts)
-    result = {"implied": dict(implied)}
-    if resolution % LATENT_PIXELS_PER_TOKEN:
-        raise PlanError(f"dtp check: --resolution {resolution} must be a multiple of {LATENT_PIXELS_PER_TOKEN}.")
-    img_tokens = (resolution // LATENT_PIXELS_PER_TOKEN) ** 2
-    if class_name not in FAMILIES:
-        result["measured"] = None
-        result["note"] = f"no input builder for {class_name}: counts implied by the plan only"
-        return result
-    try:
-        inputs = meta_inputs(class_name, model.config, dtype, img_tokens=img_tokens, txt_tokens=text_tokens)
-        with torch.no_grad(), CollectiveCounter(model) as counter:
-            output = model(**inputs)
-    except (PlanError, ForwardError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - data-dependent ops (MoE bincount, masks) have no meta kernel
-        result["measured"] = None
-        result["note"] = (
-            f"the meta forward cannot run {class_name} ({type(exc).__name__}): counts implied by the plan only"
-        )
-        return result
-    by_op = {}
-    for record in counter.records:
-        entry = by_op.setdefault(record.op, {"count": 0, "bytes": 0})
-        entry["count"] += 1
-        entry["bytes"] += record.bytes
+def _collectives(implied: dict, trace, inputs: FullInputs | None, class_name: str, cp_group: str | None) -> dict:
+    """Collectives of the traced forward (measured: the tp axis's; the cp axis's apart), next to what the plan
+    implies."""
+    total = Counter()
+    for counts in implied.values():
+        total.update(counts)
+    result = {"implied": dict(total)}
+    if inputs is None:
+        return {
+            **result,
+            "measured": None,
+            "note": f"no input builder for {class_name}: counts implied by the plan only",
+        }
+    if isinstance(trace, PlanError):
+        raise trace
+    if isinstance(trace, Exception):  # data-dependent ops (MoE bincount, masks) have no fake kernel; cp refusals
+        why = str(trace) if isinstance(trace, ForwardError) else type(trace).__name__
+        note = f"the meta forward cannot run {class_name} ({why}): counts implied by the plan only"
+        return {**result, "measured": None, "note": note}
+    tp_records = [r for r in trace.collectives if r.group_name != cp_group]
     result.update(
         batch=1,
-        resolution=resolution,
-        input=describe_input(model, inputs, resolution),
-        img_tokens=img_tokens,
-        txt_tokens=text_tokens,
-        measured=by_op,
-        count=len(counter.records),
-        bytes=counter.total_bytes(),
-        output_bytes=sum(t.numel() * t.element_size() for t in leaves(output)),
+        resolution=inputs.height,
+        input=inputs.pixels,
+        img_tokens=inputs.tokens,
+        txt_tokens=inputs.text_tokens,
+        measured=_by_op(tp_records),
+        count=len(tp_records),
+        bytes=sum(r.bytes for r in tp_records),
+        output_bytes=trace.output_bytes,
     )
+    if cp_group is not None:
+        result["cp_measured"] = _by_op([r for r in trace.collectives if r.group_name == cp_group])
     return result
 
 
-def describe_input(model, inputs: dict, resolution: int) -> str:
-    """What the meta forward ran on, in the model's terms: `1024x1024 px` for an image model; for a video
-    model its latent video as frames x height x width (latent pixels; the VAE scales height and width by 8
-    and frames by its temporal factor). The video layouts: (B, C, F, H, W) (Wan, Mochi, Cosmos,
-    HunyuanVideo), (B, F, C, H, W) (CogVideoX), and tokens with `num_frames`/`height`/`width` beside them (LTX).
-    """
-    if "num_frames" in inputs:
-        grid = (inputs["num_frames"], inputs["height"], inputs["width"])
-    else:
-        hidden = inputs.get("hidden_states")
-        if hidden is None or hidden.ndim != 5:
-            return f"{resolution}x{resolution} px"
-        channels_first = hidden.shape[1] == getattr(model.config, "in_channels", None)
-        grid = tuple(hidden.shape[2:]) if channels_first else (hidden.shape[1], *hidden.shape[3:])
-    return "a latent video of {} x {} x {} (frames x height x width)".format(*grid)
+def _by_op(records) -> dict:
+    by_op = {}
+    for record in records:
+        entry = by_op.setdefault(record.op, {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += record.bytes
+    return by_op
 
 
 def add_cfg(report: dict, cfg: int) -> None:

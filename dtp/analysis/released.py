@@ -1,160 +1,19 @@
-"""Released pipelines at full size: the public checkpoints' component configs, built on the meta device.
+"""Released pipelines at full size: the registry's components (`families/released_pipelines.py`) on the meta device.
 
-There is no model hub here, so the config.json values of each public checkpoint's components are
-written out below. `dtp check flux-pipeline --tp 8` and `benchmarks/pipeline_memory.py` build
-from them. The transformers use dtp's full-size default config (`fakepg.default_config`, the
-released one for the bundled architectures). Parameter counts (checked by the unit tests):
-
-    flux-pipeline       FLUX.1-dev   transformer 11.90 B, CLIP-L 123 M, T5-XXL 4.76 B, VAE 84 M
-    flux2-pipeline      FLUX.2-dev   transformer 32.22 B, Mistral-Small-3.1 24B (23.34 B), VAE 84 M
-    qwenimage-pipeline  Qwen-Image   transformer 20.43 B, Qwen2.5-VL-7B (8.29 B), VAE 127 M
+`dtp check flux-pipeline --tp 8`, `dtp fit` and `benchmarks/pipeline_memory.py` build from them.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
 from ..errors import PlanError
+from ..families.released_pipelines import RELEASED_PIPELINES, Component, ReleasedPipeline
 from .fakepg import meta_model
 
-# google/t5-v1_1-xxl (FLUX.1-dev text_encoder_2): 4.76 B parameters.
-T5_XXL = dict(
-    vocab_size=32128,
-    d_model=4096,
-    d_kv=64,
-    d_ff=10240,
-    num_layers=24,
-    num_heads=64,
-    relative_attention_num_buckets=32,
-    feed_forward_proj="gated-gelu",
-    tie_word_embeddings=False,
-)
-# openai/clip-vit-large-patch14 text model (FLUX.1-dev text_encoder): 123 M parameters.
-CLIP_L = dict(
-    vocab_size=49408,
-    hidden_size=768,
-    intermediate_size=3072,
-    num_hidden_layers=12,
-    num_attention_heads=12,
-    max_position_embeddings=77,
-    projection_dim=768,
-    hidden_act="quick_gelu",
-)
-# FLUX.1-dev vae (AutoencoderKL, 16 latent channels): 84 M parameters.
-FLUX_VAE = dict(
-    in_channels=3,
-    out_channels=3,
-    down_block_types=["DownEncoderBlock2D"] * 4,
-    up_block_types=["UpDecoderBlock2D"] * 4,
-    block_out_channels=[128, 256, 512, 512],
-    layers_per_block=2,
-    latent_channels=16,
-    use_quant_conv=False,
-    use_post_quant_conv=False,
-)
-# Qwen/Qwen2.5-VL-7B-Instruct (Qwen-Image text_encoder): 28 heads, 4 kv heads.
-QWEN25_VL_7B = dict(
-    text_config=dict(
-        vocab_size=152064,
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
-        tie_word_embeddings=False,
-    ),
-    vision_config=dict(
-        depth=32,
-        hidden_size=1280,
-        intermediate_size=3420,
-        num_heads=16,
-        out_hidden_size=3584,
-        fullatt_block_indexes=[7, 15, 23, 31],
-    ),
-    tie_word_embeddings=False,
-)
-# mistralai/Mistral-Small-3.1-24B-Instruct-2503 (FLUX.2-dev text_encoder): 32 heads, 8 kv heads.
-MISTRAL_SMALL_31 = dict(
-    text_config=dict(
-        model_type="mistral",
-        vocab_size=131072,
-        hidden_size=5120,
-        intermediate_size=32768,
-        num_hidden_layers=40,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-    ),
-    vision_config=dict(
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        head_dim=64,
-        image_size=1540,
-        patch_size=14,
-    ),
-    spatial_merge_size=2,
-)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Component:
-    """One pipeline component as released."""
-
-    class_name: str
-    """diffusers or transformers model class, e.g. "T5EncoderModel"."""
-    config: Mapping | None = None
-    """diffusers: `from_config` kwargs (None: `fakepg.default_config`); transformers: config class kwargs."""
-    config_class: str | None = None
-    """transformers config class (e.g. "T5Config"); None for a diffusers model."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReleasedPipeline:
-    """A public checkpoint's modules by pipeline component name (schedulers and tokenizers left out)."""
-
-    title: str
-    """The checkpoint's name, e.g. "FLUX.1-dev"."""
-    components: Mapping[str, Component]
-
-
-def _transformers(class_name: str, config_class: str, config: Mapping) -> Component:
-    return Component(class_name=class_name, config=config, config_class=config_class)
-
-
-RELEASED_PIPELINES = {
-    "flux-pipeline": ReleasedPipeline(
-        title="FLUX.1-dev",
-        components={
-            "transformer": Component(class_name="FluxTransformer2DModel"),
-            "text_encoder": _transformers("CLIPTextModel", "CLIPTextConfig", CLIP_L),
-            "text_encoder_2": _transformers("T5EncoderModel", "T5Config", T5_XXL),
-            "vae": Component(class_name="AutoencoderKL", config=FLUX_VAE),
-        },
-    ),
-    "flux2-pipeline": ReleasedPipeline(
-        title="FLUX.2-dev",
-        components={
-            "transformer": Component(class_name="Flux2Transformer2DModel"),
-            "text_encoder": _transformers("Mistral3ForConditionalGeneration", "Mistral3Config", MISTRAL_SMALL_31),
-            "vae": Component(class_name="AutoencoderKLFlux2", config={}),
-        },
-    ),
-    "qwenimage-pipeline": ReleasedPipeline(
-        title="Qwen-Image",
-        components={
-            "transformer": Component(class_name="QwenImageTransformer2DModel"),
-            "text_encoder": _transformers("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig", QWEN25_VL_7B),
-            "vae": Component(class_name="AutoencoderKLQwenImage", config={}),
-        },
-    ),
-}
+__all__ = ["RELEASED_PIPELINES", "build_component", "build_pipeline", "released_pipeline"]
 
 
 def released_pipeline(name: str) -> ReleasedPipeline:

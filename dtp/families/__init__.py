@@ -7,8 +7,11 @@ Each family module holds everything dtp knows about one architecture besides its
     TINY        a tiny config with every structural feature (tests, the demo, `dtp lint` / `suggest` / `verify`)
     RELEASED    where the released checkpoint's config differs from the class defaults (full-size checks)
     inputs(cfg, g, batch, img, txt)   forward kwargs for any config: `img` image/video tokens, `txt` text tokens
+    GEOMETRY    optional (`geometry.Geometry`; default: an image DiT with an 8x VAE and 2 x 2 latent pixels per
+                token): pixels per token, VAE factors in time and space, usual clip, two-call CFG, latent layout
 
-A new family is one module here plus its line in `_MODULES`; nothing else names the class.
+A new family is one module here plus its line in `_MODULES`; nothing else names the class. The released
+pipelines that check and fit know by name (`flux-pipeline`, ...) are in `released_pipelines.py`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from . import (
     wan,
     zimage,
 )
+from .geometry import IMAGE, Geometry
 
 _MODULES = (
     flux,
@@ -77,16 +81,16 @@ class Family:
     tiny: dict
     released: dict
     inputs: Callable
-
-    @property
-    def is_video(self) -> bool:
-        """A 3-D (video) transformer: its tokens are frames x height x width."""
-        return "3DModel" in self.class_name
+    geometry: Geometry = IMAGE
 
 
-FAMILIES: dict[str, Family] = {
-    m.CLASS_NAME: Family(m.CLASS_NAME, m.PLAN, m.TINY, m.RELEASED, m.inputs) for m in _MODULES
-}
+def family_of(module) -> Family:
+    """The `Family` a family module declares; `GEOMETRY` is optional (the image default, `geometry.IMAGE`)."""
+    geometry = getattr(module, "GEOMETRY", IMAGE)
+    return Family(module.CLASS_NAME, module.PLAN, module.TINY, module.RELEASED, module.inputs, geometry)
+
+
+FAMILIES: dict[str, Family] = {m.CLASS_NAME: family_of(m) for m in _MODULES}
 
 
 def family(class_name: str) -> Family:
@@ -115,6 +119,11 @@ def example_inputs(
     for a fixed seed). PlanError for a class without a family."""
     g = torch.Generator().manual_seed(seed)
     return family(class_name).inputs(config, g, batch, img_tokens, txt_tokens)
+
+
+def geometry(class_name: str) -> Geometry:
+    """The family's `Geometry`, the image default for a class without a family (e.g. a pipeline directory's)."""
+    return FAMILIES[class_name].geometry if class_name in FAMILIES else IMAGE
 
 
 def released_overrides(class_name: str) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .geometry import Geometry
 from .shapes import square_side
 
 CLASS_NAME = "CogVideoXTransformer3DModel"
@@ -25,6 +26,7 @@ TINY = dict(
 )
 
 RELEASED: dict = {}  # the diffusers class defaults are the released checkpoint's config
+GEOMETRY = Geometry(vae_time_scale=4, clip=(49, 480, 720), layout="video_fchw")
 
 
 def inputs(cfg, g, batch, img, txt):

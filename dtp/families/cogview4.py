@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .geometry import Geometry
 from .shapes import square_side
 
 CLASS_NAME = "CogView4Transformer2DModel"
@@ -25,6 +26,7 @@ TINY = dict(
 )
 
 RELEASED: dict = {}  # the diffusers class defaults are the released checkpoint's config
+GEOMETRY = Geometry(two_call_cfg=True)
 
 
 def inputs(cfg, g, batch, img, txt):

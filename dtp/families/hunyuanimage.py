@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .geometry import Geometry
 from .shapes import square_side, text_mask
 
 CLASS_NAME = "HunyuanImageTransformer2DModel"
@@ -23,6 +24,7 @@ TINY = dict(
 )
 
 RELEASED: dict = {}  # the diffusers class defaults are the released checkpoint's config
+GEOMETRY = Geometry(vae_scale=32, patch=1)  # HunyuanImage 2.1's 32x VAE, patch 1
 
 
 def inputs(cfg, g, batch, img, txt):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .geometry import Geometry
 from .shapes import square_side, text_mask
 
 CLASS_NAME = "HunyuanVideoTransformer3DModel"
@@ -26,6 +27,7 @@ TINY = dict(
 )
 
 RELEASED: dict = {}  # the diffusers class defaults are the released checkpoint's config
+GEOMETRY = Geometry(vae_time_scale=4, clip=(129, 720, 1280), two_call_cfg=True, layout="video")
 
 
 def inputs(cfg, g, batch, img, txt):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .geometry import Geometry
 from .shapes import text_mask, video_grid
 
 CLASS_NAME = "LTXVideoTransformer3DModel"
@@ -22,6 +23,7 @@ TINY = dict(
 )
 
 RELEASED: dict = {}  # the diffusers class defaults are the released checkpoint's config
+GEOMETRY = Geometry(vae_scale=32, patch=1, vae_time_scale=8, clip=(161, 480, 704), layout="video_tokens")
 
 
 def inputs(cfg, g, batch, img, txt):

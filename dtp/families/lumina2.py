@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .geometry import Geometry
 from .shapes import square_side, text_mask
 
 CLASS_NAME = "Lumina2Transformer2DModel"
@@ -26,6 +27,7 @@ TINY = dict(
 )
 
 RELEASED: dict = {}  # the diffusers class defaults are the released checkpoint's config
+GEOMETRY = Geometry(two_call_cfg=True)
 
 
 def inputs(cfg, g, batch, img, txt):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .geometry import Geometry
 from .shapes import text_mask, video_grid
 
 CLASS_NAME = "MochiTransformer3DModel"
@@ -22,6 +23,7 @@ TINY = dict(
 )
 
 RELEASED: dict = {}  # the diffusers class defaults are the released checkpoint's config
+GEOMETRY = Geometry(vae_time_scale=6, clip=(163, 480, 848), layout="video")
 
 
 def inputs(cfg, g, batch, img, txt):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .geometry import Geometry
+
 CLASS_NAME = "QwenImageTransformer2DModel"
 PLAN = "qwenimage"
 
@@ -19,6 +21,7 @@ TINY = dict(
 )
 
 RELEASED: dict = {}  # the diffusers class defaults are the released checkpoint's config
+GEOMETRY = Geometry(two_call_cfg=True)  # true CFG: a conditional and an unconditional call per step
 
 
 def inputs(cfg, g, batch, img, txt):

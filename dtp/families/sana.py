@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .geometry import Geometry
 from .shapes import square_side, text_mask
 
 CLASS_NAME = "SanaTransformer2DModel"
@@ -24,6 +25,7 @@ TINY = dict(
 )
 
 RELEASED: dict = {}  # the diffusers class defaults are the released checkpoint's config
+GEOMETRY = Geometry(vae_scale=32, patch=1)  # DC-AE 32x, patch 1
 
 
 def inputs(cfg, g, batch, img, txt):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .geometry import Geometry
 from .shapes import video_grid
 
 CLASS_NAME = "WanTransformer3DModel"
@@ -23,6 +24,7 @@ TINY = dict(
 )
 
 RELEASED: dict = {}  # the diffusers class defaults are the released checkpoint's config
+GEOMETRY = Geometry(vae_time_scale=4, clip=(81, 480, 832), two_call_cfg=True, layout="video")
 
 
 def inputs(cfg, g, batch, img, txt):

@@ -3,9 +3,9 @@
 An `Axis` has
     options(pipeline, ask)           the values it offers (`ask`: gpus, batch), as `Candidate` field updates
     supported(pipeline, candidate)   None, or why this value cannot run with the rest of the candidate
-    apply(candidate, pipeline, layout)  what the value does to each component's `Setup`, to the phases its
-                                     weights are resident in and to the calls of a step (`Layout`), which
-                                     is all the estimator reads
+    apply(candidate, pipeline, arrangement)   what the value does to each component's `Setup`, to the phases
+                                     its weights are resident in and to the calls of a step (`Arrangement`),
+                                     which is all the estimator reads
 
 and the candidates are the product of every axis's options, minus the unsupported ones. Axes:
 
@@ -79,7 +79,7 @@ class Ask:
 
 
 @dataclass
-class Layout:
+class Arrangement:
     """Per component: the `Setup` it is measured under and the phases its weights occupy the GPU; per step:
     the transformer calls one rank runs and how the cfg axis exchanges their outputs."""
 
@@ -90,7 +90,7 @@ class Layout:
     """None (cfg = 1), "batch" (each call's rows split over the groups) or "pair" (one call of a pair each)."""
 
     @classmethod
-    def start(cls, pipeline: FitPipeline, batch: int) -> Layout:
+    def start(cls, pipeline: FitPipeline, batch: int) -> Arrangement:
         names = list(pipeline.classes)
         setups = {n: Setup(batch=batch) for n in names}
         return cls(setups, {n: set(PHASES) for n in names}, calls_per_step=pipeline.calls_per_step)
@@ -104,7 +104,7 @@ class Axis:
     name: str
     options: Callable[[FitPipeline, Ask], list[dict]]
     supported: Callable[[FitPipeline, Candidate], str | None]
-    apply: Callable[[Candidate, FitPipeline, Layout], None]
+    apply: Callable[[Candidate, FitPipeline, Arrangement], None]
 
 
 def _divisors(n: int) -> list[int]:
@@ -131,14 +131,14 @@ def _cfg_options(pipeline: FitPipeline, ask: Ask) -> list[dict]:
     return [{"cfg": c} for c in _divisors(ask.gpus) if c == 1 or cfg_path(pipeline, ask.batch, c)]
 
 
-def _apply_cfg(c: Candidate, pipeline: FitPipeline, layout: Layout) -> None:
-    batch = layout.setups[pipeline.transformer].batch
+def _apply_cfg(c: Candidate, pipeline: FitPipeline, arrangement: Arrangement) -> None:
+    batch = arrangement.setups[pipeline.transformer].batch
     path = cfg_path(pipeline, batch, c.cfg)
-    layout.cfg_path = path
+    arrangement.cfg_path = path
     if path == "batch":
-        layout.update(pipeline.transformer, batch=-(-batch // c.cfg))  # group 0 runs the ceil(B / cfg) first rows
+        arrangement.update(pipeline.transformer, batch=-(-batch // c.cfg))  # group 0 runs the ceil(B / cfg) first rows
     elif path == "pair":
-        layout.calls_per_step = 1
+        arrangement.calls_per_step = 1
 
 
 # ---- mesh, pad ---------------------------------------------------------------------------------
@@ -152,14 +152,14 @@ def _mesh_options(pipeline: FitPipeline, ask: Ask) -> list[dict]:
     return options
 
 
-def _apply_mesh(c: Candidate, pipeline: FitPipeline, layout: Layout) -> None:
-    layout.update(pipeline.transformer, tp=c.tp, cp=c.cp, cp_mode=c.cp_mode or CP_MODES[0])
+def _apply_mesh(c: Candidate, pipeline: FitPipeline, arrangement: Arrangement) -> None:
+    arrangement.update(pipeline.transformer, tp=c.tp, cp=c.cp, cp_mode=c.cp_mode or CP_MODES[0])
 
 
-def _apply_pad(c: Candidate, pipeline: FitPipeline, layout: Layout) -> None:
-    for name, setup in layout.setups.items():
+def _apply_pad(c: Candidate, pipeline: FitPipeline, arrangement: Arrangement) -> None:
+    for name, setup in arrangement.setups.items():
         if setup.tp > 1:
-            layout.update(name, pad=c.pad)
+            arrangement.update(name, pad=c.pad)
 
 
 # ---- quantization ------------------------------------------------------------------------------
@@ -170,8 +170,8 @@ def _quant_options(pipeline: FitPipeline, ask: Ask) -> list[dict]:
     return [{"quant": q} for q in (None, *schemes)]
 
 
-def _apply_quant(c: Candidate, pipeline: FitPipeline, layout: Layout) -> None:
-    layout.update(pipeline.transformer, quant=c.quant)
+def _apply_quant(c: Candidate, pipeline: FitPipeline, arrangement: Arrangement) -> None:
+    arrangement.update(pipeline.transformer, quant=c.quant)
 
 
 # ---- text encoders -----------------------------------------------------------------------------
@@ -185,11 +185,11 @@ def _te_supported(pipeline: FitPipeline, c: Candidate) -> str | None:
     return None
 
 
-def _apply_text_encoders(c: Candidate, pipeline: FitPipeline, layout: Layout) -> None:
+def _apply_text_encoders(c: Candidate, pipeline: FitPipeline, arrangement: Arrangement) -> None:
     for name in pipeline.text_encoders:
-        layout.update(name, tp=c.tp if c.text_encoders == "sharded" else 1, pad=c.pad)
+        arrangement.update(name, tp=c.tp if c.text_encoders == "sharded" else 1, pad=c.pad)
         if c.text_encoders == "offloaded":
-            layout.resident[name] = {"text"}
+            arrangement.resident[name] = {"text"}
 
 
 # ---- parallel VAE ------------------------------------------------------------------------------
@@ -208,9 +208,9 @@ def _vae_supported(pipeline: FitPipeline, c: Candidate) -> str | None:
     return "dtp run splits a supported VAE over every rank"
 
 
-def _apply_vae(c: Candidate, pipeline: FitPipeline, layout: Layout) -> None:
+def _apply_vae(c: Candidate, pipeline: FitPipeline, arrangement: Arrangement) -> None:
     if c.parallel_vae:
-        layout.update(pipeline.vae, split=c.world)
+        arrangement.update(pipeline.vae, split=c.world)
 
 
 AXES = [
@@ -236,9 +236,9 @@ def candidates(pipeline: FitPipeline, gpus: int, batch: int = 1) -> list[Candida
     return found
 
 
-def layout(candidate: Candidate, pipeline: FitPipeline, batch: int) -> Layout:
+def arrangement(candidate: Candidate, pipeline: FitPipeline, batch: int) -> Arrangement:
     """Each component's setup and resident phases under `candidate` (every axis applied in order)."""
-    result = Layout.start(pipeline, batch)
+    result = Arrangement.start(pipeline, batch)
     for axis in AXES:
         axis.apply(candidate, pipeline, result)
     return result

@@ -29,18 +29,16 @@ import time
 
 from ..errors import PlanError
 from ..policy import check_degree, parse_dtype
-from ..runtime.cfg.exchange import MAX_HEADER
+from ..runtime.cfg.cost import exchange
 from . import cost
-from .candidates import CFG_PAIR, Candidate, Layout, candidates, layout
+from .candidates import Arrangement, Candidate, arrangement, candidates
 from .fsdp import fsdp_row
 from .hardware import hardware as find_hardware
 from .hardware import parse_memory
 from .measure import PHASES, Measurer
-from .pipelines import PROMPT_TOKENS, VIDEO_FRAMES, FitPipeline, Shape, fit_pipeline
+from .pipelines import PROMPT_TOKENS, FitPipeline, Shape, fit_pipeline
 
 DEFAULT_PROMPT = "a photo of a cat"
-HEADER_BYTES = MAX_HEADER * 8  # the cfg exchange's shape header: MAX_HEADER int64 values
-FLAG_BYTES = 2 * 8  # the cfg pair's agreement: two int64 flags
 
 
 def fit(
@@ -76,26 +74,11 @@ def fit(
     memory = parse_memory(gpu_memory)
     hw = find_hardware(hardware, memory)
     spec = fit_pipeline(pipeline)
-    frames = frames or (VIDEO_FRAMES if spec.is_video else None)
+    frames = frames or spec.usual_frames
     shape = Shape(batch, height or resolution, width or resolution, frames or 1, text_tokens)
     measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
-    rows, rejected = [], []
-    runs, fits = set(), set()  # keys of the unpadded candidates that run; of the unquantized ones that fit
-    for candidate in sorted(candidates(spec, gpus, batch), key=lambda c: (c.quant is not None, c.pad)):
-        options = _options(candidate)
-        if only and any(options[k] != v for k, v in only.items()):
-            continue
-        if (candidate.pad and _key(options) in runs) or (candidate.quant and _key(options, "quant") in fits):
-            continue
-        try:
-            rows.append(estimate(candidate, spec, measurer, shape, memory, hw))
-        except PlanError as exc:
-            rejected.append({**options, "reason": str(exc)})
-            continue
-        runs.add(_key(options))
-        if rows[-1]["fits"] and not candidate.quant:
-            fits.add(_key(options, "quant"))
+    rows, rejected = _estimate_all(candidates(spec, gpus, batch), spec, measurer, shape, memory, hw, only)
     rows = _drop_needless_padding(rows)
     rows.sort(key=lambda r: (not r["fits"], r["step_seconds"] if r["fits"] else 0, r["peak_bytes"]))
     return {
@@ -116,9 +99,31 @@ def fit(
     }
 
 
+def _estimate_all(found, spec, measurer, shape, memory, hw, only) -> tuple[list[dict], list[dict]]:
+    """(rows, rejected) of the candidates `found`: unpadded and unquantized first, a padded one only where its
+    unpadded twin is refused, a quantized one only where no unquantized twin fits (module docstring)."""
+    rows, rejected = [], []
+    runs, fits = set(), set()  # keys of the unpadded candidates that run; of the unquantized ones that fit
+    for candidate in sorted(found, key=lambda c: (c.quant is not None, c.pad)):
+        options = _options(candidate)
+        if only and any(options[k] != v for k, v in only.items()):
+            continue
+        if (candidate.pad and _key(options) in runs) or (candidate.quant and _key(options, "quant") in fits):
+            continue
+        try:
+            rows.append(estimate(candidate, spec, measurer, shape, memory, hw))
+        except PlanError as exc:
+            rejected.append({**options, "reason": str(exc)})
+            continue
+        runs.add(_key(options))
+        if rows[-1]["fits"] and not candidate.quant:
+            fits.add(_key(options, "quant"))
+    return rows, rejected
+
+
 def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape: Shape, memory: int, hw) -> dict:
     """One row: per-rank weights, phase activations, peak, fit and step time of `candidate`."""
-    plan = layout(candidate, spec, shape.batch)
+    plan = arrangement(candidate, spec, shape.batch)
     figures = {name: measurer.phase(name, setup, shape) for name, setup in plan.setups.items()}
     weights = {name: f.weight_bytes for name, f in figures.items()}
     phase_bytes = {
@@ -151,21 +156,13 @@ def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape:
     return fsdp_row(row, candidate, spec, plan, call, measurer.dtype, hw, memory) if candidate.fsdp else row
 
 
-def cfg_exchange(plan: Layout, c: Candidate, output_bytes: int) -> list[tuple]:
-    """The cfg axis's collectives of one step on one rank, as (op, result bytes, group size) (`runtime/cfg`):
-
-        per exchanged call   all_gather of the 64-int64 shape header and of the output over the cfg group
-                             (result: cfg x this rank's output)
-        pair path            + one all-reduce of two int64 flags over the mesh for each of the pair's calls
-
-    batch path: every call of the step is exchanged; pair path: one per step (the second call is answered).
-    """
+def cfg_exchange(plan: Arrangement, c: Candidate, output_bytes: int) -> list[tuple]:
+    """The cfg axis's collectives of one step on one rank, as (op, result bytes, group size) (`runtime.cfg.cost`):
+    batch path, every call of the step is exchanged; pair path, one per step (the second call is answered)."""
     if plan.cfg_path is None:
         return []
-    exchanged = [("all_gather", c.cfg * HEADER_BYTES, c.cfg), ("all_gather", c.cfg * output_bytes, c.cfg)]
-    if plan.cfg_path == "batch":
-        return exchanged * plan.calls_per_step
-    return exchanged + [("all_reduce", FLAG_BYTES, c.world)] * CFG_PAIR
+    records = exchange(plan.cfg_path, c.cfg, c.cfg * output_bytes, c.world)
+    return records * plan.calls_per_step if plan.cfg_path == "batch" else records
 
 
 def _options(c: Candidate) -> dict:

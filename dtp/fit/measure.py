@@ -22,42 +22,31 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from ..analysis.fakepg import fake_world
+from ..analysis.forward import Call, trace_sharded
+from ..analysis.inputs import full_inputs
+from ..analysis.trace import Trace, scale_blocks, scale_collectives, truncate_blocks
 from ..engine import apply
-from ..errors import ForwardError, PlanError
+from ..errors import PlanError
 from ..pipeline import prepare_component
-from ..quant import config_for, quantize
 from ..runtime.mesh import make_mesh
 from ..runtime.parallelism import Parallelism
 from ..vae import parallelize_vae
 from ..vae.video_decode import FRAME_LOOP_VAES
 from .cache import FiguresCache, enabled
 from .pipelines import (
-    PIPELINES,
+    RELEASED_PIPELINES,
     FitPipeline,
     Shape,
-    call,
     decode,
     decode_inputs,
-    denoise_inputs,
     text_inputs,
     vae_scale,
     vae_time_scale,
-)
-from .trace import (
-    Trace,
-    fake_like,
-    fake_mode,
-    param_bytes_by_scope,
-    scale_blocks,
-    scale_collectives,
-    to_fake,
-    trace_call,
-    truncate_blocks,
 )
 
 PHASES = ("text", "denoise", "decode")
@@ -115,7 +104,9 @@ class Measurer:
         self._phases: dict = {}
         self._templates: dict = {}
         self._inputs: dict = {}
-        self.vae_config = self._template(pipeline.vae, 1)[0].config  # the VAE traced later is this one
+        # The transformer's latents follow this pipeline's VAE (a directory's may not be its family's released one).
+        vae_config = self._template(pipeline.vae, 1)[0].config
+        self.vae_scales = vae_scale(vae_config), vae_time_scale(vae_config)
         self._disk = FiguresCache(PhaseFigures) if (enabled() if cache is None else cache) else None
 
     def phase(self, name: str, setup: Setup, shape: Shape) -> PhaseFigures:
@@ -146,7 +137,11 @@ class Measurer:
     def _source(self, name: str) -> str:
         """What identifies the component's config: the released pipeline's name, or its config.json's text."""
         config = Path(self.pipeline.model_dir) / name / "config.json"
-        return self.pipeline.name if self.pipeline.name in PIPELINES or not config.is_file() else config.read_text()
+        return (
+            self.pipeline.name
+            if self.pipeline.name in RELEASED_PIPELINES or not config.is_file()
+            else config.read_text()
+        )
 
     def _measure_phase(self, name: str, setup: Setup, shapes: list[Shape]) -> dict:
         """{shape: PhaseFigures, or the PlanError / ForwardError found instead} of `name` under `setup`."""
@@ -177,21 +172,15 @@ class Measurer:
                 calls[s] = self._call(name, module, setup, s)
             except PlanError as exc:  # e.g. an image that is not a whole number of tokens
                 calls[s] = exc
-        with fake_world(setup.world):
-            _parallelize(name, module, setup)
-            with fake_mode():
-                to_fake(module)
-                if setup.quant is not None:  # after sharding, as `dtp.quantize` runs on a sharded model
-                    quantize(module, config_for(setup.quant))
-                weights = param_bytes_by_scope(module)
-                traces = {s: _trace_one(module, c) for s, c in calls.items()}
+        shard = partial(_parallelize, name, setup=setup)
+        traces, weights = trace_sharded(module, setup.world, shard, calls, quant=setup.quant)
         return traces, weights, {path: max(n // depth, 1) for path, n in lengths.items()}
 
     def output_bytes(self, setup: Setup, shape: Shape) -> int:
         """Bytes of one transformer call's output on a rank running `setup`: its latents' (`hidden_states`) shape."""
         module = self._template(self.pipeline.transformer, 1)[0]
-        inputs, _ = self._call(self.pipeline.transformer, module, setup, self.relevant_shape("transformer", shape))
-        latents = inputs["hidden_states"]
+        call = self._call(self.pipeline.transformer, module, setup, self.relevant_shape("transformer", shape))
+        latents = call.kwargs["hidden_states"]
         return latents.numel() * latents.element_size()
 
     def _template(self, name: str, depth: int):
@@ -215,21 +204,23 @@ class Measurer:
             return replace(shape, text_tokens=0)
         return shape
 
-    def _call(self, name: str, module, setup: Setup, shape: Shape):
-        """(meta inputs of `name`'s call at `shape` with `setup.batch` rows, the call); the inputs built once per key
+    def _call(self, name: str, module, setup: Setup, shape: Shape) -> Call:
+        """The `Call` of `name` at `shape` with `setup.batch` rows (meta inputs); the inputs built once per key
         (their builders draw full-size random tensors before moving them to meta: 50 ms for FLUX.2's text states)."""
         key = (name, setup.batch, shape)
         if key not in self._inputs:
             self._inputs[key] = self._build_call(name, module, replace(shape, batch=setup.batch))
         return self._inputs[key]
 
-    def _build_call(self, name: str, module, batch_shape: Shape):
+    def _build_call(self, name: str, module, s: Shape) -> Call:
         if name == self.pipeline.transformer:
-            scales = vae_scale(self.vae_config), vae_time_scale(self.vae_config)
-            return denoise_inputs(type(module).__name__, module.config, self.dtype, batch_shape, *scales), call
+            frames = s.frames if self.pipeline.geometry.is_video else None
+            sizes = dict(height=s.height, width=s.width, frames=frames, text_tokens=s.text_tokens, batch=s.batch)
+            inputs = full_inputs(type(module).__name__, dict(module.config), self.dtype, vae=self.vae_scales, **sizes)
+            return Call(inputs.kwargs)
         if name == self.pipeline.vae:
-            return decode_inputs(module, self.dtype, batch_shape), decode
-        return text_inputs(module, batch_shape), call
+            return Call(decode_inputs(module, self.dtype, s), decode, REPEATED.get(type(module).__name__, ()))
+        return Call(text_inputs(module, s))
 
 
 def _parallelize(name: str, module, setup: Setup) -> None:
@@ -246,19 +237,6 @@ def _parallelize(name: str, module, setup: Setup) -> None:
         apply(module, ready)
 
 
-def _trace_one(module, call):
-    """`trace_call` of one (inputs, call) pair, or the error found instead of it, kept for its own shape (a shape the
-    caller has not asked for yet must not fail the one it has; e.g. cp not dividing a sequence: ForwardError)."""
-    if isinstance(call, PlanError):
-        return call
-    inputs, run = call
-    repeated = REPEATED.get(type(module).__name__, ())
-    try:
-        return trace_call(module, run, {k: fake_like(v) for k, v in inputs.items()}, repeated)
-    except (PlanError, ForwardError) as exc:
-        return exc
-
-
 def _text_peak(one: Trace, two: Trace, lengths: dict) -> int:
     """A text encoder's peak at full depth from its traces at depth 1 and 2 (module docstring): it keeps one
     activation per layer alive, so peak(n) = peak(1) + (n - 1) (peak(2) - peak(1)), n the depth its call ran."""
@@ -269,6 +247,6 @@ def _text_peak(one: Trace, two: Trace, lengths: dict) -> int:
 
 def _figures(trace: Trace, weights, scale: dict, peak: int) -> PhaseFigures:
     flops = sum(scale_blocks(trace.flops, scale).values())
-    records = tuple((op, nbytes, group) for op, nbytes, group, _ in scale_collectives(trace.collectives, scale))
+    records = tuple((r.op, r.bytes, r.group) for r in scale_collectives(trace.collectives, scale))
     weight_bytes = sum(scale_blocks(weights, scale).values())
     return PhaseFigures(weight_bytes=int(weight_bytes), peak_bytes=int(peak), flops=int(flops), collectives=records)

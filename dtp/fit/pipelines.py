@@ -1,16 +1,17 @@
 """What `dtp fit` needs to know about a pipeline: its components on the meta device, and how each phase calls them.
 
-A pipeline is a released one (`released.py`: the public checkpoints' configs) or a diffusers pipeline
-directory, of which only `model_index.json` and each component's `config.json` are read.
+A pipeline is a released one (`families/released_pipelines.py`: the public checkpoints' configs) or a diffusers
+pipeline directory, of which only `model_index.json` and each component's `config.json` are read.
 
 The three phases of a generation and the call each one makes (shapes for an H x W image, batch B):
 
     text      every text encoder on its prompt tokens: CLIP 77, T5 / UMT5 / Mistral / Qwen2.5-VL 512
               (LLM encoders return every layer's hidden states: `output_hidden_states=True`)
-    denoise   one transformer call: (H/16)(W/16) image tokens (VAE 8x, patch 2) and 512 text tokens
+    denoise   one transformer call at the full size its family's geometry gives (`analysis/inputs.py`: e.g.
+              (H/16)(W/16) image tokens for VAE 8x, patch 2) and 512 text tokens
     decode    `vae.decode` of [B, C, H/8, W/8] latents ([B, C, F, H/8, W/8] for 3-D VAEs, F = (frames - 1)/4 + 1)
 
-(8 is the released VAEs' scale; it is read from the VAE's config as diffusers' pipelines do.)
+(8 is the released VAEs' scale; the decode reads it from the VAE's config as diffusers' pipelines do.)
 """
 
 from __future__ import annotations
@@ -22,42 +23,16 @@ from pathlib import Path
 
 import torch
 
-from ..analysis.fakepg import meta_inputs
-from ..analysis.released import RELEASED_PIPELINES, T5_XXL, Component, ReleasedPipeline, build_component
+from ..analysis.inputs import DEFAULT_TEXT_TOKENS
+from ..analysis.released import RELEASED_PIPELINES, build_component
 from ..errors import PlanError
+from ..families import Geometry, geometry
 from ..loading import build_skeleton
 from ..vae.apply import VIDEO_VAES  # 3-D latents [B, C, frames, h, w]: one list with the parallel VAE's
 
-PATCH = 2  # latent pixels per token side, every supported transformer
-PROMPT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL / UMT5 prompt length the pipelines pad or cap to
+PROMPT_TOKENS = DEFAULT_TEXT_TOKENS  # T5 / Mistral / Qwen2.5-VL / UMT5 prompt length the pipelines pad or cap to
 CLIP_TOKENS = 77
-VIDEO_TRANSFORMERS = ("WanTransformer3DModel",)
 ENCODER_ONLY = ("CLIPTextModel", "CLIPTextModelWithProjection", "T5EncoderModel", "UMT5EncoderModel")
-# Pipelines that run classifier-free guidance as two transformer calls per step at their recommended settings.
-TWO_CALLS = ("QwenImageTransformer2DModel", "WanTransformer3DModel")
-# The checkpoint folder a `dtp run` command names for a released pipeline.
-CHECKPOINT_DIRS = {
-    "flux-pipeline": "./FLUX.1-dev",
-    "flux2-pipeline": "./FLUX.2-dev",
-    "qwenimage-pipeline": "./Qwen-Image",
-    "wan-pipeline": "./Wan2.1-T2V-14B-Diffusers",
-}
-VIDEO_FRAMES = 81  # Wan's default clip length
-# google/umt5-xxl encoder (Wan 2.1 text_encoder): 5.68 B parameters.
-UMT5_XXL = {**T5_XXL, "vocab_size": 256384}  # T5 v1.1 XXL's shape with UMT5's vocabulary
-# Video pipelines `dtp fit` knows besides `released.RELEASED_PIPELINES`. Wan 2.1 T2V 14B: the diffusers class
-# defaults of WanTransformer3DModel (40 layers, 40 heads of 128) and AutoencoderKLWan are the 14B checkpoint's.
-VIDEO_PIPELINES = {
-    "wan-pipeline": ReleasedPipeline(
-        title="Wan2.1-T2V-14B",
-        components={
-            "transformer": Component(class_name="WanTransformer3DModel"),
-            "text_encoder": Component(class_name="UMT5EncoderModel", config=UMT5_XXL, config_class="UMT5Config"),
-            "vae": Component(class_name="AutoencoderKLWan", config={}),
-        },
-    )
-}
-PIPELINES = {**RELEASED_PIPELINES, **VIDEO_PIPELINES}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,29 +62,39 @@ class FitPipeline:
         return [n for n in self.classes if n.startswith("text_encoder")]
 
     @property
+    def geometry(self) -> Geometry:
+        """The transformer family's geometry (`families/geometry.py`): clip, two-call CFG, pixels per token."""
+        return geometry(self.classes[self.transformer])
+
+    @property
     def is_video(self) -> bool:
-        return self.classes[self.transformer] in VIDEO_TRANSFORMERS
+        return self.geometry.is_video
+
+    @property
+    def usual_frames(self) -> int | None:
+        """Frames of the pipeline's usual clip (Wan: 81); None for an image pipeline."""
+        return self.geometry.clip[0] if self.geometry.is_video else None
 
     @property
     def calls_per_step(self) -> int:
-        return 2 if self.classes[self.transformer] in TWO_CALLS else 1
+        return 2 if self.geometry.two_call_cfg else 1
 
 
 def fit_pipeline(source: str) -> FitPipeline:
     """A released pipeline by name, else a diffusers pipeline directory; PlanError naming both otherwise."""
-    if source in PIPELINES:
-        released = PIPELINES[source]
+    if source in RELEASED_PIPELINES:
+        released = RELEASED_PIPELINES[source]
         return FitPipeline(
             name=source,
             title=released.title,
             classes={n: c.class_name for n, c in released.components.items()},
             build=lambda name, dtype: build_component(released.components[name], dtype),
-            model_dir=CHECKPOINT_DIRS.get(source, f"./{released.title}"),
+            model_dir=released.model_dir,
         )
     index = Path(source) / "model_index.json"
     if not index.is_file():
         raise PlanError(
-            f"'{source}' is neither a released pipeline ({', '.join(PIPELINES)}) nor a pipeline "
+            f"'{source}' is neither a released pipeline ({', '.join(RELEASED_PIPELINES)}) nor a pipeline "
             f"directory with a model_index.json."
         )
     classes = _model_classes(json.loads(index.read_text()))
@@ -182,49 +167,19 @@ def vae_time_scale(vae_config) -> int:
     return 4
 
 
-def latent_size(shape: Shape, scale: int) -> tuple[int, int]:
-    """(h, w) of the latents; PlanError when the image is not a whole number of tokens."""
-    step = scale * PATCH
-    for what, value in (("height", shape.height), ("width", shape.width)):
-        if value < step or value % step:
-            raise PlanError(f"dtp fit: {what} {value} must be a positive multiple of {step} (VAE {scale}x, patch 2).")
-    return shape.height // scale, shape.width // scale
-
-
-def denoise_inputs(class_name: str, config, dtype: torch.dtype, shape: Shape, scale: int, time_scale: int = 4) -> dict:
-    """The transformer's forward kwargs (meta tensors) for one denoising call; `scale` / `time_scale`: the VAE's
-    pixels per latent pixel / frames per latent frame."""
-    h, w = latent_size(shape, scale)
-    if class_name in VIDEO_TRANSFORMERS:
-        return _video_inputs(config, dtype, shape, h, w, latent_frames(shape.frames, time_scale))
-    img_tokens = (h // PATCH) * (w // PATCH)
-    return meta_inputs(
-        class_name, config, dtype, img_tokens=img_tokens, txt_tokens=shape.text_tokens, batch=shape.batch
-    )
-
-
 def latent_frames(frames: int, time_scale: int) -> int:
     """Latent frames of a clip: the video VAEs keep the first frame and compress the rest `time_scale` x."""
     return (frames - 1) // time_scale + 1
 
 
-def _video_inputs(config, dtype: torch.dtype, shape: Shape, h: int, w: int, frames: int) -> dict:
-    """Wan's forward kwargs: latents [B, C, F', h, w] (patch (1, 2, 2) inside the model), T5 states [B, L, 4096]."""
-    latents = (shape.batch, config["in_channels"], frames, h, w)
-    return {
-        "hidden_states": torch.empty(latents, dtype=dtype, device="meta"),
-        "timestep": torch.zeros(shape.batch, dtype=torch.long, device="meta"),
-        "encoder_hidden_states": torch.empty(
-            shape.batch, shape.text_tokens, config["text_dim"], dtype=dtype, device="meta"
-        ),
-        "return_dict": False,
-    }
-
-
 def decode_inputs(vae: torch.nn.Module, dtype: torch.dtype, shape: Shape) -> dict:
     """`vae.decode`'s latents (meta tensor) for `shape`."""
     channels = vae.config.get("latent_channels") or vae.config.get("z_dim")
-    h, w = latent_size(shape, vae_scale(vae.config))
+    scale = vae_scale(vae.config)
+    for what, value in (("height", shape.height), ("width", shape.width)):
+        if value < scale or value % scale:
+            raise PlanError(f"{what} {value} px must be a positive multiple of {scale} (the VAE's {scale}x).")
+    h, w = shape.height // scale, shape.width // scale
     if type(vae).__name__ in VIDEO_VAES:
         size = (shape.batch, channels, latent_frames(shape.frames, vae_time_scale(vae.config)), h, w)
     else:
@@ -245,7 +200,3 @@ def text_inputs(encoder: torch.nn.Module, shape: Shape) -> dict:
         return {"input_ids": ids}
     mask = torch.ones(shape.batch, tokens, dtype=torch.long, device="meta")
     return {"input_ids": ids, "attention_mask": mask, "output_hidden_states": True, "use_cache": False}
-
-
-def call(module, **kwargs):
-    return module(**kwargs)

@@ -5,22 +5,16 @@ from __future__ import annotations
 import json
 import sys
 
-from ..analysis.check import add_cfg, check, check_pipeline, is_pipeline_target, resolve_target
-from ..analysis.fakepg import read_config
+from ..analysis.check import add_cfg, check, check_pipeline, is_pipeline_target
 from ..analysis.lint import format_lint
 from ..analysis.released import RELEASED_PIPELINES
-from ..errors import ForwardError, PlanError
-from ..fit.forward_peak import DEFAULT_RESOLUTION, ForwardShape, peak_report
-from ..policy import parse_dtype
+from ..errors import PlanError
 
 
 def run(args) -> int:
     try:
         report = _pipeline_or_model(args)
-        add_cfg(report, args.cfg)
         add_fsdp(report, args)
-        if "pipeline" not in report and args.peak and args.forward:
-            report["activation_peak"] = activation_peak(args)
     except PlanError as exc:
         message = str(exc) if str(exc).startswith("dtp check:") else f"dtp check: {exc}"
         print(json.dumps({"error": str(exc)}) if args.json else message, file=sys.stderr)
@@ -36,7 +30,7 @@ def _pipeline_or_model(args) -> dict:
     if is_pipeline_target(args.target):
         if args.plan or args.config:
             raise PlanError(f"--plan and --config apply to one model, not to '{args.target}'.")
-        return check_pipeline(
+        report = check_pipeline(
             args.target,
             tp=args.tp,
             cp=args.cp,
@@ -45,6 +39,8 @@ def _pipeline_or_model(args) -> dict:
             pad=args.pad,
             whole_text_encoders=args.whole_text_encoders,
         )
+        add_cfg(report, args.cfg)  # refuses cfg > 1: the exchange needs one model's measured output
+        return report
     if args.whole_text_encoders:
         raise PlanError(f"--whole-text-encoders applies to a pipeline ({', '.join(RELEASED_PIPELINES)}).")
     return check(
@@ -55,33 +51,15 @@ def _pipeline_or_model(args) -> dict:
         plan=args.plan,
         config=args.config,
         dtype=args.dtype,
-        resolution=args.resolution or DEFAULT_RESOLUTION,
+        resolution=args.resolution,
+        frames=args.frames,
         text_tokens=args.text_tokens,
         forward=args.forward,
         pad=args.pad,
         quant=args.quant,
+        cfg=args.cfg,
+        peak=args.peak,
     )
-
-
-def activation_peak(args) -> dict:
-    """`forward_peak.peak_report` for the checked model (a note instead when its forward cannot run here)."""
-    class_name, plan = resolve_target(args.target, args.plan)
-    shape = ForwardShape(resolution=args.resolution, frames=args.frames, text_tokens=args.text_tokens)
-    config = read_config(args.config) if args.config else None
-    try:
-        return peak_report(
-            class_name,
-            plan,
-            cp=args.cp,
-            tp=args.tp,
-            cp_mode=args.cp_mode,
-            pad=args.pad,
-            shape=shape,
-            dtype=parse_dtype(args.dtype),
-            config=config,
-        )
-    except ForwardError as exc:  # e.g. cp does not divide this sequence: the rest of the report stands
-        return {"error": str(exc)}
 
 
 def add_fsdp(report: dict, args) -> None:
@@ -140,10 +118,7 @@ def format_report(r: dict) -> str:
     if "lint" in r:
         lines += format_lint(r["lint"])
     if r["cp"] > 1:
-        lines.append(
-            f"cp={r['cp']}: weights are replicated along cp, so the memory figures are per tp group; "
-            f"context-parallel collectives are not counted here."
-        )
+        lines.append(f"cp={r['cp']}: weights are replicated along cp, so the memory figures are per tp group.")
     return "\n".join(lines)
 
 
@@ -181,7 +156,7 @@ def format_peak(p: dict, dtype: str) -> list[str]:
         (f"ideal one rank / {p['cp'] * p['tp']}", _gb(p["ideal_bytes"])),
         ("ratio per-rank/ideal", f"{p['ratio']:10.3f}"),
     )
-    head = f"activation peak of one forward (batch 1, {dtype}, fake tensors, one block per stack): {p['input']}"
+    head = f"activation peak of one forward (batch 1, {dtype}, fake tensors, the whole model): {p['input']}"
     return [head] + [f"  {label:<32} {value}" for label, value in rows]
 
 
@@ -212,6 +187,9 @@ def _format_collectives(c: dict) -> list[str]:
     ]
     lines += [f"  {op:<24} {e['count']:6d}  {_gb(e['bytes'])}" for op, e in c["measured"].items()]
     lines.append(f"  {'total':<24} {c['count']:6d}  {_gb(c['bytes'])}")
+    if c.get("cp_measured") is not None:
+        lines.append("context-parallel collectives per forward (this rank's share of the sequence):")
+        lines += [f"  {op:<24} {e['count']:6d}  {_gb(e['bytes'])}" for op, e in c["cp_measured"].items()]
     if {op: e["count"] for op, e in c["measured"].items()} != c["implied"]:
         lines.append(f"  note: the plan implies {c['implied']} (one per rowwise / gathered Linear call)")
     return lines

@@ -259,23 +259,22 @@ def _check(p: argparse.ArgumentParser) -> None:
         "--resolution",
         type=int,
         default=None,
-        help="square image side in pixels for the forward (default 1024); a video model gets as many tokens, "
-        "as a latent video whose frames x height x width the report prints; for the activation peak, a video "
-        "model's height (default: its usual clip, e.g. Wan 480x832 x 81 frames)",
+        help="square image side in pixels for the forward (default 1024); a video model's height (default: its "
+        "usual clip, e.g. Wan 480x832 x 81 frames)",
     )
-    p.add_argument("--frames", type=int, default=None, help="video frames for the activation peak (default: usual)")
+    p.add_argument("--frames", type=int, default=None, help="video frames for the forward (default: the usual clip's)")
     p.add_argument(
         "--no-peak",
         dest="peak",
         action="store_false",
-        help="skip the activation peak of one forward at (cp, tp) and at one rank (fake tensors, one block per stack)",
+        help="skip the activation peak of one forward at (cp, tp) and at one rank (fake tensors, the whole model)",
     )
     p.add_argument("--text-tokens", type=int, default=DEFAULT_TEXT_TOKENS, help="prompt length for the forward")
     p.add_argument(
         "--no-forward",
         dest="forward",
         action="store_false",
-        help="skip the meta forward that counts the collectives (memory figures only)",
+        help="skip the traced forward that counts the collectives and the peak (memory figures only)",
     )
     p.add_argument(
         "--whole-text-encoders",

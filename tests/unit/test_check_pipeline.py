@@ -88,7 +88,18 @@ def test_unknown_pipeline_names_the_known_ones():
     rc, out, err = cli("sd3-pipeline", "--tp", "2")
     assert rc == 1 and out == ""
     assert all(name in err for name in RELEASED_PIPELINES), err
-    assert set(RELEASED_PIPELINES) == {"flux-pipeline", "flux2-pipeline", "qwenimage-pipeline"}
+    assert set(RELEASED_PIPELINES) == {"flux-pipeline", "flux2-pipeline", "qwenimage-pipeline", "wan-pipeline"}
+
+
+def test_wan_pipeline_is_checked_like_fit_sees_it():
+    """`dtp check wan-pipeline --tp 4` (once: "no released pipeline named 'wan-pipeline'"): Wan 2.1 14B sharded by its
+    plan, UMT5-XXL by the umt5 plan; per rank 10.355 GB of 40.193 GB (ratio 1.031, measured), the VAE whole."""
+    report = check_pipeline("wan-pipeline", tp=4)
+    rows = {c["name"]: c for c in report["components"]}
+    assert rows["transformer"]["plan"] == "wan" and rows["text_encoder"]["class"] == "UMT5EncoderModel"
+    assert rows["text_encoder"]["plan"] is not None, rows["text_encoder"]["whole_reason"]
+    assert 20.0e9 < report["params"] < 20.2e9  # 14.3 B transformer + 5.68 B UMT5-XXL encoder + the VAE
+    assert report["ratio"] < 1.05, report["ratio"]
 
 
 def test_help_lists_the_pipelines(capsys):

@@ -2,14 +2,16 @@
 itself named, `dtp verify`'s summary, and pad=True suggested for a vision tower whose heads tp does not divide."""
 
 import pytest
+import torch
 
 import dtp
-from dtp.analysis.check import describe_input, replicated_modules
+from dtp.analysis.check import replicated_modules
 from dtp.analysis.fakepg import fake_world
+from dtp.analysis.inputs import ForwardShape, forward_inputs
 from dtp.analysis.verify import MODEL, Site, VerifyReport
 from dtp.plan import load_plan
 from dtp.resolve import resolve
-from dtp.testing.tiny import tiny_inputs, tiny_model
+from dtp.testing.tiny import TINY_CONFIGS, tiny_model
 from dtp.testing.tiny_vision import meta_vision_model
 
 WAN, COGVIDEOX, LTX, FLUX = (
@@ -30,14 +32,15 @@ def _grid(cls: str, inputs: dict) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("cls", [WAN, COGVIDEOX, LTX])
 def test_a_video_forward_is_described_as_frames_height_width(cls):
-    inputs = tiny_inputs(cls)
-    described = describe_input(tiny_model(cls), inputs, resolution=1024)
-    assert described == "a latent video of {} x {} x {} (frames x height x width)".format(*_grid(cls, inputs))
-    assert "px" not in described
+    """The usual clip in pixels, then the latent video (frames x height x width) its tensors really hold."""
+    inputs = forward_inputs(cls, dict(TINY_CONFIGS[cls]), torch.float32, ForwardShape())
+    assert inputs.pixels.endswith("= latent video {} x {} x {}".format(*_grid(cls, inputs.kwargs))), inputs.pixels
+    assert " frames of " in inputs.pixels
 
 
 def test_an_image_forward_is_described_in_pixels():
-    assert describe_input(tiny_model(FLUX), tiny_inputs(FLUX), resolution=1024) == "1024x1024 px"
+    inputs = forward_inputs(FLUX, dict(TINY_CONFIGS[FLUX]), torch.float32, ForwardShape(resolution=1024))
+    assert inputs.pixels == "1024x1024 px"
 
 
 def test_a_parameter_a_block_holds_itself_is_named():

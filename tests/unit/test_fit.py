@@ -12,12 +12,7 @@ from torch import nn
 
 import dtp
 from dtp.analysis import fakepg
-from dtp.fit import cost
-from dtp.fit.candidates import Candidate, candidates, layout
-from dtp.fit.estimate import cfg_exchange, command, why_none_fits
-from dtp.fit.hardware import GIB, HARDWARE, hardware, parse_memory
-from dtp.fit.pipelines import fit_pipeline
-from dtp.fit.trace import (
+from dtp.analysis.trace import (
     PhaseTrace,
     fake_like,
     fake_mode,
@@ -26,6 +21,11 @@ from dtp.fit.trace import (
     trace_call,
     truncate_blocks,
 )
+from dtp.fit import cost
+from dtp.fit.candidates import Candidate, arrangement, candidates
+from dtp.fit.estimate import cfg_exchange, command, why_none_fits
+from dtp.fit.hardware import GIB, HARDWARE, hardware, parse_memory
+from dtp.fit.pipelines import fit_pipeline
 from dtp.testing.tiny import tiny_inputs, tiny_model
 
 
@@ -83,7 +83,8 @@ def test_tp2_pair_flops_and_all_reduce_bytes():
             to_fake(model)
             trace = trace_call(model, lambda m, x: m(x), {"x": torch.empty(4, 32)})
     assert trace.total_flops() == (2 * 4 * 32 * 64 + 2 * 4 * 64 * 32) // 2
-    ((op, nbytes, group, _),) = trace.collectives
+    (record,) = trace.collectives
+    op, nbytes, group = record.op, record.bytes, record.group
     assert (op, nbytes, group) == ("all_reduce", 4 * 32 * 4, 2)
     assert cost.wire_bytes(op, nbytes, group) == 512
 
@@ -193,10 +194,10 @@ def test_cfg_layouts_halve_the_work_per_rank():
     """Qwen-Image at cfg 2 (pair): the transformer runs one call of batch 1 per step (not 2); FLUX.1 with 2 prompts at
     cfg 2 (batch): each group's calls carry 1 row; text encoders and VAE keep the whole batch, the VAE split 4 ways."""
     qwen, flux = fit_pipeline("qwenimage-pipeline"), fit_pipeline("flux-pipeline")
-    pair = layout(Candidate(cfg=2, tp=2, parallel_vae=True), qwen, 1)
+    pair = arrangement(Candidate(cfg=2, tp=2, parallel_vae=True), qwen, 1)
     assert (pair.cfg_path, pair.calls_per_step, pair.setups["transformer"].batch) == ("pair", 1, 1)
-    assert layout(Candidate(tp=4, parallel_vae=True), qwen, 1).calls_per_step == 2
-    split = layout(Candidate(cfg=2, tp=2, parallel_vae=True), flux, 2)
+    assert arrangement(Candidate(tp=4, parallel_vae=True), qwen, 1).calls_per_step == 2
+    split = arrangement(Candidate(cfg=2, tp=2, parallel_vae=True), flux, 2)
     assert (split.cfg_path, split.calls_per_step, split.setups["transformer"].batch) == ("batch", 1, 1)
     assert split.setups["text_encoder_2"].batch == split.setups["vae"].batch == 2
     assert split.setups["vae"].split == 4 and split.setups["transformer"].tp == 2
@@ -209,17 +210,19 @@ def test_cfg_exchange_bytes():
     c = Candidate(cfg=2, tp=2, parallel_vae=True)
     x = 1000
     gathers = [("all_gather", 1024, 2), ("all_gather", 2 * x, 2)]
-    assert cfg_exchange(layout(c, qwen, 1), c, x) == gathers + [("all_reduce", 16, 4)] * 2
-    assert cfg_exchange(layout(c, qwen, 2), c, x) == gathers * 2  # batch 2: batch path, Qwen's two calls each split
-    assert cfg_exchange(layout(c, flux, 2), c, x) == gathers
-    assert cfg_exchange(layout(Candidate(tp=4), flux, 1), Candidate(tp=4), x) == []
+    assert cfg_exchange(arrangement(c, qwen, 1), c, x) == gathers + [("all_reduce", 16, 4)] * 2
+    assert (
+        cfg_exchange(arrangement(c, qwen, 2), c, x) == gathers * 2
+    )  # batch 2: batch path, Qwen's two calls each split
+    assert cfg_exchange(arrangement(c, flux, 2), c, x) == gathers
+    assert cfg_exchange(arrangement(Candidate(tp=4), flux, 1), Candidate(tp=4), x) == []
 
 
 def test_quantized_weights_count_data_and_scales():
     """int8wo of colwise Linear(32 -> 64) + rowwise Linear(64 -> 32) at tp=2, fp32: this rank holds 32 x 32 one-byte
     data + 32 fp32 row scales (+ 32 int8 zero points for int8wo) of each, the colwise bias slice (32 floats) and the
     rowwise bias whole (32 floats). Counted after sharding, under fake tensors, as fit does."""
-    from dtp.fit.trace import param_bytes_by_scope
+    from dtp.analysis.trace import param_bytes_by_scope
     from dtp.plan import Plan
     from dtp.quant import config_for, quantize
 

@@ -1,4 +1,4 @@
-"""fit's replay of repeated calls (`dtp/fit/repeats.py`) gives the figures of running every call: Wan's and
+"""fit's replay of repeated calls (`dtp/analysis/repeats.py`) gives the figures of running every call: Wan's and
 Qwen-Image's per-frame decoder, whole and split over 3 ranks of a fake world; a call that keeps state outside its
 arguments is refused loudly rather than miscounted."""
 
@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from dtp.analysis.fakepg import fake_world
+from dtp.analysis.trace import fake_mode, to_fake, trace_call
 from dtp.fit.measure import REPEATED
 from dtp.fit.pipelines import decode
-from dtp.fit.trace import fake_mode, to_fake, trace_call
 from dtp.runtime.mesh import make_mesh
 from dtp.testing.tiny_vae import tiny_vae
 from dtp.vae import parallelize_vae

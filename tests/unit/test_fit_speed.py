@@ -80,8 +80,8 @@ def test_video_vaes_decode_5d_latents_compressed_as_their_configs_say(class_name
 def test_to_fake_keeps_tied_parameters_one_parameter():
     """T5's `shared` and `encoder.embed_tokens` are one table: after `to_fake` still one (counted once), as the real
     model holds it (tiny T5, vocab 192 x 32 fp32: 24 576 bytes of table, not 49 152)."""
+    from dtp.analysis.trace import fake_mode, param_bytes_by_scope, to_fake
     from dtp.families.pipelines import t5_encoder
-    from dtp.fit.trace import fake_mode, param_bytes_by_scope, to_fake
 
     with torch.device("meta"):
         model = t5_encoder(32, seed=0)

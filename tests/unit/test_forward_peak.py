@@ -1,4 +1,5 @@
-"""Activation peak of one forward on fake tensors (`dtp/fit/forward_peak.py`) and its `dtp check` lines."""
+"""Activation peak of one forward on fake tensors (`dtp/analysis/forward.py`), the full-size inputs each family's
+geometry gives (`dtp/analysis/inputs.py`), and the `dtp check` lines."""
 
 import json
 
@@ -8,8 +9,12 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from dtp import PlanError
-from dtp.fit.forward_peak import ForwardShape, forward_inputs, forward_peak, latent_grid
-from dtp.fit.trace import truncate_blocks
+from dtp.analysis import forward as forward_module
+from dtp.analysis.check import check
+from dtp.analysis.forward import forward_peak
+from dtp.analysis.inputs import ForwardShape, forward_inputs, latent_grid, video_size
+from dtp.analysis.trace import truncate_blocks
+from dtp.families import FAMILIES
 from dtp.testing.tiny import TINY_CONFIGS
 from dtp.tools.check import format_peak, format_report
 from dtp.tools.cli import main
@@ -34,7 +39,7 @@ def test_fake_peak_is_memtrackers_real_peak():
     torch.manual_seed(0)
     model = diffusers.FluxTransformer2DModel.from_config(MEDIUM_FLUX).eval()
     truncate_blocks(model, keep=1)  # as forward_peak traces it
-    meta, _, _ = forward_inputs(FLUX, dict(model.config), torch.float32, shape)
+    meta = forward_inputs(FLUX, dict(model.config), torch.float32, shape).kwargs
     inputs = {k: torch.randn(v.shape) if isinstance(v, torch.Tensor) else v for k, v in meta.items()}
     tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
     tracker = MemTracker()
@@ -69,22 +74,19 @@ def test_cp_divides_flux_peak():
     ],
 )
 def test_latent_grid(class_name, shape, grid):
-    config = {"patch_size": (1, 2, 2)} if "Wan" in class_name else {"patch_size": 2 - ("LTX" in class_name)}
-    assert latent_grid(class_name, config, shape) == grid
+    assert latent_grid(class_name, video_size(FAMILIES[class_name].geometry, shape)) == grid
 
 
 def test_latent_grid_refuses_frames_the_vae_cannot_take():
     with pytest.raises(PlanError, match="1 \\+ 4 k frames"):
-        latent_grid("WanTransformer3DModel", {"patch_size": (1, 2, 2)}, ForwardShape(frames=80))
+        latent_grid("WanTransformer3DModel", (80, 480, 832))
 
 
 def test_wan_tokens_are_the_issues():
     """Wan 2.1 14B at 480p x 81 frames: 32,760 video tokens (issue 21), a [1, 16, 21, 60, 104] latent."""
-    inputs, tokens, described = forward_inputs(
-        "WanTransformer3DModel", _wan_full_config(), torch.bfloat16, ForwardShape()
-    )
-    assert tokens == 32760 and tuple(inputs["hidden_states"].shape) == (1, 16, 21, 60, 104)
-    assert "81 frames of 480x832 px" in described
+    inputs = forward_inputs("WanTransformer3DModel", _wan_full_config(), torch.bfloat16, ForwardShape())
+    assert inputs.tokens == 32760 and tuple(inputs.kwargs["hidden_states"].shape) == (1, 16, 21, 60, 104)
+    assert "81 frames of 480x832 px" in inputs.described
 
 
 def _wan_full_config() -> dict:
@@ -123,3 +125,31 @@ def test_cli_peak_json_and_table(tiny_flux_config, capsys):
 def test_frames_are_for_video_models():
     with pytest.raises(PlanError, match="--frames 9 applies to a video model"):
         forward_inputs(FLUX, TINY_CONFIGS[FLUX], torch.bfloat16, ForwardShape(frames=9))
+
+
+def _config_file(tmp_path, config: dict) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"_class_name": FLUX, **config}))
+    return str(path)
+
+
+def test_check_traces_the_forward_once_for_collectives_and_peak(tmp_path, monkeypatch):
+    """`dtp check --peak` traces two full-size forwards: the sharded one (collectives, peak and output bytes from one
+    trace) and the one-rank reference; a second trace of the sharded model for the peak would make three."""
+    traced = []
+    trace_call = forward_module.trace_call
+    monkeypatch.setattr(forward_module, "trace_call", lambda *a, **k: traced.append(1) or trace_call(*a, **k))
+    config = _config_file(tmp_path, MEDIUM_FLUX)
+    report = check("flux", tp=2, config=config, resolution=64, text_tokens=8, dtype="fp32", peak=True)
+    assert len(traced) == 2
+    assert report["collectives"]["count"] == 18 and report["activation_peak"]["per_rank_bytes"] > 0
+
+
+def test_whole_depth_peak_is_the_cut_peak_for_alike_blocks(tmp_path):
+    """Medium FLUX.1 at one rank: `dtp check`'s whole-depth trace (2 + 2 blocks) peaks at exactly the bytes of the
+    one-block-per-list trace `dtp fit` and cp_peaks.py use (only the residual stream crosses a block)."""
+    config = _config_file(tmp_path, MEDIUM_FLUX)
+    report = check("flux", tp=1, config=config, resolution=256, text_tokens=64, dtype="fp32", peak=True)
+    shape = ForwardShape(resolution=256, text_tokens=64)
+    cut = forward_peak(FLUX, None, shape=shape, dtype=torch.float32, config=MEDIUM_FLUX, cut=True).peak_bytes
+    assert report["activation_peak"]["per_rank_bytes"] == cut > 3_000_000, (report["activation_peak"], cut)

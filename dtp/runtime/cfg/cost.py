@@ -1,9 +1,14 @@
-"""What the cfg axis exchanges per denoising step, from the size of one transformer output (for `dtp check`).
+"""What the cfg axis exchanges, in one place for `dtp check` (per step, from one output) and `dtp fit` (per call).
 
-Per rank, at cfg = c, with `out` the bytes of one output of batch 1 (the noise prediction):
+One exchanged call, per rank, at cfg = c (`exchange`), as (op, result bytes, group size):
 
-    two calls per step (pair):    all_reduce x 2 (2 int64 flags, one per call)
-                                  all_gather x 2 (a header of MAX_HEADER int64; the output, c x out)
+    all_gather   the shape header: c x MAX_HEADER int64                      over the cfg group
+    all_gather   the outputs: `gathered` bytes (c x this rank's output)      over the cfg group
+    pair path    + all_reduce x 2 of FLAGS int64 (one per call of the pair)  over the whole mesh
+
+`exchange_per_step` sums it per op for `dtp check`'s table, from one output of batch 1 (the noise prediction):
+
+    two calls per step (pair):    all_reduce x 2 (2 int64 flags each); all_gather x 2 (header; c x out)
     doubled batch (batch 2):      all_gather x 2 (the header; the joined output, 2 x out)
 
 Bytes are the size of each full result, as `dtp check` counts its other collectives. The compute per
@@ -15,15 +20,32 @@ from __future__ import annotations
 from .exchange import MAX_HEADER
 
 INT64 = 8
+FLAGS = 2  # int64 flags of the pair path's agreement all-reduce
+PAIR_CALLS = 2  # a pair step's two calls, one agreement each
+
+
+def exchange(path: str, cfg: int, gathered: int, world: int) -> list[tuple[str, int, int]]:
+    """The collectives of one exchanged call on `path` ("pair" or "batch"), as (op, result bytes, group size);
+    `gathered`: bytes of the gathered outputs, `world`: ranks of the whole mesh."""
+    assert path in ("pair", "batch"), path
+    records = [("all_gather", cfg * MAX_HEADER * INT64, cfg), ("all_gather", gathered, cfg)]
+    if path == "pair":
+        records += [("all_reduce", FLAGS * INT64, world)] * PAIR_CALLS
+    return records
 
 
 def exchange_per_step(output_bytes: int, cfg: int) -> dict:
     """`{"pair": {op: {"count", "bytes"}}, "batch": {...}}`: the cfg collectives of one denoising step."""
-    header = cfg * MAX_HEADER * INT64
     return {
-        "pair": {
-            "all_reduce": {"count": 2, "bytes": 2 * 2 * INT64},
-            "all_gather": {"count": 2, "bytes": header + cfg * output_bytes},
-        },
-        "batch": {"all_gather": {"count": 2, "bytes": header + 2 * output_bytes}},
+        "pair": _by_op(exchange("pair", cfg, cfg * output_bytes, cfg)),
+        "batch": _by_op(exchange("batch", cfg, 2 * output_bytes, cfg)),
     }
+
+
+def _by_op(records: list[tuple[str, int, int]]) -> dict:
+    by_op: dict = {}
+    for op, nbytes, _ in sorted(records, key=lambda r: r[0] != "all_reduce"):  # the table lists the flags first
+        entry = by_op.setdefault(op, {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += nbytes
+    return by_op

@@ -32,6 +32,7 @@ import contextlib
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -41,8 +42,9 @@ from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapper
 
-from ..analysis.collectives import ScopedDispatchMode, block_paths, collective_op
+from ..runtime.cfg.tree import leaves
 from ..runtime.memory import local_tensor_bytes
+from .collectives import ScopedDispatchMode, block_paths, collective_op
 from .repeats import repeated_calls
 
 FAKE_DEVICE = "cpu"  # fake tensors live "on" cpu: SDPA then takes its flash kernel (see the module docstring)
@@ -61,6 +63,19 @@ FLOP_FORMULAS = {
 }
 
 
+class CollectiveRecord(NamedTuple):
+    """One collective of a trace."""
+
+    op: str
+    bytes: int
+    group: int
+    """Ranks of its process group."""
+    scope: str
+    """The block it ran in, "" outside every block."""
+    group_name: str = ""
+    """Its process group's name (tells a mesh axis from another of the same size)."""
+
+
 @dataclass
 class Trace:
     """What one traced forward did on this rank."""
@@ -70,7 +85,9 @@ class Trace:
     flops: Counter = field(default_factory=Counter)
     """FLOPs by scope: block path (e.g. "transformer_blocks.0") or "" outside every block."""
     collectives: list = field(default_factory=list)
-    """(op, bytes, group size, scope) for every collective: bytes of its result (of its input for a send)."""
+    """A `CollectiveRecord` for every collective: bytes of its result (of its input for a send)."""
+    output_bytes: int = 0
+    """Bytes of the call's output (its tensors' full sizes)."""
 
     def total_flops(self) -> int:
         return sum(self.flops.values())
@@ -100,7 +117,8 @@ class PhaseTrace(ScopedDispatchMode):
         op = collective_op(func)
         if op is not None:
             nbytes = max(_bytes(out), _bytes(args[0]) if args else 0)
-            self.trace.collectives.append((op, nbytes, _group_size(args), scope))
+            size, name = _group(args)
+            self.trace.collectives.append(CollectiveRecord(op, nbytes, size, scope, name))
         for tensor in tree_leaves(out):
             self._track(tensor)
         self.trace.peak_bytes = max(self.trace.peak_bytes, self._current)
@@ -159,17 +177,19 @@ def _bytes(out) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
 
 
-def _group_size(args) -> int:
-    """Ranks of the collective's group: a ProcessGroup argument (c10d ops) or a group name (functional ones)."""
+def _group(args) -> tuple[int, str]:
+    """(ranks, name) of the collective's group: a ProcessGroup argument (c10d ops) or a group name (functional
+    ones); (0, "") when none is found."""
     for arg in args:
         if isinstance(arg, torch.ScriptObject):  # c10d ops pass the ProcessGroup boxed
-            return dist.ProcessGroup.unbox(arg).size()
+            group = dist.ProcessGroup.unbox(arg)
+            return group.size(), group.group_name
         if isinstance(arg, str):
             try:
-                return _resolve_process_group(arg).size()
+                return _resolve_process_group(arg).size(), arg
             except (RuntimeError, ValueError, KeyError):
                 continue
-    return 0
+    return 0, ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,10 +254,10 @@ def scale_blocks(values: Counter, lengths: dict[str, int]) -> Counter:
 
 
 def scale_collectives(records: list, lengths: dict[str, int]) -> list:
-    """(op, bytes, group, scope) records with each first block's records repeated `lengths[list]` times."""
+    """`CollectiveRecord`s with each first block's records repeated `lengths[list]` times."""
     scaled = []
     for record in records:
-        scope = record[-1]
+        scope = record.scope
         scaled += [record] * (lengths.get(scope.rpartition(".")[0], 1) if scope else 1)
     return scaled
 
@@ -297,5 +317,6 @@ def trace_call(model: nn.Module, call, inputs: dict, repeated: tuple[str, ...] =
         for path in repeated:
             stack.enter_context(repeated_calls(tracer, model.get_submodule(path)))
         out = call(model, **inputs)
+        tracer.trace.output_bytes = sum(t.numel() * t.element_size() for t in leaves(out))
         del out
     return tracer.trace

@@ -1,0 +1,187 @@
+"""The full-size trace engine: a component built on meta, sharded on rank 0 of a fake world, traced on fake tensors.
+
+    trace_sharded(module, world, shard, calls)   inside torch's fake process group of `world` ranks (`fakepg.py`):
+        `shard(module)` (prepare / apply, the parallel VAE, or nothing), every parameter made a fake cpu tensor,
+        optionally quantized (after sharding, as `dtp.quantize` runs), then each call traced under
+        `trace.PhaseTrace` (live-storage peak, FLOPs, collectives; repeated submodule calls replayed, `repeats.py`).
+        Returns ({key: Trace, or the error that call raised}, this rank's resident bytes by block scope).
+
+Callers decide the depth: `dtp fit` cuts every block list to its first block (`trace.truncate_blocks`) and scales
+the block's figures; `dtp check` traces its model whole, so its collectives are the exact count of one forward.
+
+    forward_peak(class_name, plan, cp=, tp=, shape=)   one transformer forward at `shape` (`inputs.forward_inputs`),
+        each block list cut to its first block, sharded by `plan` exactly as `parallelize` shards it (cp hooks
+        included: this rank runs its 1/cp of the sequence and the real all-to-alls / ring passes): its peak
+    peak_report(...)   that peak at (cp, tp) next to one rank's:
+
+        ideal = one rank's peak / (cp * tp)       ratio = per-rank peak / ideal (1.00: perfectly divided)
+
+Why one block per list is enough for the peak of a stack of alike blocks: only the residual stream (and what the
+model computes once before its blocks: RoPE tables, modulation, text states) crosses a block boundary, so the
+forward's peak is reached inside one block or in the head/tail, and a cut model has both (checked on FLUX.1 by the
+unit tests, and at full size: FLUX.1-dev tp=4 at 1024^2, 245,419,012 bytes cut and whole). Not for a stack whose
+blocks differ: SD3.5-L's last block (context only) makes the whole forward's peak at tp=2 92.6 MB where the cut one
+says 88.5 MB, so `dtp check`, which traces its sharded model whole, takes its one-rank reference whole too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from ..engine import apply, prepare
+from ..errors import ForwardError, PlanError
+from ..plan import Plan
+from ..policy import check_degree
+from ..quant import config_for, quantize
+from ..runtime.mesh import make_mesh
+from .fakepg import fake_world, meta_model
+from .inputs import ForwardShape, forward_inputs
+from .trace import Trace, fake_like, fake_mode, param_bytes_by_scope, to_fake, trace_call, truncate_blocks
+
+INDEXED_LISTS = ("caption_projection",)  # HiDream's forward indexes it per text layer: kept whole, not cut
+DEFAULT_SHAPE = ForwardShape()  # a 1024^2 image, or a video model's usual clip
+EXPECTED = (PlanError, ForwardError)  # a call refused for its shape (e.g. cp not dividing the sequence)
+
+
+def call_module(module, **kwargs):
+    return module(**kwargs)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call to trace: its kwargs (meta tensors; made fake for the trace), how to make it, what to replay."""
+
+    kwargs: dict
+    run: Callable = call_module
+    """(module, **kwargs) -> output, e.g. `module(**kwargs)` or `vae.decode(z)`."""
+    repeated: tuple[str, ...] = ()
+    """Paths of submodules called many times alike, replayed after two runs (`repeats.py`)."""
+
+
+def trace_sharded(
+    module: torch.nn.Module,
+    world: int,
+    shard: Callable[[torch.nn.Module], None],
+    calls: Mapping,
+    *,
+    quant: str | None = None,
+    catch: tuple[type[Exception], ...] = EXPECTED,
+) -> tuple[dict, Counter]:
+    """({key: Trace or the exception of type `catch` its call raised}, resident bytes by scope) of `module` (on meta,
+    mutated: sharded and made fake) on rank 0 of a fake world of `world` ranks (module docstring). A value of
+    `calls` that is an exception already (its inputs could not be built) is passed through."""
+    with fake_world(world):
+        shard(module)
+        if not calls:  # figures of the sharded meta module only
+            return {}, param_bytes_by_scope(module)
+        with fake_mode():
+            to_fake(module)
+            if quant is not None:
+                quantize(module, config_for(quant))
+            weights = param_bytes_by_scope(module)
+            traces = {key: _trace_one(module, call, catch) for key, call in calls.items()}
+    return traces, weights
+
+
+def _trace_one(module, call, catch):
+    if isinstance(call, Exception):
+        return call
+    try:
+        return trace_call(module, call.run, {k: fake_like(v) for k, v in call.kwargs.items()}, call.repeated)
+    except catch as exc:
+        return exc
+
+
+def shard_with_plan(module, plan: Plan | None, *, tp: int, cp: int, cp_mode: str, pad: bool):
+    """`prepare` + `apply` on a (cp, tp) mesh inside the fake world (cp hooks included); the Prepared, or None at one
+    rank (nothing to shard)."""
+    if tp * cp == 1:
+        return None
+    prepared = prepare(module, make_mesh(tp=tp, cp=cp, device_type="cpu"), plan, cp_mode=cp_mode, pad=pad)
+    apply(module, prepared)
+    return prepared
+
+
+@dataclass(frozen=True)
+class ForwardPeak:
+    """One rank's activation peak of one forward, and what the forward ran on."""
+
+    peak_bytes: int
+    tokens: int
+    """Image / video tokens of the whole sequence (before the cp split)."""
+    input: str
+    """The input in the model's terms (`1024x1024 px, ...`, `81 frames of 480x832 px = latent video ...`)."""
+
+
+def forward_peak(
+    class_name: str,
+    plan: Plan | None,
+    *,
+    cp: int = 1,
+    tp: int = 1,
+    cp_mode: str = "ulysses",
+    pad: bool = False,
+    shape: ForwardShape = DEFAULT_SHAPE,
+    dtype: torch.dtype = torch.bfloat16,
+    config: dict | None = None,
+    cut: bool = True,
+) -> ForwardPeak:
+    """The activation peak of rank 0 of a (cp, tp) world in one forward at `shape`, one block per list unless `cut`
+    is False (module docstring). PlanError when the plan refuses (cp, tp) or the model has no input builder;
+    ForwardError from the cp hooks when cp does not divide the sequence."""
+    check_degree(cp, "forward peak: cp")
+    check_degree(tp, "forward peak: tp")
+    model = meta_model(class_name, config, dtype)
+    if cut:
+        truncate_blocks(model, keep=1, skip=INDEXED_LISTS)
+    inputs = forward_inputs(class_name, dict(model.config), dtype, shape)
+    shard = partial(shard_with_plan, plan=plan, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad)
+    traces, _ = trace_sharded(model, cp * tp, shard, {0: Call(inputs.kwargs)})
+    trace = traces[0]
+    if isinstance(trace, Exception):
+        raise trace
+    return ForwardPeak(peak_bytes=trace.peak_bytes, tokens=inputs.tokens, input=inputs.described)
+
+
+def peak_report(
+    class_name: str,
+    plan: Plan | None,
+    *,
+    cp: int,
+    tp: int,
+    cp_mode: str = "ulysses",
+    pad: bool = False,
+    shape: ForwardShape = DEFAULT_SHAPE,
+    dtype: torch.dtype = torch.bfloat16,
+    config: dict | None = None,
+    one: ForwardPeak | None = None,
+    sharded: ForwardPeak | None = None,
+    cut: bool = True,
+) -> dict:
+    """`forward_peak` at (cp, tp) (`sharded`, when traced already) and at (1, 1) (`one`, likewise), with
+    ideal = one rank / (cp tp) and their ratio (a dict). `cut`: as `forward_peak`'s."""
+    common = dict(shape=shape, dtype=dtype, config=config, cut=cut)
+    one = one or forward_peak(class_name, plan, **common)
+    sharded = sharded or forward_peak(class_name, plan, cp=cp, tp=tp, cp_mode=cp_mode, pad=pad, **common)
+    ideal = one.peak_bytes / (cp * tp)
+    return {
+        "cp": cp,
+        "tp": tp,
+        "cp_mode": cp_mode,
+        "input": one.input,
+        "tokens": one.tokens,
+        "one_rank_bytes": one.peak_bytes,
+        "per_rank_bytes": sharded.peak_bytes,
+        "ideal_bytes": int(ideal),
+        "ratio": sharded.peak_bytes / ideal,
+    }
+
+
+def trace_peak(trace: Trace, inputs) -> ForwardPeak:
+    """A `ForwardPeak` from a trace of `inputs` (`inputs.FullInputs`) traced elsewhere (`dtp check`'s one trace)."""
+    return ForwardPeak(peak_bytes=trace.peak_bytes, tokens=inputs.tokens, input=inputs.described)
