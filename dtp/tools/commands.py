@@ -255,6 +255,17 @@ def _check(p: argparse.ArgumentParser) -> None:
         "dtp's released overrides)",
     )
     p.add_argument("--dtype", choices=CHECK_DTYPES, default="bf16", help="parameter dtype (default bf16)")
+    _check_forward(p)
+    p.add_argument(
+        "--whole-text-encoders",
+        action="store_true",
+        help="with a pipeline: keep the text encoders whole on every rank (as `dtp run --whole-text-encoders`)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+def _check_forward(p: argparse.ArgumentParser) -> None:
+    """`dtp check`'s traced forward: its shape, and the switches that skip it."""
     p.add_argument(
         "--resolution",
         type=int,
@@ -276,12 +287,6 @@ def _check(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="skip the traced forward that counts the collectives and the peak (memory figures only)",
     )
-    p.add_argument(
-        "--whole-text-encoders",
-        action="store_true",
-        help="with a pipeline: keep the text encoders whole on every rank (as `dtp run --whole-text-encoders`)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
 def _verify(p: argparse.ArgumentParser) -> None:
