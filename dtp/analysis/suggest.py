@@ -41,6 +41,7 @@ from ..plan import Plan
 from ..policy import check_degree
 from ..resolve import resolve
 from ..resolve.heads import attention_spec
+from ..resolve.held_sizes import check_held_sizes
 from .tracing import (
     SPLITS,
     feature_slice_start,
@@ -420,7 +421,9 @@ def suggest_plan(model: nn.Module, example_inputs: dict | None = None, *, tp: in
 def _refusal(model: nn.Module, rules: dict[str, tuple], tp: int, name: str) -> str | None:
     """Why this pair group fails the engine's checks at `tp` on its own (None: it passes)."""
     try:
-        resolve(_plan(model, rules, f"suggested for {name}"), model).check_tp(tp)
+        resolved = resolve(_plan(model, rules, f"suggested for {name}"), model)
+        resolved.check_tp(tp)
+        check_held_sizes(resolved, model)  # a size the module holds and reads (OvisImage's mlp_hidden_dim)
     except PlanError as exc:
         return str(exc)
     return None
