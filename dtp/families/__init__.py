@@ -27,12 +27,14 @@ from . import (
     cosmos,
     flux,
     flux2,
+    flux3,
     hidream,
     hunyuanimage,
     hunyuanvideo,
     ltx_video,
     lumina2,
     mochi,
+    ovisimage,
     pixart,
     qwenimage,
     qwenimage21,
@@ -40,6 +42,7 @@ from . import (
     sd3,
     skyreels_v2,
     wan,
+    wan_vace,
     zimage,
 )
 
@@ -65,6 +68,10 @@ _MODULES = (
     cosmos,
     hidream,
     qwenimage21,
+    # issue 35: the 2026 DiTs
+    flux3,
+    ovisimage,
+    wan_vace,
 )
 
 
