@@ -31,6 +31,7 @@ from . import (
     hidream,
     hunyuanimage,
     hunyuanvideo,
+    hunyuanvideo15,
     ltx_video,
     lumina2,
     mochi,
@@ -72,6 +73,7 @@ _MODULES = (
     flux3,
     ovisimage,
     wan_vace,
+    hunyuanvideo15,
 )
 
 
