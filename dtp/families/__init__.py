@@ -32,6 +32,7 @@ from . import (
     hunyuanimage,
     hunyuanvideo,
     hunyuanvideo15,
+    ltx2,
     ltx_video,
     lumina2,
     mochi,
@@ -74,6 +75,7 @@ _MODULES = (
     ovisimage,
     wan_vace,
     hunyuanvideo15,
+    ltx2,
 )
 
 
