@@ -64,7 +64,7 @@ def _read_sizes(module: nn.Module) -> list[tuple[str, int]]:
 
 @cache
 def _names_read(cls: type) -> frozenset[str]:
-    """Every `self.<name>` in the source of `cls`'s own methods (its bases up to nn.Module included), `__init__` aside."""
+    """Every `self.<name>` read in the methods of `cls` and its nn.Module bases, `__init__` aside."""
     names: set[str] = set()
     for klass in cls.__mro__:
         if klass in (nn.Module, object) or not issubclass(klass, nn.Module):
