@@ -21,7 +21,9 @@ import torch
 from ..errors import PlanError
 from . import (
     auraflow,
+    bria,
     chroma,
+    chronoedit,
     cogvideox,
     cogview4,
     cosmos,
@@ -32,6 +34,7 @@ from . import (
     hunyuanimage,
     hunyuanvideo,
     hunyuanvideo15,
+    longcat_image,
     ltx2,
     ltx_video,
     lumina2,
@@ -76,6 +79,9 @@ _MODULES = (
     wan_vace,
     hunyuanvideo15,
     ltx2,
+    chronoedit,
+    longcat_image,
+    bria,
 )
 
 
