@@ -34,9 +34,9 @@ def transformer_classes() -> list[str]:
     names = []
     for name in dir(diffusers):
         obj = getattr(diffusers, name, None)
-        if inspect.isclass(obj) and obj.__module__.startswith("diffusers.models.transformers."):
-            if issubclass(obj, diffusers.ModelMixin):
-                names.append(name)
+        module = getattr(obj, "__module__", "") if inspect.isclass(obj) else ""
+        if module.startswith("diffusers.models.transformers.") and issubclass(obj, diffusers.ModelMixin):
+            names.append(name)
     return sorted(names)
 
 

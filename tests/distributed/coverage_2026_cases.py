@@ -18,7 +18,8 @@ from dtp.testing.parity import forward_parity
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 
 NEW_PLANS = ("flux3", "ltx2", "hunyuanvideo15", "wan_vace", "ovisimage", "chronoedit", "longcat_image", "bria")
-CP_PLANS = ("flux3", "wan_vace", "ovisimage", "chronoedit", "longcat_image", "bria")  # the others refuse cp in their plan header
+# The others refuse cp in their plan header.
+CP_PLANS = ("flux3", "wan_vace", "ovisimage", "chronoedit", "longcat_image", "bria")
 BATCH = 2  # sample 1 has a padded prompt where the model takes a text mask
 
 
