@@ -74,6 +74,7 @@ class Flow:
     pieces: list | None = None  # its input as [(width, {source: span or None})], one piece unless a cat
     unsafe: list = field(default_factory=list)  # why its output must not stay sharded
     input_unsafe: list = field(default_factory=list)  # why its input cannot be sharded
+    norms: set = field(default_factory=set)  # RMSNorms over all its heads that its output passes (across heads)
 
     def blocks(self) -> list[int]:
         """Its output split at every cut: the packed blocks (one block when never cut)."""
@@ -112,6 +113,7 @@ class FlowTracer:
         self.starts = starts  # the Linears whose outputs are tagged (None: all)
         self.flows = {p: Flow(p, m.out_features) for p, m in model.named_modules() if isinstance(m, nn.Linear)}
         self.stack: list[tuple[str, nn.Module]] = []
+        self.norm_inputs: dict[str, dict] = {}  # across-heads norm -> its input's tag (its output carries it)
 
     def run(self, inputs: dict) -> dict[str, Flow]:
         for tensor in tree_leaves(traced_forward(self.model, inputs, self)):
@@ -124,9 +126,32 @@ class FlowTracer:
         if isinstance(module, nn.Linear) and x is not None:
             self._consume(self.flows[path], x)
         elif x is not None and is_norm(module) and tag_of(x):
+            if self._across_heads(path, module, x):
+                self.norm_inputs[path] = tag_of(x)
+                return
             for source, span in tag_of(x).items():
                 if span is not None and x.shape[-1] > (self._head_dim_around(source) or 0):
                     self._unsafe({source: span}, f"its output reaches '{path}', a norm over all its features")
+
+    def _across_heads(self, path: str, module: nn.Module, x: torch.Tensor) -> bool:
+        """An RMSNorm of an attention module over the whole output of one of its Linears, heads x head_dim wide
+        (Wan's norm_q / norm_k): planned `rmsnorm_across_heads` (sum of squares all-reduced), so the output may
+        stay sharded. Recorded on the Linear; its rule joins the plan only with the Linear's pair."""
+        owner_path, _, _ = path.rpartition(".")
+        owner = self.model.get_submodule(owner_path) if owner_path else None
+        head_dim = head_dim_of(self.model, owner_path) if owner is not None else None
+        tag = tag_of(x)
+        if not ("RMSNorm" in type(module).__name__ and len(tag) == 1 and head_dim):
+            return False
+        if attention_spec(owner_path, owner, "") is None:
+            return False
+        (source, span) = next(iter(tag.items()))
+        width = self.flows[source].out_features
+        whole = span == (0, width) and x.shape[-1] == width and source.startswith(f"{owner_path}.")
+        if whole and width % head_dim == 0 and width > head_dim:
+            self.flows[source].norms.add(path)
+            return True
+        return False
 
     def _consume(self, flow: Flow, x: torch.Tensor) -> None:
         flow.rows = max(flow.rows, x.numel() // max(x.shape[-1], 1))
@@ -148,6 +173,8 @@ class FlowTracer:
         if isinstance(module, nn.Linear) and isinstance(output, torch.Tensor):
             started = self.starts is None or path in self.starts
             set_tag(output, {path: (0, module.out_features)} if started else {})
+        elif path in self.norm_inputs and isinstance(output, torch.Tensor):
+            set_tag(output, self.norm_inputs.pop(path))
 
     # -- torch functions ------------------------------------------------------------------------
 
@@ -155,6 +182,8 @@ class FlowTracer:
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         tag = union([tag_of(t) for t in inputs])
         if not tag or isinstance(self._top(), nn.Linear):  # a Linear's own F.linear: its hooks handle it
+            return
+        if self.stack and self.stack[-1][0] in self.norm_inputs:  # inside an across-heads norm: its hooks handle it
             return
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         name = getattr(func, "__name__", "")
@@ -322,6 +351,7 @@ def pair_rules(group: list[str], flows: dict[str, Flow]) -> tuple[dict[str, tupl
     for path in producers:
         blocks = flows[path].blocks()
         rules[path] = ("packed_colwise", _proportions(blocks)) if len(blocks) > 1 else ("colwise", None)
+        rules.update({norm: ("rmsnorm_across_heads", None) for norm in flows[path].norms})
     for path in consumers:
         blocks = _input_blocks(flows[path], flows)
         rules[path] = ("packed_rowwise", _proportions(blocks)) if len(blocks) > 1 else ("rowwise", None)
