@@ -301,7 +301,7 @@ def trace(model: nn.Module, inputs: dict) -> tuple[dict[str, Flow], dict[str, st
         flows = FlowTracer(model, starts).run(inputs)
         started = set(flows) if starts is None else starts & set(flows)
         # Unsafe outputs first: their tags are what make other Linears look like consumers.
-        bad = {p for p in started if flows[p].unsafe} or {p for p in started if flows[p].consumers and flows[p].sources}
+        bad = {p for p in started if flows[p].unsafe} or _chain_breaks(flows, started)
         if not bad:
             return flows, dropped
         for path in bad:
@@ -311,6 +311,15 @@ def trace(model: nn.Module, inputs: dict) -> tuple[dict[str, Flow], dict[str, st
                 else "it would both consume and produce a sharded activation (a chain of Linears)"
             )
         starts = started - bad
+
+
+def _chain_breaks(flows: dict[str, Flow], started: set[str]) -> set[str]:
+    """Where to break chains of Linears (one that both consumes and produces): at a source whose output several
+    Linears consume (Wan's text embedding feeds every block's attn2.to_k / to_v: left whole, so the attention
+    pairs shard), else at the chain Linears themselves."""
+    chain = {p for p in started if flows[p].consumers and flows[p].sources}
+    shared = {s for p in chain for s in flows[p].sources if s in started and len(flows[s].consumers) > 1}
+    return shared or chain
 
 
 def components(flows: dict[str, Flow]) -> list[list[str]]:
