@@ -301,7 +301,7 @@ def trace(model: nn.Module, inputs: dict) -> tuple[dict[str, Flow], dict[str, st
         flows = FlowTracer(model, starts).run(inputs)
         started = set(flows) if starts is None else starts & set(flows)
         # Unsafe outputs first: their tags are what make other Linears look like consumers.
-        bad = {p for p in started if flows[p].unsafe} or _chain_breaks(flows, started)
+        bad = {p for p in started if flows[p].unsafe} or _chain_breaks(flows, started, model)
         if not bad:
             return flows, dropped
         for path in bad:
@@ -313,13 +313,25 @@ def trace(model: nn.Module, inputs: dict) -> tuple[dict[str, Flow], dict[str, st
         starts = started - bad
 
 
-def _chain_breaks(flows: dict[str, Flow], started: set[str]) -> set[str]:
-    """Where to break chains of Linears (one that both consumes and produces): at a source whose output several
-    Linears consume (Wan's text embedding feeds every block's attn2.to_k / to_v: left whole, so the attention
-    pairs shard), else at the chain Linears themselves."""
+def _chain_breaks(flows: dict[str, Flow], started: set[str], model: nn.Module) -> set[str]:
+    """Where to break chains of Linears (one that both consumes and produces): at a source whose output only
+    attention projections consume, several of them (Wan's text embedding feeds every block's attn2.to_k / to_v:
+    left whole, so the attention pairs shard), else at the chain Linears themselves (a time embedding feeding
+    modulations: the modulations are gathered instead)."""
     chain = {p for p in started if flows[p].consumers and flows[p].sources}
-    shared = {s for p in chain for s in flows[p].sources if s in started and len(flows[s].consumers) > 1}
+    shared = {
+        s
+        for p in chain
+        for s in flows[p].sources
+        if s in started and len(flows[s].consumers) > 1 and all(_in_attention(model, c) for c in flows[s].consumers)
+    }
     return shared or chain
+
+
+def _in_attention(model: nn.Module, path: str) -> bool:
+    """`path` is a direct child of an attention module (its q/k/v/out projection)."""
+    owner, _, _ = path.rpartition(".")
+    return bool(owner) and attention_spec(owner, model.get_submodule(owner), "") is not None
 
 
 def components(flows: dict[str, Flow]) -> list[list[str]]:
