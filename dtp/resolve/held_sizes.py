@@ -8,7 +8,8 @@ output with `torch.split(x, [self.mlp_hidden_dim] * 2)`. Planned `packed_colwise
 mlp_hidden_dim 256), each rank's output is 256 wide and the split asks for 2 x 256.
 
 The check needs no forward and no example inputs. An integer attribute of a module enclosing a planned
-Linear whose output stays sharded (role "colwise"; a gathered output is whole again) is refused when
+Linear inside its block (up to the ModuleList element; never the model) whose output stays sharded (role
+"colwise"; a gathered output is whole again) is refused when
 
     it equals the Linear's output width or one of its packed blocks,
     it differs from the Linear's input width (a width of the replicated stream: Flux's `dim` when q is dim wide),
@@ -46,11 +47,15 @@ def check_held_sizes(resolved: Resolved, model: nn.Module) -> None:
 
 
 def _enclosing(model: nn.Module, path: str):
-    """(path, module) of every module above `path` up to the model, nearest first, attention modules left out."""
+    """(path, module) of the modules above `path` inside its block, nearest first: up to the element of the nearest
+    ModuleList (a block), never the model itself, attention modules left out. A size held further up (the model's
+    `vocab_size`) describes the whole model, not this block's activations, and would match widths by chance."""
     atoms = path.split(".")
-    for depth in range(len(atoms) - 1, -1, -1):
+    for depth in range(len(atoms) - 1, 0, -1):
         owner_path = ".".join(atoms[:depth])
         owner = model.get_submodule(owner_path)
+        if isinstance(owner, nn.ModuleList):
+            return
         if attention_spec(owner_path, owner, "") is None:
             yield owner_path, owner
 
