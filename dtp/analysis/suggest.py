@@ -41,6 +41,7 @@ from ..plan import Plan
 from ..policy import check_degree
 from ..resolve import resolve
 from ..resolve.binding.heads import attention_spec
+from ..resolve.binding.held_sizes import check_held_sizes
 from .tracing import (
     SPLITS,
     feature_slice_start,
@@ -73,6 +74,7 @@ class Flow:
     pieces: list | None = None  # its input as [(width, {source: span or None})], one piece unless a cat
     unsafe: list = field(default_factory=list)  # why its output must not stay sharded
     input_unsafe: list = field(default_factory=list)  # why its input cannot be sharded
+    norms: set = field(default_factory=set)  # RMSNorms over all its heads that its output passes (across heads)
 
     def blocks(self) -> list[int]:
         """Its output split at every cut: the packed blocks (one block when never cut)."""
@@ -111,6 +113,7 @@ class FlowTracer:
         self.starts = starts  # the Linears whose outputs are tagged (None: all)
         self.flows = {p: Flow(p, m.out_features) for p, m in model.named_modules() if isinstance(m, nn.Linear)}
         self.stack: list[tuple[str, nn.Module]] = []
+        self.norm_inputs: dict[str, dict] = {}  # across-heads norm -> its input's tag (its output carries it)
 
     def run(self, inputs: dict) -> dict[str, Flow]:
         for tensor in tree_leaves(traced_forward(self.model, inputs, self)):
@@ -123,9 +126,32 @@ class FlowTracer:
         if isinstance(module, nn.Linear) and x is not None:
             self._consume(self.flows[path], x)
         elif x is not None and is_norm(module) and tag_of(x):
+            if self._across_heads(path, module, x):
+                self.norm_inputs[path] = tag_of(x)
+                return
             for source, span in tag_of(x).items():
                 if span is not None and x.shape[-1] > (self._head_dim_around(source) or 0):
                     self._unsafe({source: span}, f"its output reaches '{path}', a norm over all its features")
+
+    def _across_heads(self, path: str, module: nn.Module, x: torch.Tensor) -> bool:
+        """An RMSNorm of an attention module over the whole output of one of its Linears, heads x head_dim wide
+        (Wan's norm_q / norm_k): planned `rmsnorm_across_heads` (sum of squares all-reduced), so the output may
+        stay sharded. Recorded on the Linear; its rule joins the plan only with the Linear's pair."""
+        owner_path, _, _ = path.rpartition(".")
+        owner = self.model.get_submodule(owner_path) if owner_path else None
+        head_dim = head_dim_of(self.model, owner_path) if owner is not None else None
+        tag = tag_of(x)
+        if not ("RMSNorm" in type(module).__name__ and len(tag) == 1 and head_dim):
+            return False
+        if attention_spec(owner_path, owner, "") is None:
+            return False
+        (source, span) = next(iter(tag.items()))
+        width = self.flows[source].out_features
+        whole = span == (0, width) and x.shape[-1] == width and source.startswith(f"{owner_path}.")
+        if whole and width % head_dim == 0 and width > head_dim:
+            self.flows[source].norms.add(path)
+            return True
+        return False
 
     def _consume(self, flow: Flow, x: torch.Tensor) -> None:
         flow.rows = max(flow.rows, x.numel() // max(x.shape[-1], 1))
@@ -147,6 +173,8 @@ class FlowTracer:
         if isinstance(module, nn.Linear) and isinstance(output, torch.Tensor):
             started = self.starts is None or path in self.starts
             set_tag(output, {path: (0, module.out_features)} if started else {})
+        elif path in self.norm_inputs and isinstance(output, torch.Tensor):
+            set_tag(output, self.norm_inputs.pop(path))
 
     # -- torch functions ------------------------------------------------------------------------
 
@@ -154,6 +182,8 @@ class FlowTracer:
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         tag = union([tag_of(t) for t in inputs])
         if not tag or isinstance(self._top(), nn.Linear):  # a Linear's own F.linear: its hooks handle it
+            return
+        if self.stack and self.stack[-1][0] in self.norm_inputs:  # inside an across-heads norm: its hooks handle it
             return
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         name = getattr(func, "__name__", "")
@@ -271,7 +301,7 @@ def trace(model: nn.Module, inputs: dict) -> tuple[dict[str, Flow], dict[str, st
         flows = FlowTracer(model, starts).run(inputs)
         started = set(flows) if starts is None else starts & set(flows)
         # Unsafe outputs first: their tags are what make other Linears look like consumers.
-        bad = {p for p in started if flows[p].unsafe} or {p for p in started if flows[p].consumers and flows[p].sources}
+        bad = {p for p in started if flows[p].unsafe} or _chain_breaks(flows, started, model)
         if not bad:
             return flows, dropped
         for path in bad:
@@ -281,6 +311,27 @@ def trace(model: nn.Module, inputs: dict) -> tuple[dict[str, Flow], dict[str, st
                 else "it would both consume and produce a sharded activation (a chain of Linears)"
             )
         starts = started - bad
+
+
+def _chain_breaks(flows: dict[str, Flow], started: set[str], model: nn.Module) -> set[str]:
+    """Where to break chains of Linears (one that both consumes and produces): at a source whose output only
+    attention projections consume, several of them (Wan's text embedding feeds every block's attn2.to_k / to_v:
+    left whole, so the attention pairs shard), else at the chain Linears themselves (a time embedding feeding
+    modulations: the modulations are gathered instead)."""
+    chain = {p for p in started if flows[p].consumers and flows[p].sources}
+    shared = {
+        s
+        for p in chain
+        for s in flows[p].sources
+        if s in started and len(flows[s].consumers) > 1 and all(_in_attention(model, c) for c in flows[s].consumers)
+    }
+    return shared or chain
+
+
+def _in_attention(model: nn.Module, path: str) -> bool:
+    """`path` is a direct child of an attention module (its q/k/v/out projection)."""
+    owner, _, _ = path.rpartition(".")
+    return bool(owner) and attention_spec(owner, model.get_submodule(owner), "") is not None
 
 
 def components(flows: dict[str, Flow]) -> list[list[str]]:
@@ -321,6 +372,7 @@ def pair_rules(group: list[str], flows: dict[str, Flow]) -> tuple[dict[str, tupl
     for path in producers:
         blocks = flows[path].blocks()
         rules[path] = ("packed_colwise", _proportions(blocks)) if len(blocks) > 1 else ("colwise", None)
+        rules.update({norm: ("rmsnorm_across_heads", None) for norm in flows[path].norms})
     for path in consumers:
         blocks = _input_blocks(flows[path], flows)
         rules[path] = ("packed_rowwise", _proportions(blocks)) if len(blocks) > 1 else ("rowwise", None)
@@ -420,7 +472,9 @@ def suggest_plan(model: nn.Module, example_inputs: dict | None = None, *, tp: in
 def _refusal(model: nn.Module, rules: dict[str, tuple], tp: int, name: str) -> str | None:
     """Why this pair group fails the engine's checks at `tp` on its own (None: it passes)."""
     try:
-        resolve(_plan(model, rules, f"suggested for {name}"), model).check_tp(tp)
+        resolved = resolve(_plan(model, rules, f"suggested for {name}"), model)
+        resolved.check_tp(tp)
+        check_held_sizes(resolved, model)  # a size the module holds and reads (OvisImage's mlp_hidden_dim)
     except PlanError as exc:
         return str(exc)
     return None

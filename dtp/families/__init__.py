@@ -24,18 +24,25 @@ import torch
 from ..errors import PlanError
 from . import (
     auraflow,
+    bria,
     chroma,
+    chronoedit,
     cogvideox,
     cogview4,
     cosmos,
     flux,
     flux2,
+    flux3,
     hidream,
     hunyuanimage,
     hunyuanvideo,
+    hunyuanvideo15,
+    longcat_image,
+    ltx2,
     ltx_video,
     lumina2,
     mochi,
+    ovisimage,
     pixart,
     qwenimage,
     qwenimage21,
@@ -43,6 +50,7 @@ from . import (
     sd3,
     skyreels_v2,
     wan,
+    wan_vace,
     zimage,
 )
 from .geometry import IMAGE, Geometry
@@ -69,6 +77,15 @@ _MODULES = (
     cosmos,
     hidream,
     qwenimage21,
+    # issue 35: the 2026 DiTs
+    flux3,
+    ovisimage,
+    wan_vace,
+    hunyuanvideo15,
+    ltx2,
+    chronoedit,
+    longcat_image,
+    bria,
 )
 
 

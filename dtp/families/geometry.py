@@ -40,6 +40,10 @@ class Geometry:
     """`hidden_states` layout: "image" (built from a token count by the family), "video" [B, C, F, H, W],
     "video_fchw" [B, F, C, H, W] (CogVideoX), "video_tokens" [B, F H W, C] with the grid beside it (LTX)."""
 
+    grid_inputs: tuple[str, ...] = ()
+    """Other inputs laid out on the same latent grid as `hidden_states` (layout "video"), each with its own channels:
+    Wan VACE's `control_hidden_states`."""
+
     def __post_init__(self):
         assert self.layout in LAYOUTS, self.layout
         assert (self.clip is None) == (self.layout == "image"), "a video layout comes with a usual clip"

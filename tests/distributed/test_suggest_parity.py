@@ -46,9 +46,11 @@ def test_most_classes_really_shard(results):
     assert len(sharded) >= min(12, len(CLASSES) - 1), sharded
 
 
-def test_wan_qk_norm_across_heads_stays_replicated(results):
-    """Wan's q/k are normalized across heads (needs a distributed norm): attention stays whole, the FFN shards."""
+def test_wan_qk_norm_across_heads_is_distributed(results):
+    """Wan's q/k are normalized across heads: since issue 35 suggest plans them rmsnorm_across_heads with their
+    attention pairs (exact: test above); the FFN shards as before."""
     _, rank0 = results["WanTransformer3DModel"]
-    assert not any(".attn1." in key or ".attn2.to_q" in key for key in rank0["rules"]), rank0["rules"]
+    assert rank0["rules"]["blocks.*.attn1.norm_q"] == ("rmsnorm_across_heads", None), rank0["rules"]
+    assert rank0["rules"]["blocks.*.attn1.to_q"] == ("colwise", None)
     assert rank0["rules"]["blocks.*.ffn.net.0.proj"] == ("colwise", None)
     assert rank0["rules"]["blocks.*.ffn.net.2"] == ("rowwise", None)

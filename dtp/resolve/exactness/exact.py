@@ -3,7 +3,8 @@
 `check_exact(resolved, model, tp)` runs, on a `Resolved` already bound to `tp` (padded, kv shared):
   1. declared blocks (`check_declared_blocks`): a packed rule's blocks are the ones the Linear declares;
   2. head alignment (`alignment.py`): every rank's q, k, v and o hold its whole heads, in one order;
-  3. data flow (`flow.py`): rank 0's forward on meta tensors with local shapes runs and returns the
+  3. held sizes (`held_sizes.py`): no module outside attention reads a size a sharded output must match;
+  4. data flow (`flow.py`): rank 0's forward on meta tensors with local shapes runs and returns the
      model's shapes (a colwise output without its rowwise consumer, a rowwise layer fed a whole tensor).
 Each raises PlanError naming the key, the module and the rule; none mutates the model.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from torch import nn
 
 from ...errors import PlanError
+from ..binding.held_sizes import check_held_sizes
 from ..binding.resolved import Resolved
 from ..layout import block_sizes
 from .alignment import check_alignment
@@ -20,9 +22,10 @@ from .flow import check_flow
 
 
 def check_exact(resolved: Resolved, model: nn.Module, tp: int) -> None:
-    """Steps 1-3 above; the first failure raises."""
+    """Steps 1-4 above; the first failure raises."""
     check_declared_blocks(resolved, model)
     check_alignment(resolved, model, tp)
+    check_held_sizes(resolved, model)  # issue 35: sizes held outside attention (held_sizes.py)
     check_flow(resolved, model, tp)
 
 

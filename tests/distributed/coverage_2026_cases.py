@@ -1,0 +1,122 @@
+"""Worker side of the issue-35 parity tests: the 2026 DiTs' bundled plans against one process, the OvisImage
+suggest regression and its negative controls, in one spawned group per world size."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from functools import partial
+from unittest import mock
+
+import torch
+
+import dtp
+from dtp.analysis.suggest import suggest_plan
+from dtp.plan import Rule, Style
+from dtp.runtime.norms import ShardedRMSNorm
+from dtp.testing.parity import forward_parity
+from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
+
+NEW_PLANS = ("flux3", "ltx2", "hunyuanvideo15", "wan_vace", "ovisimage", "chronoedit", "longcat_image", "bria")
+# The others refuse cp in their plan header.
+CP_PLANS = ("flux3", "wan_vace", "ovisimage", "chronoedit", "longcat_image", "bria")
+BATCH = 2  # sample 1 has a padded prompt where the model takes a text mask
+
+
+def run_tp(rank, world_size):
+    """Every new plan at tp = world_size (cp=1)."""
+    mesh = dtp.make_mesh(tp=world_size)
+    return {name: _parity(name, mesh) for name in NEW_PLANS}
+
+
+def run_two(rank, world_size):
+    """tp=2: the plans, the OvisImage suggest regression and the negative controls; cp=2 (both modes) on the
+    same two processes."""
+    results = run_tp(rank, world_size)
+    tp_mesh = dtp.make_mesh(tp=2)
+    results["ovis/suggested"] = _suggested_ovis(tp_mesh)
+    results["ovis/held_size"] = _held_size_outcomes(tp_mesh)
+    results["ltx2/per_rank_qk_norm"] = _per_rank_qk_norm(tp_mesh)
+    cp_mesh = dtp.make_mesh(cp=2, tp=1)
+    for name in CP_PLANS:
+        for mode in ("ulysses", "ring"):
+            results[f"{name}/cp/{mode}"] = _parity(name, cp_mesh, cp_mode=mode)
+    return results
+
+
+def _parity(name: str, mesh, plan=None, **options) -> float:
+    cls = PLAN_CLASSES[name]
+    plan = plan or dtp.load_plan(name)
+    return forward_parity(partial(tiny_model, cls), tiny_inputs(cls, batch=BATCH), mesh, plan, **options).relative
+
+
+def _suggested_ovis(mesh) -> float:
+    """OvisImage without its bundled plan: dtp.suggest_plan, then parallelize; relative error of one forward."""
+    cls = "OvisImageTransformer2DModel"
+    inputs = tiny_inputs(cls, batch=BATCH)
+    plan = suggest_plan(tiny_model(cls), inputs, tp=2)
+    return forward_parity(partial(tiny_model, cls), inputs, mesh, plan).relative
+
+
+def _ovis_sharded_mlp_plan():
+    """The OvisImage plan with the single blocks' proj_mlp packed_colwise [1, 1] -> proj_out packed_rowwise
+    [1, 4] and their attention sharded: what a plan writer (or the old suggest) would write."""
+    plan = dtp.load_plan("ovisimage")
+    rules = [r for r in plan.rules if r.key != "single_transformer_blocks.*.proj_mlp"]
+    prefix = "single_transformer_blocks.*."
+    rules += [Rule(f"{prefix}attn.to_{p}", Style("colwise")) for p in "qkv"] + [
+        Rule(f"{prefix}proj_mlp", Style("packed_colwise"), blocks=(1, 1)),
+        Rule(f"{prefix}proj_out", Style("packed_rowwise"), blocks=(1, 4)),
+    ]
+    return dataclasses.replace(plan, rules=tuple(rules), attention=(*plan.attention, f"{prefix}attn"))
+
+
+def _held_size_outcomes(mesh) -> dict:
+    """ "checked": the held-size check refuses the plan before sharding (naming mlp_hidden_dim). "flow only": with
+    it switched off, the meta forward of the flow check still refuses it, because OvisImage now has example inputs
+    (its family). Negative control, "unchecked": both off, as for a class without a family (the report of issue
+    35): the plan passes prepare and the forward crashes inside the block's torch.split."""
+    off = lambda *a: None  # noqa: E731
+    cases = {
+        "checked": [],
+        "flow only": [("dtp.resolve.exact.check_held_sizes", off)],
+        "unchecked": [
+            ("dtp.resolve.exact.check_held_sizes", off),
+            ("dtp.resolve.flow.example_inputs", off),
+            ("dtp.resolve.flow._CACHE", {}),  # "flow only" cached its refusal of this plan
+        ],
+    }
+    outcomes = {}
+    for label, patches in cases.items():
+        with contextlib.ExitStack() as stack:
+            for target, replacement in patches:
+                stack.enter_context(mock.patch(target, replacement))
+            outcomes[label] = _outcome(mesh)
+    return outcomes
+
+
+def _outcome(mesh) -> str:
+    try:
+        _parity("ovisimage", mesh, _ovis_sharded_mlp_plan())
+    except dtp.PlanError as exc:
+        return "PlanError: held size" if "mlp_hidden_dim" in str(exc) else "PlanError: flow"
+    except RuntimeError:
+        return "crash"
+    return "ran"
+
+
+@torch.no_grad()
+def _per_rank_qk_norm(mesh) -> float:
+    """Negative control: LTX-2 with its QK-norms across heads normalized per rank (sliced weight, no all-reduce
+    of the sum of squares) runs and must miss parity."""
+    cls = PLAN_CLASSES["ltx2"]
+    model = dtp.parallelize(tiny_model(cls), mesh, dtp.load_plan("ltx2"))
+    for parent in model.modules():
+        for child_name, child in list(parent.named_children()):
+            if isinstance(child, ShardedRMSNorm):
+                local = torch.nn.RMSNorm(child.width // mesh.size(), eps=child.eps)
+                local.weight = None if child.weight is None else torch.nn.Parameter(child.weight.to_local())
+                setattr(parent, child_name, local)
+    ref = output_tensor(tiny_model(cls)(**tiny_inputs(cls, batch=BATCH)))
+    out = output_tensor(model(**tiny_inputs(cls, batch=BATCH)))
+    return float((out - ref).abs().max() / ref.abs().max())
