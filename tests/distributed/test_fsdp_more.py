@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cache_cases import UNCACHED, bodies, cached_run, config, generate
-from fsdp_cases import TOL
+from cache_cases import FBC_THRESHOLD, SPLIT_THRESHOLD, UNCACHED, bodies, cached_run, config, generate
+from fsdp_cases import TOL, wrong_rank_shard
 
 from dtp.testing.launch import spawn
 from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
@@ -35,13 +35,14 @@ def _worker(rank, world):
     import dtp
 
     mesh = dtp.make_mesh(cp=2)
-    return dict(compile=_compiled(mesh), fbc=_fbc(mesh))
+    return dict(compile=_compiled(mesh), fbc=_fbc_runs(mesh))
 
 
 @torch.no_grad()
 def _compiled(mesh) -> dict:
     import dtp
     from dtp.runtime.fsdp import block_lists
+    from dtp.runtime.parallelism import Parallelism
 
     torch._dynamo.reset()
     model = dtp.parallelize(tiny_model(FLUX, **ONE_BLOCK_EACH), mesh, fsdp=True)
@@ -56,41 +57,83 @@ def _compiled(mesh) -> dict:
         compiled = [output_tensor(model(**x)).float() for x in calls]
     except Exception as error:  # noqa: BLE001 - reported: a refusal must be clear, on every rank
         return dict(error=" ".join(f"{type(error).__name__}: {error}".split())[:400])
+    graphs, breaks = counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+    # The negative control, through the compiled blocks: in the last block, which its forward reshards (the first
+    # stays gathered between calls, prefetched by the last, so a shard edited now would not reach it).
+    wrong_rank_shard(model.single_transformer_blocks, Parallelism(mesh, fsdp=True).fsdp_mesh)
+    broken = output_tensor(model(**calls[0])).float()
     return dict(
         rel=max(float((c - e).abs().max() / e.abs().max()) for c, e in zip(compiled, eager)),
-        graphs=counters["stats"]["unique_graphs"],
-        breaks=dict(counters["graph_break"]),
+        broken_rel=float((broken - eager[0]).abs().max() / eager[0].abs().max()),
+        graphs=graphs,
+        breaks=breaks,
     )
 
 
-def _fbc(mesh) -> dict:
-    """cache_cases.cached_run with fsdp=True: FirstBlockCache enabled after sharding, blocks counted."""
+def _fbc(mesh, before: bool = False, threshold: float = FBC_THRESHOLD) -> dict:
+    """cache_cases.cached_run with fsdp=True: FirstBlockCache enabled after sharding (or before), blocks counted."""
     import dtp
     from dtp.families.pipelines import tiny_flux_pipeline
 
     with bodies() as counts:
         pipe = tiny_flux_pipeline()
+        if before:
+            pipe.transformer.enable_cache(config("fbc", pipe, threshold))
         dtp.parallelize(pipe.transformer, mesh, fsdp=True)
-        pipe.transformer.enable_cache(config("fbc", pipe))
+        if not before:
+            pipe.transformer.enable_cache(config("fbc", pipe, threshold))
         counts.clear()
         pixels = generate(pipe)
     return {"pixels": pixels, **counts}
 
 
+def _fbc_runs(mesh) -> dict:
+    """After and before sharding; at SPLIT_THRESHOLD with the metric global, then left per rank (the control)."""
+    from diffusers.hooks._helpers import TransformerBlockRegistry
+    from diffusers.models.transformers.transformer_flux import FluxTransformerBlock
+
+    from dtp.cache import scope
+
+    out = dict(after=_fbc(mesh), before=_fbc(mesh, before=True), split=_fbc(mesh, threshold=SPLIT_THRESHOLD))
+    real = scope.DecisionScope.split_groups
+    scope.DecisionScope.split_groups = lambda self: []  # each rank's metric over its own tokens only
+    try:
+        out["per_rank"] = _fbc(mesh, threshold=SPLIT_THRESHOLD)
+    finally:
+        scope.DecisionScope.split_groups = real
+    out["base_metadata_kept"] = TransformerBlockRegistry.get(FluxTransformerBlock)._cls is FluxTransformerBlock
+    return out
+
+
 def test_regional_compile_with_fsdp(results):
-    """compile_repeated_blocks on an FSDP2-sharded model: the eager model's output within 1e-5 relative."""
+    """torch.compile on each FSDP2 block: no graph break, the eager model's output within 1e-5 relative; a shard
+    from the wrong rank moves the compiled output (the gathers run inside the compiled blocks' calls)."""
     for rank in results:
         r = rank["compile"]
         assert "error" not in r, r
-        assert r["graphs"] >= 1 and r["rel"] <= TOL, r
+        assert r["graphs"] >= 1 and r["breaks"] == {} and r["rel"] <= TOL, r
+        assert r["broken_rel"] > TOL, r
 
 
-def test_first_block_cache_with_fsdp(results):
-    """FirstBlockCache at cp=2 with fsdp: the one-process cached pixels (mean <= 1e-6) and the same blocks run."""
+@pytest.mark.parametrize("order", ["after", "before"])
+def test_first_block_cache_with_fsdp(results, order):
+    """FirstBlockCache at cp=2 with fsdp, enabled after or before sharding: the one-process cached pixels
+    (mean <= 1e-6) and the same blocks run, on every rank (a rank that gathered alone would hang: spawn's timeout)."""
     reference = cached_run("fbc")
     assert reference["block"] < UNCACHED, reference["block"]  # the cache skips blocks on this run
     for rank in results:
-        r = rank["fbc"]
+        r = rank["fbc"][order]
         mean, p99, _ = compare(r["pixels"], reference["pixels"])
         assert mean <= MEAN_TOL, (mean, p99)
         assert r["block"] == reference["block"], (r["block"], reference["block"])
+    assert all(rank["fbc"]["base_metadata_kept"] for rank in results)
+
+
+def test_per_rank_metric_fails_without_hanging(results):
+    """Negative control: FirstBlockCache's metric over each rank's own tokens under fsdp computes blocks one process
+    skips and moves the pixels; the same run with the global metric matches one process."""
+    reference = cached_run("fbc", threshold=SPLIT_THRESHOLD)
+    split, control = results[0]["fbc"]["split"], results[0]["fbc"]["per_rank"]
+    assert split["block"] == reference["block"] and compare(split["pixels"], reference["pixels"])[0] <= MEAN_TOL
+    assert control["block"] != reference["block"]
+    assert compare(control["pixels"], reference["pixels"])[0] > MEAN_TOL
