@@ -12,9 +12,11 @@ functions): their decisions would be per rank.
 
 from __future__ import annotations
 
+import copy
 import functools
 
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from ..errors import ForwardError, PlanError
 from ..runtime.cfg import unvouched
@@ -63,8 +65,30 @@ def attach(model: nn.Module, mesh) -> None:
 def enable(model: nn.Module, scope: DecisionScope, config) -> None:
     """`model.enable_cache(config)` on a sharded model: refused (PlanError, nothing added) or rank-consistent."""
     check_config(config, degrees(scope.mesh))
+    register_fsdp_blocks(model)
     type(model).enable_cache(model, config)
     make_consistent(model, scope)
+
+
+def register_fsdp_blocks(model: nn.Module) -> None:
+    """Register FSDP2's block classes in diffusers' TransformerBlockRegistry under their base class's metadata.
+
+    `fully_shard` swaps each block's class for a subclass (`FSDPFluxTransformerBlock`), and diffusers' block
+    caches (FirstBlockCache, MagCache) look the metadata up by exact class: without this, enable_cache on an
+    fsdp=True model raises "Model class ... not registered". The subclass keeps the base's forward, so the
+    base's metadata (output indices, signature) holds for it.
+    """
+    from diffusers.hooks._helpers import TransformerBlockRegistry
+
+    TransformerBlockRegistry._register()  # diffusers fills its registry lazily
+    known = TransformerBlockRegistry._registry
+    for module in model.modules():
+        cls = type(module)
+        if not isinstance(module, FSDPModule) or cls in known:
+            continue
+        base = next((b for b in cls.__mro__[1:] if b in known), None)
+        if base is not None:
+            TransformerBlockRegistry.register(cls, copy.copy(known[base]))
 
 
 def _guard(model: nn.Module, args) -> None:

@@ -1,0 +1,146 @@
+"""fsdp=True with regional torch.compile and diffusers' FirstBlockCache, on 2 gloo ranks (cp=2, one group).
+
+(pad=True with fsdp needs tp > 1 next to cp: test_fsdp_pad_4.py.)
+- compile: tiny FLUX.1 with one block of each kind, `block.compile()` on each FSDP2 block after sharding, with
+  dynamo's "eager" backend as in test_compile.py (diffusers' `compile_repeated_blocks` finds no block: FSDP2
+  renames the classes), against the same model run eagerly; the negative control edits a shard afterwards.
+- FirstBlockCache via `pipe.transformer.enable_cache` on the tiny FLUX.1 pipeline with true CFG: the pixels and the
+  blocks run of the one-process cached run. FSDP2's all-gather pre-hooks fire for a skipped block too; a rank that
+  gathered where the other did not would hang, so the spawn timeout is the hang check.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from cache_cases import FBC_THRESHOLD, SPLIT_THRESHOLD, UNCACHED, bodies, cached_run, config, generate
+from fsdp_cases import TOL, wrong_rank_shard
+
+from dtp.testing.launch import spawn
+from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
+from dtp.tools.demo import compare
+
+FLUX = "FluxTransformer2DModel"
+ONE_BLOCK_EACH = dict(num_layers=1, num_single_layers=1)
+TIMESTEPS = (0.9, 0.5)
+# Dynamo's "eager" backend by default (seconds); inductor costs ~60 s per rank here (measured: rel 3.2e-7), so it
+# runs only with DTP_COMPILE_MATRIX=full, as in test_compile.py.
+BACKENDS = ("eager", "inductor") if os.environ.get("DTP_COMPILE_MATRIX") == "full" else ("eager",)
+MEAN_TOL = 1e-6  # mean |pixels - reference| on [0, 1]; measured 1.1e-7 (the per-rank-metric control: 1.8e-2)
+# compile: measured rel 0.0 (the eager backend runs the same kernels); the wrong-shard control: 0.41
+
+
+@pytest.fixture(scope="module")
+def results():
+    return spawn(_worker, 2, timeout_s=600)
+
+
+def _worker(rank, world):
+    import dtp
+
+    mesh = dtp.make_mesh(cp=2)
+    return dict(compile={b: _compiled(mesh, b) for b in BACKENDS}, fbc=_fbc_runs(mesh))
+
+
+@torch.no_grad()
+def _compiled(mesh, backend: str) -> dict:
+    import dtp
+    from dtp.runtime.fsdp import block_lists
+    from dtp.runtime.parallelism import Parallelism
+
+    torch._dynamo.reset()
+    model = dtp.parallelize(tiny_model(FLUX, **ONE_BLOCK_EACH), mesh, fsdp=True)
+    calls = [{**tiny_inputs(FLUX), "timestep": torch.tensor([t])} for t in TIMESTEPS]
+    eager = [output_tensor(model(**x)).float() for x in calls]
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    try:
+        for _, blocks in block_lists(model):
+            for block in blocks:
+                block.compile(backend=backend)
+        compiled = [output_tensor(model(**x)).float() for x in calls]
+    except Exception as error:  # noqa: BLE001 - reported: a refusal must be clear, on every rank
+        return dict(error=" ".join(f"{type(error).__name__}: {error}".split())[:400])
+    graphs, breaks = counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+    # The negative control, through the compiled blocks: in the last block, which its forward reshards (the first
+    # stays gathered between calls, prefetched by the last, so a shard edited now would not reach it).
+    wrong_rank_shard(model.single_transformer_blocks, Parallelism(mesh, fsdp=True).fsdp_mesh)
+    broken = output_tensor(model(**calls[0])).float()
+    return dict(
+        rel=max(float((c - e).abs().max() / e.abs().max()) for c, e in zip(compiled, eager)),
+        broken_rel=float((broken - eager[0]).abs().max() / eager[0].abs().max()),
+        graphs=graphs,
+        breaks=breaks,
+    )
+
+
+def _fbc(mesh, before: bool = False, threshold: float = FBC_THRESHOLD) -> dict:
+    """cache_cases.cached_run with fsdp=True: FirstBlockCache enabled after sharding (or before), blocks counted."""
+    import dtp
+    from dtp.families.pipelines import tiny_flux_pipeline
+
+    with bodies() as counts:
+        pipe = tiny_flux_pipeline()
+        if before:
+            pipe.transformer.enable_cache(config("fbc", pipe, threshold))
+        dtp.parallelize(pipe.transformer, mesh, fsdp=True)
+        if not before:
+            pipe.transformer.enable_cache(config("fbc", pipe, threshold))
+        counts.clear()
+        pixels = generate(pipe)
+    return {"pixels": pixels, **counts}
+
+
+def _fbc_runs(mesh) -> dict:
+    """After and before sharding; at SPLIT_THRESHOLD with the metric global, then left per rank (the control)."""
+    from diffusers.hooks._helpers import TransformerBlockRegistry
+    from diffusers.models.transformers.transformer_flux import FluxTransformerBlock
+
+    from dtp.cache import scope
+
+    out = dict(after=_fbc(mesh), before=_fbc(mesh, before=True), split=_fbc(mesh, threshold=SPLIT_THRESHOLD))
+    real = scope.DecisionScope.split_groups
+    scope.DecisionScope.split_groups = lambda self: []  # each rank's metric over its own tokens only
+    try:
+        out["per_rank"] = _fbc(mesh, threshold=SPLIT_THRESHOLD)
+    finally:
+        scope.DecisionScope.split_groups = real
+    out["base_metadata_kept"] = TransformerBlockRegistry.get(FluxTransformerBlock)._cls is FluxTransformerBlock
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_regional_compile_with_fsdp(results, backend):
+    """torch.compile on each FSDP2 block: no graph break, the eager model's output within 1e-5 relative; a shard
+    from the wrong rank moves the compiled output (the gathers run inside the compiled blocks' calls)."""
+    for rank in results:
+        r = rank["compile"][backend]
+        assert "error" not in r, r
+        assert r["graphs"] >= 1 and r["breaks"] == {} and r["rel"] <= TOL, r
+        assert r["broken_rel"] > TOL, r
+
+
+@pytest.mark.parametrize("order", ["after", "before"])
+def test_first_block_cache_with_fsdp(results, order):
+    """FirstBlockCache at cp=2 with fsdp, enabled after or before sharding: the one-process cached pixels
+    (mean <= 1e-6) and the same blocks run, on every rank (a rank that gathered alone would hang: spawn's timeout)."""
+    reference = cached_run("fbc")
+    assert reference["block"] < UNCACHED, reference["block"]  # the cache skips blocks on this run
+    for rank in results:
+        r = rank["fbc"][order]
+        mean, p99, _ = compare(r["pixels"], reference["pixels"])
+        assert mean <= MEAN_TOL, (mean, p99)
+        assert r["block"] == reference["block"], (r["block"], reference["block"])
+    assert all(rank["fbc"]["base_metadata_kept"] for rank in results)
+
+
+def test_per_rank_metric_fails_without_hanging(results):
+    """Negative control: FirstBlockCache's metric over each rank's own tokens under fsdp computes blocks one process
+    skips and moves the pixels; the same run with the global metric matches one process."""
+    reference = cached_run("fbc", threshold=SPLIT_THRESHOLD)
+    split, control = results[0]["fbc"]["split"], results[0]["fbc"]["per_rank"]
+    assert split["block"] == reference["block"] and compare(split["pixels"], reference["pixels"])[0] <= MEAN_TOL
+    assert control["block"] != reference["block"]
+    assert compare(control["pixels"], reference["pixels"])[0] > MEAN_TOL
