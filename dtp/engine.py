@@ -49,6 +49,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from .cache import attach as attach_cache
 from .cache import check_cache
+from .errors import PlanError
 from .plan import Plan, plan_for
 from .policy import check_cp_mode
 from .quant import check_quantized
@@ -152,6 +153,7 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
     padding = None
     if parallelism.pad:
         padding = pad_resolved(resolved, model, tp, tp * _head_factor(cp, cp_mode))
+        _check_pad_applies(padding, cp, cp_mode)
         resolved = padding.resolved
     else:
         check_unpadded(resolved, model, tp, lambda: supported_tp(model, resolved, cp, cp_mode, pad=True))
@@ -171,6 +173,18 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
         check_fsdp(model)
     check_cache(model, parallelism.mesh)
     return Prepared(resolved, cp_resolved, parallelism, padding)
+
+
+def _check_pad_applies(padding: Padding, cp: int, cp_mode: str) -> None:
+    """Padding is written into the tp shards, so at tp=1 nothing is padded: a plan that needs padding there (only
+    Ulysses asks for it, heads a multiple of cp) would fail at its first forward instead."""
+    if padding.tp > 1 or padding.is_noop:
+        return
+    heads = ", ".join(f"{h.path}: {h.heads} -> {h.padded_heads}" for h in padding.heads if h.padded_heads != h.heads)
+    raise PlanError(
+        f"pad=True at tp=1 pads nothing (padding lives in the tp shards), but Ulysses cp={cp} needs heads padded "
+        f"({heads}); use cp_mode='ring', a mesh with tp > 1, or a cp that divides the heads."
+    )
 
 
 def _head_factor(cp: int, cp_mode: str) -> int:
