@@ -102,7 +102,7 @@ def measured(directories) -> dict:
 def _row(directory: str, model: str, cfg: int, cp: int, tp: int, text_tokens: int) -> dict:
     wanted = dict(
         cfg=cfg, cp=cp, tp=tp, cp_mode="ulysses" if cp > 1 else None, pad=False, quant=None,
-        text_encoders="sharded" if tp > 1 else "whole", parallel_vae=True,
+        text_encoders="sharded" if tp > 1 else "whole", parallel_vae=True, fsdp=False,
     )  # fmt: skip
     batch = 2 if cfg > 1 and model != "qwenimage" else 1
     size = SIZES[model]
