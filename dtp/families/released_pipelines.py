@@ -121,6 +121,9 @@ class ReleasedPipeline:
     components: Mapping[str, Component]
     model_dir: str
     """The checkpoint folder a `dtp run` command names, e.g. "./FLUX.1-dev"."""
+    size: tuple[int, int, int] | None = None
+    """The (frames, height, width) the checkpoint is made to generate, where it differs from the family's usual
+    clip (Wan2.1-T2V-14B: 81 x 720 x 1280, its 1.3B sibling 480p); None: the family's (images: 1024²)."""
 
 
 def _transformers(class_name: str, config_class: str, config: Mapping) -> Component:
@@ -166,5 +169,6 @@ RELEASED_PIPELINES = {
             "vae": Component(class_name="AutoencoderKLWan", config={}),
         },
         model_dir="./Wan2.1-T2V-14B-Diffusers",
+        size=(81, 720, 1280),
     ),
 }

@@ -46,7 +46,7 @@ def fit(
     gpus: int,
     gpu_memory,
     *,
-    resolution: int = 1024,
+    resolution: int | None = None,
     frames: int | None = None,
     hardware: str | None = None,
     height: int | None = None,
@@ -63,8 +63,9 @@ def fit(
     text_tokens: prompt length of the T5 / LLM text encoders and of the transformer's text stream (CLIP: 77).
     only: candidate fields to keep, e.g. `{"cp": 1}` (default: every candidate).
     measurer: a `Measurer` of the same pipeline and dtype from an earlier call, to reuse its measurements.
-    gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`; frames
-        to 81 for a video pipeline (`wan-pipeline`), None for an image one.
+    gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`, which defaults
+        to the pipeline's usual size (`FitPipeline.usual_size`: 1024² for images, Wan2.1-T2V-14B 720 x 1280);
+        frames to the usual clip's (81 for `wan-pipeline`), None for an image pipeline.
     Each row: cfg, cp, tp, cp_mode, pad, quant, text_encoders, parallel_vae, fsdp, weight_bytes (by component),
     phase_bytes (by phase), peak_bytes, fits, step_seconds, command. `rejected` lists the candidates whose
     plans do not fit the mesh, with the PlanError; `reason` says why nothing fits when no row does.
@@ -74,8 +75,10 @@ def fit(
     memory = parse_memory(gpu_memory)
     hw = find_hardware(hardware, memory)
     spec = fit_pipeline(pipeline)
+    _, usual_height, usual_width = spec.usual_size
     frames = frames or spec.usual_frames
-    shape = Shape(batch, height or resolution, width or resolution, frames or 1, text_tokens)
+    height, width = height or resolution or usual_height, width or resolution or usual_width
+    shape = Shape(batch, height, width, frames or 1, text_tokens)
     measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
     rows, rejected = _estimate_all(candidates(spec, gpus, batch), spec, measurer, shape, memory, hw, only)

@@ -32,6 +32,7 @@ from ..vae.apply import VIDEO_VAES  # 3-D latents [B, C, frames, h, w]: one list
 
 PROMPT_TOKENS = DEFAULT_TEXT_TOKENS  # T5 / Mistral / Qwen2.5-VL / UMT5 prompt length the pipelines pad or cap to
 CLIP_TOKENS = 77
+DEFAULT_IMAGE_SIDE = 1024  # `dtp fit`'s image size when none is given (every bundled image pipeline's native one)
 ENCODER_ONLY = ("CLIPTextModel", "CLIPTextModelWithProjection", "T5EncoderModel", "UMT5EncoderModel")
 
 
@@ -48,6 +49,8 @@ class FitPipeline:
     """(component name, dtype) -> that component on the meta device, eval mode."""
     model_dir: str
     """The checkpoint directory the `dtp run` command names."""
+    released_size: tuple[int, int, int] | None = None
+    """A released checkpoint's own (frames, height, width) (`ReleasedPipeline.size`); None: the family's clip."""
 
     @property
     def transformer(self) -> str:
@@ -73,7 +76,15 @@ class FitPipeline:
     @property
     def usual_frames(self) -> int | None:
         """Frames of the pipeline's usual clip (Wan: 81); None for an image pipeline."""
-        return self.geometry.clip[0] if self.geometry.is_video else None
+        return self.usual_size[0] if self.geometry.is_video else None
+
+    @property
+    def usual_size(self) -> tuple[int, int, int]:
+        """(frames, height, width) `dtp fit` sizes a generation at when none is given: the released checkpoint's,
+        else the family's usual clip, else one 1024² image."""
+        if self.released_size is not None:
+            return self.released_size
+        return self.geometry.clip if self.geometry.is_video else (1, DEFAULT_IMAGE_SIDE, DEFAULT_IMAGE_SIDE)
 
     @property
     def calls_per_step(self) -> int:
@@ -90,6 +101,7 @@ def fit_pipeline(source: str) -> FitPipeline:
             classes={n: c.class_name for n, c in released.components.items()},
             build=lambda name, dtype: build_component(released.components[name], dtype),
             model_dir=released.model_dir,
+            released_size=released.size,
         )
     index = Path(source) / "model_index.json"
     if not index.is_file():

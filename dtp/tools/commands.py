@@ -324,7 +324,13 @@ def _fit(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs (ranks)")
     p.add_argument("--gpu-memory", required=True, help="memory per GPU, e.g. 24GiB, 80GB")
-    p.add_argument("--resolution", type=int, default=1024, help="square image side in pixels (default 1024)")
+    p.add_argument(
+        "--resolution",
+        type=int,
+        default=None,
+        help="square image side in pixels (default: the pipeline's usual size: 1024 for images, 720 x 1280 for "
+        "wan-pipeline)",
+    )
     p.add_argument("--height", type=int, default=None, help="image height (default: --resolution)")
     p.add_argument("--width", type=int, default=None, help="image width (default: --resolution)")
     p.add_argument("--frames", type=int, default=None, help="video frames (video pipelines)")

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import dtp
 from dtp import PlanError
 from dtp.analysis.inputs import ForwardShape, forward_inputs, full_inputs, latent_grid
 from dtp.families import FAMILIES, family_of
@@ -66,3 +67,23 @@ def test_image_tokens_for_a_non_square_image():
 def test_geometry_refuses_a_video_layout_without_a_clip():
     with pytest.raises(AssertionError):
         Geometry(layout="video")
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "size"),
+    [
+        ("wan-pipeline", (720, 1280, 81)),
+        ("flux-pipeline", (1024, 1024, None)),
+        ("qwenimage-pipeline", (1024, 1024, None)),
+    ],
+)
+def test_fit_sizes_a_generation_at_the_pipelines_usual_size(pipeline, size):
+    """Without --resolution / --height / --width, `dtp fit` sizes Wan2.1-T2V-14B at its 720p x 81 (not 1024²) and the
+    image pipelines at 1024² (`only` keeps no candidate: nothing is measured)."""
+    report = dtp.fit(pipeline, 1, "80GB", only={"tp": 3})
+    assert (report["height"], report["width"], report["frames"]) == size
+
+
+def test_an_explicit_resolution_wins_over_the_usual_size():
+    report = dtp.fit("wan-pipeline", 1, "80GB", resolution=512, only={"tp": 3})
+    assert (report["height"], report["width"], report["frames"]) == (512, 512, 81)
