@@ -13,6 +13,7 @@ import torch
 import dtp
 from dtp.analysis.suggest import suggest_plan
 from dtp.plan import Rule, Style
+from dtp.resolve import clear_caches
 from dtp.runtime.norms import ShardedRMSNorm
 from dtp.testing.parity import forward_parity
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
@@ -79,15 +80,15 @@ def _held_size_outcomes(mesh) -> dict:
     off = lambda *a: None  # noqa: E731
     cases = {
         "checked": [],
-        "flow only": [("dtp.resolve.exact.check_held_sizes", off)],
+        "flow only": [("dtp.resolve.exactness.exact.check_held_sizes", off)],
         "unchecked": [
-            ("dtp.resolve.exact.check_held_sizes", off),
-            ("dtp.resolve.flow.example_inputs", off),
-            ("dtp.resolve.flow._CACHE", {}),  # "flow only" cached its refusal of this plan
+            ("dtp.resolve.exactness.exact.check_held_sizes", off),
+            ("dtp.resolve.exactness.flow.example_inputs", off),
         ],
     }
     outcomes = {}
     for label, patches in cases.items():
+        clear_caches()  # "flow only" would otherwise be answered by the cached refusal of this plan
         with contextlib.ExitStack() as stack:
             for target, replacement in patches:
                 stack.enter_context(mock.patch(target, replacement))
