@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+from . import bria
 
 CLASS_NAME = "OvisImageTransformer2DModel"
 PLAN = "ovisimage"
@@ -22,12 +22,4 @@ TINY = dict(
 RELEASED: dict = {}  # the diffusers class defaults are the released checkpoint's config
 
 
-def inputs(cfg, g, batch, img, txt):
-    return dict(
-        hidden_states=torch.randn(batch, img, cfg["in_channels"], generator=g),
-        encoder_hidden_states=torch.randn(batch, txt, cfg["joint_attention_dim"], generator=g),
-        timestep=torch.rand(batch, generator=g),
-        img_ids=torch.randint(0, 8, (img, 3), generator=g).float(),
-        txt_ids=torch.zeros(txt, 3),
-        return_dict=False,
-    )
+inputs = bria.inputs  # FLUX.1's layout without a pooled projection, as Bria 3.2 and LongCat-Image

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from . import wan
 from .geometry import Geometry
 from .shapes import video_grid
 
@@ -11,20 +12,7 @@ CLASS_NAME = "WanVACETransformer3DModel"
 PLAN = "wan_vace"
 
 # Wan's tiny config plus two VACE blocks (one per main block) over an 8-channel control video.
-TINY = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=4,
-    attention_head_dim=16,
-    in_channels=4,
-    out_channels=4,
-    text_dim=32,
-    freq_dim=16,
-    ffn_dim=96,
-    num_layers=2,
-    rope_max_seq_len=32,
-    vace_layers=[0, 1],
-    vace_in_channels=8,
-)
+TINY = {**wan.TINY, "vace_layers": [0, 1], "vace_in_channels": 8}
 
 RELEASED: dict = {}  # the diffusers class defaults are Wan2.1-VACE-14B's config
 
