@@ -1,5 +1,7 @@
 """Shared fixtures: a single-process fake process group for checks that need a mesh but no data."""
 
+import os
+
 import pytest
 import torch.distributed as dist
 from hypothesis import settings
@@ -18,3 +20,14 @@ def fake_world():
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
     yield 4
     dist.destroy_process_group()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Cases marked `full` repeat a kind the default run already covers (another model, mesh or config): they run
+    only with DTP_FULL=1, so the default run stays well under 15 minutes on 2 cores."""
+    if os.environ.get("DTP_FULL") == "1":
+        return
+    skip = pytest.mark.skip(reason="a further case of a covered kind: set DTP_FULL=1 to run it")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)
