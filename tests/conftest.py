@@ -1,11 +1,11 @@
 """Shared fixtures: a single-process fake process group for checks that need a mesh but no data."""
 
-import os
-
 import pytest
 import torch.distributed as dist
 from hypothesis import settings
 from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from dtp.testing.scope import full_run
 
 # Hypothesis properties here are about values, not speed: a first call that builds a model or imports a module
 # can take 0.5 s on a busy machine, which the default 200 ms deadline would report as a flaky failure.
@@ -25,7 +25,7 @@ def fake_world():
 def pytest_collection_modifyitems(config, items):
     """Cases marked `full` repeat a kind the default run already covers (another model, mesh or config): they run
     only with DTP_FULL=1, so the default run stays well under 15 minutes on 2 cores."""
-    if os.environ.get("DTP_FULL") == "1":
+    if full_run():
         return
     skip = pytest.mark.skip(reason="a further case of a covered kind: set DTP_FULL=1 to run it")
     for item in items:

@@ -202,9 +202,9 @@ def local_token_scale_control(mesh) -> dict:
         dynamic.funcol = real
 
 
-def run_quant_cases(mesh, schemes, pad: bool = False, controls: bool = True) -> dict:
+def run_quant_cases(mesh, schemes, pad: bool = False, controls: bool = True, classes=tuple(CLASSES)) -> dict:
     results = {}
-    for name in CLASSES:
+    for name in classes:
         for scheme in schemes:
             for order, found in quant_parity(name, scheme, mesh, pad).items():
                 results[f"{name}/{scheme}/{order}"] = found
