@@ -17,6 +17,7 @@ import torch
 from compile_cases import count_compiles, run_matrix
 
 from dtp.testing.launch import spawn
+from dtp.testing.scope import full_run
 
 TOL = 1e-5
 # The whole matrix costs ~100 s of CPU per rank (each case a cold trace; dynamo through DTensor is slow), too
@@ -44,7 +45,7 @@ FULL = [
     ("vae-kl", "full", "eager"),
     ("vae-wan", "full", "eager"),
 ]
-MATRIX = FULL if os.environ.get("DTP_COMPILE_MATRIX") == "full" else QUICK
+MATRIX = FULL if os.environ.get("DTP_COMPILE_MATRIX") == "full" or full_run() else QUICK
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from cache_cases import FBC_THRESHOLD, SPLIT_THRESHOLD, UNCACHED, bodies, cached
 from fsdp_cases import TOL, wrong_rank_shard
 
 from dtp.testing.launch import spawn
+from dtp.testing.scope import full_run
 from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
 from dtp.tools.demo import compare
 
@@ -27,7 +28,7 @@ ONE_BLOCK_EACH = dict(num_layers=1, num_single_layers=1)
 TIMESTEPS = (0.9, 0.5)
 # Dynamo's "eager" backend by default (seconds); inductor costs ~60 s per rank here (measured: rel 3.2e-7), so it
 # runs only with DTP_COMPILE_MATRIX=full, as in test_compile.py.
-BACKENDS = ("eager", "inductor") if os.environ.get("DTP_COMPILE_MATRIX") == "full" else ("eager",)
+BACKENDS = ("eager", "inductor") if os.environ.get("DTP_COMPILE_MATRIX") == "full" or full_run() else ("eager",)
 MEAN_TOL = 1e-6  # mean |pixels - reference| on [0, 1]; measured 1.1e-7 (the per-rank-metric control: 1.8e-2)
 # compile: measured rel 0.0 (the eager backend runs the same kernels); the wrong-shard control: 0.41
 

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 import dtp  # noqa: E402
 from dtp.testing.launch import spawn  # noqa: E402
+from dtp.testing.scope import full_run  # noqa: E402
 from dtp.testing.tiny import model_class, tiny_model  # noqa: E402
 
 TOL = 1e-5
@@ -35,7 +36,8 @@ CASES = {  # (model, scheme): the tp degrees it runs at; the suite's time on 2 c
     ("FluxTransformer2DModel", "fp8wo"): (3,),
     ("QwenImageTransformer2DModel", "int8wo"): (2,),
 }
-FULL = os.environ.get("DTP_PREQUANTIZED_ALL") == "1"  # opt-in: every pair at both degrees, and the pipeline
+# Opt-in (DTP_PREQUANTIZED_ALL=1 or DTP_FULL=1): every pair at both degrees, and the pipeline.
+FULL = os.environ.get("DTP_PREQUANTIZED_ALL") == "1" or full_run()
 if FULL:
     CASES = {(n, s): (2, 3) for n in ("FluxTransformer2DModel", "QwenImageTransformer2DModel") for s in SCHEMES}
 LORA = {("FluxTransformer2DModel", "int8wo")}  # LoRA steps at tp=2
