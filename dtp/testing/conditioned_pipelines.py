@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..families.pipelines import SCHEDULER_CONFIG, _qwen_tokenizer, tiny_flux_pipeline
+from ..families.pipelines import SCHEDULER_CONFIG, qwen_tokenizer, tiny_flux_pipeline
 from .cfg_pipelines import tiny_wan_pipeline
 from .tiny import TINY_CONFIGS, tiny_model
 from .tiny_vision import MISTRAL3, VISION_CLASSES
@@ -93,7 +93,7 @@ def tiny_flux2_pipeline():
     import transformers
     from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline
 
-    tokenizer = _qwen_tokenizer()
+    tokenizer = qwen_tokenizer()
     tokenizer.chat_template = _CHAT_TEMPLATE
     config = VISION_CLASSES[MISTRAL3]()
     config.text_config.vocab_size = -(-len(tokenizer) // 8) * 8  # the byte vocabulary, padded to split over tp
