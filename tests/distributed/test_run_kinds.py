@@ -2,21 +2,20 @@
 FLUX.1 Kontext and FLUX.2 (with a reference image) pipelines, one process (the reference, in this process) vs
 torchrun with 2 gloo ranks.
 
-One launch per case (CPU is scarce): Wan T2V at tp=2 and at cp=2 (the tp=2 one reads a JSONL file of two
-generations and one bad line), Wan I2V at tp=2 (the image enters as latent channels), Kontext and FLUX.2 at cp=2
-(the reference image's tokens join the sequence that cp cuts). Every frame's fp32 pixels: mean |diff| <= 1e-6 and
-max <= 1e-4 (measured: Wan T2V tp=2 ~2e-7 / 1e-6, I2V tp=2 1.8e-7 / 1.1e-6, FLUX.2 cp=2 1.5e-7 / 9.8e-7); each mp4
-decodes to the frames asked. Negative control: a seed offset by the rank in `run_request` fails the cases
-(seen on Wan T2V, mean 0.050, and FLUX.2). A different reference image moves FLUX.2's pixels by mean 0.004, so a rank
-that dropped the image would fail too. Qwen-Image-Edit has no case: see `dtp.testing.conditioned_pipelines`.
+One launch per case (CPU is scarce): Wan T2V at tp=2 reading a JSONL file of two generations and one bad line, Wan
+I2V at tp=2 (the image enters as latent channels), FLUX.2 at cp=2 (the reference image's tokens join the sequence
+that cp cuts); with DTP_FULL=1 also Wan T2V and FLUX.1 Kontext at cp=2. Every frame's fp32 pixels: mean |diff|
+<= 1e-6 and max <= 1e-4 (measured: Wan T2V tp=2 ~2e-7 / 1e-6, I2V tp=2 1.8e-7 / 1.1e-6, FLUX.2 cp=2 1.5e-7 /
+9.8e-7); each mp4 decodes to the frames asked. Negative control: a seed offset by the rank in `run_request` fails
+the cases (seen on Wan T2V, mean 0.050, and FLUX.2). A different reference image moves FLUX.2's pixels by mean
+0.004, so a rank that dropped the image would fail too. Qwen-Image-Edit has no case: see
+`dtp.testing.conditioned_pipelines`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,6 +28,7 @@ from dtp.testing.conditioned_pipelines import (
     tiny_wan_i2v_pipeline,
     tiny_wan_video_pipeline,
 )
+from dtp.testing.serving import LAUNCHER, quiet_env
 from dtp.tools.cli import main
 
 MEAN_BOUND, MAX_BOUND = 1e-6, 1e-4
@@ -56,30 +56,34 @@ LINES = [
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """The tiny pipelines saved with save_pretrained, and three input images."""
+    """A folder for the tiny pipelines (each saved with save_pretrained on first use) and three input images."""
     root = tmp_path_factory.mktemp("kinds")
-    for name, build in BUILDERS.items():
-        build().save_pretrained(root / name)
     sample_image(16).save(root / "in16.png")
     sample_image(32, seed=1).save(root / "in32.png")
     sample_image(64, seed=2).save(root / "in64.png")
     return root
 
 
+def _model_dir(saved, kind: str) -> str:
+    if not (saved / kind).exists():  # only the kinds this run asks for: building and saving one takes seconds
+        BUILDERS[kind]().save_pretrained(saved / kind)
+    return str(saved / kind)
+
+
 def _args(saved, kind: str) -> list[str]:
+    model = ["--model-dir", _model_dir(saved, kind)]
     if kind == "wan":
-        return ["--model-dir", str(saved / "wan"), *WAN]
+        return [*model, *WAN]
     if kind == "wan_i2v":
-        return ["--model-dir", str(saved / "wan_i2v"), "--image", str(saved / "in16.png"), *WAN]
+        return [*model, "--image", str(saved / "in16.png"), *WAN]
     if kind == "flux2":
-        return ["--model-dir", str(saved / "flux2"), "--image", str(saved / "in64.png"), *FLUX2]
-    return ["--model-dir", str(saved / "kontext"), "--image", str(saved / "in32.png"), *KONTEXT]
+        return [*model, "--image", str(saved / "in64.png"), *FLUX2]
+    return [*model, "--image", str(saved / "in32.png"), *KONTEXT]
 
 
 def _torchrun(argv: list[str]) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*command, "-m", "dtp", "run", *argv], env=env, capture_output=True, text=True, timeout=600)
+    command = [*LAUNCHER, "--standalone", "--nproc-per-node=2", "-m", "dtp", "run", *argv]
+    return subprocess.run(command, env=quiet_env(), capture_output=True, text=True, timeout=600)
 
 
 def _generate(saved, kind: str, out, *, mesh: list[str] | None, extra=()) -> str:
@@ -105,8 +109,12 @@ def _assert_close(pixels: np.ndarray, reference: np.ndarray) -> None:
 
 @pytest.mark.parametrize(
     "kind, mesh",
-    [("wan", ["--cp", "2"]), ("wan_i2v", []), ("kontext", ["--cp", "2"]), ("flux2", ["--cp", "2"])],
-    ids=["wan-t2v-cp2", "wan-i2v-tp2", "kontext-cp2", "flux2-cp2"],
+    [
+        pytest.param("wan", ["--cp", "2"], id="wan-t2v-cp2", marks=pytest.mark.full),  # video at cp: test_serve_video
+        pytest.param("wan_i2v", [], id="wan-i2v-tp2"),
+        pytest.param("kontext", ["--cp", "2"], id="kontext-cp2", marks=pytest.mark.full),  # reference image at cp
+        pytest.param("flux2", ["--cp", "2"], id="flux2-cp2"),
+    ],
 )
 def test_two_ranks_draw_the_one_process_pixels(saved, tmp_path, kind, mesh):
     """Every frame of the sharded run equals the one-process run's; the mp4 holds the frames asked."""
