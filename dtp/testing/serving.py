@@ -94,7 +94,7 @@ def stop(server: Server, timeout_s: float = STOP_S) -> int:
     a rank never runs its SIGTERM handler): the ranks it had are killed too, so that no test leaves one behind.
     """
     server.client.close()
-    ranks = _children(server.process.pid)
+    ranks = rank_processes(server)
     if server.process.poll() is None:
         os.killpg(server.process.pid, signal.SIGTERM)
         try:
@@ -102,20 +102,25 @@ def stop(server: Server, timeout_s: float = STOP_S) -> int:
         except subprocess.TimeoutExpired:
             os.killpg(server.process.pid, signal.SIGKILL)
             server.process.wait()
-    for pid, command in ranks.items():
-        if _command(pid) == command:  # still that rank, not a new process that got its number
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    for pid in alive(ranks):  # still that rank, not a new process that got its number
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     return server.process.returncode
 
 
-def _children(pid: int) -> dict[int, bytes]:
-    """`{pid: command line}` of the processes `pid` started (Linux's /proc; none once it has exited)."""
+def rank_processes(server: Server) -> dict[int, bytes]:
+    """`{pid: command line}` of the ranks torchrun started (Linux's /proc; none once torchrun has exited)."""
+    pid = server.process.pid
     try:
         children = [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return {}
     return {child: _command(child) for child in children}
+
+
+def alive(ranks: dict[int, bytes]) -> list[int]:
+    """The pids of `ranks` (from `rank_processes`) still running as those ranks."""
+    return [pid for pid, command in ranks.items() if _command(pid) == command]
 
 
 def _command(pid: int) -> bytes | None:
