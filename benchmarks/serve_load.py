@@ -15,8 +15,6 @@ import hashlib
 import json
 import os
 import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,34 +28,8 @@ SIZE, STEPS = 32, 2
 LAUNCH = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "dtp"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def body(seed: int) -> dict:
     return {"prompt": "a cat", "seed": seed, "size": f"{SIZE}x{SIZE}", "num_inference_steps": STEPS}
-
-
-def start_server(model_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    port = free_port()
-    command = [*LAUNCH, "serve", "--model-dir", str(model_dir), "--port", str(port), "--dtype", "fp32"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None:
-            raise SystemExit(log.read_text()[-3000:])
-        time.sleep(0.5)
-    raise SystemExit("the server did not become healthy")
 
 
 def load(url: str, requests: int, clients: int) -> dict:
@@ -108,16 +80,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="back-to-back `dtp run` launches")
     args = parser.parse_args()
     from dtp.families.pipelines import tiny_checkpoint
+    from dtp.testing.serving import serving
 
     with tempfile.TemporaryDirectory(prefix="dtp-serve-load-") as tmp:
         folder = Path(tmp)
         model_dir = tiny_checkpoint("flux", root=folder)
-        process, url = start_server(model_dir, folder / "server.log")
-        try:
-            served = load(url, args.requests, args.clients)
-        finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=60)
+        with serving(model_dir, folder / "server.log") as server:
+            served = load(server.url, args.requests, args.clients)
         generated = len(re.findall(r"dtp serve: request \d+: .* ok", (folder / "server.log").read_text()))
         served["generated_by_server"] = generated
         served["duplicated"] = (served["ok"] - served["distinct_images"]) + max(0, generated - args.requests)

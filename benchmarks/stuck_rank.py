@@ -15,6 +15,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,9 +63,10 @@ def launch(timeout_s: float, stall_s: float) -> tuple[int, float, str]:
         "--dtype",
         "float32",
         "--output",
-        os.devnull,
+        str(Path(tempfile.mkdtemp(prefix="dtp-stuck-")) / "stuck.png"),  # never written: the run times out first
         "--timeout",
         str(timeout_s),
+        "--whole-text-encoders",  # else rank 0 waits in the sharded text encoder, before its first posted stage
     ]
     env = {**os.environ, "DTP_STALL_S": str(stall_s), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     start = time.monotonic()

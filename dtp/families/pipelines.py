@@ -204,7 +204,7 @@ def tiny_qwenimage_pipeline():
     torch.manual_seed(1)
     vae = AutoencoderKLQwenImage(**QWEN_VAE_CONFIG)
     assert vae.config.z_dim * 4 == cfg["in_channels"], "Qwen-Image packs 2 x 2 latent patches"
-    tokenizer = _qwen_tokenizer()
+    tokenizer = qwen_tokenizer()
     return QwenImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
         vae=vae,
@@ -214,7 +214,8 @@ def tiny_qwenimage_pipeline():
     )
 
 
-def _qwen_tokenizer():
+def qwen_tokenizer():
+    """Byte-level BPE without merges (one token per byte) plus the chat markers, built in memory."""
     from tokenizers import pre_tokenizers
     from transformers import Qwen2Tokenizer
 

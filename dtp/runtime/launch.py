@@ -46,10 +46,15 @@ def rank_progress(stall_s: float) -> Progress:
     A store of our own next to the process group: it keeps answering while the group is blocked in
     a collective, and the posts live under their own prefix.
     """
+    return Progress(torchrun_store("dtp/progress/"), dist.get_rank(), dist.get_world_size(), stall_s=stall_s)
+
+
+def torchrun_store(prefix: str):
+    """A client of torchrun's rendezvous store (MASTER_ADDR:MASTER_PORT), its keys under `prefix`."""
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=30)
     )
-    return Progress(dist.PrefixStore("dtp/progress/", store), dist.get_rank(), dist.get_world_size(), stall_s=stall_s)
+    return dist.PrefixStore(prefix, store)
 
 
 def tp_degree(world_size: int, cp: int, cfg: int = 1) -> int:

@@ -6,30 +6,35 @@ whose collectives cannot carry Python objects): a request, a heartbeat when the 
 generates; each catches its own exception, and an `all_gather_object` of the outcomes makes the ranks agree:
 one failed rank fails the request everywhere (one 5xx), and the next request runs. A failure that leaves the
 other ranks waiting inside a collective (one rank raising in the middle of the sharded transformer) cannot be
-agreed on this way: the others wait until the process group's timeout (--timeout) and the server ends.
+agreed on this way: the failed rank also posts it to torchrun's store, and `peers.PeerFailures` ends every rank
+`GRACE_S` after it when the ranks have not agreed (rank 0 answers that request with a 500 first).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from concurrent.futures import InvalidStateError
 from dataclasses import replace
 
 import torch.distributed as dist
 
 from ..pipeline.generate import run_request
 from ..pipeline.outputs import encode
+from ..runtime.launch import exit_now
 from .jobs import Job, JobFailed, JobQueue, Progress, Result
 
 HEARTBEAT_S = 2.0
 STOP = "stop"
 HEARTBEAT = "heartbeat"
+ANSWER_S = 1.0  # how long rank 0 lets the HTTP thread send a last 500 before ending the process
 
 
 class Lockstep:
     """The loop of one rank. `default_lora`: the adapter weights of a request that names none."""
 
-    def __init__(self, pipe, group, *, default_lora: dict | None, progress: Progress, stopping):
+    def __init__(self, pipe, group, *, default_lora: dict | None, progress: Progress, stopping, peers=None):
         self.pipe = pipe
         self.group = group  # a gloo group of every rank
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -37,9 +42,14 @@ class Lockstep:
         self.default_lora = default_lora or None
         self.progress = progress
         self.stopping = stopping  # a threading.Event set by SIGTERM (rank 0 turns it into STOP)
+        self.peers = peers  # a PeerFailures whose give_up is `self.give_up` (None on one process)
+        self._jobs: JobQueue | None = None
+        self._job: Job | None = None  # rank 0: the job running now
+        self._number = 0  # requests run so far: the same count on every rank (rank 0's order)
 
     def run(self, jobs: JobQueue | None) -> None:
         """Until stop: rank 0 takes jobs from `jobs`, the other ranks follow rank 0 (`jobs` None)."""
+        self._jobs = jobs
         while True:
             job = None
             if self.rank == 0:
@@ -63,8 +73,15 @@ class Lockstep:
         if self.default_lora is not None and request.lora is None:
             request = replace(request, lora=self.default_lora)
         start = time.perf_counter()
+        self._number, self._job = self._number + 1, job
+        if self.peers is not None:
+            self.peers.begin(self._number)
         outcome, result = self._generate(request, job)
+        if outcome is not None and self.peers is not None:
+            self.peers.fail(outcome)
         outcomes = self._agree(outcome)
+        if self.peers is not None:
+            self.peers.end()
         seconds = time.perf_counter() - start
         if self.rank != 0:
             return
@@ -89,6 +106,18 @@ class Lockstep:
         except Exception as error:  # noqa: BLE001 - any failure of this rank's generation is the request's
             return f"{type(error).__name__}: {error}", None
         return None, Result(encoded, generation.video, len(generation.step_seconds), 0.0)
+
+    def give_up(self, message: str) -> None:
+        """End this rank (exit code 1): the ranks cannot agree on the running request. Rank 0 answers it first."""
+        if self.rank == 0:
+            job = self._job
+            if job is not None:
+                with contextlib.suppress(InvalidStateError):  # the loop answered it a moment ago
+                    job.future.set_exception(JobFailed(message))
+            if self._jobs is not None:
+                self._jobs.fail_all("the server is stopping: a rank failed inside a collective")
+            time.sleep(ANSWER_S)
+        exit_now(1)
 
     def _on_step(self, step: int) -> None:
         self.progress.step = step

@@ -9,6 +9,16 @@
     FluxKontextPipeline      the tiny FLUX.1 components (`families.pipelines.tiny_flux_pipeline`); the
                              reference image's latents join the sequence. Call it with `KONTEXT_CALL`: without
                              `_auto_resize=False` and a small `max_area` it scales images to ~1024 x 1024
+    Flux2Pipeline            the tiny FLUX.2 transformer, a 2-level FLUX.2 VAE (4 latent channels, packed 2 x 2
+                             into the transformer's 16) and a 1-layer Mistral 3 text encoder of width 32 (= the
+                             transformer's joint_attention_dim); call it with `FLUX2_CALL`, whose
+                             `text_encoder_out_layers=(1,)` stacks one hidden state instead of the released (10,
+                             20, 30). The reference image must be at least 64 x 64 (diffusers' check); its latents
+                             join the sequence (64 x 64 -> 32 x 32 latents -> 256 tokens)
+
+Qwen-Image-Edit is not here: its pipeline needs a `Qwen2VLProcessor`, which transformers 5 cannot build without
+torchvision (its video processor; the lookup fails with "VIDEO_PROCESSOR_MAPPING has no attribute
+_extra_content"), and the CPU torch here has no torchvision whose operators load.
 
 Every weight is drawn from a fixed seed, the same on every rank.
 """
@@ -18,12 +28,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..families.pipelines import tiny_flux_pipeline
+from ..families.pipelines import SCHEDULER_CONFIG, qwen_tokenizer, tiny_flux_pipeline
 from .cfg_pipelines import tiny_wan_pipeline
 from .tiny import TINY_CONFIGS, tiny_model
+from .tiny_vision import MISTRAL3, VISION_CLASSES
 
 WAN_I2V_CALL = dict(height=16, width=16, num_frames=5, max_sequence_length=16)
 KONTEXT_CALL = dict(height=32, width=32, max_area=32 * 32, _auto_resize=False)
+FLUX2_CALL = dict(height=32, width=32, text_encoder_out_layers=(1,), max_sequence_length=32)
+# The tokenizer's chat template: system and user text in the chat markers (Mistral 3's own template is not needed
+# to exercise the pipeline; the text encoder is random).
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% for part in message['content'] %}{% if part['type'] == 'text' %}"
+    "<|im_start|>{{ part['text'] }}<|im_end|>{% endif %}{% endfor %}{% endfor %}"
+)
 
 
 def tiny_wan_video_pipeline():
@@ -68,6 +86,36 @@ def tiny_flux_kontext_pipeline():
     from diffusers import FluxKontextPipeline
 
     return FluxKontextPipeline(**tiny_flux_pipeline().components)
+
+
+def tiny_flux2_pipeline():
+    """The tiny Flux2Pipeline: FLUX.2 transformer, 2-level VAE, 1-layer Mistral 3 text encoder, byte tokenizer."""
+    import transformers
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline
+
+    tokenizer = qwen_tokenizer()
+    tokenizer.chat_template = _CHAT_TEMPLATE
+    config = VISION_CLASSES[MISTRAL3]()
+    config.text_config.vocab_size = -(-len(tokenizer) // 8) * 8  # the byte vocabulary, padded to split over tp
+    torch.manual_seed(2)
+    text_encoder = getattr(transformers, MISTRAL3)(config).eval()
+    torch.manual_seed(1)
+    vae = AutoencoderKLFlux2(
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        latent_channels=TINY_CONFIGS["Flux2Transformer2DModel"]["in_channels"] // 4,
+        norm_num_groups=4,
+        sample_size=32,
+    )
+    return Flux2Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=tiny_model("Flux2Transformer2DModel", seed=0),
+    )
 
 
 def sample_image(size: int = 32, seed: int = 0):

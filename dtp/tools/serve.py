@@ -10,6 +10,7 @@ the running request; a rank still busy after `STOP_GRACE_S` leaves anyway.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -23,9 +24,10 @@ from ..errors import PlanError
 from ..pipeline import transformer_class
 from ..pipeline.session import open_pipeline
 from ..policy import default_device_type
-from ..runtime.launch import exit_now, init_distributed, under_torchrun
+from ..runtime.launch import exit_now, init_distributed, torchrun_store, under_torchrun
 from ..runtime.placement import local_device
 from ..serve.jobs import JobQueue, Progress
+from ..serve.peers import PeerFailures
 from ..serve.worker import Lockstep, fail_waiting
 from .run import load_options, quiet_libraries
 
@@ -52,8 +54,10 @@ def run(args) -> int:
     loaded["pipe"], progress.loaded = pipe, True
     print(f"dtp serve: rank {rank} ready", file=sys.stderr, flush=True)
     default = {name: options.lora_scale for name in options.loras}
+    lockstep = Lockstep(pipe, group, default_lora=default, progress=progress, stopping=stopping)
     try:
-        Lockstep(pipe, group, default_lora=default, progress=progress, stopping=stopping).run(jobs)
+        with _peers(lockstep, distributed) as lockstep.peers:
+            lockstep.run(jobs)
     finally:
         if server is not None:
             server.should_exit = True
@@ -63,6 +67,14 @@ def run(args) -> int:
     print(f"dtp serve: rank {rank} stopped", file=sys.stderr, flush=True)
     exit_now(0)
     return 0
+
+
+def _peers(lockstep: Lockstep, distributed: bool):
+    """The watcher that ends every rank when a failure leaves the others inside a collective (none on one process)."""
+    if not distributed:
+        return contextlib.nullcontext()
+    store = torchrun_store("dtp/serve/failed/")
+    return PeerFailures(store, lockstep.rank, lockstep.world, give_up=lockstep.give_up)
 
 
 def _check_serving(host: str, port: int) -> None:

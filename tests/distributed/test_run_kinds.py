@@ -1,18 +1,21 @@
-"""`dtp run` on every pipeline kind as a user runs it: tiny saved Wan 2.1 text-to-video, Wan image-to-video and
-FLUX.1 Kontext pipelines, one process (the reference, in this process) vs torchrun with 2 gloo ranks.
+"""`dtp run` on every pipeline kind as a user runs it: tiny saved Wan 2.1 text-to-video, Wan image-to-video,
+FLUX.1 Kontext and FLUX.2 (with a reference image) pipelines, one process (the reference, in this process) vs
+torchrun with 2 gloo ranks.
 
-Four launches in all (CPU is scarce): Wan T2V at tp=2 and at cp=2 (the tp=2 one reads a JSONL file of two
-generations and one bad line), Wan I2V at tp=2 (the image enters as latent channels), Kontext at cp=2 (the
-image's tokens join the sequence that cp cuts). Every frame's fp32 pixels: mean |diff| <= 1e-6 and
-max <= 1e-4 (measured: Wan T2V tp=2 ~2e-7 / 1e-6, I2V tp=2 1.8e-7 / 1.1e-6); each mp4 decodes to the frames asked.
+One launch per case (CPU is scarce): Wan T2V at tp=2 reading a JSONL file of two generations and one bad line, Wan
+I2V at tp=2 (the image enters as latent channels), FLUX.2 at cp=2 (the reference image's tokens join the sequence
+that cp cuts); with DTP_FULL=1 also Wan T2V and FLUX.1 Kontext at cp=2. Every frame's fp32 pixels: mean |diff|
+<= 1e-6 and max <= 1e-4 (measured: Wan T2V tp=2 ~2e-7 / 1e-6, I2V tp=2 1.8e-7 / 1.1e-6, FLUX.2 cp=2 1.5e-7 /
+9.8e-7); each mp4 decodes to the frames asked. Negative control: a seed offset by the rank in `run_request` fails
+the cases (seen on Wan T2V, mean 0.050, and FLUX.2). A different reference image moves FLUX.2's pixels by mean
+0.004, so a rank that dropped the image would fail too. Qwen-Image-Edit has no case: see
+`dtp.testing.conditioned_pipelines`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,19 +23,30 @@ import pytest
 from dtp.pipeline.outputs import read_video
 from dtp.testing.conditioned_pipelines import (
     sample_image,
+    tiny_flux2_pipeline,
     tiny_flux_kontext_pipeline,
     tiny_wan_i2v_pipeline,
     tiny_wan_video_pipeline,
 )
+from dtp.testing.serving import LAUNCHER, quiet_env
 from dtp.tools.cli import main
 
 MEAN_BOUND, MAX_BOUND = 1e-6, 1e-4
 FRAMES = 5
-BUILDERS = {"wan": tiny_wan_video_pipeline, "wan_i2v": tiny_wan_i2v_pipeline, "kontext": tiny_flux_kontext_pipeline}
+BUILDERS = {
+    "wan": tiny_wan_video_pipeline,
+    "wan_i2v": tiny_wan_i2v_pipeline,
+    "kontext": tiny_flux_kontext_pipeline,
+    "flux2": tiny_flux2_pipeline,
+}
+IMAGE_KINDS = ("kontext", "flux2")
 WAN = ["--steps", "2", "--height", "16", "--width", "16", "--frames", str(FRAMES)]
 WAN += ["--pipeline-arg", "max_sequence_length=16"]
 KONTEXT = ["--steps", "2", "--height", "32", "--width", "32"]
 KONTEXT += ["--pipeline-arg", "max_area=1024", "--pipeline-arg", "_auto_resize=false"]
+# One text encoder layer stacked (the released model stacks layers 10, 20, 30); diffusers refuses references < 64².
+FLUX2 = ["--steps", "2", "--height", "32", "--width", "32"]
+FLUX2 += ["--pipeline-arg", "text_encoder_out_layers=[1]", "--pipeline-arg", "max_sequence_length=32"]
 LINES = [
     {"prompt": "a cat", "seed": 1, "output": "{out}/cat.mp4"},
     {"prompt": "a dog", "seed": 2, "frames": 4},  # 4 is not 2k + 1: refused, the others run
@@ -42,33 +56,40 @@ LINES = [
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """The three tiny pipelines saved with save_pretrained, and two input images."""
+    """A folder for the tiny pipelines (each saved with save_pretrained on first use) and three input images."""
     root = tmp_path_factory.mktemp("kinds")
-    for name, build in BUILDERS.items():
-        build().save_pretrained(root / name)
     sample_image(16).save(root / "in16.png")
     sample_image(32, seed=1).save(root / "in32.png")
+    sample_image(64, seed=2).save(root / "in64.png")
     return root
 
 
+def _model_dir(saved, kind: str) -> str:
+    if not (saved / kind).exists():  # only the kinds this run asks for: building and saving one takes seconds
+        BUILDERS[kind]().save_pretrained(saved / kind)
+    return str(saved / kind)
+
+
 def _args(saved, kind: str) -> list[str]:
+    model = ["--model-dir", _model_dir(saved, kind)]
     if kind == "wan":
-        return ["--model-dir", str(saved / "wan"), *WAN]
+        return [*model, *WAN]
     if kind == "wan_i2v":
-        return ["--model-dir", str(saved / "wan_i2v"), "--image", str(saved / "in16.png"), *WAN]
-    return ["--model-dir", str(saved / "kontext"), "--image", str(saved / "in32.png"), *KONTEXT]
+        return [*model, "--image", str(saved / "in16.png"), *WAN]
+    if kind == "flux2":
+        return [*model, "--image", str(saved / "in64.png"), *FLUX2]
+    return [*model, "--image", str(saved / "in32.png"), *KONTEXT]
 
 
 def _torchrun(argv: list[str]) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*command, "-m", "dtp", "run", *argv], env=env, capture_output=True, text=True, timeout=600)
+    command = [*LAUNCHER, "--standalone", "--nproc-per-node=2", "-m", "dtp", "run", *argv]
+    return subprocess.run(command, env=quiet_env(), capture_output=True, text=True, timeout=600)
 
 
 def _generate(saved, kind: str, out, *, mesh: list[str] | None, extra=()) -> str:
     """`dtp run` of `kind` writing under `out`: in this process (mesh None) or under torchrun; returns its stderr."""
     out.mkdir(exist_ok=True)
-    suffix = "png" if kind == "kontext" else "mp4"
+    suffix = "png" if kind in IMAGE_KINDS else "mp4"
     argv = [*_args(saved, kind), "--dtype", "fp32", "--output", str(out / f"out.{suffix}")]
     argv += ["--save-pixels", str(out / "pixels.npy"), *extra]
     argv += [] if "--prompts" in extra else ["--prompt", "a cat"]
@@ -88,8 +109,12 @@ def _assert_close(pixels: np.ndarray, reference: np.ndarray) -> None:
 
 @pytest.mark.parametrize(
     "kind, mesh",
-    [("wan", ["--cp", "2"]), ("wan_i2v", []), ("kontext", ["--cp", "2"])],
-    ids=["wan-t2v-cp2", "wan-i2v-tp2", "kontext-cp2"],
+    [
+        pytest.param("wan", ["--cp", "2"], id="wan-t2v-cp2", marks=pytest.mark.full),  # video at cp: test_serve_video
+        pytest.param("wan_i2v", [], id="wan-i2v-tp2"),
+        pytest.param("kontext", ["--cp", "2"], id="kontext-cp2", marks=pytest.mark.full),  # reference image at cp
+        pytest.param("flux2", ["--cp", "2"], id="flux2-cp2"),
+    ],
 )
 def test_two_ranks_draw_the_one_process_pixels(saved, tmp_path, kind, mesh):
     """Every frame of the sharded run equals the one-process run's; the mp4 holds the frames asked."""
@@ -97,7 +122,7 @@ def test_two_ranks_draw_the_one_process_pixels(saved, tmp_path, kind, mesh):
     _generate(saved, kind, tmp_path / "two", mesh=mesh)
     reference, pixels = (np.load(tmp_path / run / "pixels.npy") for run in ("ref", "two"))
     _assert_close(pixels, reference)
-    if kind == "kontext":
+    if kind in IMAGE_KINDS:
         assert reference.shape == (32, 32, 3)
     else:
         assert reference.shape == (FRAMES, 16, 16, 3)

@@ -13,9 +13,6 @@ import io
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,6 +25,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from dtp.families.pipelines import tiny_checkpoint
+from dtp.testing.serving import alive, quiet_env, rank_processes, serving
 from dtp.testing.tiny import tiny_model
 from dtp.tools.cli import main
 
@@ -36,12 +34,6 @@ SIZE, FAIL_SIZE, STEPS = 32, 48, 2
 REQUESTS = [{"prompt": f"a cat number {i % 3}", "seed": i, "size": f"{SIZE}x{SIZE}", "num_inference_steps": STEPS}
             for i in range(10)]  # fmt: skip
 ONE_LEVEL = 1 / 255
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -54,34 +46,11 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoint):
+    """The module's server: 2 ranks through `serve_fault.py` (rank 1 fails 48 x 48 requests), the LoRA as "style"."""
     model_dir, lora, root = checkpoint
-    port = free_port()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(FAULT)]
-    command += ["serve", "--model-dir", str(model_dir), "--port", str(port), "--dtype", "fp32"]
-    command += ["--lora", f"style={lora}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DTP_TEST_FAIL_RANK": "1", "DTP_TEST_FAIL_SIZE": str(FAIL_SIZE)}
-    log = open(root / "server.log", "w")  # noqa: SIM115 - open for the module's life
-    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
-    _wait_healthy(client, process, root / "server.log")
-    yield process, client, root / "server.log"
-    client.close()
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-    log.close()
-
-
-def _wait_healthy(client, process, log: Path) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()[-3000:]
-        try:
-            if client.get("/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    raise AssertionError("the server did not become healthy in 300 s")
+    env = quiet_env(DTP_TEST_FAIL_RANK="1", DTP_TEST_FAIL_SIZE=str(FAIL_SIZE))
+    with serving(model_dir, root / "server.log", "--lora", f"style={lora}", script=FAULT, env=env) as server:
+        yield server
 
 
 def _pixels(png_b64: str) -> np.ndarray:
@@ -104,7 +73,7 @@ def _as_line(body: dict) -> dict:
 
 
 def test_health_and_models(server):
-    _, client, _ = server
+    client = server.client
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["loaded"] is True
     models = client.get("/v1/models").json()["data"]
@@ -113,7 +82,7 @@ def test_health_and_models(server):
 
 def test_ten_requests_from_four_threads_equal_dtp_run(server, checkpoint):
     """All 200; each PNG equals the one-process `dtp run` of its prompt and seed (the LoRA at its loaded weight)."""
-    _, client, _ = server
+    client = server.client
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda body: client.post("/v1/images/generations", json=body), REQUESTS))
     assert [a.status_code for a in answers] == [200] * len(REQUESTS), [a.text[:200] for a in answers]
@@ -127,7 +96,7 @@ def test_ten_requests_from_four_threads_equal_dtp_run(server, checkpoint):
 
 def test_a_request_chooses_its_lora_weight(server, checkpoint):
     """{"lora": {"style": 0.3}} equals `dtp run --lora style=... --lora-scale 0.3`, and differs from the default."""
-    _, client, _ = server
+    client = server.client
     body = {**REQUESTS[0], "lora": {"style": 0.3}}
     answer = client.post("/v1/images/generations", json=body)
     assert answer.status_code == 200, answer.text
@@ -156,7 +125,7 @@ BAD = {
 
 
 def test_bad_requests_get_4xx_with_a_json_error_and_the_server_goes_on(server):
-    _, client, _ = server
+    client = server.client
     for name, body in BAD.items():
         answer = client.post("/v1/images/generations", content=body, headers={"content-type": "application/json"})
         assert 400 <= answer.status_code < 500, (name, answer.status_code, answer.text)
@@ -165,14 +134,14 @@ def test_bad_requests_get_4xx_with_a_json_error_and_the_server_goes_on(server):
 
 
 def test_a_client_that_leaves_does_not_stall_the_ranks(server):
-    _, client, _ = server
+    client = server.client
     with pytest.raises(httpx.TimeoutException):
         client.post("/v1/images/generations", json=REQUESTS[2], timeout=0.05)
     assert client.post("/v1/images/generations", json=REQUESTS[3]).status_code == 200
 
 
 def test_a_failure_on_one_rank_is_one_500_and_the_next_request_runs(server):
-    _, client, log = server
+    client, log = server.client, server.log
     failing = {**REQUESTS[0], "size": f"{FAIL_SIZE}x{FAIL_SIZE}"}
     answer = client.post("/v1/images/generations", json=failing)
     assert answer.status_code == 500, answer.text
@@ -183,10 +152,14 @@ def test_a_failure_on_one_rank_is_one_500_and_the_next_request_runs(server):
 
 
 def test_sigterm_ends_every_rank(server):
-    """Last in the module: SIGTERM to torchrun ends the launcher and both ranks within 20 s."""
-    process, _, log = server
+    """Last in the module: SIGTERM to torchrun ends the launcher and both ranks (each in a session of its own)."""
+    process, log = server.process, server.log
+    ranks = rank_processes(server)
+    assert len(ranks) == 2, ranks
     os.killpg(process.pid, signal.SIGTERM)
     process.wait(timeout=20)
     assert log.read_text().count("stopped") == 2, log.read_text()[-2000:]
-    left = subprocess.run(["pgrep", "-s", str(process.pid)], capture_output=True, text=True).stdout.split()
-    assert left == [], left
+    deadline = time.monotonic() + 10  # a rank's own exit may trail the launcher's by a moment
+    while alive(ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive(ranks) == [], alive(ranks)
