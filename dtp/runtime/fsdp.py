@@ -43,6 +43,16 @@ def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
     return found
 
 
+def fsdp_rows(length: int, fsdp: int, rank: int) -> tuple[int, int]:
+    """[start, stop) of `torch.chunk(range(length), fsdp)[rank]`; empty (start == stop) past the last chunk.
+
+    `fsdp_rows(5, 2, 1) == (3, 5)`; `fsdp_rows(1, 2, 1) == (1, 1)` (FSDP2 pads that rank's shard).
+    """
+    chunk = -(-length // fsdp)
+    start = min(rank * chunk, length)
+    return start, min(start + chunk, length)
+
+
 def check_fsdp(model: nn.Module) -> None:
     """PlanError (nothing changed) when FSDP2 cannot shard `model`: sharded already, or torchao-quantized weights
     (torchao's tensor subclasses implement neither FSDP2's chunk/all-gather extension nor its copy-in)."""
@@ -81,3 +91,15 @@ def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
 def is_fsdp(model: nn.Module) -> bool:
     """Whether `model` was sharded by `apply_fsdp` (its root is an FSDP2 unit)."""
     return isinstance(model, FSDPModule)
+
+
+def release(model: nn.Module) -> None:
+    """Every unit of the FSDP model `model` back to its shards, no all-gather pending; no collective.
+
+    After a call the root keeps its gathered parameters and the first block's gather, prefetched by the last block,
+    is pending: its result holds the weights as they were then. Code that writes into the shards between calls
+    (`fuse_lora`) runs this first, so the next call gathers what it wrote (torch's `reset_iter_state`: wait for the
+    pending gathers, drop them, reshard every unit).
+    """
+    assert is_fsdp(model), "release() takes the root of an FSDP model"
+    model.reset_iter_state()
