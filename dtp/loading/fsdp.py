@@ -24,6 +24,7 @@ from safetensors import safe_open
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from .. import quant
 from ..engine import apply
 from ..errors import PlanError
 from ..resolve.layout import Layout, rank_pieces
@@ -103,8 +104,8 @@ def _dtype(source) -> torch.dtype:
 # reading into a model sharded on meta
 
 FSDP_QUANTIZED = (
-    "fsdp=True with quantization_config: torchao's quantized weights implement no FSDP2 all-gather, so they cannot be "
-    "sharded over the non-tp axes; load with fsdp=False (TP divides quantized weights) or without quantization."
+    f"fsdp=True with quantization_config: {quant.FSDP_CANNOT}. Load with fsdp=False (TP divides quantized weights) or "
+    f"without quantization."
 )
 
 

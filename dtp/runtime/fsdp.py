@@ -55,17 +55,16 @@ def fsdp_rows(length: int, fsdp: int, rank: int) -> tuple[int, int]:
 
 def check_fsdp(model: nn.Module) -> None:
     """PlanError (nothing changed) when FSDP2 cannot shard `model`: sharded already, or torchao-quantized weights
-    (torchao's tensor subclasses implement neither FSDP2's chunk/all-gather extension nor its copy-in)."""
+    (`quant.FSDP_CANNOT`: torchao's tensors implement neither FSDP2's chunking nor its all-gather extension)."""
     if isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules()):
         raise PlanError(f"{type(model).__name__} is already sharded by FSDP2 (fully_shard); shard a fresh model.")
     quantized = [(name, quant.describe(p)) for name, p in model.named_parameters() if quant.describe(p) is not None]
     if quantized:
         name, kind = quantized[0]
         raise PlanError(
-            f"fsdp=True cannot gather torchao-quantized weights: '{name}' is {kind.cls} ({kind.scheme}), and "
-            f"{len(quantized)} weights like it; torchao's {kind.cls} implements no FSDP2 all-gather "
-            f"(fsdp_pre_all_gather). Use fsdp=False with quantization (TP divides quantized weights), or leave the "
-            f"model unquantized with fsdp=True."
+            f"fsdp=True cannot shard torchao-quantized weights: '{name}' is {kind.cls} ({kind.scheme}), and "
+            f"{len(quantized)} weights like it; {quant.FSDP_CANNOT}. Use fsdp=False with quantization (TP divides "
+            f"quantized weights), or leave the model unquantized with fsdp=True."
         )
 
 
