@@ -93,15 +93,7 @@ def load_lora(
             network_alphas=network_alphas,
             metadata=metadata if metadata is not None else file_metadata,
         )
-    for path, spec in specs.items():
-        move_cp_hooks(model, base_linear(model, path), model.get_submodule(path))  # cp splits/gathers the sum
-        if spec is not None:
-            place_adapter(model.get_submodule(path), adapter_name, spec, mesh)
-        if fsdp:  # fuse_lora writes into FSDP's shards
-            merge_into_shards(model, model.get_submodule(path))
-        if is_quantized(base_linear(model, path).weight):  # peft's TorchaoLoraLinear: merge re-quantizes
-            requantize_on_merge(model.get_submodule(path), None if spec is None else spec.weight_layout)
-
+    _install(model, adapter_name, specs, mesh, fsdp)
     stats = _stats(model, adapter_name, peft_sd, specs, tp, rank)
     logger.info(
         "dtp.load_lora rank %d: adapter '%s' holds %d of %d adapter bytes (tp=%d, %d of %d adapted Linears sharded)",
@@ -114,6 +106,18 @@ def load_lora(
         stats.modules,
     )
     return stats
+
+
+def _install(model: nn.Module, adapter_name: str, specs: dict, mesh, fsdp: bool) -> None:
+    """After peft loaded `adapter_name`: each adapted layer's pieces placed like its base, its merge made to fit."""
+    for path, spec in specs.items():
+        move_cp_hooks(model, base_linear(model, path), model.get_submodule(path))  # cp splits/gathers the sum
+        if spec is not None:
+            place_adapter(model.get_submodule(path), adapter_name, spec, mesh)
+        if fsdp:  # fuse_lora writes into FSDP's shards
+            merge_into_shards(model, model.get_submodule(path))
+        if is_quantized(base_linear(model, path).weight):  # peft's TorchaoLoraLinear: merge re-quantizes
+            requantize_on_merge(model.get_submodule(path), None if spec is None else spec.weight_layout)
 
 
 def load_lora_weights(pipe, lora, *, adapter_name: str | None = None) -> LoraStats:
