@@ -73,7 +73,8 @@ def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
 
     Units in registration order (the order the blocks run in every supported model), chained: each block's
     forward first issues the next block's all-gather, and the last block issues the first block's for the next
-    call, so no call but the first waits on a block's gather (in flight: at most the running block and the next).
+    call, so no call but the first waits on a block's gather (in flight: the running block and the next; between
+    calls the first block's pending gather).
     The root (embedders, final norm and projection: 1-3 % of the weights) keeps its parameters gathered after
     the first call (`reshard_after_forward=False`): it runs at both ends of every call.
     """
@@ -84,6 +85,10 @@ def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
         if following is not block:
             block.set_modules_to_forward_prefetch([following])
     fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=False)
+    # Free each unit's all-gather buffer right after its copy-out. By default FSDP2 keeps it until the next unit's
+    # copy-out (overlap for implicit prefetching, which the chain above replaces): three blocks in flight instead of
+    # two, measured on gloo (medium FLUX.1, cp=2: forward peak 53.9 MB, 44.4 MB with this, 46.8 MB without fsdp).
+    model._set_unshard_async_op(True)  # torch's own switch (FSDPModule), named private in torch 2.13
     return model
 
 
