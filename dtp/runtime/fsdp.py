@@ -106,4 +106,6 @@ def release(model: nn.Module) -> None:
     pending gathers, drop them, reshard every unit).
     """
     assert is_fsdp(model), "release() takes the root of an FSDP model"
+    if model._get_fsdp_state()._is_root is None:  # no call yet (FSDP2's lazy init): all sharded, nothing pending,
+        return  # and reset_iter_state would fail on the state the first call builds
     model.reset_iter_state()

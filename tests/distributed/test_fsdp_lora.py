@@ -32,7 +32,8 @@ def _worker(rank, world):
         model = dtp.parallelize(tiny_model(FLUX), dtp.make_mesh(**dims), fsdp=True)
         out[tag(dims)] = steps(model, sharded_load, inputs_for(FLUX, dims), safe_fusing=dims.get("cfg") == 2)
         out[(tag(dims), "bytes")] = _adapter_bytes(model)
-    out["control"] = _stale_prefetch_control()
+    out["control"] = _fused(before_a_call=False, release_broken=True)
+    out["fuse_first"] = _fused(before_a_call=True, release_broken=False)
     out["bias"] = _bias_refusal(dtp.make_mesh(**CONTROL))
     return out
 
@@ -47,9 +48,10 @@ def _adapter_bytes(model) -> int:
 
 
 @torch.no_grad()
-def _stale_prefetch_control() -> torch.Tensor:
-    """Adapter "a" fused at 0.5 after one call, with `release` replaced by each unit's reshard() (the first block's
-    gather, prefetched by the last block, stays pending with the unfused weights)."""
+def _fused(before_a_call: bool, release_broken: bool) -> torch.Tensor:
+    """Adapter "a" fused at 0.5 on a fresh model, before its first call or after one, then a forward. Broken:
+    `release` replaced by each unit's reshard(), so the first block's gather, prefetched by the last block, stays
+    pending with the unfused weights (the negative control)."""
     from torch.distributed.fsdp import FSDPModule
 
     import dtp
@@ -58,11 +60,11 @@ def _stale_prefetch_control() -> torch.Tensor:
     model = dtp.parallelize(tiny_model(FLUX), dtp.make_mesh(**CONTROL), fsdp=True)
     inputs = inputs_for(FLUX, CONTROL)
     dtp.load_lora(model, random_lora(model, seed=10), adapter_name="a")
-    model(**inputs)
-    release, lora_fsdp.release = (
-        lora_fsdp.release,
-        lambda m: [u.reshard() for u in m.modules() if isinstance(u, FSDPModule)],
-    )
+    if not before_a_call:
+        model(**inputs)
+    release = lora_fsdp.release
+    if release_broken:
+        lora_fsdp.release = lambda m: [u.reshard() for u in m.modules() if isinstance(u, FSDPModule)]
     try:
         model.fuse_lora(lora_scale=0.5)
     finally:
@@ -119,6 +121,13 @@ def test_negative_control_stale_prefetch_fails(results, references):
     ref = references[tag(CONTROL)]["fused a x0.5"]
     for per_rank in results:
         assert relative({"x": per_rank["control"]}, {"x": ref})["x"] > 100 * TOL
+
+
+def test_fuse_before_the_first_call(results, references):
+    """Fused before FSDP2's lazy init (no call yet, nothing gathered): the one-process fused output."""
+    ref = references[tag(CONTROL)]["fused a x0.5"]
+    for per_rank in results:
+        assert relative({"x": per_rank["fuse_first"]}, {"x": ref})["x"] <= TOL
 
 
 def test_lora_bias_refused_before_loading(results):
