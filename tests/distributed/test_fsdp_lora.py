@@ -5,8 +5,9 @@ Tiny FLUX.1 (packed rowwise `proj_out`, gathered AdaLN, adapted root layers: `x_
 (cp=2, tp=2) (TP inside, FSDP across the cp ranks) and on (cfg=2, cp=2) (tp=1, FSDP over the 4 ranks flattened),
 through lora_cases' sequence: load, a second adapter with `set_adapters` weights, fuse at 0.5 (safe_fusing on the
 second mesh), unfuse, disable / enable, delete. Each step runs a forward first, so the fuse meets the state FSDP
-leaves after a call (the root gathered, the first block's gather pending). Negative control: fusing after
-resharding each unit without dropping the pending gather (a plausible `release`) leaves the first block unfused.
+leaves after a call (the root gathered, the first block's gather pending); a fuse before the first call too.
+Negative control: fusing after resharding each unit without dropping the pending gather (a plausible `release`)
+leaves the first block unfused. Also: the same LoRA on (cp=2, tp=2) without fsdp (cp's hooks on adapted layers).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def _worker(rank, world):
     out["control"] = _fused(before_a_call=False, release_broken=True)
     out["fuse_first"] = _fused(before_a_call=True, release_broken=False)
     out["bias"] = _bias_refusal(dtp.make_mesh(**CONTROL))
+    out["cp_without_fsdp"] = _adapted_without_fsdp()
     return out
 
 
@@ -70,6 +72,16 @@ def _fused(before_a_call: bool, release_broken: bool) -> torch.Tensor:
     finally:
         lora_fsdp.release = release
     return output_tensor(model(**inputs)).clone()
+
+
+@torch.no_grad()
+def _adapted_without_fsdp() -> torch.Tensor:
+    """Adapter "a" on the same mesh without fsdp: cp's gather of `proj_out` must take peft's sum there too."""
+    import dtp
+
+    model = dtp.parallelize(tiny_model(FLUX), dtp.make_mesh(**CONTROL))
+    dtp.load_lora(model, random_lora(model, seed=10), adapter_name="a")
+    return output_tensor(model(**inputs_for(FLUX, CONTROL))).clone()
 
 
 def _bias_refusal(mesh) -> str:
@@ -128,6 +140,13 @@ def test_fuse_before_the_first_call(results, references):
     ref = references[tag(CONTROL)]["fused a x0.5"]
     for per_rank in results:
         assert relative({"x": per_rank["fuse_first"]}, {"x": ref})["x"] <= TOL
+
+
+def test_cp_hooks_apply_to_the_adapted_sum_without_fsdp(results, references):
+    """(cp=2, tp=2) without fsdp: an adapted FLUX.1 (its `proj_out` gathered by cp) gives the one-process output."""
+    ref = references[tag(CONTROL)]["a"]
+    for per_rank in results:
+        assert relative({"x": per_rank["cp_without_fsdp"]}, {"x": ref})["x"] <= TOL
 
 
 def test_lora_bias_refused_before_loading(results):
