@@ -7,7 +7,8 @@ A medium FLUX.1 transformer (width 256, 2 double + 6 single blocks: blocks are m
 size), fp32, CPU, 2 or 4 gloo processes:
 1. per-rank parameter bytes at rest and the forward's peak of live tensors (torch's MemTracker), with and without
    fsdp, on (cp=2), (cp=2, tp=2) and (cfg=2, a batch of 2), against whole / world + the two largest blocks / tp;
-2. one (cp=2) forward's wall time with and without fsdp, median of 5 (issue 33's target: <= 1.15x);
+2. one (cp=2) forward's wall time with and without fsdp at 256 and 1024 image tokens, median of 5, the two models
+   called in turn (issue 33's target: <= 1.15x);
 3. tp=1, cfg=2: a rank's eager forward on its half of a batch of 2 against diffusers' unsharded forward on that
    half, median of 7 (target <= 1.05x: no DTensor dispatch on the compute path).
 """
@@ -37,6 +38,7 @@ CONFIG = dict(
 )
 MESHES = {"cp=2": (2, dict(cp=2)), "cp=2 x tp=2": (4, dict(cp=2, tp=2)), "cfg=2": (2, dict(cfg=2))}
 REPEATS, FORWARD_REPEATS = 5, 7
+TOKENS = (256, 1024)  # image tokens of the cp=2 step-time rows
 RESULT = Path(__file__).parent / "results" / "fsdp.md"
 FIT_RESULT = Path(__file__).parent / "results" / "fsdp_fit.md"
 FIT_CASES = {
@@ -109,11 +111,27 @@ def memory_job(rank, world, dims) -> dict:
     return out
 
 
+def alternated(models: dict, kwargs, repeats: int) -> dict:
+    """Median wall time per call of each model, the models called in turn (a loaded machine slows them alike)."""
+    times = {name: [] for name in models}
+    with torch.no_grad():
+        for m in models.values():
+            m(**kwargs)  # warm-up (FSDP2's lazy init, first gathers)
+        for _ in range(repeats):
+            for name, m in models.items():
+                start = time.perf_counter()
+                m(**kwargs)
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def speed_job(rank, world) -> dict:
     import dtp
 
-    mesh = dtp.make_mesh(cp=2)
-    out = {fsdp: timed(dtp.parallelize(model(), mesh, fsdp=fsdp), inputs(), REPEATS) for fsdp in (False, True)}
+    mesh, out = dtp.make_mesh(cp=2), {}
+    for tokens in TOKENS:  # the gathers are the same at every length; the compute grows with it
+        models = {fsdp: dtp.parallelize(model(), mesh, fsdp=fsdp) for fsdp in (False, True)}
+        out[tokens] = alternated(models, inputs(tokens=tokens), REPEATS)
     cfg = dtp.make_mesh(cfg=2)
     out["cfg_dtp"] = timed(dtp.parallelize(model(), cfg), inputs(batch=2), FORWARD_REPEATS)
     out["cfg_diffusers"] = timed(model(), inputs(batch=1), FORWARD_REPEATS)  # the same half, unsharded
@@ -132,8 +150,10 @@ def main() -> int:
         lines.append(f"| {tag} | " + " | ".join(f"{v / 1e6:.2f}" for v in row) + " |")
     s = spawn(speed_job, 2)[0]
     lines += ["", "| measure | seconds | ratio | target |", "|---|---|---|---|"]
-    lines.append(f"| cp=2 forward, no fsdp | {s[False]:.4f} | 1.00 | |")
-    lines.append(f"| cp=2 forward, fsdp | {s[True]:.4f} | {s[True] / s[False]:.2f} | <= 1.15 |")
+    for tokens in TOKENS:
+        plain, fsdp = s[tokens][False], s[tokens][True]
+        lines.append(f"| cp=2 forward, {tokens} tokens, no fsdp | {plain:.4f} | 1.00 | |")
+        lines.append(f"| cp=2 forward, {tokens} tokens, fsdp | {fsdp:.4f} | {fsdp / plain:.2f} | <= 1.15 |")
     lines.append(f"| diffusers forward, batch 1 | {s['cfg_diffusers']:.4f} | 1.00 | |")
     ratio = s["cfg_dtp"] / s["cfg_diffusers"]
     lines.append(f"| dtp cfg=2 tp=1 forward, batch 2 (1 per rank) | {s['cfg_dtp']:.4f} | {ratio:.2f} | <= 1.05 |")

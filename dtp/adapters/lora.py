@@ -18,6 +18,7 @@ and B [64, 4] whole.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ from torch.distributed.tensor import DTensor
 
 from ..errors import PlanError
 from ..quant import is_quantized
+from ..runtime.cp import move_cp_hooks
+from ..runtime.fsdp import is_fsdp
+from .fsdp import check_lora_fsdp, forward_sizes, merge_into_shards, tp_submesh
 from .keys import LORA_KEY, base_linear, check_lora, peft_view, read_lora
 from .quantized import local_features, requantize_on_merge, sharded_data
 from .shard import PARTS, local_tensor, place_adapter, planned_spec
@@ -64,20 +68,24 @@ def load_lora(
     unchanged, when a key names no Linear of the model or a shape does not fit its base layer.
     Afterwards diffusers' adapter methods on `model` work as on an unsharded model.
     """
-    _check_not_fsdp(model)
     state_dict, file_metadata = read_lora(lora)
     peft_sd = peft_view(state_dict, prefix)
+    fsdp = is_fsdp(model)
+    if fsdp:
+        check_lora_fsdp(peft_sd, prefix)
     from diffusers.utils.peft_utils import get_adapter_name  # here: diffusers' import costs seconds
 
     adapter_name = adapter_name or get_adapter_name(model)
     targets = check_lora(model, peft_sd, adapter_name, prefix)
     specs = {t.path: planned_spec(base_linear(model, t.path)) for t in targets}
     mesh = _tp_mesh(model, specs)
-    _check_peft_sizes_locally(model, specs)
     tp, rank = (1, 0) if mesh is None else (mesh.size(), mesh.get_local_rank())
 
     local_sd = {key: _local(key, tensor, specs, tp, rank) for key, tensor in peft_sd.items()}
-    with local_features(base_linear(model, path) for path, spec in specs.items() if spec is not None):
+    if not fsdp:  # with fsdp, forward_sizes gives peft the sizes
+        _check_peft_sizes_locally(model, specs)
+    sizes = forward_sizes(model, specs, tp) if fsdp else contextlib.nullcontext()
+    with sizes, local_features(base_linear(model, path) for path, spec in specs.items() if spec is not None):
         model.load_lora_adapter(
             {f"{prefix}.{k}": v for k, v in local_sd.items()} if prefix else local_sd,
             prefix=prefix,
@@ -85,12 +93,7 @@ def load_lora(
             network_alphas=network_alphas,
             metadata=metadata if metadata is not None else file_metadata,
         )
-    for path, spec in specs.items():
-        if spec is not None:
-            place_adapter(model.get_submodule(path), adapter_name, spec, mesh)
-        if is_quantized(base_linear(model, path).weight):  # peft's TorchaoLoraLinear: merge re-quantizes
-            requantize_on_merge(model.get_submodule(path), None if spec is None else spec.weight_layout)
-
+    _install(model, adapter_name, specs, mesh, fsdp)
     stats = _stats(model, adapter_name, peft_sd, specs, tp, rank)
     logger.info(
         "dtp.load_lora rank %d: adapter '%s' holds %d of %d adapter bytes (tp=%d, %d of %d adapted Linears sharded)",
@@ -103,6 +106,18 @@ def load_lora(
         stats.modules,
     )
     return stats
+
+
+def _install(model: nn.Module, adapter_name: str, specs: dict, mesh, fsdp: bool) -> None:
+    """After peft loaded `adapter_name`: each adapted layer's pieces placed like its base, its merge made to fit."""
+    for path, spec in specs.items():
+        move_cp_hooks(model, base_linear(model, path), model.get_submodule(path))  # cp splits/gathers the sum
+        if spec is not None:
+            place_adapter(model.get_submodule(path), adapter_name, spec, mesh)
+        if fsdp:  # fuse_lora writes into FSDP's shards
+            merge_into_shards(model, model.get_submodule(path))
+        if is_quantized(base_linear(model, path).weight):  # peft's TorchaoLoraLinear: merge re-quantizes
+            requantize_on_merge(model.get_submodule(path), None if spec is None else spec.weight_layout)
 
 
 def load_lora_weights(pipe, lora, *, adapter_name: str | None = None) -> LoraStats:
@@ -130,20 +145,6 @@ def load_lora_weights(pipe, lora, *, adapter_name: str | None = None) -> LoraSta
     )
 
 
-def _check_not_fsdp(model: nn.Module) -> None:
-    """PlanError on a model sharded with fsdp=True: peft sizes an adapter from the base weight, which FSDP2 holds
-    as a dim-0 shard between forwards, and `fuse_lora` writes into that weight, which FSDP2 would not keep."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if isinstance(model, FSDPModule):
-        raise PlanError(
-            f"{type(model).__name__} is sharded with fsdp=True, which dtp's LoRA loader does not support: peft would "
-            f"size the adapters from FSDP2's dim-0 weight shards. Load the LoRA with fsdp=False (TP splits adapters "
-            f"like their bases), or fuse it into the weights before sharding (pipe.load_lora_weights(...); "
-            f"pipe.fuse_lora(); pipe.unload_lora_weights(); then dtp.parallelize_pipeline(pipe, mesh, fsdp=True))."
-        )
-
-
 def _pipeline_state_dict(pipe, lora) -> tuple[dict, dict | None, dict | None]:
     """(state dict, network alphas, metadata) from the pipeline's converter; signatures differ by pipeline."""
     params = inspect.signature(pipe.lora_state_dict).parameters
@@ -157,7 +158,8 @@ def _tp_mesh(model: nn.Module, specs: dict):
     """The tp mesh of the sharded bases (None when the LoRA adapts only replicated layers)."""
     for path, spec in specs.items():
         if spec is not None:
-            return sharded_data(base_linear(model, path)).device_mesh
+            mesh = sharded_data(base_linear(model, path)).device_mesh
+            return tp_submesh(mesh) if is_fsdp(model) else mesh
     return None
 
 

@@ -6,7 +6,9 @@ FSDP-sharded component by F = cfg x cp and gathers each block back just before i
     weight_bytes[c]   = measured x (blocks' share / F + root's share)     (c: the transformer; text encoders when
                         sharded; the root, outside the blocks, stays gathered after the first call)
     transient         = 2 x the largest block at tp while denoising (the block running and the prefetched next one),
-                        1 x in the other phases (the last block prefetched the first for the next call)
+                        1 x in the other phases (the last block prefetched the first for the next call); measured
+                        on gloo (tests/distributed/test_fsdp_more.py: 2.11 blocks with the gathered root, 3.11 before
+                        runtime/fsdp.py freed each all-gather buffer at its copy-out)
     peak              = max over phases of (resident weights + transient + phase activations)
     gather per call   = all_gather of the blocks' tp-local weights over F ranks: (F - 1) / F x their bytes on
                         the link, one collective per block (its latency paid per block)

@@ -24,21 +24,13 @@ from safetensors import safe_open
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from .. import quant
 from ..engine import apply
 from ..errors import PlanError
 from ..resolve.layout import Layout, rank_pieces
+from ..runtime.fsdp import fsdp_rows
 
 Piece = tuple[int, int, int]  # real rows [start, stop) of the full tensor, then `zeros` zero rows
-
-
-def fsdp_rows(length: int, fsdp: int, rank: int) -> tuple[int, int]:
-    """[start, stop) of `torch.chunk(range(length), fsdp)[rank]`; empty (start == stop) past the last chunk.
-
-    `fsdp_rows(5, 2, 1) == (3, 5)`; `fsdp_rows(1, 2, 1) == (1, 1)` (FSDP2 pads that rank's shard).
-    """
-    chunk = -(-length // fsdp)
-    start = min(rank * chunk, length)
-    return start, min(start + chunk, length)
 
 
 def tp_row_pieces(layout: Layout | None, rows: int, tp: int, tp_rank: int) -> list[Piece]:
@@ -112,8 +104,8 @@ def _dtype(source) -> torch.dtype:
 # reading into a model sharded on meta
 
 FSDP_QUANTIZED = (
-    "fsdp=True with quantization_config: torchao's quantized weights implement no FSDP2 all-gather, so they cannot be "
-    "sharded over the non-tp axes; load with fsdp=False (TP divides quantized weights) or without quantization."
+    f"fsdp=True with quantization_config: {quant.FSDP_CANNOT}. Load with fsdp=False (TP divides quantized weights) or "
+    f"without quantization."
 )
 
 

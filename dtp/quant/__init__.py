@@ -5,7 +5,7 @@ data and scales with the same `Layout` math as every other parameter; `check` re
 `prepare`, before anything is mutated.
 """
 
-from .after import keep_layout, quantize, quantize_linear, repair_padded_rows
+from .after import FSDP_CANNOT, keep_layout, quantize, quantize_linear, repair_padded_rows
 from .check import check_not_quantized, check_quantized
 from .kinds import LAYOUT_ATTR, QuantKind, describe, is_quantized
 from .load import LoadQuantizer
@@ -13,6 +13,7 @@ from .schemes import SCHEMES, config_for, quantized_bytes
 from .shard import distribute_quantized, full_weight, rebuild, shard_pieces, shard_weight, sharded_parameter
 
 __all__ = [
+    "FSDP_CANNOT",
     "LAYOUT_ATTR",
     "LoadQuantizer",
     "SCHEMES",

@@ -34,7 +34,7 @@ def random_lora(model: nn.Module, seed: int, rank: int = RANK) -> dict[str, torc
     return state_dict
 
 
-def steps(model: nn.Module, load, inputs: dict) -> dict[str, torch.Tensor]:
+def steps(model: nn.Module, load, inputs: dict, safe_fusing: bool = False) -> dict[str, torch.Tensor]:
     """The issue's sequence of adapter operations, the output after each (`load(model, sd, name)` loads one)."""
     out = {}
     lora_a, lora_b = random_lora(model, seed=10), random_lora(model, seed=11)
@@ -50,7 +50,7 @@ def steps(model: nn.Module, load, inputs: dict) -> dict[str, torch.Tensor]:
     model.set_adapters(["a", "b"], weights=[0.7, -0.4])
     record("a+b weighted")
     model.set_adapters("a")
-    model.fuse_lora(lora_scale=0.5)
+    model.fuse_lora(lora_scale=0.5, safe_fusing=safe_fusing)
     record("fused a x0.5")
     model.unfuse_lora()
     record("unfused")

@@ -44,3 +44,22 @@ def remove_cp(model: nn.Module) -> None:
         handle.remove()
     if hasattr(model, HANDLES_ATTR):
         delattr(model, HANDLES_ATTR)
+
+
+def move_cp_hooks(model: nn.Module, base: nn.Module, wrapper: nn.Module) -> None:
+    """Move the CP hooks `apply_cp` put on `base` to `wrapper`, a module that now calls `base` and adds to its output
+    (peft's LoRA layer: `base(x) + B(A(x)) s`). Left on `base`, a split or gather would apply to the base's output
+    only, and the adapter's term, on the other sequence length, would not add up (FLUX.1's `proj_out` gathers)."""
+    handles = getattr(model, HANDLES_ATTR, [])
+    ours = (SplitInputs, SplitOutputs, GatherOutput)
+    for key, hook in list(base._forward_pre_hooks.items()):  # torch keeps a module's hooks in these dicts
+        if isinstance(hook, ours):
+            with_kwargs = base._forward_pre_hooks_with_kwargs.pop(key, False)
+            del base._forward_pre_hooks[key]
+            handles.append(wrapper.register_forward_pre_hook(hook, with_kwargs=with_kwargs))
+    for key, hook in list(base._forward_hooks.items()):
+        if isinstance(hook, ours):
+            with_kwargs = base._forward_hooks_with_kwargs.pop(key, False)
+            del base._forward_hooks[key]
+            handles.append(wrapper.register_forward_hook(hook, with_kwargs=with_kwargs))
+    setattr(model, HANDLES_ATTR, handles)
