@@ -14,8 +14,21 @@ from ..fit.report import format_table, plot
 TABLE_ROWS = FIT_TABLE_ROWS  # rows printed without --all
 
 
+def _check_plot(path: str | None) -> None:
+    """PlanError before any work when --plot is asked without matplotlib (the `plot` extra) or for a non-PNG name."""
+    if path is None:
+        return
+    if not path.lower().endswith(".png"):
+        raise PlanError(f"dtp fit --plot {path!r}: the chart is a PNG; give a FILE.png.")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise PlanError(f"dtp fit --plot needs matplotlib: pip install 'dtp[plot]' ({exc}).") from None
+
+
 def run(args) -> int:
     try:
+        _check_plot(args.plot)
         report = fit(
             args.pipeline,
             args.gpus,
