@@ -187,6 +187,10 @@ def pipelines() -> dict:
         "flux": (tiny_flux_pipeline, CALL),
         "qwenimage": (tiny_qwenimage_pipeline, CALL),
         "wan": (tiny_wan_pipeline, dict(negative_prompt=NEGATIVE, guidance_scale=5.0, **WAN_CALL)),
+        "wan_batch": (
+            tiny_wan_pipeline,
+            dict(negative_prompt=NEGATIVE, guidance_scale=5.0, num_videos_per_prompt=2, **WAN_CALL),
+        ),
         "qwenimage_batch": (tiny_qwenimage_pipeline, dict(num_images_per_prompt=2, **CALL)),
         "qwenimage_even": (tiny_qwenimage_pipeline, {**CALL, "negative_prompt": EVEN_NEGATIVE}),
         "ltx": (tiny_ltx_pipeline, dict(negative_prompt=NEGATIVE, guidance_scale=3.0, **LTX_CALL)),
@@ -202,10 +206,11 @@ PER_STEP = {
     "qwenimage_batch": {"block": 2 * 2, "attention": 2 * 2},
     "qwenimage_even": {"block": 2 * 2, "attention": 2 * 2},
     "wan": {"block": 2 * 2, "attention": 2 * 4},  # self and cross attention per block
+    "wan_batch": {"block": 2 * 2, "attention": 2 * 4},
     "ltx": {"block": 2, "attention": 4},  # one call per step (doubled batch), attn1 + attn2 per block
     "cogvideox": {"block": 2, "attention": 2},
 }
-BATCH_PATH = ("qwenimage_batch", "ltx", "cogvideox")  # calls whose batch cfg=2 splits over its groups
+BATCH_PATH = ("qwenimage_batch", "wan_batch", "ltx", "cogvideox")  # calls whose batch cfg=2 splits over its groups
 # TaylorSeer's default patterns end in "attn" (re.fullmatch): LTX's attn1 / attn2 need their own.
 LTX_ATTENTIONS = (r"^transformer_blocks\.\d+\.attn\d$",)
 
@@ -229,11 +234,24 @@ def any_config(name: str, pipe, **options):
             unconditional_batch_timestep_skip_range=always,
             tensor_format="BFCHW",  # CogVideoX's output (batch, frames, channels, height, width)
         )
+    if name == "sea":
+        from diffusers import SeaCacheConfig
+
+        cut = _cut_latents if options.get("cut") else None  # the control: latents as a cut input would give them
+        return SeaCacheConfig(threshold=options.get("threshold", 0.25), raw_vision_callback=cut)
     if name == "taylorseer" and options.get("ltx"):
         from diffusers import TaylorSeerCacheConfig
 
         return TaylorSeerCacheConfig(**{**vars(config(name, pipe)), "cache_identifiers": LTX_ATTENTIONS})
     return config(name, pipe, **{k: v for k, v in options.items() if k == "threshold"})
+
+
+def _cut_latents(module, args, kwargs) -> list:
+    """Wan's raw vision latents (one per sample), this rank's half of their width only."""
+    import torch.distributed as dist
+    from diffusers.hooks.sea_cache import _prepare_wan_t2v_raw_vision_metadata as wan_latents
+
+    return [latent.chunk(2, dim=-1)[dist.get_rank() % 2] for latent in wan_latents(module, args, kwargs)]
 
 
 @torch.no_grad()
@@ -292,21 +310,28 @@ def _ratios(model) -> list:
 
 
 def pipeline_job(rank: int, world: int, runs: list) -> dict:
-    """Each (pipeline, cache, mesh key, options) run on its mesh; option `per_rank`: the negative control, the
-    decision metrics left over each rank's own tokens (DecisionScope reduces over nothing)."""
+    """Each (pipeline, cache, mesh key, options) run on its mesh. Options for the negative controls: `per_rank`, the
+    decision metrics left over each rank's own tokens (DecisionScope reduces over nothing); `no_gather`, SeaCache's
+    latents not gathered over cfg's batch split; `cut` (SeaCache, cp): a ForwardError is expected, its text returned."""
     import dtp
     from dtp.cache import scope
 
-    out, real = {}, scope.DecisionScope.split_groups
+    out, real = {}, (scope.DecisionScope.split_groups, scope.DecisionScope.batch_group)
     for pipeline, name, key, options in runs:
         dims, mode = MESHES[key]
         given = dict(options)
         if given.pop("per_rank", False):
             scope.DecisionScope.split_groups = lambda self: []
+        if given.pop("no_gather", False):
+            scope.DecisionScope.batch_group = lambda self: None
         try:
             out[(pipeline, name, key, tuple(options))] = pipeline_run(
                 pipeline, name, dtp.make_mesh(**dims), mode, **given
             )
+        except dtp.ForwardError as error:
+            if not given.get("cut"):
+                raise
+            out[(pipeline, name, key, tuple(options))] = {"error": str(error)}
         finally:
-            scope.DecisionScope.split_groups = real
+            scope.DecisionScope.split_groups, scope.DecisionScope.batch_group = real
     return out

@@ -2,7 +2,8 @@
 Ulysses and ring, cfg), TaylorSeer and PAB on cfg=2's doubled-batch path (LTX-Video: one call on cat([uncond, cond])
 per step, split over the cfg groups), FasterCache's doubled batch at cp=2 (CogVideoX), FirstBlockCache on the cfg batch
 path (Qwen-Image, 2 images per prompt: the metric reduced over the cfg groups too), TaylorSeer / MagCache / PAB with
-fsdp=True. Each run equals the one-process cached run (pixels; MagCache's calibration ratios; what ran per rank).
+fsdp=True, SeaCache on Wan (cp, and cfg=2's pair and batch paths: its latents gathered over the batch split). Each
+run equals the one-process cached run (pixels; MagCache's calibration ratios; what ran per rank).
 
 The default run keeps one case per (cache, mesh kind) that test_cache_parity.py does not already cover; further
 pipelines of a covered kind (Qwen-Image and Wan with FirstBlockCache / TaylorSeer / PAB, FLUX.1's two-call
@@ -24,7 +25,15 @@ RATIO_TOL = 1e-6  # MagCache ratios, dtp's float64 token mean vs diffusers' fp32
 T = (("threshold", 2.0),)  # FirstBlockCache on tiny Qwen-Image / Wan: 14 / 12 of 20 blocks run in one process
 CAL = (("calibrate", True),)
 FSDP = (("fsdp", True),)
-COUNTED = {"fbc": "block", "mag": "block", "taylorseer": "attention", "pab": "attention", "faster": "attention"}
+S = (("threshold", 1.0),)  # SeaCache on tiny Wan: 12 of 20 blocks run in one process (0.25 skips nothing)
+COUNTED = {
+    "fbc": "block",
+    "mag": "block",
+    "sea": "block",
+    "taylorseer": "attention",
+    "pab": "attention",
+    "faster": "attention",
+}
 FULL_RUN = os.environ.get("DTP_FULL") == "1"
 DEFAULT = [
     ("flux", "mag", "cp=2", CAL),
@@ -38,6 +47,9 @@ DEFAULT = [
     ("flux", "taylorseer", "cp=2", FSDP),
     ("flux", "mag", "cp=2", FSDP),
     ("flux", "pab", "cp=2", FSDP),
+    ("wan", "sea", "cp=2", S),
+    ("wan", "sea", "cfg=2", S),
+    ("wan_batch", "sea", "cfg=2", S),
 ]
 FULL = [
     ("flux", "mag", "cfg=2", ()),
@@ -52,12 +64,14 @@ FULL = [
     ("wan", "fbc", "cfg=2", T),
     ("wan", "pab", "cp=2", ()),
     ("wan", "pab", "cfg=2", ()),
+    ("wan", "sea", "ring", S),
 ]
 RUNS = DEFAULT + (FULL if FULL_RUN else [])
 PARAMS = [pytest.param(r, id=f"{r[0]}-{r[1]}-{r[2]}{''.join(f'-{k}' for k, _ in r[3])}") for r in DEFAULT] + [
     pytest.param(r, id=f"{r[0]}-{r[1]}-{r[2]}{''.join(f'-{k}' for k, _ in r[3])}", marks=pytest.mark.full) for r in FULL
 ]
-PER_RANK = ("flux", "mag", "cp=2", CAL + (("per_rank", True),))  # the negative control, run after RUNS
+PER_RANK = ("flux", "mag", "cp=2", CAL + (("per_rank", True),))  # the negative controls, run after RUNS
+SEA_CUT = ("wan", "sea", "cp=2", S + (("cut", True),))
 
 
 def _reference_options(options) -> dict:
@@ -76,7 +90,7 @@ def _key(options) -> tuple:
 
 @pytest.fixture(scope="module")
 def results():
-    return spawn(pipeline_job, 2, RUNS + [PER_RANK], timeout_s=900)
+    return spawn(pipeline_job, 2, RUNS + [PER_RANK, SEA_CUT], timeout_s=900)
 
 
 @pytest.mark.parametrize("run", PARAMS)
@@ -126,6 +140,14 @@ def test_per_rank_calibration_is_not_the_one_process_ratios(results, refs):
     for rank in results:
         seen = rank[PER_RANK]["ratios"]
         assert max(abs(a - b) for (_, a), (_, b) in zip(seen, ref)) > 100 * RATIO_TOL
+
+
+def test_seacache_on_latents_cut_per_rank_is_an_error_on_every_rank(results):
+    """Negative control: a raw_vision_callback returning each cp rank's half of the latents (as a model whose input
+    dtp cut would) makes SeaCache's indicator per rank: a ForwardError on every rank, no hang (diffusers alone would
+    fall back to running every block, silently)."""
+    for rank in results:
+        assert "differ between the cp ranks" in rank[SEA_CUT].get("error", ""), rank[SEA_CUT]
 
 
 def test_pab_on_qwenimage_with_prompts_of_different_lengths_fails_in_one_process():
