@@ -66,14 +66,13 @@ def fit(
     pipeline: a released pipeline name (`flux-pipeline`, ...) or a diffusers pipeline directory (configs only).
     text_tokens: prompt length of the T5 / LLM text encoders and of the transformer's text stream (CLIP: 77).
     only: candidate fields to keep, e.g. `{"cp": 1}` (default: every candidate).
-    measurer: a `Measurer` of the same pipeline and dtype from an earlier call, to reuse its measurements.
-    cache: a step cache's name (`cache_state.CACHE_STATE_NAMES`): its state joins the denoise and decode peaks.
+    measurer: a `Measurer` of the same pipeline and dtype from an earlier call; cache: a step cache (`cache_state`).
     gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`, which defaults
         to the pipeline's usual size (`FitPipeline.usual_size`: 1024² for images, Wan2.1-T2V-14B 720 x 1280);
         frames to the usual clip's (81 for `wan-pipeline`), None for an image pipeline.
     Each row: cfg, cp, tp, cp_mode, pad, quant, text_encoders, parallel_vae, fsdp, weight_bytes (by component),
-    phase_bytes (by phase), peak_bytes, fits, step_seconds, command. `rejected` lists the candidates whose
-    plans do not fit the mesh, with the PlanError; `reason` says why nothing fits when no row does.
+    phase_bytes (by phase), peak_bytes, fits, step_seconds, command (cache, cache_bytes with `cache`). `rejected`
+    lists the candidates whose plans do not fit the mesh, with the PlanError; `reason` says why nothing fits.
     """
     check_degree(gpus, "dtp fit: --gpus")
     check_degree(batch, "dtp fit: --batch")
@@ -86,9 +85,7 @@ def fit(
     shape = Shape(batch, height, width, frames or 1, text_tokens)
     measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
-    state = CacheState(cache, measurer, shape, spec.calls_per_step) if cache else None
-    found = candidates(spec, gpus, batch)
-    rows, rejected = _estimate_all(found, spec, measurer, shape, memory, hw, only, state)
+    rows, rejected = _estimate_all(candidates(spec, gpus, batch), spec, measurer, shape, memory, hw, only, cache)
     rows = _drop_needless_padding(rows)
     rows.sort(key=lambda r: (not r["fits"], r["step_seconds"] if r["fits"] else 0, r["peak_bytes"]))
     return {
@@ -109,9 +106,10 @@ def fit(
     }
 
 
-def _estimate_all(found, spec, measurer, shape, memory, hw, only, state=None) -> tuple[list[dict], list[dict]]:
+def _estimate_all(found, spec, measurer, shape, memory, hw, only, cache=None) -> tuple[list[dict], list[dict]]:
     """(rows, rejected) of the candidates `found`: unpadded and unquantized first, a padded one only where its
     unpadded twin is refused, a quantized one only where no unquantized twin fits (module docstring)."""
+    state = CacheState(cache, measurer, shape, spec.calls_per_step) if cache else None
     rows, rejected = [], []
     runs, fits = set(), set()  # keys of the unpadded candidates that run; of the unquantized ones that fit
     for candidate in sorted(found, key=lambda c: (c.quant is not None, c.pad)):
