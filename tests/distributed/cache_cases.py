@@ -226,10 +226,13 @@ def any_config(name: str, pipe, **options):
             return MagCacheConfig(calibrate=True, num_inference_steps=STEPS)
         return MagCacheConfig(mag_ratios=FLUX_MAG_RATIOS, num_inference_steps=STEPS, threshold=0.3, retention_ratio=0.2)
     if name == "faster":
-        always = (-1, 1001)  # every timestep of a 5-step run may skip (the defaults start at 681 / 901)
+        if not options.get("doubled"):
+            return FasterCacheConfig(
+                current_timestep_callback=lambda: pipe.current_timestep, is_guidance_distilled=True
+            )
+        always = (-1, 1001)  # every timestep of the 5-step CogVideoX run may skip (the defaults start at 681 / 901)
         return FasterCacheConfig(
             current_timestep_callback=lambda: pipe.current_timestep,
-            is_guidance_distilled=not options.get("doubled"),
             spatial_attention_timestep_skip_range=always,
             unconditional_batch_timestep_skip_range=always,
             tensor_format="BFCHW",  # CogVideoX's output (batch, frames, channels, height, width)
