@@ -171,7 +171,7 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
         check_cfg(model, parallelism.mesh)
     if parallelism.fsdp:
         check_fsdp(model)
-    check_cache(model, parallelism.mesh)
+    check_cache(model, parallelism.mesh, fsdp=parallelism.fsdp)
     return Prepared(resolved, cp_resolved, parallelism, padding)
 
 

@@ -8,6 +8,7 @@ state), and, where the hook decides from a tensor, its decision read globally:
         dtp: the same two means over the whole tensor (`DecisionScope.means`), then agreed over the forward
     MagCacheBlockHook._perform_calibration_step(state, r)    diffusers:  mean_tokens(|r|_2 / (|r_prev|_2 + 1e-8))
         dtp: the same mean over every token of the cut sequence
+    SeaCacheRootHook.raw_vision_callback, resolve_gate      see `sea.py`: whole latents, the gate agreed
 
 Each replacement is an attribute of the hook instance (the class is untouched, other models keep diffusers'
 own), and keeps diffusers' formula and state; only the reductions become global.
@@ -23,6 +24,7 @@ from torch import nn
 from ..runtime.cfg import BRANCH_ATTR, branch_state
 from ..runtime.probe import BodyProbe
 from .scope import DecisionScope
+from .sea import make_sea_consistent
 
 
 def make_consistent(model: nn.Module, scope: DecisionScope) -> None:
@@ -40,11 +42,14 @@ def make_consistent(model: nn.Module, scope: DecisionScope) -> None:
 def _rescope(hook, scope: DecisionScope) -> None:
     from diffusers.hooks.first_block_cache import FBCHeadBlockHook
     from diffusers.hooks.mag_cache import MagCacheBlockHook
+    from diffusers.hooks.sea_cache import SeaCacheRootHook
 
     if isinstance(hook, FBCHeadBlockHook):
         hook._should_compute_remaining_blocks = functools.partial(fbc_should_compute, hook, scope)
     elif isinstance(hook, MagCacheBlockHook):
         hook._perform_calibration_step = functools.partial(mag_calibration_step, scope)
+    elif isinstance(hook, SeaCacheRootHook):
+        make_sea_consistent(hook, scope)
 
 
 def _probe(module: nn.Module, registry) -> None:

@@ -28,18 +28,24 @@ from .scope import DecisionScope
 GUARD_ATTR = "_dtp_cache_guard"  # on an attached model: the handle of its forward pre-hook
 
 
-def degrees(mesh) -> dict[str, int]:
-    """{"tp": .., "cp": .., "cfg": ..} of a dtp mesh (absent axes are 1)."""
+def degrees(mesh, fsdp: bool = False) -> dict[str, int]:
+    """{"tp": .., "cp": .., "cfg": .., "fsdp": ..} of a dtp mesh (absent axes are 1; "fsdp" is the number of ranks
+    a weight is sharded over when the model is sharded with fsdp=True: cfg x cp)."""
     names = mesh.mesh_dim_names or ()
-    return {axis: mesh[axis].size() if axis in names else 1 for axis in (TP_AXIS, CP_AXIS, CFG_AXIS)}
+    out = {axis: mesh[axis].size() if axis in names else 1 for axis in (TP_AXIS, CP_AXIS, CFG_AXIS)}
+    return out | {"fsdp": out[CP_AXIS] * out[CFG_AXIS] if fsdp else 1}
 
 
-def check_cache(model: nn.Module, mesh) -> None:
-    """PlanError (nothing changed) when the cache enabled on `model` cannot run exactly on `mesh`, or when
-    stateful diffusers hooks are on it that no cache config accounts for."""
+def _sharded_by_fsdp(model: nn.Module) -> bool:
+    return any(isinstance(module, FSDPModule) for module in model.modules())
+
+
+def check_cache(model: nn.Module, mesh, fsdp: bool = False) -> None:
+    """PlanError (nothing changed) when the cache enabled on `model` cannot run exactly on `mesh` (sharded with
+    `fsdp` or not), or when stateful diffusers hooks are on it that no cache config accounts for."""
     config = getattr(model, "_cache_config", None)
     if config is not None:
-        check_config(config, degrees(mesh))
+        check_config(config, degrees(mesh, fsdp))
     elif unvouched(model) and mesh.size() > 1:
         raise PlanError(
             f"{type(model).__name__} has stateful diffusers hooks ({', '.join(unvouched(model)[:3])}) that no "
@@ -64,7 +70,7 @@ def attach(model: nn.Module, mesh) -> None:
 
 def enable(model: nn.Module, scope: DecisionScope, config) -> None:
     """`model.enable_cache(config)` on a sharded model: refused (PlanError, nothing added) or rank-consistent."""
-    check_config(config, degrees(scope.mesh))
+    check_config(config, degrees(scope.mesh, _sharded_by_fsdp(model)))
     register_fsdp_blocks(model)
     type(model).enable_cache(model, config)
     make_consistent(model, scope)

@@ -14,11 +14,11 @@ One row per config class diffusers 0.42.1 ships (`diffusers.hooks`), read from i
                                  token mean made global over cp)
     FasterCacheConfig            attention reused on a schedule; with a doubled batch it also skips the
                                  unconditional half and rebuilds it from the cached one: refused on cfg
-    SeaCacheConfig               sees DTensor parameters and runs fail-open (never skips); its spectral metric
-                                 is per rank and voted over the whole world: refused on every axis
-    TextKVCacheConfig            keys cached text K/V by the `data_ptr()` of encoder_hidden_states, which CP
-                                 cuts and the cfg wrapper copies every call: refused on cp / cfg (and on tp,
-                                 not verified)
+    SeaCacheConfig               a spectral indicator of the model's raw latents (whole on every cp rank, gathered
+                                 over cfg's batch split; `sea.py`), the gate agreed; fail-open (never skips) on
+                                 DTensor or FSDP-managed blocks: refused on tp and with fsdp
+    TextKVCacheConfig            hooks NucleusMoE-Image's blocks only (no dtp plan) and keys cached text K/V by the
+                                 `data_ptr()` of encoder_hidden_states: refused everywhere
 
 `refusal(config, parallelism)` is the one home of these rules; dtp's `enable_cache` and `prepare` ask it.
 """
@@ -33,14 +33,18 @@ from ..errors import PlanError
 @dataclass(frozen=True)
 class CacheKind:
     """One diffusers cache config: the short name (`dtp run --cache`), what its decision reads, and the axes
-    (of "tp", "cp", "cfg") on which dtp refuses it, with the reason."""
+    (of "tp", "cp", "cfg", and "fsdp" for a model sharded with fsdp=True) on which dtp refuses it, with the reason."""
 
     name: str
     decides: str
     refused: tuple[tuple[str, str], ...] = ()
 
 
-_UNVERIFIED = "not verified exact against the one-process cached run on this axis yet"
+# diffusers 0.42.1 hooks TextKVCache into NucleusMoEImageTransformerBlock only, and dtp has no plan for that model.
+_TEXT_KV = (
+    "it only hooks NucleusMoE-Image's blocks, a model dtp has no plan for (nothing to verify), and keys its K/V by "
+    "encoder_hidden_states.data_ptr(), which CP's cut and the cfg wrapper's copies renew every call"
+)
 
 KINDS = {
     "FirstBlockCacheConfig": CacheKind("fbc", "first block's residual change (metric reduced over cp, agreed)"),
@@ -54,21 +58,16 @@ KINDS = {
     ),
     "SeaCacheConfig": CacheKind(
         "sea",
-        "a spectral residual metric, voted over the default process group",
+        "a spectral indicator of the whole raw latents (gathered over cfg's batch split, checked over cp), agreed",
         (
-            ("tp", "it sees DTensor parameters and runs fail-open: nothing is ever skipped"),
-            ("cp", "its metric is computed on each rank's tokens and voted over the whole world"),
-            ("cfg", "its metric is computed on each rank's tokens and voted over the whole world"),
+            ("tp", "diffusers runs it fail-open on blocks with DTensor parameters: nothing is ever skipped"),
+            ("fsdp", "diffusers runs it fail-open on FSDP-managed blocks: nothing is ever skipped"),
         ),
     ),
     "TextKVCacheConfig": CacheKind(
         "textkv",
         "cached text K/V keyed by encoder_hidden_states.data_ptr()",
-        (
-            ("tp", _UNVERIFIED),
-            ("cp", "CP cuts encoder_hidden_states into new tensors every call, so the data_ptr key never repeats"),
-            ("cfg", "the cfg wrapper copies a predicted call's inputs, so the data_ptr key never repeats"),
-        ),
+        tuple((axis, _TEXT_KV) for axis in ("tp", "cp", "cfg", "fsdp")),
     ),
 }
 
@@ -89,7 +88,8 @@ def refusal(config, degrees: dict[str, int]) -> str | None:
     for axis, why in kind.refused:
         if degrees.get(axis, 1) > 1:
             what = f"{type(config).__name__} ({kind.name}) on {axis}={degrees[axis]}"
-            return f"{what}: {why}. Use {axis}=1 or another cache."
+            fix = "fsdp=False" if axis == "fsdp" else f"{axis}=1"
+            return f"{what}: {why}. Use {fix} or another cache."
     return None
 
 

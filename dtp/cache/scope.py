@@ -53,6 +53,26 @@ class DecisionScope:
         """The groups whose ranks all run this call's forward (and its collectives) together."""
         return self._axes([CP_AXIS, TP_AXIS] + ([CFG_AXIS] if self._batch_split() else []))
 
+    def batch_group(self):
+        """The cfg group while the cfg wrapper splits this call's batch over it, else None."""
+        return self._axes([CFG_AXIS])[0] if self._batch_split() and self._axes([CFG_AXIS]) else None
+
+    def same_over_cp(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether every cp rank holds the same tensors, by a fixed-size float64 fingerprint (count, elements, and
+        the sums, weighted sums and sums of squares of the values), all-gathered over cp."""
+        sums = torch.stack([t.detach().double().sum() for t in tensors])
+        squares = torch.stack([t.detach().double().square().sum() for t in tensors])
+        weights = torch.arange(1, len(tensors) + 1, dtype=torch.float64, device=sums.device)
+        numel = float(sum(t.numel() for t in tensors))
+        counts = torch.tensor([float(len(tensors)), numel], dtype=torch.float64, device=sums.device)
+        mine = torch.cat([counts, torch.stack([sums.sum(), (weights * sums).sum(), squares.sum()])])
+        for group in self._axes([CP_AXIS] if self.split_cp else []):
+            seen = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(seen, mine, group=group)
+            if any(not torch.equal(other, mine) for other in seen):
+                return False
+        return True
+
     def means(self, *tensors: torch.Tensor) -> list[float]:
         """The mean of each tensor over its whole (uncut) extent, the same float on every rank."""
         sums = torch.stack([t.detach().double().sum() for t in tensors])

@@ -9,6 +9,8 @@ bytes, give or take a padded head):
     peak_bytes       = max over phases p of (sum of weight_bytes of the components resident in p
                                               + phase_bytes[p])
     fits             = peak_bytes <= gpu_memory
+    with --cache     the step cache's state on this rank (`cache_state.py`) is added to the denoise and decode
+                     phases (it lives until the pipeline call ends); rows gain cache, cache_bytes
     step_seconds     = calls per step and rank x `cost.call_seconds` of the transformer's traced FLOPs, its
                        weight bytes and its collectives, plus the cfg exchange (`cfg_exchange`), on the
                        hardware preset; calls per step: 2 for two-call CFG pipelines, 1 with cfg = 2
@@ -31,6 +33,7 @@ from ..errors import PlanError
 from ..policy import check_degree, parse_dtype
 from ..runtime.cfg.cost import exchange
 from . import cost
+from .cache_state import CACHE_PHASES, CacheState
 from .candidates import Arrangement, Candidate, arrangement, candidates
 from .fsdp import fsdp_row
 from .hardware import hardware as find_hardware
@@ -56,19 +59,20 @@ def fit(
     text_tokens: int = PROMPT_TOKENS,
     only: dict | None = None,
     measurer: Measurer | None = None,
+    cache: str | None = None,
 ) -> dict:
     """The `dtp fit --json` object: `{"pipeline", "gpus", "gpu_memory_bytes", "hardware", "rows": [...]}`.
 
     pipeline: a released pipeline name (`flux-pipeline`, ...) or a diffusers pipeline directory (configs only).
     text_tokens: prompt length of the T5 / LLM text encoders and of the transformer's text stream (CLIP: 77).
     only: candidate fields to keep, e.g. `{"cp": 1}` (default: every candidate).
-    measurer: a `Measurer` of the same pipeline and dtype from an earlier call, to reuse its measurements.
+    measurer: a `Measurer` of the same pipeline and dtype from an earlier call; cache: a step cache (`cache_state`).
     gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`, which defaults
         to the pipeline's usual size (`FitPipeline.usual_size`: 1024² for images, Wan2.1-T2V-14B 720 x 1280);
         frames to the usual clip's (81 for `wan-pipeline`), None for an image pipeline.
     Each row: cfg, cp, tp, cp_mode, pad, quant, text_encoders, parallel_vae, fsdp, weight_bytes (by component),
-    phase_bytes (by phase), peak_bytes, fits, step_seconds, command. `rejected` lists the candidates whose
-    plans do not fit the mesh, with the PlanError; `reason` says why nothing fits when no row does.
+    phase_bytes (by phase), peak_bytes, fits, step_seconds, command (cache, cache_bytes with `cache`). `rejected`
+    lists the candidates whose plans do not fit the mesh, with the PlanError; `reason` says why nothing fits.
     """
     check_degree(gpus, "dtp fit: --gpus")
     check_degree(batch, "dtp fit: --batch")
@@ -81,7 +85,7 @@ def fit(
     shape = Shape(batch, height, width, frames or 1, text_tokens)
     measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
-    rows, rejected = _estimate_all(candidates(spec, gpus, batch), spec, measurer, shape, memory, hw, only)
+    rows, rejected = _estimate_all(candidates(spec, gpus, batch), spec, measurer, shape, memory, hw, only, cache)
     rows = _drop_needless_padding(rows)
     rows.sort(key=lambda r: (not r["fits"], r["step_seconds"] if r["fits"] else 0, r["peak_bytes"]))
     return {
@@ -102,9 +106,10 @@ def fit(
     }
 
 
-def _estimate_all(found, spec, measurer, shape, memory, hw, only) -> tuple[list[dict], list[dict]]:
+def _estimate_all(found, spec, measurer, shape, memory, hw, only, cache=None) -> tuple[list[dict], list[dict]]:
     """(rows, rejected) of the candidates `found`: unpadded and unquantized first, a padded one only where its
     unpadded twin is refused, a quantized one only where no unquantized twin fits (module docstring)."""
+    state = CacheState(cache, measurer, shape, spec.calls_per_step) if cache else None
     rows, rejected = [], []
     runs, fits = set(), set()  # keys of the unpadded candidates that run; of the unquantized ones that fit
     for candidate in sorted(found, key=lambda c: (c.quant is not None, c.pad)):
@@ -114,7 +119,7 @@ def _estimate_all(found, spec, measurer, shape, memory, hw, only) -> tuple[list[
         if (candidate.pad and _key(options) in runs) or (candidate.quant and _key(options, "quant") in fits):
             continue
         try:
-            rows.append(estimate(candidate, spec, measurer, shape, memory, hw))
+            rows.append(estimate(candidate, spec, measurer, shape, memory, hw, state))
         except PlanError as exc:
             rejected.append({**options, "reason": str(exc)})
             continue
@@ -124,8 +129,9 @@ def _estimate_all(found, spec, measurer, shape, memory, hw, only) -> tuple[list[
     return rows, rejected
 
 
-def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape: Shape, memory: int, hw) -> dict:
-    """One row: per-rank weights, phase activations, peak, fit and step time of `candidate`."""
+def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape: Shape, memory: int, hw, state=None):
+    """One row: per-rank weights, phase activations (plus a step cache's `state`, a `CacheState`), peak, fit and step
+    time of `candidate`."""
     plan = arrangement(candidate, spec, shape.batch)
     figures = {name: measurer.phase(name, setup, shape) for name, setup in plan.setups.items()}
     weights = {name: f.weight_bytes for name, f in figures.items()}
@@ -134,6 +140,10 @@ def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape:
         "denoise": figures[spec.transformer].peak_bytes,
         "decode": figures[spec.vae].peak_bytes,
     }
+    cached = (
+        {} if state is None else {"cache": state.name, "cache_bytes": state.bytes(candidate.cp, plan_rows(plan, spec))}
+    )
+    phase_bytes = {p: b + (cached.get("cache_bytes", 0) if p in CACHE_PHASES else 0) for p, b in phase_bytes.items()}
     totals = {p: sum(weights[n] for n in weights if p in plan.resident[n]) + phase_bytes[p] for p in PHASES}
     peak_phase = max(PHASES, key=totals.get)
     step = figures[spec.transformer]
@@ -155,8 +165,14 @@ def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape:
         "calls_per_step": plan.calls_per_step,
         "command": command(candidate, spec, shape),
         "serve_command": command(candidate, spec, shape, "serve"),
+        **cached,
     }
     return fsdp_row(row, candidate, spec, plan, call, measurer.dtype, hw, memory) if candidate.fsdp else row
+
+
+def plan_rows(plan: Arrangement, spec: FitPipeline) -> int:
+    """The batch rows one rank's transformer runs (cfg's batch path gives each group its share)."""
+    return plan.setups[spec.transformer].batch
 
 
 def cfg_exchange(plan: Arrangement, c: Candidate, output_bytes: int) -> list[tuple]:

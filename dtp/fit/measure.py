@@ -183,6 +183,13 @@ class Measurer:
         latents = call.kwargs["hidden_states"]
         return latents.numel() * latents.element_size()
 
+    def transformer_call(self, shape: Shape):
+        """(the transformer on meta cut to one block per list, the lists' full lengths, its one-row `Call` at
+        `shape`): what `cache_state` runs to size a step cache's state."""
+        name = self.pipeline.transformer
+        module, lengths = self._template(name, 1)
+        return module, lengths, self._call(name, module, Setup(), self.relevant_shape(name, shape))
+
     def _template(self, name: str, depth: int):
         """(component on meta cut to `depth` blocks per list, the lists' full lengths), built once."""
         key = (name, depth)

@@ -20,8 +20,8 @@ class BodyProbe:
     """A forward that counts on its module and calls the forward it replaces (signature kept for diffusers)."""
 
     def __init__(self, module: nn.Module, forward):
-        self.module, self.forward = module, forward
-        functools.update_wrapper(self, forward)
+        functools.update_wrapper(self, forward)  # copies forward.__dict__: a cfg wrapper's own `forward` field too
+        self.module, self.forward = module, forward  # so set after it (else the probe would bypass the wrapper)
         setattr(module, RUNS_ATTR, getattr(module, RUNS_ATTR, 0))
 
     def __call__(self, *args, **kwargs):

@@ -27,6 +27,7 @@ from ..choices import (
     DEFAULT_TOL,
     DEMO_MODELS,
     DTYPE_NAMES,
+    FIT_CACHE_NAMES,
     FIT_TABLE_ROWS,
     HARDWARE_NAMES,
     QUANT_SCHEMES,
@@ -344,6 +345,12 @@ def _fit(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="also draw the per-rank memory of each row")
     p.add_argument("--all", action="store_true", help=f"print every row (default: the best {FIT_TABLE_ROWS})")
+    p.add_argument(
+        "--cache",
+        choices=FIT_CACHE_NAMES,
+        default=None,
+        help="add a step cache's state (dtp run --cache) to the denoise and decode peaks of every row",
+    )
 
 
 def _demo_module():

@@ -40,6 +40,7 @@ def run(args) -> int:
             width=args.width,
             batch=args.batch,
             dtype=args.dtype,
+            cache=args.cache,
         )
     except PlanError as exc:
         print(json.dumps({"error": str(exc)}) if args.json else f"dtp fit: {exc}", file=sys.stderr)

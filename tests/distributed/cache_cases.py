@@ -16,6 +16,10 @@ import torch
 
 STEPS = 5
 PROMPT, NEGATIVE = "a cat holding a sign that says hello", "blurry, low quality!"
+# Qwen-Image keeps each prompt's own token count (164 for PROMPT, 148 for NEGATIVE with its template). PAB hands the
+# uncond call the cond call's cached joint attention output, so prompts of different lengths fail in one process:
+# "The size of tensor a (148) must match the size of tensor b (164)". This one has PROMPT's 164 tokens.
+EVEN_NEGATIVE = "a dog holding a card that says hello"
 CALL = dict(negative_prompt=NEGATIVE, true_cfg_scale=4.0, height=32, width=32)  # two calls per step
 BLOCKS = 4  # tiny FLUX.1: 2 dual-stream + 2 single-stream blocks, one attention each
 UNCACHED = STEPS * 2 * BLOCKS  # blocks (and attentions) one process runs without a cache
@@ -166,21 +170,54 @@ def behind_dtp() -> dict:
 
 
 def pipelines() -> dict:
-    """name -> (builder, call arguments): two-call true CFG (FLUX.1, Qwen-Image, Wan), and Qwen-Image with 2 images
-    per prompt (each call's batch of 2 is split over cfg=2's groups: the batch path)."""
+    """name -> (builder, call arguments): two-call true CFG (FLUX.1, Qwen-Image, Wan), Qwen-Image with 2 images per
+    prompt (each call's batch of 2 is split over cfg=2's groups: the batch path), and one call per step on the
+    doubled batch cat([uncond, cond]) (LTX-Video, CogVideoX: the batch path as PixArt-like pipelines take it)."""
     from dtp.families.pipelines import tiny_flux_pipeline, tiny_qwenimage_pipeline
-    from dtp.testing.cfg_pipelines import WAN_CALL, tiny_wan_pipeline
+    from dtp.testing.cfg_pipelines import (
+        COGVIDEOX_CALL,
+        LTX_CALL,
+        WAN_CALL,
+        tiny_cogvideox_pipeline,
+        tiny_ltx_pipeline,
+        tiny_wan_pipeline,
+    )
 
     return {
         "flux": (tiny_flux_pipeline, CALL),
         "qwenimage": (tiny_qwenimage_pipeline, CALL),
         "wan": (tiny_wan_pipeline, dict(negative_prompt=NEGATIVE, guidance_scale=5.0, **WAN_CALL)),
+        "wan_batch": (
+            tiny_wan_pipeline,
+            dict(negative_prompt=NEGATIVE, guidance_scale=5.0, num_videos_per_prompt=2, **WAN_CALL),
+        ),
         "qwenimage_batch": (tiny_qwenimage_pipeline, dict(num_images_per_prompt=2, **CALL)),
+        "qwenimage_even": (tiny_qwenimage_pipeline, {**CALL, "negative_prompt": EVEN_NEGATIVE}),
+        "ltx": (tiny_ltx_pipeline, dict(negative_prompt=NEGATIVE, guidance_scale=3.0, **LTX_CALL)),
+        "cogvideox": (tiny_cogvideox_pipeline, dict(negative_prompt=NEGATIVE, guidance_scale=3.0, **COGVIDEOX_CALL)),
     }
 
 
+# Per denoising step without a cache, per pipeline: (transformer blocks, attention modules) run; the calls per step
+# times the blocks and attentions of one call. Two-call pipelines: also what both cfg groups run at step 0.
+PER_STEP = {
+    "flux": {"block": 2 * 4, "attention": 2 * 4},  # 2 dual + 2 single blocks, one attention each
+    "qwenimage": {"block": 2 * 2, "attention": 2 * 2},
+    "qwenimage_batch": {"block": 2 * 2, "attention": 2 * 2},
+    "qwenimage_even": {"block": 2 * 2, "attention": 2 * 2},
+    "wan": {"block": 2 * 2, "attention": 2 * 4},  # self and cross attention per block
+    "wan_batch": {"block": 2 * 2, "attention": 2 * 4},
+    "ltx": {"block": 2, "attention": 4},  # one call per step (doubled batch), attn1 + attn2 per block
+    "cogvideox": {"block": 2, "attention": 2},
+}
+BATCH_PATH = ("qwenimage_batch", "wan_batch", "ltx", "cogvideox")  # calls whose batch cfg=2 splits over its groups
+# TaylorSeer's default patterns end in "attn" (re.fullmatch): LTX's attn1 / attn2 need their own.
+LTX_ATTENTIONS = (r"^transformer_blocks\.\d+\.attn\d$",)
+
+
 def any_config(name: str, pipe, **options):
-    """`config` for the first three; MagCache (calibration with `calibrate=True`, else FLUX's ratios), FasterCache."""
+    """`config` for the first three; MagCache (calibration with `calibrate=True`, else FLUX's ratios), FasterCache
+    (two-call mode unless `doubled`: then diffusers' default, the uncond half of the doubled batch approximated)."""
     from diffusers import FasterCacheConfig, MagCacheConfig
     from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
 
@@ -189,14 +226,41 @@ def any_config(name: str, pipe, **options):
             return MagCacheConfig(calibrate=True, num_inference_steps=STEPS)
         return MagCacheConfig(mag_ratios=FLUX_MAG_RATIOS, num_inference_steps=STEPS, threshold=0.3, retention_ratio=0.2)
     if name == "faster":
-        return FasterCacheConfig(current_timestep_callback=lambda: pipe.current_timestep, is_guidance_distilled=True)
-    return config(name, pipe, **options)
+        if not options.get("doubled"):
+            return FasterCacheConfig(
+                current_timestep_callback=lambda: pipe.current_timestep, is_guidance_distilled=True
+            )
+        always = (-1, 1001)  # every timestep of the 5-step CogVideoX run may skip (the defaults start at 681 / 901)
+        return FasterCacheConfig(
+            current_timestep_callback=lambda: pipe.current_timestep,
+            spatial_attention_timestep_skip_range=always,
+            unconditional_batch_timestep_skip_range=always,
+            tensor_format="BFCHW",  # CogVideoX's output (batch, frames, channels, height, width)
+        )
+    if name == "sea":
+        from diffusers import SeaCacheConfig
+
+        cut = _cut_latents if options.get("cut") else None  # the control: latents as a cut input would give them
+        return SeaCacheConfig(threshold=options.get("threshold", 0.25), raw_vision_callback=cut)
+    if name == "taylorseer" and options.get("ltx"):
+        from diffusers import TaylorSeerCacheConfig
+
+        return TaylorSeerCacheConfig(**{**vars(config(name, pipe)), "cache_identifiers": LTX_ATTENTIONS})
+    return config(name, pipe, **{k: v for k, v in options.items() if k == "threshold"})
+
+
+def _cut_latents(module, args, kwargs) -> list:
+    """Wan's raw vision latents (one per sample), this rank's half of their width only."""
+    import torch.distributed as dist
+    from diffusers.hooks.sea_cache import _prepare_wan_t2v_raw_vision_metadata as wan_latents
+
+    return [latent.chunk(2, dim=-1)[dist.get_rank() % 2] for latent in wan_latents(module, args, kwargs)]
 
 
 @torch.no_grad()
-def pipeline_run(pipeline: str, name: str, mesh=None, cp_mode: str = "ulysses", **options) -> dict:
-    """Pixels and body counts of a tiny pipeline with the cache `name` enabled after sharding (None: one process);
-    with `calibrate`, also MagCache's calibration ratios."""
+def pipeline_run(pipeline: str, name: str, mesh=None, cp_mode: str = "ulysses", fsdp: bool = False, **options) -> dict:
+    """Pixels and body counts of a tiny pipeline with the cache `name` enabled after sharding (None: one process;
+    `fsdp`: dtp's fsdp=True); with `calibrate`, also MagCache's calibration ratios."""
     import dtp
 
     build, call = pipelines()[pipeline]
@@ -204,7 +268,7 @@ def pipeline_run(pipeline: str, name: str, mesh=None, cp_mode: str = "ulysses", 
     pipe.set_progress_bar_config(disable=True)
     with bodies(pipe.transformer) as counts:
         if mesh is not None:
-            dtp.parallelize(pipe.transformer, mesh, cp_mode=cp_mode)
+            dtp.parallelize(pipe.transformer, mesh, cp_mode=cp_mode, fsdp=fsdp)
         cfg = any_config(name, pipe, **options)
         pipe.transformer.enable_cache(cfg)
         counts.clear()  # the sharding's own checks may run the blocks (on meta tensors)
@@ -217,10 +281,17 @@ def pipeline_run(pipeline: str, name: str, mesh=None, cp_mode: str = "ulysses", 
             **call,
         )
     pixels = out.frames if hasattr(out, "frames") else out.images
-    result = {"pixels": np.asarray(pixels, dtype=np.float32), **counts}
+    result = {"pixels": np.asarray(pixels, dtype=np.float32), **counts, "fsdp": _fsdp_modules(pipe.transformer)}
     if ratios is not None:
         result["ratios"] = ratios
     return result
+
+
+def _fsdp_modules(model) -> int:
+    """How many modules FSDP2 sharded (0 without fsdp): the fsdp runs really ran sharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return sum(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def _ratios(model) -> list:
@@ -242,21 +313,28 @@ def _ratios(model) -> list:
 
 
 def pipeline_job(rank: int, world: int, runs: list) -> dict:
-    """Each (pipeline, cache, mesh key, options) run on its mesh; option `per_rank`: the negative control, the
-    decision metrics left over each rank's own tokens (DecisionScope reduces over nothing)."""
+    """Each (pipeline, cache, mesh key, options) run on its mesh. Options for the negative controls: `per_rank`, the
+    decision metrics left over each rank's own tokens (DecisionScope reduces over nothing); `no_gather`, SeaCache's
+    latents not gathered over cfg's batch split; `cut` (SeaCache, cp): a ForwardError is expected, its text returned."""
     import dtp
     from dtp.cache import scope
 
-    out, real = {}, scope.DecisionScope.split_groups
+    out, real = {}, (scope.DecisionScope.split_groups, scope.DecisionScope.batch_group)
     for pipeline, name, key, options in runs:
         dims, mode = MESHES[key]
         given = dict(options)
         if given.pop("per_rank", False):
             scope.DecisionScope.split_groups = lambda self: []
+        if given.pop("no_gather", False):
+            scope.DecisionScope.batch_group = lambda self: None
         try:
             out[(pipeline, name, key, tuple(options))] = pipeline_run(
                 pipeline, name, dtp.make_mesh(**dims), mode, **given
             )
+        except dtp.ForwardError as error:
+            if not given.get("cut"):
+                raise
+            out[(pipeline, name, key, tuple(options))] = {"error": str(error)}
         finally:
-            scope.DecisionScope.split_groups = real
+            scope.DecisionScope.split_groups, scope.DecisionScope.batch_group = real
     return out

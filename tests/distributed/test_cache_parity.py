@@ -10,6 +10,8 @@ and hooks installed behind dtp.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from cache_cases import BLOCKS, MESHES, UNCACHED, rank_job, references
 
@@ -19,9 +21,13 @@ from dtp.testing.launch import spawn
 MEAN_TOL = 1e-6  # measured: <= 1.3e-7 at tp and cp, 0.0 at cfg=2 (each group runs a whole call)
 CACHES = ("fbc", "taylorseer", "pab")
 COUNTED = {"fbc": "block", "taylorseer": "attention", "pab": "attention"}  # what each cache skips
-RUNS = [(mesh, name, False) for mesh in MESHES for name in CACHES] + [
-    ("cp=2", "fbc", True),
-    ("cfg=2", "taylorseer", True),
+# Enabling before sharding is one kind: its second case (TaylorSeer at cfg=2) runs with DTP_FULL=1 only.
+FULL_RUN = os.environ.get("DTP_FULL") == "1"
+RUNS = [(mesh, name, False) for mesh in MESHES for name in CACHES] + [("cp=2", "fbc", True)]
+FULL = [("cfg=2", "taylorseer", True)]
+SPAWNED = RUNS + (FULL if FULL_RUN else [])
+PARAMS = [pytest.param(r, id=f"{r[0]}-{r[1]}{'-before' if r[2] else ''}") for r in RUNS] + [
+    pytest.param(r, id=f"{r[0]}-{r[1]}-before", marks=pytest.mark.full) for r in FULL
 ]
 STEP0 = 2 * BLOCKS  # the first step's two calls, run by both cfg groups
 
@@ -33,10 +39,10 @@ def refs():
 
 @pytest.fixture(scope="module")
 def results():
-    return spawn(rank_job, 2, RUNS, timeout_s=900)
+    return spawn(rank_job, 2, SPAWNED, timeout_s=900)
 
 
-@pytest.mark.parametrize("run", RUNS, ids=lambda r: f"{r[0]}-{r[1]}{'-before' if r[2] else ''}")
+@pytest.mark.parametrize("run", PARAMS)
 def test_cached_run_matches_one_process(results, refs, run):
     """Pixels: mean |sharded - one process| <= 1e-6 on every rank (fp32, same cache, same settings)."""
     for rank in results:
@@ -44,7 +50,7 @@ def test_cached_run_matches_one_process(results, refs, run):
         assert mean <= MEAN_TOL, (run, mean, p99)
 
 
-@pytest.mark.parametrize("run", RUNS, ids=lambda r: f"{r[0]}-{r[1]}{'-before' if r[2] else ''}")
+@pytest.mark.parametrize("run", PARAMS)
 def test_the_same_work_is_skipped(results, refs, run):
     """Bodies run per rank: the one-process count (tp, cp; PAB at cfg), one branch each plus step 0 (cfg=2)."""
     mesh, name, _ = run

@@ -72,9 +72,8 @@ def test_fbc_first_call_computes():
 
 REFUSED = [
     (dict(cfg=2, tp=2), FasterCacheConfig(current_timestep_callback=lambda: 500), "cfg=2: it splits the doubled"),
-    (dict(cp=2, tp=2), SeaCacheConfig(), "tp=2: it sees DTensor parameters and runs fail-open"),
-    (dict(cp=4), SeaCacheConfig(), "cp=4: its metric is computed on each rank's tokens"),
-    (dict(cp=4), TextKVCacheConfig(), "cp=4: CP cuts"),
+    (dict(cp=2, tp=2), SeaCacheConfig(), "tp=2: diffusers runs it fail-open on blocks with DTensor parameters"),
+    (dict(cp=4), TextKVCacheConfig(), "cp=4: it only hooks NucleusMoE-Image's blocks"),
 ]
 
 
@@ -111,6 +110,41 @@ def test_cache_enabled_before_sharding_is_made_consistent(fake_world):
     (head,) = [h for h in hooks if isinstance(h, FBCHeadBlockHook)]
     assert "_should_compute_remaining_blocks" in vars(head)
     assert "_should_compute_remaining_blocks" in vars(FBCHeadBlockHook)
+
+
+@pytest.mark.parametrize("before", [False, True], ids=["after", "before"])
+def test_seacache_with_fsdp_is_refused_untouched(fake_world, before):
+    """fsdp=True: diffusers' SeaCache would run fail-open on FSDP-managed blocks (never skipping): a PlanError,
+    naming fsdp and its fix, from enable_cache (no hook added) or from prepare (the model unsharded)."""
+    model = tiny_model("FluxTransformer2DModel")
+    mesh = dtp.make_mesh(cp=4, device_type="cpu")
+    if before:
+        model.enable_cache(SeaCacheConfig())
+        with pytest.raises(dtp.PlanError, match="SeaCacheConfig .sea. on fsdp=4: .* FSDP-managed .* fsdp=False"):
+            dtp.parallelize(model, mesh, fsdp=True)
+        assert not any(isinstance(p, torch.distributed.tensor.DTensor) for p in model.parameters())
+        return
+    dtp.parallelize(model, mesh, fsdp=True)
+    with pytest.raises(dtp.PlanError, match="SeaCacheConfig .sea. on fsdp=4: .* FSDP-managed .* fsdp=False"):
+        model.enable_cache(SeaCacheConfig())
+    assert not any(getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks for m in model.modules())
+
+
+def test_body_probe_calls_the_forward_it_wraps_even_when_that_has_a_forward_field():
+    """A probe under a root-level hook wraps the cfg wrapper, a dataclass whose own `forward` field is the model's
+    forward: functools.update_wrapper copies that field onto the probe, which then bypassed the wrapper."""
+    from dtp.runtime.probe import BodyProbe, body_runs
+
+    class Wrapper:
+        def __init__(self):
+            self.forward = lambda: "model"  # what update_wrapper copies
+
+        def __call__(self):
+            return "wrapper"
+
+    module = torch.nn.Linear(1, 1)
+    probe = BodyProbe(module, Wrapper())
+    assert probe() == "wrapper" and body_runs(module) == 1
 
 
 def test_pab_state_is_shared_between_branches(fake_world):
