@@ -129,6 +129,7 @@ def main() -> None:
     parser.add_argument("--per-mesh", type=int, default=50, help="mutants per plan and mesh")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--archs", nargs="+", default=list(fuzz.architectures()))
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the .md to write (and a .json beside it)")
     args = parser.parse_args()
     start = time.perf_counter()
     rows = judge_locally(args.archs, args.per_mesh, args.seed)
@@ -139,11 +140,11 @@ def main() -> None:
     command = f"nice python benchmarks/plan_fuzz.py {' '.join(sys.argv[1:])}".strip()
     text = report(rows, time.perf_counter() - start, command)
     print(text)
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(text)
+    args.results.parent.mkdir(exist_ok=True)
+    args.results.write_text(text)
     kept = [json.dumps({"mutant": str(r["mutant"]), "verdict": r["verdict"], "detail": _detail(r)}) for r in rows]
     header = json.dumps(command)
-    RESULTS.with_suffix(".json").write_text(f'{{"command": {header}, "rows": [\n' + ",\n".join(kept) + "\n]}\n")
+    args.results.with_suffix(".json").write_text(f'{{"command": {header}, "rows": [\n' + ",\n".join(kept) + "\n]}\n")
 
 
 def _detail(row: dict) -> str:

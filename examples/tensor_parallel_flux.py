@@ -9,7 +9,7 @@ VAE to this rank's accelerator. A fixed CPU generator gives every rank the same 
 rank 0 saves the image. On a CPU-only machine it runs with gloo, e.g. on the demo's checkpoint:
 
     torchrun --nproc-per-node 2 examples/tensor_parallel_flux.py \
-        --model ~/.cache/dtp/tiny-flux-pipeline-v2 --steps 4 --height 64 --width 64
+        --model ~/.cache/dtp/tiny-flux-pipeline-v3 --steps 4 --height 64 --width 64
 """
 
 import argparse

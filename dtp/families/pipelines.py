@@ -15,11 +15,14 @@ The Qwen-Image one (tiny_qwenimage_pipeline) has the same transformer size and a
 text encoder (4 heads, 2 kv heads); the text encoders' plans split them at tp=2. Prompts therefore go
 through real (random) text encoders, so `dtp run --prompt ...`
 exercises the same path as a real checkpoint. Every weight is drawn from a fixed seed per component, so the
-checkpoint is the same on every machine and every first use.
+checkpoint is the same on every machine and every first use. The checkpoints' text encoders and VAEs are then
+perturbed (`tiny.perturb`: seeded noise on every parameter), so that no bias is zero and no norm weight one: a
+slicing bug on one of them changes the image.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import string
@@ -29,7 +32,7 @@ from pathlib import Path
 import torch
 
 from . import FAMILIES
-from .tiny import tiny_model
+from .tiny import perturb, tiny_model
 
 FLUX_TRANSFORMER_CLASS = "FluxTransformer2DModel"
 
@@ -90,25 +93,30 @@ def tiny_checkpoint(model: str = "flux", root: Path | str | None = None) -> Path
     return target
 
 
-def tiny_flux_pipeline():
-    """The tiny FluxPipeline in memory, every component drawn from its own fixed seed."""
+def tiny_flux_pipeline(*, perturbed: bool = False):
+    """The tiny FluxPipeline in memory, every component drawn from its own fixed seed; `perturbed`: the text encoders
+    and the VAE moved off their default init (`tiny.perturb`), as the cached checkpoint is."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline
 
     cfg = FAMILIES[FLUX_TRANSFORMER_CLASS].tiny
     torch.manual_seed(1)
-    vae = AutoencoderKL(**VAE_CONFIG)
+    vae = _maybe_perturb(AutoencoderKL(**VAE_CONFIG), 1, perturbed)
     assert vae.config.latent_channels * 4 == cfg["in_channels"], "Flux packs 2 x 2 latent patches"
     return FluxPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
         vae=vae,
-        text_encoder=clip_text_encoder(width=cfg["pooled_projection_dim"], seed=2),
+        text_encoder=_maybe_perturb(clip_text_encoder(width=cfg["pooled_projection_dim"], seed=2), 2, perturbed),
         tokenizer=clip_tokenizer(),
-        text_encoder_2=t5_encoder(width=cfg["joint_attention_dim"], seed=3),
+        text_encoder_2=_maybe_perturb(t5_encoder(width=cfg["joint_attention_dim"], seed=3), 3, perturbed),
         tokenizer_2=t5_tokenizer(),
         # Every weight ~ N(0, 0.2): large enough that the transformer shapes the image (zeroing its
         # proj_out moves pixels by 0.15 on average) and a 1 % weight error fails the pixel tolerance.
         transformer=tiny_model(FLUX_TRANSFORMER_CLASS, seed=0),
     )
+
+
+def _maybe_perturb(module: torch.nn.Module, seed: int, perturbed: bool) -> torch.nn.Module:
+    return perturb(module, seed) if perturbed else module
 
 
 # Characters both tokenizers know: everything a prompt of plain English text uses.
@@ -189,7 +197,7 @@ QWEN_VAE_CONFIG = dict(
 _QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # the chat template's markers
 
 
-def tiny_qwenimage_pipeline():
+def tiny_qwenimage_pipeline(*, perturbed: bool = False):
     """The tiny QwenImagePipeline in memory: transformer, VAE (8, 16 channels), scheduler, and a
     1-layer Qwen2.5-VL text encoder of width 32 (= the transformer's joint_attention_dim).
 
@@ -202,13 +210,13 @@ def tiny_qwenimage_pipeline():
 
     cfg = FAMILIES[QWEN_TRANSFORMER_CLASS].tiny
     torch.manual_seed(1)
-    vae = AutoencoderKLQwenImage(**QWEN_VAE_CONFIG)
+    vae = _maybe_perturb(AutoencoderKLQwenImage(**QWEN_VAE_CONFIG), 1, perturbed)
     assert vae.config.z_dim * 4 == cfg["in_channels"], "Qwen-Image packs 2 x 2 latent patches"
     tokenizer = qwen_tokenizer()
     return QwenImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
         vae=vae,
-        text_encoder=_qwen_text_encoder(len(tokenizer), width=cfg["joint_attention_dim"], seed=2),
+        text_encoder=_maybe_perturb(_qwen_text_encoder(len(tokenizer), cfg["joint_attention_dim"], 2), 2, perturbed),
         tokenizer=tokenizer,
         transformer=tiny_model(QWEN_TRANSFORMER_CLASS, seed=0),
     )
@@ -252,8 +260,11 @@ def _qwen_text_encoder(vocab_size: int, width: int, seed: int):
     return Qwen2_5_VLForConditionalGeneration(config).eval()
 
 
-# model name -> (directory name, builder); bump a directory's suffix when its recipe changes.
+# model name -> (directory name, builder); bump a directory's suffix when its recipe changes, so that a checkpoint
+# cached by an older recipe is not reused (v3: text encoders and VAEs perturbed off their default init). The
+# in-memory builders stay unperturbed by default: tests tuned to their exact values (the cache tests' thresholds
+# in tests/distributed/cache_cases.py) use them.
 CHECKPOINTS = {
-    "flux": ("tiny-flux-pipeline-v2", tiny_flux_pipeline),
-    "qwenimage": ("tiny-qwenimage-pipeline-v2", tiny_qwenimage_pipeline),
+    "flux": ("tiny-flux-pipeline-v3", functools.partial(tiny_flux_pipeline, perturbed=True)),
+    "qwenimage": ("tiny-qwenimage-pipeline-v3", functools.partial(tiny_qwenimage_pipeline, perturbed=True)),
 }

@@ -30,6 +30,24 @@ def random_model(class_name: str, config: dict, seed: int = 0) -> torch.nn.Modul
     return model.eval()
 
 
+PERTURB_STD = 0.05  # small next to the N(0, 0.2) weights of the DiTs: keeps the encoders' activations tame
+
+
+@torch.no_grad()
+def perturb(module: torch.nn.Module, seed: int, std: float = PERTURB_STD) -> torch.nn.Module:
+    """Add N(0, std) noise drawn from `seed` to every floating parameter of `module` (tied ones once), in place.
+
+    transformers and diffusers initialize biases to zero and norm weights to one; a slicing bug on such a tensor
+    (a bias split the wrong way, a norm weight replicated where it should be sharded) compares zeros with zeros
+    and cannot show. The tiny pipelines (`pipelines.py`) and the test fixtures (`dtp.testing`) move every
+    component off its initial values with this."""
+    generator = torch.Generator().manual_seed(seed)
+    for param in module.parameters():
+        if param.is_floating_point():
+            param.add_(torch.randn(param.shape, generator=generator).to(param.dtype) * std)
+    return module
+
+
 def tiny_inputs(
     class_name: str,
     seed: int = 1,

@@ -69,7 +69,7 @@ def test_example_script_draws_the_demo_image(demo):
         "--nproc-per-node=2",
         str(EXAMPLE),
         "--model",
-        str(tmp / "cache" / "tiny-flux-pipeline-v2"),
+        str(tmp / "cache" / "tiny-flux-pipeline-v3"),
         *SMALL,
         "--output",
         str(tmp / "example.png"),
@@ -93,7 +93,7 @@ def test_demo_exits_zero_and_prints_the_table(demo):
 def test_demo_writes_the_image_and_caches_the_checkpoint(demo):
     _, tmp = demo
     assert Image.open(tmp / "out.png").size == (32, 32)
-    assert (tmp / "cache" / "tiny-flux-pipeline-v2" / "model_index.json").exists()
+    assert (tmp / "cache" / "tiny-flux-pipeline-v3" / "model_index.json").exists()
 
 
 def test_demo_image_is_diffusers_image(demo):
@@ -101,7 +101,7 @@ def test_demo_image_is_diffusers_image(demo):
     off by more than 1 and at most 0.1 % of them off at all (fp32 differences ~1e-7 flip a level only at a rounding
     edge; measured 0 of 3072 off). Negative control: the reference at another seed differs in most levels."""
     _, tmp = demo
-    checkpoint = tmp / "cache" / "tiny-flux-pipeline-v2"
+    checkpoint = tmp / "cache" / "tiny-flux-pipeline-v3"
     image = np.asarray(Image.open(tmp / "out.png")).astype(np.int64)
     levels = {}
     for seed in (0, 1):

@@ -23,10 +23,16 @@ from dtp.testing.tiny_text import tiny_grouped_qwen
 FLUX, QWEN = "FluxTransformer2DModel", "QwenImageTransformer2DModel"
 
 
-@pytest.fixture(scope="module")
-def mesh2():
+@pytest.fixture
+def mesh2():  # per test (a fake group costs milliseconds): tests at tp=4 need a world of 4
     with fake_world(2):
         yield dtp.make_mesh(tp=2, device_type="cpu")
+
+
+@pytest.fixture
+def mesh4():
+    with fake_world(4):
+        yield dtp.make_mesh(tp=4, device_type="cpu")
 
 
 def refused(model, mesh, plan, match, pad=False):
@@ -167,3 +173,25 @@ def test_data_dependent_bundled_plans_pass(mesh2, class_name, name):
     for pad in (False, True):
         prepared = dtp.engine.prepare(tiny_model(class_name), mesh2, dtp.load_plan(name), pad=pad)
         assert prepared.resolved.linears, (name, pad)  # accepted, and something is sharded
+
+
+def test_rope_cut_to_heads_reaching_whole_attention(mesh4):
+    """The plan fuzz's wrong mutant (benchmarks/results/plan_fuzz.md, round 4): Mochi tp=4, attn1's attention glob
+    and every attn1 rule dropped, `rope` still cut to each rank's heads. At tp = heads the cut table
+    [S, 1, head_dim / 2] broadcasts over attn1's 4 whole heads: it ran, 1.9e-2 from one process. Refused now,
+    naming the table's key and the attention it reaches; the bundled plan (rope with attn1 sharded) passes."""
+    attn1 = [r.key for r in dtp.load_plan("mochi").rules if r.key.startswith("transformer_blocks.*.attn1.")]
+    mutant = replace(fuzz.edited("mochi", dict.fromkeys(attn1), 4), attention=())
+    model = tiny_model("MochiTransformer3DModel")
+    match = r"key 'rope'.*reaches attention 'transformer_blocks\.0\.attn1'.*Add 'transformer_blocks\.\*\.attn1'"
+    refused(model, mesh4, mutant.plan(), match)
+    assert dtp.engine.prepare(model, mesh4, dtp.load_plan("mochi")).resolved.outputs
+
+
+def test_sharded_activation_written_into_a_whole_sequence(mesh4):
+    """The plan fuzz's crash: Qwen-Image 2.1 tp=4 pad=True with `img_in: colwise`. Its forward writes img_in's
+    output into the joint sequence (`joint[:, image_pad_mask] = hidden_states`), whose meta kernel checks no
+    shapes: accepted, then a shape mismatch in the real forward. Refused now, naming img_in."""
+    mutant = fuzz.edited("qwenimage21", {"img_in": "colwise"}, 4, pad=True)
+    match = r"key 'img_in'.*shape mismatch: value tensor of shape .* cannot be broadcast.*'img_in' \(colwise\)"
+    refused(tiny_model("QwenImage21Transformer2DModel"), mesh4, mutant.plan(), match, pad=True)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dtp.families import FAMILIES
+from dtp.families.pipelines import CHECKPOINTS
 from dtp.testing.cfg_pipelines import tiny_pixart_sigma_pipeline, tiny_wan_pipeline
 from dtp.testing.perturb import trivial_parameters
 from dtp.testing.tiny import tiny_model
@@ -45,6 +46,15 @@ def test_vision_fixture_perturbed(cls):
 def test_cfg_pipeline_components_perturbed(build):
     modules = {n: c for n, c in build().components.items() if isinstance(c, torch.nn.Module)}
     assert set(modules) == {"transformer", "vae", "text_encoder"}
+    assert {n: trivial_parameters(m) for n, m in modules.items()} == {n: [] for n in modules}
+
+
+@pytest.mark.parametrize("model", sorted(CHECKPOINTS))
+def test_demo_checkpoint_components_perturbed(model):
+    """The demo's tiny checkpoints (product code, `dtp.families.pipelines`): CLIP, T5, Qwen2.5-VL and both VAEs too."""
+    _, build = CHECKPOINTS[model]
+    modules = {n: c for n, c in build().components.items() if isinstance(c, torch.nn.Module)}
+    assert {"transformer", "vae", "text_encoder"} <= set(modules)
     assert {n: trivial_parameters(m) for n, m in modules.items()} == {n: [] for n in modules}
 
 

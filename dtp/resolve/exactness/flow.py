@@ -22,13 +22,17 @@ class, structure, resolved plan, tp) in a bounded cache (`memo.py`), so `prepare
 Cost of the first call at full size on meta (fake group, one loaded CPU core, CPU time): FLUX.2-dev tp=8 0.36 s (0.08 s
 without this check), HiDream-I1 tp=4 1.2 s, Mochi 0.65 s, Lumina2 0.43 s, Qwen-Image 2.1 0.33 s.
 
+Two things the meta kernels do not check are checked here: an indexed write whose value does not
+broadcast to the indexed shape (`x[:, mask] = y`: `meta_values.StrictIndexPut`; Qwen-Image 2.1 with
+`img_in` colwise wrote a quarter-width activation into the whole-width joint sequence), and a
+`shard_output` table reaching attention whose heads are whole (`tables.py`: it can broadcast).
+
 Values are not computed: a shard that keeps every shape right and is still wrong (heads out of
 order) is what `alignment.py` refuses.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 from collections.abc import Callable
@@ -44,7 +48,8 @@ from ...families import example_inputs as family_example_inputs
 from ..binding.linears import LinearSpec
 from ..binding.resolved import Resolved
 from .memo import BoundedCache
-from .meta_values import attach, values_run
+from .meta_values import attach, strict_index_put, values_run
+from .tables import TableWatch
 
 # class name -> builder(config dict) -> forward keyword arguments, for classes outside `dtp.families` (whose own
 # input builders come first).
@@ -94,11 +99,14 @@ def _first_failure(resolved: Resolved, model: nn.Module, tp: int, structure: str
     trace: list[str] = []
     clone, where = meta_copy(model, keep)
     shard_meta(clone, resolved, tp, where)
+    tables = TableWatch(clone, resolved, where, _unthinned(keep))
     result = _run(clone, inputs, trace, _unthinned(keep), values)
     specs = {spec.path: spec for spec in resolved.linears}
     if isinstance(result, _Failure):
         linears = {path for path, module in model.named_modules() if isinstance(module, nn.Linear)}
         return _crash_message(resolved, specs, tp, result, trace, linears)
+    if tables.failure(resolved, tp) is not None:
+        return tables.failure(resolved, tp)
     if result != baseline:
         return _shape_message(resolved, specs, tp, result, baseline, trace)
     return None
@@ -295,7 +303,7 @@ def _run(clone: nn.Module, inputs: dict, trace: list[str], path_in_model: Callab
         module.register_forward_pre_hook(lambda m, a, p=model_path: enter(p))
         module.register_forward_hook(lambda m, a, o: leave())
     try:
-        with values_run(clone, inputs) if values else contextlib.nullcontext():
+        with values_run(clone, inputs) if values else strict_index_put():
             output = clone(**inputs)
     except Exception as error:  # any failure of the sharded forward is what we are looking for
         return _Failure(list(stack), error)

@@ -118,6 +118,19 @@ class KnownValues(TorchDispatchMode):
                     t._dtp_value.root[0] = False
 
 
+def _check_broadcast(value: tuple, target: tuple) -> None:
+    """The real kernel's error when `value` does not broadcast to the indexed shape `target`."""
+    try:
+        fits = tuple(torch.broadcast_shapes(value, target)) == target
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise RuntimeError(
+            f"shape mismatch: value tensor of shape {list(value)} cannot be broadcast to indexing result of shape "
+            f"{list(target)}"
+        )
+
+
 def _root_sharing(r: torch.Tensor, arguments) -> list[bool] | None:
     """The validity flag of the argument whose value `r` is a view of (None: `r` owns new storage)."""
     for t in arguments:
@@ -152,8 +165,29 @@ def _long_indices(index):
 def values_run(clone: nn.Module, inputs: dict):
     """Inside: `clone`'s forward runs with known values (`inputs`: meta tensors that carry theirs, see `attach`)."""
     _every_expert_routes(clone)
-    with _meta_autocast_off(), KnownValues(), _DataOnMeta():
+    # StrictIndexPut outside KnownValues: it sees the long indices KnownValues makes of known bool masks
+    with _meta_autocast_off(), StrictIndexPut(), KnownValues(), _DataOnMeta():
         yield
+
+
+def strict_index_put() -> StrictIndexPut:
+    """The plain meta run's mode: only the indexed-write check (`StrictIndexPut`)."""
+    return StrictIndexPut()
+
+
+class StrictIndexPut(TorchDispatchMode):
+    """`x[index] = value` on meta tensors raises, as on real ones, when `value` does not broadcast to `x[index]`.
+
+    The meta kernel of `index_put_` checks nothing: a sharded activation [B, 16, 16] written into the whole
+    [B, 20, 64] sequence (Qwen-Image 2.1, `img_in` colwise) passes on meta and raises on the real forward."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        indices = args[1] if func in _INDEXED[1:] else ()
+        # a bool mask's indexed shape is unknown on meta (KnownValues turns known masks into long indices first)
+        if indices and _is_meta(args[0]) and all(i is None or (_is_meta(i) and i.dtype == torch.long) for i in indices):
+            _check_broadcast(tuple(args[2].shape), tuple(aten.index.Tensor(args[0], args[1]).shape))
+        return func(*args, **kwargs)
 
 
 class _DataOnMeta(TorchFunctionMode):
