@@ -17,6 +17,9 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
       local: [blocks.*.attn2]                  # optional: attention whose keys stay whole on every rank
 
 `cp: {refused: "why"}` instead says the model cannot take CP; any cp > 1 is then a PlanError quoting it.
+`ring_refused: "why"` beside `split`/`gather` says the model takes Ulysses only (e.g. a per-query mask that
+Ulysses, holding the whole sequence for its heads, applies whole, and ring attention's key blocks cannot):
+cp > 1 with cp_mode='ring' is then a PlanError quoting it.
 
 `local` names attention modules whose keys and values are NOT split (cross-attention from the local
 image/video chunk to the whole text): each query chunk attends over every key already, so they run
@@ -111,6 +114,7 @@ class CpPlan:
     gathers: tuple[GatherRule, ...]
     local_attention: tuple[str, ...] = ()  # attention globs whose keys are whole on every rank
     refused: str | None = None  # `cp: {refused: why}`: this model cannot take CP; cp > 1 is a PlanError saying why
+    ring_refused: str | None = None  # `ring_refused: why`: Ulysses only; cp_mode='ring' is a PlanError saying why
 
 
 _SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims", "pad", "flatten"}
@@ -126,7 +130,7 @@ def cp_plan_from_mapping(data, name: str) -> CpPlan:
         if not isinstance(data["refused"], str) or not data["refused"].strip():
             raise PlanError(f"plan {name}: cp.refused must say why the model cannot take CP, got {data['refused']!r}.")
         return CpPlan(splits=(), gathers=(), refused=data["refused"].strip())
-    if set(data) <= {"split", "gather", "local"} and all(
+    if set(data) <= {"split", "gather", "local", "ring_refused"} and all(
         isinstance(data.get(k, {}), dict) for k in ("split", "gather")
     ):
         return _from_dtp(data, name)
@@ -142,7 +146,12 @@ def _from_dtp(data: dict, name: str) -> CpPlan:
             splits.append(_split_rule(key, tensor, spec, name))
     gathers = [_gather_rule(key, spec, name) for key, spec in data.get("gather", {}).items()]
     local = _local_attention(data.get("local", []), name)
-    return _checked(CpPlan(splits=tuple(splits), gathers=tuple(gathers), local_attention=local), name)
+    ring_refused = data.get("ring_refused")
+    if ring_refused is not None and (not isinstance(ring_refused, str) or not ring_refused.strip()):
+        raise PlanError(f"plan {name}: cp.ring_refused must say why ring attention cannot run, got {ring_refused!r}.")
+    ring_refused = None if ring_refused is None else ring_refused.strip()
+    cp_plan = CpPlan(tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused)
+    return _checked(cp_plan, name)
 
 
 def _local_attention(keys, name: str) -> tuple[str, ...]:
