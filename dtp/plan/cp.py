@@ -88,6 +88,9 @@ class PadRule:
         (weight 0, as if absent). Pad queries give outputs nobody reads, as long as the tensor is only
         ever dropped by the model (text streams are), never gathered.
     Example: 226 text tokens, cp = 4 -> padded to 228, 57 per rank; rank 3 holds 55 real + 2 pad.
+    Several splits may carry the same rule when they are one sequence (Lumina2's joint tokens, their key mask
+    and RoPE): each is zero-padded alike. A padded tensor that is gathered keeps its pad at the end (Lumina2's
+    unpatchify reads each sample's tokens by their lengths, so trailing pad tokens are never read).
     """
 
     at: str
@@ -239,8 +242,10 @@ def _checked(plan: CpPlan, name: str) -> CpPlan:
         raise PlanError(
             f"plan {name}: the `cp` section gathers nothing, so the output would stay split; add a `gather` entry."
         )
-    if sum(rule.pad is not None for rule in plan.splits) > 1:
-        raise PlanError(f"plan {name}: at most one cp split may be padded (`pad`).")
+    if len({rule.pad for rule in plan.splits if rule.pad is not None}) > 1:
+        # one padded sequence per forward (`PadState`): its tensors (Lumina2's tokens, their mask and RoPE, cut
+        # at every layer) may each be padded, with the same rule
+        raise PlanError(f"plan {name}: every padded cp split (`pad`) must name the same `at` and `attention`.")
     seen = set()
     for rule in plan.splits:
         ident = (rule.key, rule.name, rule.output)

@@ -8,7 +8,8 @@ processor calls attention (diffusers' dispatcher, torch SDPA, or a dtp adapter).
 CogVideoX with its attention marked `local` (so it attends over local tokens only) must fail parity.
 Also Lumina2 with 4 query / 2 kv heads at tp=4, no pad (kv heads shared by 2 ranks, as transformers
 attention does); per-token timesteps (Wan 2.2 ti2v / LTX [B, S], Cosmos per-frame [B, 1, T, 1, 1]);
-text lengths cp does not divide (10 text tokens at cp=4 for CogVideoX and SD3: padded, pad keys masked),
+text lengths cp does not divide (10 text tokens at cp=4 for CogVideoX and SD3, Lumina2's 25 joint tokens at
+cp=2 and 4: padded, pad keys masked; Lumina2 also with equal prompt lengths, where no model mask reaches its layers),
 with a negative control (the pad keys left unmasked must fail parity). Qwen-Image 2.1 (Ulysses only: its
 block-causal mask applied whole) with a condition image block and `causal_condition` at (2, 2) and (4, 1), a
 negative control (the mask reduced to its key-padding part must fail parity) and ring refused by prepare.
@@ -54,7 +55,7 @@ def _inputs(name: str) -> dict:
 
 
 PER_TOKEN = ("wan", "ltx_video", "cosmos")
-PADDED = ("cogvideox", "sd3")
+PADDED = {"cogvideox": 10, "sd3": 10, "lumina2": 9}  # text tokens; Lumina2 packs 9 (or 7) + 16 image = 25
 SMALL_MESHES = ((2, 2, "ulysses"), (4, 1, "ring"))
 
 
@@ -145,8 +146,8 @@ def _all_plans(rank: int, world: int) -> dict:
         for cp, tp, mode in SMALL_MESHES:
             model = tiny_model(PLAN_CLASSES[name])
             results["per_token", name, cp, tp, mode] = _run(model, meshes[cp, tp], mode, inputs, ref, PLANS[name])
-    for name in PADDED:  # 10 text tokens: cp=4 pads them to 12
-        inputs = tiny_inputs(PLAN_CLASSES[name], batch=2, txt_tokens=10)
+    for name, text in PADDED.items():  # 10 text tokens: cp=4 pads them to 12; Lumina2's 25 joint tokens to 26 / 28
+        inputs = tiny_inputs(PLAN_CLASSES[name], batch=2, txt_tokens=text)
         ref = _reference(name, inputs)
         for cp, tp, mode in SMALL_MESHES:
             model = tiny_model(PLAN_CLASSES[name])
@@ -157,8 +158,10 @@ def _all_plans(rank: int, world: int) -> dict:
     hooks_module.PadState.key_valid = lambda self, keys, batch, device: None
     try:
         results["pad_negative"] = _run(tiny_model(PLAN_CLASSES["sd3"]), meshes[4, 1], "ring", inputs, ref, PLANS["sd3"])
+        results["lumina2_pad_negative"] = _lumina2_equal_lengths(meshes)
     finally:
         hooks_module.PadState.key_valid = unmasked
+    results["lumina2_equal_lengths"] = _lumina2_equal_lengths(meshes)
     return results
 
 
@@ -222,6 +225,24 @@ def test_unmasked_pad_keys_fail_parity(four):
     """Negative control: SD3 with 10 text tokens at cp=4 and the pad keys NOT masked is far off."""
     for results in four:
         assert results["pad_negative"]["rel"] > 1e-3, results["pad_negative"]
+
+
+def test_lumina2_padded_without_a_model_mask(four):
+    """Lumina2, equal prompt lengths (no mask reaches the layers), 25 joint tokens at cp=4 ring (padded to 28):
+    max |out - ref| <= 1e-5 * max |ref| (measured 2.7e-7); with dtp's pad keys left unmasked it is far off."""
+    for results in four:
+        r, negative = results["lumina2_equal_lengths"], results["lumina2_pad_negative"]
+        assert r["shape_ok"] and r["rel"] <= TOL, r
+        assert negative["rel"] > 1e-3, negative
+
+
+def _lumina2_equal_lengths(meshes) -> dict:
+    """Lumina2, both prompts 9 valid tokens: the model passes no mask to its layers (all lengths equal), so only
+    dtp's pad-key mask keeps the 3 pad tokens (25 -> 28 at cp=4) out of attention."""
+    inputs = tiny_inputs(PLAN_CLASSES["lumina2"], batch=2, txt_tokens=9)
+    inputs["encoder_attention_mask"] = torch.ones_like(inputs["encoder_attention_mask"])
+    ref = _reference("lumina2", inputs)
+    return _run(tiny_model(PLAN_CLASSES["lumina2"]), meshes[4, 1], "ring", inputs, ref, PLANS["lumina2"])
 
 
 def _qwenimage21_inputs() -> dict:
