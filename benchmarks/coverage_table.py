@@ -43,7 +43,9 @@ def transformer_classes() -> list[str]:
 def cp_status(plan) -> str:
     if plan.cp is None:
         return "none (reason in the plan header)"
-    return "refused (reason in the plan header)" if plan.cp.refused else "ulysses, ring"
+    if plan.cp.refused:
+        return "refused (reason in the plan header)"
+    return "ulysses (ring refused: reason in the plan)" if plan.cp.ring_refused else "ulysses, ring"
 
 
 def planned_row(class_name: str, parity: dict) -> list[str]:

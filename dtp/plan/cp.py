@@ -17,6 +17,9 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
       local: [blocks.*.attn2]                  # optional: attention whose keys stay whole on every rank
 
 `cp: {refused: "why"}` instead says the model cannot take CP; any cp > 1 is then a PlanError quoting it.
+`ring_refused: "why"` beside `split`/`gather` says the model takes Ulysses only (e.g. a per-query mask that
+Ulysses, holding the whole sequence for its heads, applies whole, and ring attention's key blocks cannot):
+cp > 1 with cp_mode='ring' is then a PlanError quoting it.
 
 `local` names attention modules whose keys and values are NOT split (cross-attention from the local
 image/video chunk to the whole text): each query chunk attends over every key already, so they run
@@ -85,6 +88,9 @@ class PadRule:
         (weight 0, as if absent). Pad queries give outputs nobody reads, as long as the tensor is only
         ever dropped by the model (text streams are), never gathered.
     Example: 226 text tokens, cp = 4 -> padded to 228, 57 per rank; rank 3 holds 55 real + 2 pad.
+    Several splits may carry the same rule when they are one sequence (Lumina2's joint tokens, their key mask
+    and RoPE): each is zero-padded alike. A padded tensor that is gathered keeps its pad at the end (Lumina2's
+    unpatchify reads each sample's tokens by their lengths, so trailing pad tokens are never read).
     """
 
     at: str
@@ -111,6 +117,7 @@ class CpPlan:
     gathers: tuple[GatherRule, ...]
     local_attention: tuple[str, ...] = ()  # attention globs whose keys are whole on every rank
     refused: str | None = None  # `cp: {refused: why}`: this model cannot take CP; cp > 1 is a PlanError saying why
+    ring_refused: str | None = None  # `ring_refused: why`: Ulysses only; cp_mode='ring' is a PlanError saying why
 
 
 _SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims", "pad", "flatten"}
@@ -126,7 +133,7 @@ def cp_plan_from_mapping(data, name: str) -> CpPlan:
         if not isinstance(data["refused"], str) or not data["refused"].strip():
             raise PlanError(f"plan {name}: cp.refused must say why the model cannot take CP, got {data['refused']!r}.")
         return CpPlan(splits=(), gathers=(), refused=data["refused"].strip())
-    if set(data) <= {"split", "gather", "local"} and all(
+    if set(data) <= {"split", "gather", "local", "ring_refused"} and all(
         isinstance(data.get(k, {}), dict) for k in ("split", "gather")
     ):
         return _from_dtp(data, name)
@@ -142,7 +149,12 @@ def _from_dtp(data: dict, name: str) -> CpPlan:
             splits.append(_split_rule(key, tensor, spec, name))
     gathers = [_gather_rule(key, spec, name) for key, spec in data.get("gather", {}).items()]
     local = _local_attention(data.get("local", []), name)
-    return _checked(CpPlan(splits=tuple(splits), gathers=tuple(gathers), local_attention=local), name)
+    ring_refused = data.get("ring_refused")
+    if ring_refused is not None and (not isinstance(ring_refused, str) or not ring_refused.strip()):
+        raise PlanError(f"plan {name}: cp.ring_refused must say why ring attention cannot run, got {ring_refused!r}.")
+    ring_refused = None if ring_refused is None else ring_refused.strip()
+    cp_plan = CpPlan(tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused)
+    return _checked(cp_plan, name)
 
 
 def _local_attention(keys, name: str) -> tuple[str, ...]:
@@ -230,8 +242,10 @@ def _checked(plan: CpPlan, name: str) -> CpPlan:
         raise PlanError(
             f"plan {name}: the `cp` section gathers nothing, so the output would stay split; add a `gather` entry."
         )
-    if sum(rule.pad is not None for rule in plan.splits) > 1:
-        raise PlanError(f"plan {name}: at most one cp split may be padded (`pad`).")
+    if len({rule.pad for rule in plan.splits if rule.pad is not None}) > 1:
+        # one padded sequence per forward (`PadState`): its tensors (Lumina2's tokens, their mask and RoPE, cut
+        # at every layer) may each be padded, with the same rule
+        raise PlanError(f"plan {name}: every padded cp split (`pad`) must name the same `at` and `attention`.")
     seen = set()
     for rule in plan.splits:
         ident = (rule.key, rule.name, rule.output)

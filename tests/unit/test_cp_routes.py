@@ -76,13 +76,19 @@ def test_cli_check_refuses_cp_for_a_refused_plan(capsys):
     assert main(["check", "wan", "--tp", "2", "--cp", "4", "--cp-mode", "ring", "--no-forward"]) == 0
 
 
-@pytest.mark.parametrize("name", ["sana", "qwenimage21"])
-def test_refused_plans_say_why_before_anything_changes(name, fake_world):
-    """`cp: refused`: parallelize at cp=2 raises the PlanError quoting the reason, the model untouched."""
+@pytest.mark.parametrize(
+    "name,mode,reason",
+    [
+        ("sana", "ulysses", "cannot take context parallelism: its "),
+        ("qwenimage21", "ring", "ring attention cannot run this model: its attention mask is block-causal"),
+    ],
+)
+def test_refused_plans_say_why_before_anything_changes(name, mode, reason, fake_world):
+    """`cp: refused` / `ring_refused`: parallelize at cp=2 raises the PlanError quoting the reason, model untouched."""
     model = tiny_model(PLAN_CLASSES[name])
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(dtp.PlanError, match="cannot take context parallelism: its "):
-        dtp.parallelize(model, dtp.make_mesh(tp=2, cp=2, device_type="cpu"))
+    with pytest.raises(dtp.PlanError, match=reason):
+        dtp.parallelize(model, dtp.make_mesh(tp=2, cp=2, device_type="cpu"), cp_mode=mode)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before) and not model._forward_pre_hooks
 

@@ -49,11 +49,17 @@ class CpResolved:
     gathers: tuple[tuple[str, GatherRule], ...]
     attention: tuple[CpAttentionSpec, ...]
     padded_attention: tuple[str, ...] = ()  # CP attention paths whose keys hold the padded split's tokens
+    ring_refused: str | None = None  # the plan's `ring_refused`: why this model takes Ulysses only
 
     def check(self, tp: int, cp: int, mode: str) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp)."""
         check_cp_mode(mode)
         check_degree(cp, f"plan {self.plan_name}: cp")
+        if mode == "ring" and cp > 1 and self.ring_refused is not None:
+            raise PlanError(
+                f"plan {self.plan_name}: ring attention cannot run this model: {self.ring_refused} "
+                f"Use cp_mode='ulysses' (needs (heads / tp) % cp == 0), or cp=1."
+            )
         if mode != "ulysses":
             return
         for spec in self.attention:
@@ -101,7 +107,7 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
         if path not in local
     )
     padded = _padded_attention(plan, model, {spec.path for spec in attention})
-    return CpResolved(plan.name, tuple(splits), tuple(gathers), attention, padded)
+    return CpResolved(plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused)
 
 
 def _padded_attention(plan, model: nn.Module, cp_paths: set[str]) -> tuple[str, ...]:

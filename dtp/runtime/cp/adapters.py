@@ -8,6 +8,8 @@ messages would not match. `MochiCpAttnProcessor` computes the same result in one
 exactly like removing it, and the padded text queries' outputs are zeroed, as the original pads
 them with zeros. That single SDPA call is then routed to CP attention (`sdpa.py`).
 
+Qwen-Image 2.1's block-causal processor has its adapter in `block_causal.py`.
+
 `install_adapter` swaps the processor in and returns a handle whose `remove()` puts the original
 back, so `remove_cp` undoes it like the hooks.
 """
@@ -17,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .block_causal import QwenImage21CpAttnProcessor
 
 
 def _mochi_rope(x, freqs_cos, freqs_sin):
@@ -61,7 +65,11 @@ class MochiCpAttnProcessor:
         return hidden_states, encoder_hidden_states
 
 
-ADAPTERS = {"MochiAttnProcessor2_0": MochiCpAttnProcessor}
+# processor class name -> factory taking the module's CP attention (its `group` fixes the whole sequence's length)
+ADAPTERS = {
+    "MochiAttnProcessor2_0": lambda attention: MochiCpAttnProcessor(),
+    "QwenImage21AttnProcessor": QwenImage21CpAttnProcessor,
+}
 
 
 class _Restore:
@@ -74,11 +82,11 @@ class _Restore:
         self.attn.processor = self.processor
 
 
-def install_adapter(attn: nn.Module) -> list:
+def install_adapter(attn: nn.Module, attention=None) -> list:
     """Swap in the CP adapter for `attn`'s processor class, if there is one; returns restore handles."""
     adapter = ADAPTERS.get(type(attn.processor).__name__)
     if adapter is None:
         return []
     original = attn.processor
-    attn.processor = adapter()
+    attn.processor = adapter(attention)
     return [_Restore(attn, original)]

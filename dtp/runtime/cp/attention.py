@@ -34,7 +34,7 @@ from ...errors import ForwardError
 from ...resolve.binding.cp import DISPATCH_NAME, attention_routes, processor_module
 from ..probe import body_runs
 from .adapters import install_adapter
-from .masks import split_mask
+from .masks import split_mask, whole_mask
 from .ring import ring_attention
 from .sdpa import SdpaRoute
 from .ulysses import ulysses_attention
@@ -59,6 +59,9 @@ class CpAttention:
             )
         if args.get("parallel_config") is not None:
             raise ForwardError("this model also has a diffusers parallel_config; use either dtp CP or diffusers CP.")
+        whole = whole_mask(args.get("attn_mask"), query, key, self.group)
+        if whole is not None:
+            return self._whole_mask_attention(original, args, whole)
         mask, blind_rows = split_mask(args.get("attn_mask"), query.shape[0], key.shape[1])
         mask = self._mask_pad_keys(mask, query.shape[0], key)
         if self.mode == "ring":
@@ -70,6 +73,20 @@ class CpAttention:
 
             out = ulysses_attention(query, key, value, mask, group=self.group, attend=attend)
         return out if blind_rows is None else out.masked_fill(blind_rows[:, :, None, None], 0.0)
+
+    def _whole_mask_attention(self, original, args: dict, mask):
+        """Ulysses with a mask over the whole sequence (`masks.whole_mask`): each rank attends every token for its
+        heads, so the mask goes on whole, as in one process. Ring attention sees one key block at a time: refused."""
+        if self.mode != "ulysses" or self.pads is not None:
+            raise ForwardError(
+                f"context-parallel attention: a {tuple(mask.shape)} mask over the whole sequence (a per-query mask, "
+                f"e.g. block-causal) runs under Ulysses without padded keys only; use cp_mode='ulysses'."
+            )
+
+        def attend(q, k, v, attn_mask):
+            return original(q, k, v, attn_mask=mask, scale=args.get("scale"), backend=args.get("backend"))
+
+        return ulysses_attention(args["query"], args["key"], args["value"], None, group=self.group, attend=attend)
 
     def _mask_pad_keys(self, mask, batch: int, key):
         """Add this rank's pad keys (`PadState`) to the `[B, S_k]` key mask: weight 0, as if absent."""
@@ -165,7 +182,7 @@ def install_attention(path: str, attn: nn.Module, attention) -> list:
     `attention(original, args)` is called instead of `dispatch_attention_fn(**args)` while `attn`
     runs (`CpAttention` in production; anything with that signature, e.g. a recorder in tests).
     """
-    handles = install_adapter(attn)
+    handles = install_adapter(attn, attention)
     module = processor_module(attn)
     if module is not None:
         patch_dispatch(module)

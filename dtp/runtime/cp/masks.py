@@ -4,7 +4,9 @@ diffusers processors hand `dispatch_attention_fn` either no mask or a per-key ma
 `[B, 1, 1, S_k]`, bool (True = attend) or additive float (Qwen-Image's joint text+image mask, Z-Image's
 padding mask). Under CP each rank holds the mask of its own key chunk; attention over all keys needs
 the mask of all chunks, concatenated in the same rank order as the keys. Masks that vary per query
-or per head are not per-key and are refused.
+or per head are not per-key and are refused, except a mask over the WHOLE sequence (`whole_mask`): a processor
+adapter that knows the global structure (Qwen-Image 2.1's block-causal mask) builds it on every rank, and
+Ulysses, which holds every token for its heads, applies it whole.
 """
 
 from __future__ import annotations
@@ -67,3 +69,17 @@ def gather_key_mask(mask: torch.Tensor | None, group) -> torch.Tensor | None:
     dist.all_gather(chunks, wire, group=group)
     full = torch.cat(chunks, dim=1)
     return full.bool() if mask.dtype == torch.bool else full
+
+
+def whole_mask(attn_mask, query: torch.Tensor, key: torch.Tensor, group) -> torch.Tensor | None:
+    """`attn_mask` if it spans the whole sequence (`[B|1, 1, cp * S_q, cp * S_k]` for local `[B, S, H, D]`
+    q and k), else None. Only a CP adapter builds such a mask: an ordinary processor under CP sees local
+    tokens, so its masks are at most `S_q x S_k`; a local mask cannot have that shape (cp > 1)."""
+    if not isinstance(attn_mask, torch.Tensor) or attn_mask.ndim != 4:
+        return None
+    cp = dist.get_world_size(group)
+    if cp < 2:
+        return None
+    if tuple(attn_mask.shape[-2:]) != (cp * query.shape[1], cp * key.shape[1]) or attn_mask.shape[1] != 1:
+        return None
+    return attn_mask
