@@ -62,8 +62,6 @@ def load_pipeline(
     fsdp: every sharded component's weights also divided over the mesh's non-tp axes (FSDP2), each rank reading only
         its FSDP shard of its TP slice (`dtp.from_pretrained(fsdp=True)`).
     """
-    from diffusers import DiffusionPipeline
-
     plans = {name: _plan(value) for name, value in (plans or {}).items()}
     device = local_device(device or (mesh.device_type if mesh is not None else "cpu"))
     loaded = {}
@@ -84,7 +82,8 @@ def load_pipeline(
                 model_dir, parallelism, plan, torch_dtype, quantization_config=quantization_config
             )
         loaded |= load_text_encoders(model_dir, encoders, torch_dtype)
-    pipe = DiffusionPipeline.from_pretrained(model_dir, **loaded, torch_dtype=torch_dtype)
+    pipe = pipeline_class(model_dir).from_pretrained(model_dir, **loaded, torch_dtype=torch_dtype)
+    _check_kept(pipe, loaded)
     if mesh is not None:
         rest = {name: plan for name, plan in plans.items() if name not in loaded and name in pipe.components}
         parallelize_with(pipe, parallelism, rest, exclude=tuple(loaded))
@@ -141,6 +140,32 @@ def load_sharded_transformer(model_dir, parallelism: Parallelism, plan, dtype, *
     directory = os.path.join(model_dir, TRANSFORMER)
     model, _ = load_with(transformer_class(model_dir), directory, parallelism, _plan(plan), dtype, quantization_config)
     return model
+
+
+def pipeline_class(model_dir):
+    """The pipeline's own class, as named in model_index.json (DiffusionPipeline when diffusers has no such name).
+
+    Loading through the class itself, not `DiffusionPipeline.from_pretrained`: diffusers 0.42 sorts the passed
+    components by DiffusionPipeline's own (empty) `_optional_components`, so a component the pipeline declares
+    optional (WanPipeline's `transformer`, `transformer_2`) is read again from disk, whole, and the sharded one
+    passed in is dropped without a word."""
+    import diffusers
+
+    name = _model_index(model_dir).get("_class_name")
+    found = getattr(diffusers, name, None) if isinstance(name, str) else None
+    if isinstance(found, type) and issubclass(found, diffusers.DiffusionPipeline):
+        return found
+    return diffusers.DiffusionPipeline
+
+
+def _check_kept(pipe, loaded: dict) -> None:
+    """Every component dtp loaded (sharded) is the one the pipeline holds; else the pipeline would run whole."""
+    dropped = [name for name, module in loaded.items() if pipe.components.get(name) is not module]
+    if dropped:
+        raise CheckpointError(
+            f"{type(pipe).__name__}.from_pretrained replaced the sharded {', '.join(dropped)} with a whole copy "
+            f"read from disk; this diffusers version does not keep passed components for this pipeline."
+        )
 
 
 def transformer_class(model_dir):
