@@ -22,13 +22,14 @@ import dtp
 from dtp.families.pipelines import tiny_checkpoint
 from dtp.testing.launch import spawn
 from dtp.testing.medium import medium_checkpoint
+from dtp.testing.scope import full_run
 
 PROMPT = "a photo of a cat"
 TOL = 0.10
 WORLD = 4
 MESHES = ((1, 1, 2), (1, 2, 1), (1, 2, 2), (2, 1, 2))  # (cfg, cp, tp)
-# The medium pipeline doubles the test's cost (~35 CPU s more on this machine): opt-in, DTP_FIT_MEDIUM=1.
-MEDIUM = os.environ.get("DTP_FIT_MEDIUM") == "1"
+# The medium pipeline doubles the test's cost (~35 CPU s more on this machine): opt-in, DTP_FIT_MEDIUM=1 or DTP_FULL=1.
+MEDIUM = os.environ.get("DTP_FIT_MEDIUM") == "1" or full_run()
 SIZES = {"flux": 128, "qwenimage": 128} | ({"medium": 256} if MEDIUM else {})
 
 
