@@ -42,7 +42,10 @@ def _plant_transformer_failure(pipe) -> None:
     width = int(os.environ["DTP_TEST_STUCK_WIDTH"])
 
     def raise_on_entry(module, args, kwargs):
-        if kwargs["hidden_states"].shape[-1] == width:
+        hidden = (
+            kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        )  # dtp's cp entry passes it on by position
+        if hidden.shape[-1] == width:
             raise RuntimeError(f"planted failure in rank {os.environ['RANK']}'s transformer")
 
     pipe.transformer.register_forward_pre_hook(raise_on_entry, with_kwargs=True)
