@@ -42,9 +42,8 @@ def _plant_transformer_failure(pipe) -> None:
     width = int(os.environ["DTP_TEST_STUCK_WIDTH"])
 
     def raise_on_entry(module, args, kwargs):
-        hidden = (
-            kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        )  # dtp's cp entry passes it on by position
+        # dtp's cp entry passes the latents on by position
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         if hidden.shape[-1] == width:
             raise RuntimeError(f"planted failure in rank {os.environ['RANK']}'s transformer")
 
