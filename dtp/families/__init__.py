@@ -33,6 +33,7 @@ from . import (
     flux,
     flux2,
     flux3,
+    helios,
     hidream,
     hunyuanimage,
     hunyuanvideo,
@@ -47,9 +48,11 @@ from . import (
     qwenimage,
     qwenimage21,
     sana,
+    sana_video,
     sd3,
     skyreels_v2,
     wan,
+    wan_animate,
     wan_vace,
     zimage,
 )
@@ -86,6 +89,10 @@ _MODULES = (
     chronoedit,
     longcat_image,
     bria,
+    # round 5
+    wan_animate,
+    sana_video,
+    helios,
 )
 
 
