@@ -28,6 +28,7 @@ from . import (
     chroma,
     chronoedit,
     cogvideox,
+    cogview3plus,
     cogview4,
     cosmos,
     flux,
@@ -93,6 +94,7 @@ _MODULES = (
     wan_animate,
     sana_video,
     helios,
+    cogview3plus,
 )
 
 
