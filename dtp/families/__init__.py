@@ -39,6 +39,7 @@ from . import (
     hunyuanimage,
     hunyuanvideo,
     hunyuanvideo15,
+    hunyuanvideo_framepack,
     longcat_image,
     ltx2,
     ltx_video,
@@ -95,6 +96,7 @@ _MODULES = (
     sana_video,
     helios,
     cogview3plus,
+    hunyuanvideo_framepack,
 )
 
 

@@ -109,6 +109,7 @@ CP_REFUSED = {
     "wan_animate": "face adapter",
     "sana_video": "depthwise convolution",
     "helios": "original_context_length",
+    "hunyuanvideo_framepack": "original_context_length",
 }
 
 
