@@ -30,6 +30,7 @@ from . import (
     cogvideox,
     cogview3plus,
     cogview4,
+    consisid,
     cosmos,
     flux,
     flux2,
@@ -97,6 +98,7 @@ _MODULES = (
     helios,
     cogview3plus,
     hunyuanvideo_framepack,
+    consisid,
 )
 
 

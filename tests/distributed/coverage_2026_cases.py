@@ -27,7 +27,7 @@ BATCH = 2  # sample 1 has a padded prompt where the model takes a text mask
 # Round 5: the default run keeps one new family per structural kind (ROUND5); the others repeat a covered kind and
 # run only with DTP_FULL=1 (ROUND5_FULL; the tests mark them `full`, and the workers skip them too, which is where
 # the time goes). *_CP: those whose plans have a cp section (the rest refuse cp in their header).
-ROUND5 = ("wan_animate", "sana_video", "cogview3plus")
+ROUND5 = ("wan_animate", "sana_video", "cogview3plus", "consisid")
 # Helios: Wan blocks with history tokens (the Wan layout runs by default: wan_animate); FramePack: HunyuanVideo's
 # blocks with history tokens (HunyuanVideo's own parity runs in test_coverage_parity*.py).
 ROUND5_FULL = ("helios", "hunyuanvideo_framepack")
