@@ -41,6 +41,7 @@ from . import (
     hunyuanvideo,
     hunyuanvideo15,
     hunyuanvideo_framepack,
+    latte,
     longcat_image,
     ltx2,
     ltx_video,
@@ -99,6 +100,7 @@ _MODULES = (
     cogview3plus,
     hunyuanvideo_framepack,
     consisid,
+    latte,
 )
 
 

@@ -29,8 +29,9 @@ BATCH = 2  # sample 1 has a padded prompt where the model takes a text mask
 # the time goes). *_CP: those whose plans have a cp section (the rest refuse cp in their header).
 ROUND5 = ("wan_animate", "sana_video", "cogview3plus", "consisid")
 # Helios: Wan blocks with history tokens (the Wan layout runs by default: wan_animate); FramePack: HunyuanVideo's
-# blocks with history tokens (HunyuanVideo's own parity runs in test_coverage_parity*.py).
-ROUND5_FULL = ("helios", "hunyuanvideo_framepack")
+# blocks with history tokens (HunyuanVideo's own parity runs in test_coverage_parity*.py); Latte: PixArt's blocks,
+# spatial and temporal.
+ROUND5_FULL = ("helios", "hunyuanvideo_framepack", "latte")
 ROUND5_CP = ("cogview3plus",)
 ROUND5_CP_FULL: tuple[str, ...] = ()
 FULL = os.environ.get("DTP_FULL") == "1"

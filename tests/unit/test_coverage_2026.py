@@ -111,6 +111,7 @@ CP_REFUSED = {
     "helios": "original_context_length",
     "hunyuanvideo_framepack": "original_context_length",
     "consisid": "text_seq_length",
+    "latte": "reshapes the tokens",
 }
 
 
