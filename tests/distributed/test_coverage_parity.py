@@ -1,7 +1,7 @@
 """Issue 10 coverage: every plan added for it, tp=2 on 2 gloo processes against a single-process reference."""
 
 import pytest
-from coverage_cases import COVERAGE_PLANS, run_cases, save_checkpoint
+from coverage_cases import COVERAGE_PLANS, PLAN_PARAMS, run_cases, save_checkpoint
 
 from dtp.testing.launch import spawn
 
@@ -23,14 +23,14 @@ def test_every_coverage_plan_is_checked():
     assert len(COVERAGE_PLANS) >= 17, COVERAGE_PLANS
 
 
-@pytest.mark.parametrize("name", COVERAGE_PLANS)
+@pytest.mark.parametrize("name", PLAN_PARAMS)
 def test_parity(results, name):
     """Tiny config, batch 2 (padded prompt where masked), tp=2: max |sharded - ref| <= 1e-5 * max |ref|, every rank."""
     for rank_results in results:
         assert rank_results[name] <= TOL, (name, rank_results[name])
 
 
-@pytest.mark.parametrize("name", COVERAGE_PLANS)
+@pytest.mark.parametrize("name", PLAN_PARAMS)
 def test_collectives_are_what_the_plan_implies(results, name):
     """Per block: one all-reduce per rowwise Linear and per distributed norm, one all-gather per gathered
     Linear; every rank issues the same sequence (op and bytes), so none can wait on a collective another
