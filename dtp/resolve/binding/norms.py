@@ -13,7 +13,10 @@ a norm over something that is not sharded is refused; tp must divide the width. 
 round: a norm module directly under a sharded attention module whose width is a colwise sibling's
 full output width (a QK-norm across heads) but that the plan does not name is refused, because
 left replicated it would meet a `D / tp` wide input (a shape error at best; a norm that slices its
-weight to fit would be silently wrong). Per-head norms (width head_dim) are not affected.
+weight to fit would be silently wrong). Per-head norms (width head_dim) are not affected, nor are norms of other
+classes (LayerNorm): the style cannot plan them, and when the width also equals the attention's input width they
+are often pre-norms of that input (Wan Animate's face adapter: `pre_norm_q` over dim = heads x head_dim); a
+LayerNorm that did meet a sharded input raises in `F.layer_norm`'s shape check (the flow check, at prepare).
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ def _check_no_unplanned_norm(plan: Plan, model: nn.Module, colwise, attention_pa
         for name, child in model.get_submodule(parent).named_children():
             width = _normalized_width(child)
             path = f"{parent}.{name}"
-            if width in widths and path not in planned:
+            plannable = type(child).__name__ in NORM_CLASS_NAMES
+            if plannable and width in widths and path not in planned:
                 raise PlanError(
                     f"plan {plan.name}: '{path}' ({type(child).__name__}) normalizes {width} features, the full width "
                     f"of a colwise projection in '{parent}' (a QK-norm across heads), but the plan does not shard it; "
