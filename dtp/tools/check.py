@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..analysis.check import add_cfg, check, check_pipeline, is_pipeline_target
+from ..analysis.check import add_cfg, check, check_fsdp, check_pipeline, is_pipeline_target
 from ..analysis.lint import format_lint
 from ..analysis.released import RELEASED_PIPELINES
 from ..errors import PlanError
@@ -64,8 +64,9 @@ def _pipeline_or_model(args) -> dict:
 
 def add_fsdp(report: dict, args) -> None:
     """`--fsdp`: PlanError without a non-tp axis > 1 or with --quant (as `dtp.prepare` refuses them); else each
-    rank's parameter bytes at rest with FSDP2 dividing them over the cfg x cp ranks (`fsdp_per_rank_bytes`; the
-    whole blocks gathered in flight come on top: `dtp fit` models them)."""
+    rank's parameter bytes between calls with FSDP2 dividing the blocks over the cfg x cp ranks
+    (`fsdp_per_rank_bytes`, traced: `analysis/fsdp.py`; the figure `dtp fit`'s fsdp rows use; before the first call
+    `fsdp_sharded_bytes`; the whole blocks gathered in flight come on top: `dtp fit` models them)."""
     if not getattr(args, "fsdp", False):
         return
     ranks = args.cfg * args.cp
@@ -77,17 +78,21 @@ def add_fsdp(report: dict, args) -> None:
     if getattr(args, "quant", None):
         raise PlanError("dtp check: --fsdp with --quant: torchao's quantized weights cannot be gathered by FSDP2.")
     report["fsdp"] = ranks
-    if "pipeline" in report:
+    if "pipeline" in report:  # modelled: a planned component's bytes / (cfg x cp)
         for c in report["components"]:
             c["fsdp_per_rank_bytes"] = -(-c["per_rank_bytes"] // ranks) if c["plan"] else c["per_rank_bytes"]
-    else:
-        report["fsdp_per_rank_bytes"] = -(-report["per_rank_bytes"] // ranks)
+    else:  # traced: the model sharded with fsdp=True on a fake world (analysis/fsdp.py)
+        options = dict(tp=args.tp, cp=args.cp, cfg=args.cfg, cp_mode=args.cp_mode, dtype=args.dtype, pad=args.pad)
+        report.update(check_fsdp(args.target, plan=args.plan, config=args.config, **options))
 
 
 def _fsdp_lines(r: dict) -> list[str]:
     if "fsdp" not in r:
         return []
-    return [f"  with --fsdp (at rest){'':11} {_gb(r['fsdp_per_rank_bytes'])}  (over {r['fsdp']} cfg x cp ranks)"]
+    return [
+        f"  with --fsdp (resident){'':10} {_gb(r['fsdp_per_rank_bytes'])}  (blocks over {r['fsdp']} cfg x cp ranks, "
+        f"root gathered after the first call; before it {_gb(r['fsdp_sharded_bytes']).strip()})"
+    ]
 
 
 def format_report(r: dict) -> str:
