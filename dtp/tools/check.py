@@ -6,6 +6,7 @@ import json
 import sys
 
 from ..analysis.check import add_cfg, check, check_fsdp, check_pipeline, is_pipeline_target
+from ..analysis.fsdp import fsdp_pipeline_bytes
 from ..analysis.lint import format_lint
 from ..analysis.released import RELEASED_PIPELINES
 from ..errors import PlanError
@@ -78,12 +79,14 @@ def add_fsdp(report: dict, args) -> None:
     if getattr(args, "quant", None):
         raise PlanError("dtp check: --fsdp with --quant: torchao's quantized weights cannot be gathered by FSDP2.")
     report["fsdp"] = ranks
-    if "pipeline" in report:  # modelled: a planned component's bytes / (cfg x cp)
+    options = dict(tp=args.tp, cp=args.cp, cp_mode=args.cp_mode, dtype=args.dtype, pad=args.pad)
+    if "pipeline" in report:  # traced: each planned component sharded with fsdp=True on a fake world
+        planned = {c["name"] for c in report["components"] if c["plan"]}
+        traced = fsdp_pipeline_bytes(args.target, planned, **options)
         for c in report["components"]:
-            c["fsdp_per_rank_bytes"] = -(-c["per_rank_bytes"] // ranks) if c["plan"] else c["per_rank_bytes"]
+            c["fsdp_per_rank_bytes"] = traced.get(c["name"], c["per_rank_bytes"])
     else:  # traced: the model sharded with fsdp=True on a fake world (analysis/fsdp.py)
-        options = dict(tp=args.tp, cp=args.cp, cfg=args.cfg, cp_mode=args.cp_mode, dtype=args.dtype, pad=args.pad)
-        report.update(check_fsdp(args.target, plan=args.plan, config=args.config, **options))
+        report.update(check_fsdp(args.target, plan=args.plan, config=args.config, cfg=args.cfg, **options))
 
 
 def _fsdp_lines(r: dict) -> list[str]:
@@ -145,6 +148,9 @@ def format_pipeline_report(r: dict) -> str:
         f"  ideal total/tp       {'':12} {_gb(r['ideal_bytes'])}",
         f"  ratio per-rank/ideal {r['ratio']:10.3f}",
     ]
+    if "fsdp" in r:  # traced: analysis/fsdp.fsdp_pipeline_bytes
+        fsdp = sum(c["fsdp_per_rank_bytes"] for c in r["components"])
+        lines.append(f"  with --fsdp (resident){'':10} {_gb(fsdp)}  (planned components over {r['fsdp']} cp ranks)")
     whole = [f"  {c['name']}: {c['whole_reason']}" for c in r["components"] if c["plan"] is None]
     lines += ["held whole by every rank:", *whole] if whole else []
     return "\n".join(lines)

@@ -80,3 +80,16 @@ def test_check_cli_fsdp_json(tmp_path, capsys):
     assert report["fsdp_per_rank_bytes"] == _expected(2, 2, 1)["resident"]
     assert cli.main([*args, "--cp", "1"]) == 1
     assert "--cp 2 (or --cfg 2)" in capsys.readouterr().err
+
+
+@pytest.mark.full  # a full-size pipeline on meta: ~20 s; the model path above covers the traced figure by default
+def test_check_pipeline_fsdp_is_traced(capsys):
+    """`dtp check flux-pipeline --tp 1 --cp 2 --fsdp`: the transformer's figure is the model path's (same released
+    config), the T5 and CLIP encoders are divided too, the row-split VAE is not."""
+    assert cli.main(["check", "flux-pipeline", "--tp", "1", "--cp", "2", "--fsdp", "--json"]) == 0
+    rows = {c["name"]: c for c in json.loads(capsys.readouterr().out)["components"]}
+    alone = fsdp_bytes(FLUX, None, tp=1, cp=2)["fsdp_per_rank_bytes"]
+    assert rows["transformer"]["fsdp_per_rank_bytes"] == alone
+    for encoder in ("text_encoder", "text_encoder_2"):
+        assert rows[encoder]["fsdp_per_rank_bytes"] < 0.7 * rows[encoder]["per_rank_bytes"], rows[encoder]
+    assert rows["vae"]["fsdp_per_rank_bytes"] == rows["vae"]["per_rank_bytes"]
