@@ -51,6 +51,7 @@ from ..runtime.mesh import make_mesh
 from .collectives import implied_collectives
 from .fakepg import default_config, fake_world, meta_model, read_config
 from .forward import Call, peak_report, trace_peak, trace_sharded
+from .fsdp import fsdp_bytes
 from .inputs import ForwardShape, FullInputs, forward_inputs
 from .lint import lint_report
 from .released import RELEASED_PIPELINES, build_pipeline, released_pipeline
@@ -221,6 +222,13 @@ def _layout_report(model, resolved: Resolved, class_name, config, dtype, tp, cp,
         "candidates": supported_tp(model, resolved, cp, cp_mode, pad=pad),
         "replicated": replicated_modules(model, resolved)[:TOP_REPLICATED],
     }
+
+
+def check_fsdp(target: str, *, plan: str | None = None, config: str | None = None, **degrees) -> dict:
+    """`dtp check --fsdp`'s traced figures (`fsdp.fsdp_bytes`) of a target as `check` takes it (a bundled plan name,
+    a plan file, or a class name with `plan`), `config` a diffusers config.json path or None (the released one)."""
+    class_name, the_plan = _target(target, plan)
+    return fsdp_bytes(class_name, the_plan, config=read_config(config) if config else None, **degrees)
 
 
 def _default_label(class_name: str) -> str:

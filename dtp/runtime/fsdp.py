@@ -28,6 +28,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from .. import quant
 from ..errors import PlanError
+from .memory import local_param_bytes
 
 
 def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
@@ -89,7 +90,43 @@ def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
     # copy-out (overlap for implicit prefetching, which the chain above replaces): three blocks in flight instead of
     # two, measured on gloo (medium FLUX.1, cp=2: forward peak 53.9 MB, 44.4 MB with this, 46.8 MB without fsdp).
     model._set_unshard_async_op(True)  # torch's own switch (FSDPModule), named private in torch 2.13
+    name_repeated_blocks(model)
     return model
+
+
+def name_repeated_blocks(model: nn.Module) -> None:
+    """Add FSDP2's renamed block classes to the instance's `_repeated_blocks`, so diffusers' regional compile
+    (`model.compile_repeated_blocks(...)`) finds the blocks of an fsdp model.
+
+    diffusers compiles each module whose `type(module).__name__` is in `model._repeated_blocks` (FLUX.1:
+    ["FluxTransformerBlock", "FluxSingleTransformerBlock"]); `fully_shard` swaps each block's class for a subclass
+    named `FSDPFluxTransformerBlock` (same forward), so nothing matched ("classes are not found in the model").
+    e.g. FLUX.1 -> [..., "FSDPFluxTransformerBlock", "FSDPFluxSingleTransformerBlock"]. Set on the instance only:
+    the class attribute, and every unsharded model, stay as they were. (The cache registry's twin: cache/enable.py.)
+    """
+    repeated = list(getattr(model, "_repeated_blocks", None) or ())
+    renamed = []
+    for module in model.modules():
+        cls = type(module)
+        if isinstance(module, FSDPModule) and any(base.__name__ in repeated for base in cls.__mro__[1:]):
+            renamed += [cls.__name__] if cls.__name__ not in repeated + renamed else []
+    if renamed:
+        model._repeated_blocks = repeated + renamed
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes a rank of the FSDP model `model` holds between calls: each block unit's shards, and the root's own
+    parameters gathered at their tp slice (`reshard_after_forward=False` keeps them after the first call).
+
+    The figure `dtp fit`'s fsdp rows put in `weight_bytes` (`fit/fsdp.py`: blocks / F + root) and `dtp check --fsdp`
+    traces (`analysis/fsdp.py`). Before the first call the root is sharded too: `memory.local_param_bytes(model)`.
+    e.g. FLUX.1-dev bf16 at tp=1 over F=8: 23.35 GB of blocks / 8 + 0.11 GB root.
+    """
+    assert is_fsdp(model), "resident_bytes() takes the root of an FSDP model"
+    blocks = sum(local_param_bytes(block) for _, lst in block_lists(model) for block in lst)
+    root = model._get_fsdp_state()._fsdp_param_group  # FSDP2's unit of the root's own parameters (or None)
+    gathered = root.fsdp_params if root is not None else ()
+    return blocks + sum(p._orig_size.numel() * p.sharded_param.element_size() for p in gathered)
 
 
 def is_fsdp(model: nn.Module) -> bool:

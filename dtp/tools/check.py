@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ..analysis.check import add_cfg, check, check_pipeline, is_pipeline_target
+from ..analysis.check import add_cfg, check, check_fsdp, check_pipeline, is_pipeline_target
+from ..analysis.fsdp import fsdp_pipeline_bytes
 from ..analysis.lint import format_lint
 from ..analysis.released import RELEASED_PIPELINES
 from ..errors import PlanError
@@ -64,8 +65,9 @@ def _pipeline_or_model(args) -> dict:
 
 def add_fsdp(report: dict, args) -> None:
     """`--fsdp`: PlanError without a non-tp axis > 1 or with --quant (as `dtp.prepare` refuses them); else each
-    rank's parameter bytes at rest with FSDP2 dividing them over the cfg x cp ranks (`fsdp_per_rank_bytes`; the
-    whole blocks gathered in flight come on top: `dtp fit` models them)."""
+    rank's parameter bytes between calls with FSDP2 dividing the blocks over the cfg x cp ranks
+    (`fsdp_per_rank_bytes`, traced: `analysis/fsdp.py`; the figure `dtp fit`'s fsdp rows use; before the first call
+    `fsdp_sharded_bytes`; the whole blocks gathered in flight come on top: `dtp fit` models them)."""
     if not getattr(args, "fsdp", False):
         return
     ranks = args.cfg * args.cp
@@ -77,17 +79,23 @@ def add_fsdp(report: dict, args) -> None:
     if getattr(args, "quant", None):
         raise PlanError("dtp check: --fsdp with --quant: torchao's quantized weights cannot be gathered by FSDP2.")
     report["fsdp"] = ranks
-    if "pipeline" in report:
+    options = dict(tp=args.tp, cp=args.cp, cp_mode=args.cp_mode, dtype=args.dtype, pad=args.pad)
+    if "pipeline" in report:  # traced: each planned component sharded with fsdp=True on a fake world
+        planned = {c["name"] for c in report["components"] if c["plan"]}
+        traced = fsdp_pipeline_bytes(args.target, planned, **options)
         for c in report["components"]:
-            c["fsdp_per_rank_bytes"] = -(-c["per_rank_bytes"] // ranks) if c["plan"] else c["per_rank_bytes"]
-    else:
-        report["fsdp_per_rank_bytes"] = -(-report["per_rank_bytes"] // ranks)
+            c["fsdp_per_rank_bytes"] = traced.get(c["name"], c["per_rank_bytes"])
+    else:  # traced: the model sharded with fsdp=True on a fake world (analysis/fsdp.py)
+        report.update(check_fsdp(args.target, plan=args.plan, config=args.config, cfg=args.cfg, **options))
 
 
 def _fsdp_lines(r: dict) -> list[str]:
     if "fsdp" not in r:
         return []
-    return [f"  with --fsdp (at rest){'':11} {_gb(r['fsdp_per_rank_bytes'])}  (over {r['fsdp']} cfg x cp ranks)"]
+    return [
+        f"  with --fsdp (resident){'':10} {_gb(r['fsdp_per_rank_bytes'])}  (blocks over {r['fsdp']} cfg x cp ranks, "
+        f"root gathered after the first call; before it {_gb(r['fsdp_sharded_bytes']).strip()})"
+    ]
 
 
 def format_report(r: dict) -> str:
@@ -140,6 +148,9 @@ def format_pipeline_report(r: dict) -> str:
         f"  ideal total/tp       {'':12} {_gb(r['ideal_bytes'])}",
         f"  ratio per-rank/ideal {r['ratio']:10.3f}",
     ]
+    if "fsdp" in r:  # traced: analysis/fsdp.fsdp_pipeline_bytes
+        fsdp = sum(c["fsdp_per_rank_bytes"] for c in r["components"])
+        lines.append(f"  with --fsdp (resident){'':10} {_gb(fsdp)}  (planned components over {r['fsdp']} cp ranks)")
     whole = [f"  {c['name']}: {c['whole_reason']}" for c in r["components"] if c["plan"] is None]
     lines += ["held whole by every rank:", *whole] if whole else []
     return "\n".join(lines)

@@ -233,7 +233,7 @@ def _check(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fsdp",
         action="store_true",
-        help="weights also divided over the cfg x cp ranks (FSDP2): per-rank bytes at rest (needs --cp or --cfg > 1)",
+        help="weights also divided over the cfg x cp ranks (FSDP2): traced per-rank bytes (needs --cp or --cfg > 1)",
     )
     p.add_argument(
         "--quant", choices=QUANT_SCHEMES, help="quantize every Linear (torchao) before sharding: quantized bytes"

@@ -1,9 +1,9 @@
 """fsdp=True with regional torch.compile and diffusers' FirstBlockCache, on 2 gloo ranks (cp=2, one group).
 
 (pad=True with fsdp needs tp > 1 next to cp: test_fsdp_pad_4.py.)
-- compile: tiny FLUX.1 with one block of each kind, `block.compile()` on each FSDP2 block after sharding, with
-  dynamo's "eager" backend as in test_compile.py (diffusers' `compile_repeated_blocks` finds no block: FSDP2
-  renames the classes), against the same model run eagerly; the negative control edits a shard afterwards.
+- compile: tiny FLUX.1 with one block of each kind, diffusers' `model.compile_repeated_blocks(fullgraph=True)`
+  after sharding (it finds FSDP2's renamed block classes through the instance's `_repeated_blocks`), with dynamo's
+  "eager" backend as in test_compile.py, against the same model run eagerly; the negative control edits a shard.
 - FirstBlockCache via `pipe.transformer.enable_cache` on the tiny FLUX.1 pipeline with true CFG: the pixels and the
   blocks run of the one-process cached run. FSDP2's all-gather pre-hooks fire for a skipped block too; a rank that
   gathered where the other did not would hang, so the spawn timeout is the hang check.
@@ -83,13 +83,13 @@ def _compiled(mesh, backend: str) -> dict:
     counters = torch._dynamo.utils.counters
     counters.clear()
     try:
-        for _, blocks in block_lists(model):
-            for block in blocks:
-                block.compile(backend=backend)
+        model.compile_repeated_blocks(fullgraph=True, backend=backend)  # diffusers' own regional compile
         compiled = [output_tensor(model(**x)).float() for x in calls]
     except Exception as error:  # noqa: BLE001 - reported: a refusal must be clear, on every rank
         return dict(error=" ".join(f"{type(error).__name__}: {error}".split())[:400])
     graphs, breaks = counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+    blocks = [block for _, lst in block_lists(model) for block in lst]
+    regions = sum(block._compiled_call_impl is not None for block in blocks)  # what compile() set on each block
     # The negative control, through the compiled blocks: in the last block, which its forward reshards (the first
     # stays gathered between calls, prefetched by the last, so a shard edited now would not reach it).
     wrong_rank_shard(model.single_transformer_blocks, Parallelism(mesh, fsdp=True).fsdp_mesh)
@@ -99,6 +99,7 @@ def _compiled(mesh, backend: str) -> dict:
         broken_rel=float((broken - eager[0]).abs().max() / eager[0].abs().max()),
         graphs=graphs,
         breaks=breaks,
+        regions=(regions, len(blocks)),
     )
 
 
@@ -152,11 +153,13 @@ def test_blocks_in_flight_as_fit_models_them(results):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_regional_compile_with_fsdp(results, backend):
-    """torch.compile on each FSDP2 block: no graph break, the eager model's output within 1e-5 relative; a shard
-    from the wrong rank moves the compiled output (the gathers run inside the compiled blocks' calls)."""
+    """diffusers' `compile_repeated_blocks(fullgraph=True)` on an fsdp model compiles every FSDP2 block (renamed
+    `FSDP<Block>`: runtime/fsdp.name_repeated_blocks): no graph break, the eager model's output within 1e-5
+    relative; a shard from the wrong rank moves the compiled output (the gathers run inside the compiled calls)."""
     for rank in results:
         r = rank["compile"][backend]
         assert "error" not in r, r
+        assert r["regions"][0] == r["regions"][1] == 2, r  # both blocks, found under FSDP2's renamed classes
         assert r["graphs"] >= 1 and r["breaks"] == {} and r["rel"] <= TOL, r
         assert r["broken_rel"] > TOL, r
 

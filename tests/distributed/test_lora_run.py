@@ -2,16 +2,19 @@
 against diffusers alone in this process (`DiffusionPipeline.from_pretrained`, `load_lora_weights`,
 `set_adapters(adapter_weights=...)`: no dtp code on the reference's path, so a wrong `--lora-scale` cannot be
 wrong on both sides). fp32 pixels within mean 1e-6 and a measured max; negative control: the reference at
-scale 1.0 instead of 0.8 is far outside the bounds."""
+scale 1.0 instead of 0.8 is far outside the bounds. Under DTP_FULL also `--cp 2 --fsdp --lora` against the same
+reference, with each rank's transformer bytes (`--report`) showing that FSDP divided them."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from diffusers import FluxTransformer2DModel
 from lora_cases import random_lora
 from safetensors.torch import save_file
 
@@ -68,6 +71,7 @@ def images(tmp_path_factory):
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     assert dtp_run_here(checkpoint, tmp / "base.npy") == 0
     return {
+        "inputs": (checkpoint, lora_args, tmp),  # for the --fsdp case below
         "sharded": np.load(tmp / "sharded.npy"),
         "no lora": np.load(tmp / "base.npy"),
         "reference": diffusers_pixels(checkpoint, "a cat", **REFERENCE, lora=lora, lora_scale=SCALE),
@@ -76,6 +80,9 @@ def images(tmp_path_factory):
 
 
 MAX_BOUND = 2e-6  # max |pixel diff|: measured 4.2e-7 (mean 7.9e-8)
+# A rank's transformer bytes / whole with --fsdp on cp=2 after the run: measured 0.63 (the adapters and the gathered
+# root included); without --fsdp >= 1 (whole, plus the adapters).
+FSDP_HELD = 0.75
 
 
 def test_sharded_lora_image_matches_diffusers(images):
@@ -97,3 +104,22 @@ def test_the_lora_changes_the_image(images):
     mean, worst = pixel_error(images["reference"], images["no lora"])
     print(f"1 process, --lora vs none: mean {mean:.2e}, max {worst:.2e}")
     assert mean > 1e-2, (mean, worst)
+
+
+@pytest.mark.full  # the library path of LoRA on FSDP runs by default: test_fsdp_lora.py (cp=2 x tp=2, cfg=2 x cp=2)
+def test_fsdp_lora_image_matches_diffusers(images):
+    """`dtp run --cp 2 --fsdp --lora` (2 ranks, tp=1, FSDP over the cp ranks; peft's adapters on FSDP2's blocks) vs
+    diffusers alone at scale 0.8: mean <= 1e-6, max <= MAX_BOUND."""
+    checkpoint, lora_args, tmp = images["inputs"]
+    report = tmp / "fsdp.json"
+    run = dtp_run(checkpoint, tmp / "fsdp.npy", "--cp", "2", "--fsdp", *lora_args, "--report", str(report), nproc=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    mean, worst = pixel_error(np.load(tmp / "fsdp.npy"), images["reference"])
+    print(f"cp=2 --fsdp --lora vs diffusers: mean {mean:.2e}, max {worst:.2e}")
+    assert mean <= MEAN_BOUND and worst <= MAX_BOUND, (mean, worst)
+    # FSDP ran: each rank holds a part of the transformer (without --fsdp, cp=2 holds it whole on both ranks)
+    whole = FluxTransformer2DModel.from_pretrained(checkpoint, subfolder="transformer")
+    whole_bytes = sum(p.numel() * p.element_size() for p in whole.parameters())
+    held = [r["transformer_bytes"] / whole_bytes for r in json.loads(report.read_text())["ranks"]]
+    print(f"cp=2 --fsdp: transformer bytes per rank / whole {held}")
+    assert all(h <= FSDP_HELD for h in held), held

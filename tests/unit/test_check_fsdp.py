@@ -1,0 +1,95 @@
+"""`dtp check --fsdp` traces a rank's bytes with FSDP2 (`analysis/fsdp.py`), the figure `dtp fit`'s fsdp rows use.
+
+FLUX.1 with 2 double + 2 single blocks at its full width (meta device, fake process group). The expectation is
+built here from the tp-only sharded model and torch.chunk: a block parameter holds chunk 0 of its tp slice's rows
+over F = cfg x cp ranks, a root parameter its whole tp slice (gathered after the first call); before the first call
+the root is chunked as well.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dtp.analysis.fakepg import fake_world, meta_model
+from dtp.analysis.fsdp import fsdp_bytes
+from dtp.engine import apply, prepare
+from dtp.runtime.fsdp import block_lists
+from dtp.runtime.memory import local_tensor_bytes
+from dtp.runtime.mesh import make_mesh
+from dtp.tools import cli
+
+FLUX = "FluxTransformer2DModel"
+SMALL = {"num_layers": 2, "num_single_layers": 2, "guidance_embeds": True}  # full width, 4 blocks: 1.1 GB in bf16
+
+
+def _expected(tp: int, cp: int, cfg: int) -> dict:
+    """(resident, sharded) bytes of rank 0 from the tp-only model: rows chunked over F as torch.chunk does."""
+    model = meta_model(FLUX, SMALL, torch.bfloat16)
+    with fake_world(tp * cp * cfg):
+        apply(model, prepare(model, make_mesh(tp=tp, cp=cp, cfg=cfg, device_type="cpu"), None))
+        in_blocks = {id(p) for _, lst in block_lists(model) for b in lst for p in b.parameters()}
+        out = {"resident": 0, "sharded": 0, "tp_only": 0, "root": 0}
+        for p in model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            whole = local_tensor_bytes(p)
+            chunk0 = torch.chunk(torch.empty(local.shape[0], device="meta"), cp * cfg)[0].numel()
+            shard = whole // local.shape[0] * chunk0
+            out["sharded"] += shard
+            out["resident"] += shard if id(p) in in_blocks else whole
+            out["root"] += 0 if id(p) in in_blocks else whole
+            out["tp_only"] += whole
+    return out
+
+
+@pytest.mark.parametrize("tp,cp,cfg", [(2, 2, 1), pytest.param(1, 2, 2, marks=pytest.mark.full)])
+def test_traced_bytes_are_fsdp2s_chunks_with_the_root_gathered(tp, cp, cfg):
+    """Traced resident bytes == blocks' chunk 0 + root whole at tp (exact); before the first call every parameter is
+    chunked. Both differ from the old model whole / (cfg x cp): the root is held whole, chunks round up."""
+    got = fsdp_bytes(FLUX, None, tp=tp, cp=cp, cfg=cfg, config=SMALL)
+    want = _expected(tp, cp, cfg)
+    assert got["fsdp"] == cp * cfg
+    assert got["fsdp_per_rank_bytes"] == want["resident"], (got, want)
+    assert got["fsdp_sharded_bytes"] == want["sharded"], (got, want)
+    modelled = -(-want["tp_only"] // (cp * cfg))  # what `dtp check --fsdp` reported before it traced
+    assert got["fsdp_per_rank_bytes"] > modelled, (got, modelled)
+
+
+def test_traced_bytes_equal_fits_fsdp_row():
+    """At tp=1, `dtp fit`'s fsdp weight bytes (fit/fsdp.py: whole x (blocks / F + 1 - blocks)) are the traced figure
+    up to torch.chunk's rounding (measured: relative 0 on this model; 1e-6 allowed)."""
+    whole_model = meta_model(FLUX, SMALL, torch.bfloat16)
+    whole = sum(local_tensor_bytes(p) for p in whole_model.parameters())
+    in_blocks = sum(local_tensor_bytes(p) for _, lst in block_lists(whole_model) for b in lst for p in b.parameters())
+    blocks = in_blocks / whole  # fit/fsdp.block_fraction's share (by parameter count: one dtype, the same ratio)
+    fit_bytes = whole * (blocks / 2 + 1 - blocks)
+    got = fsdp_bytes(FLUX, None, tp=1, cp=2, config=SMALL)["fsdp_per_rank_bytes"]
+    assert abs(got - fit_bytes) <= 1e-6 * fit_bytes, (got, fit_bytes)
+
+
+def test_check_cli_fsdp_json(tmp_path, capsys):
+    """`dtp check flux --tp 2 --cp 2 --fsdp --config small.json --json` reports the traced figures; --cp 1 refuses."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL))
+    args = ["check", "flux", "--tp", "2", "--config", str(config), "--json", "--no-forward", "--fsdp"]
+    assert cli.main([*args, "--cp", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["fsdp"] == 2
+    assert report["fsdp_per_rank_bytes"] == _expected(2, 2, 1)["resident"]
+    assert cli.main([*args, "--cp", "1"]) == 1
+    assert "--cp 2 (or --cfg 2)" in capsys.readouterr().err
+
+
+@pytest.mark.full  # a full-size pipeline on meta: ~20 s; the model path above covers the traced figure by default
+def test_check_pipeline_fsdp_is_traced(capsys):
+    """`dtp check flux-pipeline --tp 1 --cp 2 --fsdp`: the transformer's figure is the model path's (same released
+    config), the T5 and CLIP encoders are divided too, the row-split VAE is not."""
+    assert cli.main(["check", "flux-pipeline", "--tp", "1", "--cp", "2", "--fsdp", "--json"]) == 0
+    rows = {c["name"]: c for c in json.loads(capsys.readouterr().out)["components"]}
+    alone = fsdp_bytes(FLUX, None, tp=1, cp=2)["fsdp_per_rank_bytes"]
+    assert rows["transformer"]["fsdp_per_rank_bytes"] == alone
+    for encoder in ("text_encoder", "text_encoder_2"):
+        assert rows[encoder]["fsdp_per_rank_bytes"] < 0.7 * rows[encoder]["per_rank_bytes"], rows[encoder]
+    assert rows["vae"]["fsdp_per_rank_bytes"] == rows["vae"]["per_rank_bytes"]
