@@ -1,5 +1,7 @@
 """`dtp fit`'s figures per phase against torch's MemTracker on real tensors, for the row kinds test_fit_measured.py
-does not run: ring CP, a quantized transformer, offloaded text encoders (fp32, CPU, gloo, 2 ranks).
+does not run: ring CP, a quantized transformer, offloaded text encoders (tiny FLUX.1, 128²), and a video pipeline
+whose VAE decodes frame by frame, which fit sizes by replaying the per-frame decoder (tiny Wan 2.1, 5 x 32²);
+fp32, CPU, gloo, 2 ranks.
 
 Each rank opens the tiny FLUX.1 pipeline as `dtp run` does (`open_pipeline`: the same plans, quantization and
 offloading) and runs one generation (one denoising step) at 128² under MemTracker, which counts every live
@@ -19,20 +21,29 @@ import torch
 
 import dtp
 from dtp.families.pipelines import tiny_checkpoint
+from dtp.testing.cfg_pipelines import tiny_wan_pipeline
 from dtp.testing.launch import spawn
 
 PROMPT = "a photo of a cat"
 SIZE = 128
 TOL = 0.10  # a phase's total
-WEIGHTS_TOL = 0.005  # the weights resident in a phase
+WEIGHTS_TOL = 0.0  # the weights resident in a phase: measured equal in every case (parameters and buffers)
 WORLD = 2
 PHASES = ("text", "denoise", "decode")
 DEVICE = torch.device("cpu")  # the device measured (offloaded encoders go to "meta", tracked apart)
-# (name, fit row options, LoadOptions fields): every case runs on the 2 ranks of the group.
+# The pipeline call of each tiny pipeline. Wan runs without guidance, one transformer call per step as fit's denoise
+# phase counts; with guidance 5.0 the first call's prediction stays alive through the second and decode measured
+# 9.8 % above fit (denoise 7.6 %), too near the bound to test.
+CALLS = {
+    "flux": dict(height=SIZE, width=SIZE, max_sequence_length=512),
+    "wan": dict(height=32, width=32, num_frames=5, max_sequence_length=16, guidance_scale=1.0),
+}
+# name: (pipeline, fit row options, LoadOptions fields): every case runs on the 2 ranks of the group.
 CASES = {
-    "ring": (dict(cp=2, tp=1, cp_mode="ring", text_encoders="whole"), dict(cp=2, cp_mode="ring")),
-    "int8wo": (dict(cp=1, tp=2, quant="int8wo", text_encoders="sharded"), dict(quant="int8wo")),
-    "offloaded": (dict(cp=1, tp=2, text_encoders="offloaded"), dict(offload_text_encoders=True)),
+    "ring": ("flux", dict(cp=2, tp=1, cp_mode="ring", text_encoders="whole"), dict(cp=2, cp_mode="ring")),
+    "int8wo": ("flux", dict(cp=1, tp=2, quant="int8wo", text_encoders="sharded"), dict(quant="int8wo")),
+    "offloaded": ("flux", dict(cp=1, tp=2, text_encoders="offloaded"), dict(offload_text_encoders=True)),
+    "video": ("wan", dict(cp=1, tp=2, text_encoders="sharded"), {}),
 }
 
 
@@ -59,7 +70,7 @@ class _NoHook:
         pass
 
 
-def _generate(directory: str, load: dict) -> dict:
+def _generate(directory: str, load: dict, call: dict) -> dict:
     """This rank's peak of each phase of one generation, and the prompt length the transformer saw."""
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.nn.modules.module import register_module_forward_pre_hook
@@ -104,41 +115,45 @@ def _generate(directory: str, load: dict) -> dict:
     forget = register_module_forward_pre_hook(forget_module)
     try:
         with torch.no_grad(), tracker:
-            pipe(PROMPT, height=SIZE, width=SIZE, num_inference_steps=1, output_type="pt", max_sequence_length=512)
+            pipe(PROMPT, num_inference_steps=1, output_type="pt", **call)
     finally:
         forget.remove()
     return {"peaks": phases.peaks, "weights": phases.weights, **seen}
 
 
-def _worker(rank: int, world: int, directory: str) -> dict:
+def _worker(rank: int, world: int, directories: dict) -> dict:
     torch.set_num_threads(1)
-    return {name: _generate(directory, load) for name, (_, load) in CASES.items()}
+    return {name: _generate(directories[kind], load, CALLS[kind]) for name, (kind, _, load) in CASES.items()}
 
 
 @pytest.fixture(scope="module")
-def directory() -> str:
-    return str(tiny_checkpoint("flux"))
+def directories(tmp_path_factory) -> dict:
+    wan = tmp_path_factory.mktemp("wan")
+    tiny_wan_pipeline().save_pretrained(wan)
+    return {"flux": str(tiny_checkpoint("flux")), "wan": str(wan)}
 
 
 @pytest.fixture(scope="module")
-def measured(directory) -> dict:
-    ranks = spawn(_worker, WORLD, directory)
+def measured(directories) -> dict:
+    ranks = spawn(_worker, WORLD, directories)
     return {name: [rank[name] for rank in ranks] for name in CASES}
 
 
-def fit_row(directory: str, options: dict, text_tokens: int) -> dict:
+def fit_row(directory: str, call: dict, options: dict, text_tokens: int) -> dict:
     """fit's row of the case: memory of 1 byte, so that no unquantized twin fits and the quantized row is measured."""
     wanted = dict(cfg=1, cp_mode=None, pad=False, quant=None, parallel_vae=True, fsdp=False) | options
-    report = dtp.fit(
-        directory, WORLD, 1, height=SIZE, width=SIZE, dtype="fp32", text_tokens=text_tokens, only=wanted
-    )  # fmt: skip
+    size = dict(height=call["height"], width=call["width"], frames=call.get("num_frames"))
+    report = dtp.fit(directory, WORLD, 1, **size, dtype="fp32", text_tokens=text_tokens, only=wanted)
     (row,) = report["rows"]
     return row
 
 
 @pytest.fixture(scope="module")
-def rows(directory, measured) -> dict:
-    return {name: fit_row(directory, CASES[name][0], measured[name][0]["text_tokens"]) for name in CASES}
+def rows(directories, measured) -> dict:
+    return {
+        name: fit_row(directories[kind], CALLS[kind], options, measured[name][0]["text_tokens"])
+        for name, (kind, options, _) in CASES.items()
+    }
 
 
 def figures(row: dict) -> dict:
@@ -209,8 +224,9 @@ BUGS = {
 @pytest.mark.parametrize("case", tuple(CASES))
 def test_fit_phases_match_memtracker(measured, rows, case):
     """Each phase on every rank: fit's total (resident weights + activation peak) within 10 % of MemTracker's peak
-    (measured: text <= 0.07 %, denoise <= 5.1 %, decode <= 9.4 %), and its resident weights within 0.5 % of the
-    parameter and buffer bytes at that peak (measured <= 0.13 %: 616 bytes of buffers)."""
+    (measured, MemTracker minus fit: text <= +3.6 %, denoise -5.1 % .. +5.8 %, decode +5.5 % .. +9.4 %; the video
+    +3.6 / +5.8 / +7.8 %), and its resident weights equal to the parameter and buffer bytes at that peak (measured:
+    equal in every case; before fit counted registered buffers, 616 bytes short for FLUX.1, 4 KB for Wan's rope)."""
     for rank, result in enumerate(measured[case]):
         assert not misses(figures(rows[case]), result), (case, rank, misses(figures(rows[case]), result))
 
@@ -222,3 +238,13 @@ def test_a_wrong_figure_misses_the_bounds(measured, rows, bug):
     wrong = BUGS[bug](rows[case])
     for rank, result in enumerate(measured[case]):
         assert misses(wrong, result), (bug, rank, wrong, result)
+
+
+def test_fit_of_one_frame_misses_the_video(directories, measured, rows):
+    """The video's control: fit's row of the same mesh for one frame (the frames ignored, or the per-frame decoder
+    counted once) misses a bound on every rank."""
+    call = CALLS["wan"] | dict(num_frames=1)
+    wrong = fit_row(directories["wan"], call, CASES["video"][1], measured["video"][0]["text_tokens"])
+    assert wrong["phase_bytes"]["decode"] < rows["video"]["phase_bytes"]["decode"], (wrong, rows["video"])
+    for rank, result in enumerate(measured["video"]):
+        assert misses(figures(wrong), result), (rank, figures(wrong), result)
