@@ -1,5 +1,6 @@
 """`dtp fit`'s figures per phase against torch's MemTracker on real tensors, for the row kinds test_fit_measured.py
-does not run: ring CP, a quantized transformer, offloaded text encoders (tiny FLUX.1, 128²), and a video pipeline
+does not run: ring CP, a quantized transformer, offloaded text encoders (tiny FLUX.1, 128²), a padded tp mesh (the
+tiny FLUX.1 with 3 heads, which tp=2 divides only padded to 4), and a video pipeline
 whose VAE decodes frame by frame, which fit sizes by replaying the per-frame decoder (tiny Wan 2.1, 5 x 32²);
 fp32, CPU, gloo, 2 ranks.
 
@@ -20,15 +21,18 @@ import pytest
 import torch
 
 import dtp
-from dtp.families.pipelines import tiny_checkpoint
+from dtp.families.pipelines import tiny_checkpoint, tiny_flux_pipeline
 from dtp.testing.cfg_pipelines import tiny_wan_pipeline
 from dtp.testing.launch import spawn
+from dtp.testing.tiny import tiny_model
 
 PROMPT = "a photo of a cat"
 SIZE = 128
 TOL = 0.10  # a phase's total
 WEIGHTS_TOL = 0.0  # the weights resident in a phase: measured equal in every case (parameters and buffers)
 WORLD = 2
+FLUX = "FluxTransformer2DModel"
+PAD_HEADS = 3  # the padded tp mesh: tp=2 does not divide 3 heads, each rank holds 2 (one of rank 1's a zero head)
 PHASES = ("text", "denoise", "decode")
 DEVICE = torch.device("cpu")  # the device measured (offloaded encoders go to "meta", tracked apart)
 # The pipeline call of each tiny pipeline. Wan runs without guidance, one transformer call per step as fit's denoise
@@ -36,6 +40,7 @@ DEVICE = torch.device("cpu")  # the device measured (offloaded encoders go to "m
 # 9.8 % above fit (denoise 7.6 %), too near the bound to test.
 CALLS = {
     "flux": dict(height=SIZE, width=SIZE, max_sequence_length=512),
+    "flux3": dict(height=SIZE, width=SIZE, max_sequence_length=512),
     "wan": dict(height=32, width=32, num_frames=5, max_sequence_length=16, guidance_scale=1.0),
 }
 # name: (pipeline, fit row options, LoadOptions fields): every case runs on the 2 ranks of the group.
@@ -43,6 +48,7 @@ CASES = {
     "ring": ("flux", dict(cp=2, tp=1, cp_mode="ring", text_encoders="whole"), dict(cp=2, cp_mode="ring")),
     "int8wo": ("flux", dict(cp=1, tp=2, quant="int8wo", text_encoders="sharded"), dict(quant="int8wo")),
     "offloaded": ("flux", dict(cp=1, tp=2, text_encoders="offloaded"), dict(offload_text_encoders=True)),
+    "pad": ("flux3", dict(cp=1, tp=2, pad=True, text_encoders="sharded"), dict(pad=True)),
     "video": ("wan", dict(cp=1, tp=2, text_encoders="sharded"), {}),
 }
 
@@ -130,7 +136,11 @@ def _worker(rank: int, world: int, directories: dict) -> dict:
 def directories(tmp_path_factory) -> dict:
     wan = tmp_path_factory.mktemp("wan")
     tiny_wan_pipeline().save_pretrained(wan)
-    return {"flux": str(tiny_checkpoint("flux")), "wan": str(wan)}
+    flux3 = tmp_path_factory.mktemp("flux3")
+    pipe = tiny_flux_pipeline(perturbed=True)
+    pipe.register_modules(transformer=tiny_model(FLUX, seed=0, num_attention_heads=PAD_HEADS))
+    pipe.save_pretrained(flux3)
+    return {"flux": str(tiny_checkpoint("flux")), "flux3": str(flux3), "wan": str(wan)}
 
 
 @pytest.fixture(scope="module")
@@ -212,8 +222,19 @@ def _with_transformer_in_fp32(row: dict) -> dict:
     return wrong
 
 
+def _with_heads_unpadded(row: dict) -> dict:
+    """Padding ignored: the transformer's bytes as if each rank held 3 / 2 heads' worth, not 2 padded heads."""
+    missing = row["weight_bytes"]["transformer"] * (1 - PAD_HEADS / (2 * ((PAD_HEADS + 1) // 2)))
+    wrong = figures(row)
+    for what in wrong.values():
+        for p in PHASES:
+            what[p] -= int(missing)
+    return wrong
+
+
 # The negative controls: (case, a plausible bug in fit's figures) -> must miss a bound on every rank.
 BUGS = {
+    "pad": _with_heads_unpadded,
     "ring": _with_denoise_activations_whole,
     "int8wo": _with_transformer_in_fp32,
     "offloaded": _with_text_encoders_resident,
@@ -225,7 +246,7 @@ BUGS = {
 def test_fit_phases_match_memtracker(measured, rows, case):
     """Each phase on every rank: fit's total (resident weights + activation peak) within 10 % of MemTracker's peak
     (measured, MemTracker minus fit: text <= +3.6 %, denoise -5.1 % .. +5.8 %, decode +5.5 % .. +9.4 %; the video
-    +3.6 / +5.8 / +7.8 %), and its resident weights equal to the parameter and buffer bytes at that peak (measured:
+    +3.6 / +5.8 / +7.8 %, pad +0.06 / -3.4 / +8.2 %), and its resident weights equal to the parameter and buffer bytes at that peak (measured:
     equal in every case; before fit counted registered buffers, 616 bytes short for FLUX.1, 4 KB for Wan's rope)."""
     for rank, result in enumerate(measured[case]):
         assert not misses(figures(rows[case]), result), (case, rank, misses(figures(rows[case]), result))
