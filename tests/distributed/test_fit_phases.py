@@ -1,11 +1,10 @@
 """`dtp fit`'s figures per phase against torch's MemTracker on real tensors, for the row kinds test_fit_measured.py
 does not run: ring CP, a quantized transformer, offloaded text encoders (tiny FLUX.1, 128²), a padded tp mesh (the
-tiny FLUX.1 with 3 heads, which tp=2 divides only padded to 4), and a video pipeline
-whose VAE decodes frame by frame, which fit sizes by replaying the per-frame decoder (tiny Wan 2.1, 5 x 32²);
-fp32, CPU, gloo, 2 ranks.
+tiny FLUX.1 with 3 heads, which tp=2 divides only padded to 4), and a video pipeline whose VAE decodes frame by
+frame, which fit sizes by replaying the per-frame decoder (tiny Wan 2.1, 5 x 32²); fp32, CPU, gloo, 2 ranks.
 
-Each rank opens the tiny FLUX.1 pipeline as `dtp run` does (`open_pipeline`: the same plans, quantization and
-offloading) and runs one generation (one denoising step) at 128² under MemTracker, which counts every live
+Each rank opens its tiny pipeline as `dtp run` does (`open_pipeline`: the same plans, quantization and
+offloading) and runs one generation (one denoising step) under MemTracker, which counts every live
 tensor on the device: the loaded weights, activations, temporaries. The generation is cut into fit's phases at
 the transformer's first call and at `vae.decode`; each phase's peak is compared with fit's figure for it,
 `resident_bytes[p] + phase_bytes[p]` (weights resident in the phase + its activation peak), within 10 %.
@@ -246,8 +245,9 @@ BUGS = {
 def test_fit_phases_match_memtracker(measured, rows, case):
     """Each phase on every rank: fit's total (resident weights + activation peak) within 10 % of MemTracker's peak
     (measured, MemTracker minus fit: text <= +3.6 %, denoise -5.1 % .. +5.8 %, decode +5.5 % .. +9.4 %; the video
-    +3.6 / +5.8 / +7.8 %, pad +0.06 / -3.4 / +8.2 %), and its resident weights equal to the parameter and buffer bytes at that peak (measured:
-    equal in every case; before fit counted registered buffers, 616 bytes short for FLUX.1, 4 KB for Wan's rope)."""
+    +3.6 / +5.8 / +7.8 %, pad +0.06 / -3.4 / +8.2 %), and its resident weights equal to the parameter and buffer
+    bytes at that peak (measured: equal in every case; before fit counted registered buffers, 616 bytes short for
+    FLUX.1, 4 KB for Wan's rope)."""
     for rank, result in enumerate(measured[case]):
         assert not misses(figures(rows[case]), result), (case, rank, misses(figures(rows[case]), result))
 
