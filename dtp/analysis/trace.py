@@ -223,15 +223,20 @@ def truncate_blocks(model: nn.Module, keep: int = 1, skip: tuple[str, ...] = ())
 
 def param_bytes_by_scope(model: nn.Module) -> Counter:
     """This rank's resident bytes by block scope (as `PhaseTrace` scopes its records): parameters (local shards of
-    DTensors, data + scales of quantized weights: `runtime.memory.local_tensor_bytes`) and the tensors modules hold
-    as plain attributes, which live as long as the model (e.g. Qwen-Image's rope tables `pos_freqs`, `neg_freqs`:
-    2 x 4096 positions x 64 complex64 = 4 MB at full size, 10 % of the tiny pipeline's peak)."""
+    DTensors, data + scales of quantized weights: `runtime.memory.local_tensor_bytes`), registered buffers and the
+    tensors modules hold as plain attributes, both living as long as the model (e.g. Qwen-Image's rope tables
+    `pos_freqs`, `neg_freqs`: 2 x 4096 positions x 64 complex64 = 4 MB at full size, 10 % of the tiny pipeline's peak;
+    Wan's rope buffers `freqs_cos`, `freqs_sin`: 4 KB of the tiny Wan's 0.79 MB of weights, 0.5 %)."""
     blocks = block_paths(model)
     found = Counter()
     for name, param in model.named_parameters():
         scope = next((b for b in blocks if name.startswith(f"{b}.")), "")
         found[scope] += local_tensor_bytes(param)
     seen = set()
+    for name, buffer in model.named_buffers():  # named_buffers yields a shared buffer once
+        seen.add(id(buffer))
+        scope = next((b for b in blocks if name.startswith(f"{b}.")), "")
+        found[scope] += local_tensor_bytes(buffer)
     for path, module in model.named_modules():
         for tensor in vars(module).values():
             if isinstance(tensor, torch.Tensor) and not isinstance(tensor, nn.Parameter) and id(tensor) not in seen:
