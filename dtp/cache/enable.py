@@ -24,6 +24,7 @@ from ..runtime.mesh import CFG_AXIS, CP_AXIS, TP_AXIS
 from .consistent import make_consistent
 from .kinds import check_config
 from .scope import DecisionScope
+from .sea import check_sea_model
 
 GUARD_ATTR = "_dtp_cache_guard"  # on an attached model: the handle of its forward pre-hook
 
@@ -46,6 +47,7 @@ def check_cache(model: nn.Module, mesh, fsdp: bool = False) -> None:
     config = getattr(model, "_cache_config", None)
     if config is not None:
         check_config(config, degrees(mesh, fsdp))
+        check_sea_model(model, config)
     elif unvouched(model) and mesh.size() > 1:
         raise PlanError(
             f"{type(model).__name__} has stateful diffusers hooks ({', '.join(unvouched(model)[:3])}) that no "
@@ -71,6 +73,7 @@ def attach(model: nn.Module, mesh) -> None:
 def enable(model: nn.Module, scope: DecisionScope, config) -> None:
     """`model.enable_cache(config)` on a sharded model: refused (PlanError, nothing added) or rank-consistent."""
     check_config(config, degrees(scope.mesh, _sharded_by_fsdp(model)))
+    check_sea_model(model, config)
     register_fsdp_blocks(model)
     type(model).enable_cache(model, config)
     make_consistent(model, scope)

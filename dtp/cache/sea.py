@@ -27,11 +27,33 @@ import functools
 
 import torch
 
-from ..errors import ForwardError
+from ..errors import ForwardError, PlanError
 from ..runtime.cfg.exchange import gather_parts
 from .scope import DecisionScope
 
 MISMATCH_ATTR = "_dtp_sea_mismatch"  # on a SeaCacheSharedState: this call's raw latents differed between cp ranks
+
+
+def check_sea_model(model, config) -> None:
+    """PlanError (nothing changed) for SeaCache on a model diffusers has no raw-vision adapter for and no
+    `raw_vision_callback` given: diffusers 0.42.1 (`apply_sea_cache`) then runs it fail-open, never skipping, in one
+    process as on a mesh. Its adapters: Wan text-to-video (in_channels == out_channels) and Cosmos 3."""
+    from diffusers.models.transformers.transformer_cosmos3 import Cosmos3OmniTransformer
+    from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
+
+    if type(config).__name__ != "SeaCacheConfig" or config.raw_vision_callback is not None:
+        return
+    if isinstance(model, Cosmos3OmniTransformer):
+        return
+    if isinstance(model, WanTransformer3DModel) and model.config.in_channels == model.config.out_channels:
+        return
+    raise PlanError(
+        f"SeaCacheConfig (sea) on {type(model).__name__}: diffusers has a raw-vision adapter for Wan text-to-video and "
+        "Cosmos 3 only and no raw_vision_callback was given, so it would run fail-open and never skip. Pass "
+        "SeaCacheConfig(raw_vision_callback=...) returning the whole (C, T, H, W) latents, called from a pipeline "
+        "whose cache_context passes step_index, sigma and num_inference_steps (Wan's does; FluxPipeline's and "
+        "QwenImagePipeline's pass none), or use another cache (fbc, taylorseer, mag, pab)."
+    )
 
 
 def make_sea_consistent(hook, scope: DecisionScope) -> None:

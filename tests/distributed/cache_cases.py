@@ -7,6 +7,7 @@ compute, so a skipped block or attention is not counted; a forward pre-hook woul
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import Counter
 from contextlib import contextmanager
@@ -315,7 +316,8 @@ def _ratios(model) -> list:
 def pipeline_job(rank: int, world: int, runs: list) -> dict:
     """Each (pipeline, cache, mesh key, options) run on its mesh. Options for the negative controls: `per_rank`, the
     decision metrics left over each rank's own tokens (DecisionScope reduces over nothing); `no_gather`, SeaCache's
-    latents not gathered over cfg's batch split; `cut` (SeaCache, cp): a ForwardError is expected, its text returned."""
+    latents not gathered over cfg's batch split; `cut` (SeaCache, cp): a ForwardError is expected, its text returned;
+    `drift`: rank 1's TaylorSeer / PAB counters one call ahead after the first call (`_drift`)."""
     import dtp
     from dtp.cache import scope
 
@@ -327,10 +329,12 @@ def pipeline_job(rank: int, world: int, runs: list) -> dict:
             scope.DecisionScope.split_groups = lambda self: []
         if given.pop("no_gather", False):
             scope.DecisionScope.batch_group = lambda self: None
+        drift = _drift() if given.pop("drift", False) and rank == 1 else contextlib.nullcontext()
         try:
-            out[(pipeline, name, key, tuple(options))] = pipeline_run(
-                pipeline, name, dtp.make_mesh(**dims), mode, **given
-            )
+            with drift:
+                out[(pipeline, name, key, tuple(options))] = pipeline_run(
+                    pipeline, name, dtp.make_mesh(**dims), mode, **given
+                )
         except dtp.ForwardError as error:
             if not given.get("cut"):
                 raise
@@ -338,3 +342,32 @@ def pipeline_job(rank: int, world: int, runs: list) -> dict:
         finally:
             scope.DecisionScope.split_groups, scope.DecisionScope.batch_group = real
     return out
+
+
+@contextmanager
+def _drift():
+    """TaylorSeer's step counter and PAB's call counter one ahead after each hook's first call, as an extra call
+    counted on one rank only would leave them (a probe run through the hooks, a retried call): that rank's schedule
+    of computed and reused attentions shifts while its peers' does not."""
+    from diffusers.hooks.pyramid_attention_broadcast import PyramidAttentionBroadcastHook as Pab
+    from diffusers.hooks.taylorseer_cache import TaylorSeerCacheHook as Seer
+
+    measure, pab_forward = Seer._measure_should_compute, Pab.new_forward
+
+    def seer_ahead(self):
+        state = self.state_manager.get_state()
+        if state.current_step == 0:
+            state.current_step = 1
+        return measure(self)
+
+    def pab_ahead(self, module, *args, **kwargs):
+        output = pab_forward(self, module, *args, **kwargs)
+        if self.state.iteration == 1:
+            self.state.iteration = 2
+        return output
+
+    Seer._measure_should_compute, Pab.new_forward = seer_ahead, pab_ahead
+    try:
+        yield
+    finally:
+        Seer._measure_should_compute, Pab.new_forward = measure, pab_forward

@@ -130,6 +130,34 @@ def test_seacache_with_fsdp_is_refused_untouched(fake_world, before):
     assert not any(getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks for m in model.modules())
 
 
+@pytest.mark.parametrize(
+    "name, before",
+    [("FluxTransformer2DModel", False), pytest.param("QwenImageTransformer2DModel", True, marks=pytest.mark.full)],
+)
+def test_seacache_without_an_adapter_is_refused_untouched(fake_world, name, before):
+    """SeaCache on FLUX.1 / Qwen-Image (no raw-vision adapter in diffusers, no callback given): diffusers would run it
+    fail-open, never skipping, so dtp refuses it on cp=4, naming the model and the fix; Wan T2V (an adapter) and a
+    given callback are accepted."""
+    why = f"SeaCacheConfig .sea. on {name}: .* never skip. Pass SeaCacheConfig.raw_vision_callback"
+    mesh = dtp.make_mesh(cp=4, device_type="cpu")
+    model = tiny_model(name)
+    if before:
+        model.enable_cache(SeaCacheConfig())
+        with pytest.raises(dtp.PlanError, match=why):
+            dtp.parallelize(model, mesh)
+        assert not any(isinstance(p, torch.distributed.tensor.DTensor) for p in model.parameters())
+    else:
+        dtp.parallelize(model, mesh)
+        with pytest.raises(dtp.PlanError, match=why):
+            model.enable_cache(SeaCacheConfig())
+        assert not any(getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks for m in model.modules())
+        model.enable_cache(SeaCacheConfig(raw_vision_callback=lambda module, args, kwargs: None))
+        assert isinstance(model._cache_config, SeaCacheConfig)
+    wan = dtp.parallelize(tiny_model("WanTransformer3DModel"), mesh)
+    wan.enable_cache(SeaCacheConfig())
+    assert isinstance(wan._cache_config, SeaCacheConfig)
+
+
 def test_body_probe_calls_the_forward_it_wraps_even_when_that_has_a_forward_field():
     """A probe under a root-level hook wraps the cfg wrapper, a dataclass whose own `forward` field is the model's
     forward: functools.update_wrapper copies that field onto the probe, which then bypassed the wrapper."""
