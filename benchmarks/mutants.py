@@ -57,7 +57,7 @@ MUTANTS = (
     Mutant(
         "kv-replicas-ignored",
         "slicing",
-        "dtp/resolve/heads.py",
+        "dtp/resolve/binding/heads.py",
         "attr: value * self.kv_replicas // tp if attr in KV_COUNTS + KV_WIDTH_ATTRS else value // tp",
         "attr: value // tp if attr in KV_COUNTS + KV_WIDTH_ATTRS else value // tp",
         (f"{UNIT}/test_text_plans.py",),
@@ -65,7 +65,7 @@ MUTANTS = (
     Mutant(
         "heads-not-rewritten",
         "slicing",
-        "dtp/resolve/heads.py",
+        "dtp/resolve/binding/heads.py",
         "attr: value * self.kv_replicas // tp if attr in KV_COUNTS + KV_WIDTH_ATTRS else value // tp",
         "attr: value * self.kv_replicas // tp if attr in KV_COUNTS + KV_WIDTH_ATTRS else value",
         (f"{UNIT}/test_padding.py", f"{DIST}/test_tp_parity_2.py"),
@@ -177,7 +177,7 @@ MUTANTS = (
     Mutant(
         "pair-check-off",
         "plan checks",
-        "dtp/resolve/pairs.py",
+        "dtp/resolve/binding/pairs.py",
         "    if not partners:\n        raise PlanError(",
         "    if False:\n        raise PlanError(",
         (f"{UNIT}/test_bad_plans.py", f"{UNIT}/test_check.py"),
@@ -185,7 +185,7 @@ MUTANTS = (
     Mutant(
         "divisibility-check-off",
         "plan checks",
-        "dtp/resolve/constraints.py",
+        "dtp/resolve/binding/constraints.py",
         "failed = [c for c in constraints if not c.allows(tp)]",
         "failed = []",
         (f"{UNIT}/test_check.py", f"{UNIT}/test_bad_plans.py"),
