@@ -9,8 +9,9 @@ what ran per rank).
 
 The default run keeps one case per (cache, mesh kind) that test_cache_parity.py does not already cover; further
 pipelines of a covered kind (Qwen-Image and Wan with FirstBlockCache / TaylorSeer / PAB, FLUX.1's two-call
-FasterCache at cp, ring and fsdp, MagCache inference at cfg and ring) are marked `full` (DTP_FULL=1) and are not
-spawned without it.
+FasterCache at cp, ring and fsdp, MagCache inference at cfg and ring; Qwen-Image and Wan with MagCache's calibration
+and inference, two-call FasterCache, FirstBlockCache / TaylorSeer / PAB at tp=2 and ring) are marked `full`
+(DTP_FULL=1) and are not spawned without it.
 """
 
 from __future__ import annotations
@@ -196,3 +197,10 @@ def test_pab_on_qwenimage_with_prompts_of_different_lengths_fails_in_one_process
     the cond call's joint attention output), so no mesh is expected to run it; equal lengths run (the full cases)."""
     with pytest.raises(RuntimeError, match="must match the size"):
         pipeline_run("qwenimage", "pab")
+
+
+def test_faster_on_qwenimage_with_prompts_of_different_lengths_fails_in_one_process():
+    """FasterCache's two-call mode on Qwen-Image, prompts of 164 and 148 tokens: diffusers alone fails the same way
+    (the uncond call gets the cond call's attention output), so its Qwen-Image cases use equal lengths."""
+    with pytest.raises(RuntimeError, match="must match the size"):
+        pipeline_run("qwenimage", "faster")
