@@ -199,6 +199,7 @@ def test_pab_on_qwenimage_with_prompts_of_different_lengths_fails_in_one_process
         pipeline_run("qwenimage", "pab")
 
 
+@pytest.mark.full  # a second case of the kind above (one process, ~3 s): kept out of the default run
 def test_faster_on_qwenimage_with_prompts_of_different_lengths_fails_in_one_process():
     """FasterCache's two-call mode on Qwen-Image, prompts of 164 and 148 tokens: diffusers alone fails the same way
     (the uncond call gets the cond call's attention output), so its Qwen-Image cases use equal lengths."""
