@@ -214,6 +214,7 @@ PER_STEP = {
 BATCH_PATH = ("qwenimage_batch", "wan_batch", "ltx", "cogvideox")  # calls whose batch cfg=2 splits over its groups
 # TaylorSeer's default patterns end in "attn" (re.fullmatch): LTX's attn1 / attn2 need their own.
 LTX_ATTENTIONS = (r"^transformer_blocks\.\d+\.attn\d$",)
+WAN_ATTENTIONS = (r"^blocks\.\d+\.attn\d$",)  # Wan's attn1 / attn2 likewise
 
 
 def any_config(name: str, pipe, **options):
@@ -243,10 +244,11 @@ def any_config(name: str, pipe, **options):
 
         cut = _cut_latents if options.get("cut") else None  # the control: latents as a cut input would give them
         return SeaCacheConfig(threshold=options.get("threshold", 0.25), raw_vision_callback=cut)
-    if name == "taylorseer" and options.get("ltx"):
+    if name == "taylorseer" and (options.get("ltx") or options.get("wan")):
         from diffusers import TaylorSeerCacheConfig
 
-        return TaylorSeerCacheConfig(**{**vars(config(name, pipe)), "cache_identifiers": LTX_ATTENTIONS})
+        names = LTX_ATTENTIONS if options.get("ltx") else WAN_ATTENTIONS
+        return TaylorSeerCacheConfig(**{**vars(config(name, pipe)), "cache_identifiers": names})
     return config(name, pipe, **{k: v for k, v in options.items() if k == "threshold"})
 
 

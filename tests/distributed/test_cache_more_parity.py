@@ -9,8 +9,9 @@ what ran per rank).
 
 The default run keeps one case per (cache, mesh kind) that test_cache_parity.py does not already cover; further
 pipelines of a covered kind (Qwen-Image and Wan with FirstBlockCache / TaylorSeer / PAB, FLUX.1's two-call
-FasterCache at cp, ring and fsdp, MagCache inference at cfg and ring) are marked `full` (DTP_FULL=1) and are not
-spawned without it.
+FasterCache at cp, ring and fsdp, MagCache inference at cfg and ring; Qwen-Image and Wan with MagCache's calibration
+and inference, two-call FasterCache, FirstBlockCache / TaylorSeer / PAB at tp=2 and ring) are marked `full`
+(DTP_FULL=1) and are not spawned without it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ T = (("threshold", 2.0),)  # FirstBlockCache on tiny Qwen-Image / Wan: 14 / 12 o
 CAL = (("calibrate", True),)
 FSDP = (("fsdp", True),)
 LTX_TS = (("ltx", True),)  # TaylorSeer with LTX's attention names
+WAN_TS = (("wan", True),)  # and with Wan's (attn1 / attn2): tiny Wan runs 24 of 40 attentions in one process
 DOUBLED = (("doubled", True),)  # FasterCache in diffusers' default mode: the uncond half of the doubled batch rebuilt
 S = (("threshold", 1.0),)  # SeaCache on tiny Wan: 12 of 20 blocks run in one process (0.25 skips nothing)
 COUNTED = {
@@ -76,6 +78,13 @@ FULL = [
     ("wan", "pab", "cp=2", ()),
     ("wan", "pab", "cfg=2", ()),
     ("wan", "sea", "ring", S),
+    *[(p, "mag", m, CAL) for p in ("qwenimage", "wan") for m in ("cp=2", "ring", "cfg=2")],
+    *[(p, "mag", m, ()) for p in ("qwenimage", "wan") for m in ("tp=2", "cp=2", "ring", "cfg=2")],
+    *[(p, "faster", m, ()) for p in ("qwenimage_even", "wan") for m in ("tp=2", "cp=2", "ring")],
+    *[(p, "fbc", m, T) for p in ("qwenimage", "wan") for m in ("tp=2", "ring")],
+    *[("qwenimage", "taylorseer", m, ()) for m in ("tp=2", "ring", "cfg=2")],
+    *[("wan", "taylorseer", m, WAN_TS) for m in ("tp=2", "cp=2", "ring", "cfg=2")],
+    *[(p, "pab", m, ()) for p in ("qwenimage_even", "wan") for m in ("tp=2", "ring")],
 ]
 RUNS = DEFAULT + (FULL if FULL_RUN else [])
 PARAMS = [pytest.param(r, id=f"{r[0]}-{r[1]}-{r[2]}{''.join(f'-{k}' for k, _ in r[3])}") for r in DEFAULT] + [
@@ -134,7 +143,11 @@ def test_caches_skip_on_these_runs(refs):
         assert ref[what] < STEPS * PER_STEP[pipeline][what], (pipeline, name, options, ref[what])
 
 
-@pytest.mark.parametrize("pipeline, mesh", [("flux", "cp=2"), ("flux", "ring"), ("flux", "cfg=2"), ("ltx", "cfg=2")])
+@pytest.mark.parametrize(
+    "pipeline, mesh",
+    [("flux", "cp=2"), ("flux", "ring"), ("flux", "cfg=2"), ("ltx", "cfg=2")]
+    + [pytest.param(p, m, marks=pytest.mark.full) for p in ("qwenimage", "wan") for m in ("cp=2", "ring", "cfg=2")],
+)
 def test_magcache_calibration_measures_the_one_process_ratios(results, refs, pipeline, mesh):
     """cp=2 (Ulysses, ring): each rank's ratios (token means over the whole sequence) are one process's. cfg=2, two
     calls (FLUX.1): group 0 measures the cond branch, group 1 the uncond one (both measure step 0). cfg=2, doubled
@@ -184,3 +197,11 @@ def test_pab_on_qwenimage_with_prompts_of_different_lengths_fails_in_one_process
     the cond call's joint attention output), so no mesh is expected to run it; equal lengths run (the full cases)."""
     with pytest.raises(RuntimeError, match="must match the size"):
         pipeline_run("qwenimage", "pab")
+
+
+@pytest.mark.full  # a second case of the kind above (one process, ~3 s): kept out of the default run
+def test_faster_on_qwenimage_with_prompts_of_different_lengths_fails_in_one_process():
+    """FasterCache's two-call mode on Qwen-Image, prompts of 164 and 148 tokens: diffusers alone fails the same way
+    (the uncond call gets the cond call's attention output), so its Qwen-Image cases use equal lengths."""
+    with pytest.raises(RuntimeError, match="must match the size"):
+        pipeline_run("qwenimage", "faster")
