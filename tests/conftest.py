@@ -3,8 +3,8 @@
 import pytest
 import torch.distributed as dist
 from hypothesis import settings
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from dtp.analysis.fakepg import fake_world as dtp_fake_world
 from dtp.testing.scope import full_run
 
 # Hypothesis properties here are about values, not speed: a first call that builds a model or imports a module
@@ -17,9 +17,8 @@ settings.load_profile("dtp")
 def fake_world():
     """A fake process group of size 4 (rank 0): meshes of any shape up to 4 ranks, no real collectives."""
     assert not dist.is_initialized()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-    yield 4
-    dist.destroy_process_group()
+    with dtp_fake_world(4):  # dtp's: it also forgets DTensor's caches of the meshes of earlier worlds in this process
+        yield 4
 
 
 def pytest_collection_modifyitems(config, items):

@@ -30,11 +30,28 @@ def fake_world(world_size: int):
 
     if dist.is_initialized():
         raise RuntimeError("fake_world: a process group is already initialized in this process.")
+    _forget_dtensor_meshes()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
+        _forget_dtensor_meshes()
+
+
+def _forget_dtensor_meshes() -> None:
+    """Empty DTensor's sharding-propagation and redistribute-planner caches. A DeviceMesh compares equal to another
+    of the same layout whatever its process groups, so an op cached in an earlier world could hand back an output spec
+    holding that world's mesh, whose group names (numbered from 0 again in each world) this world lacks: "Could not
+    resolve the process group registered under the name 7" in a fit trace run after other worlds in one process."""
+    from torch.distributed.tensor import DTensor, _redistribute
+
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch fast path's own cache
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()  # keyed by a weakref to the mesh, equal for equal meshes
+    _redistribute._gen_transform_infos.cache_clear()
 
 
 def default_config(class_name: str) -> dict:
