@@ -21,8 +21,28 @@ import threading
 import time
 
 
-class Progress:
+class Watching:
+    """`with` it: `self._watch` runs on a daemon thread until the block ends (`_watch` polls `self._stop`, which the
+    subclass creates with `self._thread = None`). The one thread machinery of dtp run's progress watchdog and dtp
+    serve's peer-failure watcher."""
+
+    thread_name = "dtp-watch"
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._watch, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+class Progress(Watching):
     """`post(stage)` as this rank moves on; `with progress:` runs the watching thread."""
+
+    thread_name = "dtp-progress"
 
     def __init__(self, store, rank: int, world_size: int, *, stall_s: float, log=None):
         self.store = store  # a torch.distributed Store shared by all ranks (keys: rank numbers)
@@ -72,16 +92,6 @@ class Progress:
             f"{head}; every rank has reached this step, so all wait inside the same collective "
             f"(a dead or hung peer, or the network)."
         )
-
-    def __enter__(self):
-        self._thread = threading.Thread(target=self._watch, name="dtp-progress", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
     def _watch(self) -> None:
         interval = min(max(self.stall_s / 4, 0.05), 5.0)

@@ -22,12 +22,16 @@ import sys
 import threading
 import time
 
+from ..runtime.watchdog import Watching
+
 GRACE_S = 30.0  # the slowest legitimate gap between one rank's failure and the agreement: rank 0 encoding a video
 POLL_S = 0.5
 
 
-class PeerFailures:
+class PeerFailures(Watching):
     """Post this rank's failure of request `n`; watch for any rank's failure of the running request."""
+
+    thread_name = "dtp-serve-peers"
 
     def __init__(self, store, rank: int, world_size: int, *, give_up, grace_s: float | None = None, log=None):
         self.store = store  # a torch.distributed Store shared by all ranks (keys "<request>/<rank>")
@@ -75,16 +79,6 @@ class PeerFailures:
             f"dtp serve: rank {self.rank}: {named} and the ranks have not agreed {self.grace_s:.0f} s later "
             f"(the others wait inside a collective it left): every rank ends; restart with torchrun --max-restarts"
         )
-
-    def __enter__(self):
-        self._thread = threading.Thread(target=self._watch, name="dtp-serve-peers", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
     def _watch(self) -> None:
         while not self._stop.wait(POLL_S):
