@@ -62,7 +62,9 @@ class SplitRule:
         [B, C, F, H, W] and its caller flattens dims 2.. into tokens): they are flattened, this rank's
         contiguous chunk of them is copied out and returned shaped [..., 1, ..., L] (same ndim), so the
         caller's own flatten yields the rank's tokens and the whole embedded sequence is freed at once
-        instead of staying alive until the first block has run.
+        instead of staying alive until the first block has run. A channels-last grid (Cosmos' patch
+        embedding, [B, T, H, W, D], `expected_dims: 5`) is cut on its token dims 1..3 by the embedding's
+        local forward (`runtime/cp/local_embed.py`), which computes only the rank's tokens.
     """
 
     key: str

@@ -55,13 +55,22 @@ def test_dtp_form_parses_to_typed_rules():
     assert plan.gathers == (GatherRule("proj_out", 1, None),)
 
 
+# The bundled Qwen-Image plan cuts the image tokens at the model's input, before `img_in`, where diffusers cuts them
+# at the first block: the whole embedded image no longer lives through block 0 (cp=8 at 1024²: 1.72 -> 1.24 x ideal).
+QWEN_MOVED = {
+    SplitRule("transformer_blocks.0", "hidden_states", 1, 3, False): SplitRule("", "hidden_states", 1, 3, False),
+}
+
+
 @pytest.mark.parametrize("cls", ["FluxTransformer2DModel", "Flux2Transformer2DModel", QWEN])
 def test_diffusers_cp_plan_imports_like_the_bundled_plan(cls):
-    """A diffusers `_cp_plan` reads into the same rules; for Flux/Flux2/Qwen it matches the bundled plan."""
+    """A diffusers `_cp_plan` reads into the same rules; for Flux/Flux2 it is the bundled plan, for Qwen-Image the
+    bundled plan with the image split moved earlier (`QWEN_MOVED`)."""
     klass = model_class(cls)
     imported = cp_plan_from_mapping(klass._cp_plan, cls)
     bundled = dtp.load_plan({v: k for k, v in PLAN_CLASSES.items()}[cls]).cp
-    assert set(imported.splits) == set(bundled.splits)
+    moved = QWEN_MOVED if cls == QWEN else {}
+    assert {moved.get(rule, rule) for rule in imported.splits} == set(bundled.splits)
     assert set(imported.gathers) == set(bundled.gathers)
 
 

@@ -10,6 +10,7 @@ from torch import nn
 from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, install_attention
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
+from .local_embed import install_local_embed, local_embed_for
 
 HANDLES_ATTR = "_dtp_cp_handles"
 
@@ -27,7 +28,12 @@ def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str) -> None
         hook = SplitInputs(path, module, rules, rank, cp, pads)
         handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
     for path, rules in outputs.items():
-        handles.append(model.get_submodule(path).register_forward_hook(SplitOutputs(path, rules, rank, cp)))
+        module = model.get_submodule(path)
+        local = local_embed_for(module, rules)  # computes the rank's tokens only, instead of cutting the whole
+        if local is not None:
+            handles.append(install_local_embed(module, path, local, rank, cp))
+        else:
+            handles.append(module.register_forward_hook(SplitOutputs(path, rules, rank, cp)))
     for path, rule in resolved.gathers:
         handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group)))
     attention = CpAttention(mode=mode, group=group)

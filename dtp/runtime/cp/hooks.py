@@ -13,7 +13,7 @@ from torch import nn
 
 from ...errors import ForwardError
 from ...plan.cp import GatherRule, SplitRule
-from .sequence import flat_chunk, gather_chunks, local_chunk, padded_chunk
+from .sequence import flat_chunk, gather_chunks, local_chunk, own_chunk, padded_chunk
 
 
 class PadState:
@@ -115,7 +115,7 @@ class SplitOutputs:
                     f"{len(items)} item(s) and element {rule.name} is not a tensor."
                 )
             what = f"output {rule.name} of '{self.path}'"
-            cut = flat_chunk if rule.flatten else local_chunk
+            cut = flat_chunk if rule.flatten else own_chunk
             items[rule.name] = cut(items[rule.name], rule.dim, self.rank, self.cp, what, rule.expected_dims)
         return items[0] if single else type(output)(items)
 

@@ -32,6 +32,12 @@ def local_chunk(x: torch.Tensor, dim: int, rank: int, cp: int, what: str, expect
     return x.narrow(dim, rank * size, size)
 
 
+def own_chunk(x: torch.Tensor, dim: int, rank: int, cp: int, what: str, expected_dims: int | None = None):
+    """`local_chunk` copied out of `x`: for a module's output, which only the hook sees whole, so the whole
+    tensor is freed as the hook returns (a view would keep it alive through the first block)."""
+    return local_chunk(x, dim, rank, cp, what, expected_dims).clone(memory_format=torch.contiguous_format)
+
+
 def flat_chunk(x: torch.Tensor, dim: int, rank: int, cp: int, what: str, expected_dims: int | None = None):
     """This rank's chunk of `x`'s token grid (dims `dim`.. flattened), copied and shaped [..., 1, ..., L].
 
