@@ -288,12 +288,14 @@ class Tracer:
 
 
 def block_of(model: nn.Module, path: str) -> str:
-    """The repeated block a module belongs to: its path up to the first element of an `nn.ModuleList`
-    (`transformer_blocks.3`); "" (the model) outside any ModuleList."""
+    """The repeated block a module belongs to: its path up to the first element of a list of repeated blocks
+    (`transformer_blocks.3`); "" (the model) outside any. A ModuleList of modules of different classes is a
+    sequence of layers, not of blocks (diffusers' FeedForward.net: [GELU, Dropout, Linear]): a FeedForward outside
+    the block lists (Wan Animate's image embedder) is one unit, its `net.0.proj` paired with its `net.2`."""
     atoms = path.split(".")
     module = model
     for i, atom in enumerate(atoms):
-        if isinstance(module, nn.ModuleList):
+        if isinstance(module, nn.ModuleList) and len({type(m) for m in module}) == 1:
             return ".".join(atoms[: i + 1])
         module = module._modules.get(atom) if module is not None else None
     return ""

@@ -12,7 +12,7 @@ from torch import nn
 
 import dtp
 from dtp.analysis.check import check
-from dtp.analysis.lint import format_lint, lint, lint_report
+from dtp.analysis.lint import block_of, format_lint, lint, lint_report
 from dtp.testing.plans import edited as edit_plan
 from dtp.testing.tiny import PLAN_CLASSES, model_class, tiny_inputs, tiny_model
 
@@ -198,3 +198,17 @@ def test_dtp_check_reports_the_lint(tmp_path):
     report = lint_report("Flux2Transformer2DModel", dtp.load_plan(str(path)))
     assert [f["rule"] for f in report["findings"]] == ["split_across_blocks"] * 2
     assert "[split_across_blocks] single_transformer_blocks.0.attn.to_qkv_mlp_proj" in "\n".join(format_lint(report))
+
+
+def test_a_list_of_layers_is_not_a_list_of_blocks():
+    """Pairing scope (`block_of`): the element of a list of repeated blocks; a diffusers FeedForward's `net`
+    ([GELU, Dropout, Linear]) is a list of layers, so its `net.0.proj` and `net.2` share the FeedForward's scope
+    outside any block list (Wan Animate's image embedder), and two blocks of one list stay apart."""
+    from diffusers.models.attention import FeedForward
+
+    model = nn.Module()
+    model.ff = FeedForward(8, mult=2)
+    model.blocks = nn.ModuleList([FeedForward(8, mult=2) for _ in range(2)])
+    assert block_of(model, "ff.net.0.proj") == block_of(model, "ff.net.2") == ""
+    assert block_of(model, "blocks.0.net.0.proj") == block_of(model, "blocks.0.net.2") == "blocks.0"
+    assert block_of(model, "blocks.1.net.2") == "blocks.1"

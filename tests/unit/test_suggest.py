@@ -44,16 +44,7 @@ def test_flux_single_stream_cat(suggestions):
 # FeedForward (ff.net.0.proj colwise -> ff.net.2 rowwise, as in every block's ffn) but the lint reports the colwise
 # output reaching no rowwise Linear. The suggested plan is exact against one process
 # (test_coverage_2026_suggest.py with DTP_FULL=1); strict, so the case fails once lint and suggest agree.
-LINT_DISAGREES = {"WanAnimateTransformer3DModel": "lint: image_embedder.ff.net.0.proj unpaired (suggest pairs it)"}
-
-
-@pytest.mark.parametrize(
-    "cls",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=LINT_DISAGREES[c])) if c in LINT_DISAGREES else c
-        for c in sorted(TINY_CONFIGS)
-    ],
-)
+@pytest.mark.parametrize("cls", sorted(TINY_CONFIGS))
 def test_suggested_plans_lint_clean_and_shard(suggestions, cls):
     """The lint (an independent reading of the same forward) finds nothing; a rank holds less than the whole."""
     plan = suggestions[cls].plan
