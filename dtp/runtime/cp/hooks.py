@@ -60,13 +60,27 @@ class SplitInputs:
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
-            if rule.pad is not None:
+            if rule.count:
+                bound.arguments[rule.name] = self._count(value, what)
+            elif rule.pad is not None:
                 bound.arguments[rule.name] = self._split_padded(value, rule, what)
             elif rule.segments:
                 bound.arguments[rule.name] = self._split_segments(value, rule, bound.arguments, what)
             else:
                 bound.arguments[rule.name] = self._split(value, rule, what)
         return bound.args, bound.kwargs
+
+    def _count(self, value, what: str) -> int:
+        """This rank's share of an int counting the split grid's rows (`SplitRule.count`): its whole rows."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ForwardError(f"cp split of {what}: a row count (`count: true`) must be an int, got {value!r}.")
+        if value % self.cp:
+            raise ForwardError(
+                f"cp split of {what}: the token grid's {value} rows do not divide by the cp degree {self.cp}, so a "
+                f"rank's tokens would not be whole rows; use an input whose patch grid has a multiple of {self.cp} "
+                f"rows (e.g. {value + (-value) % self.cp}) or a cp that divides {value}."
+            )
+        return value // self.cp
 
     def _split_padded(self, value, rule: SplitRule, what: str):
         if not isinstance(value, torch.Tensor):
