@@ -9,7 +9,7 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -37,13 +37,15 @@ def _rows_of(whole: torch.Tensor, dim: int, cp: int):
     return neighbour_rows
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(rows_per_rank=st.integers(1, 3), cp=st.integers(1, 4), kernel=st.sampled_from([1, 3, 5]), seed=st.integers(0, 9))
 def test_halo_conv_rows_equal_the_whole_convs_rows(rows_per_rank, cp, kernel, seed):
-    """Depthwise 'same' conv over an H x 5 grid, H = cp x rows: each rank's hooked conv on its rows (halo attached,
-    halo outputs dropped) equals rows [r H / cp, (r + 1) H / cp) of the conv on the whole grid."""
-    torch.manual_seed(seed)
+    """Depthwise 'same' conv over an H x 5 grid, H = cp x rows: each rank's hooked conv on its rows (seam rows
+    recomputed with the halo; strips thinner than 2 halos convolved whole) equals rows [r H / cp, (r + 1) H / cp)
+    of the conv on the whole grid."""
     pad = kernel // 2
+    assume(rows_per_rank >= pad)  # a strip thinner than its neighbours' halo is a ForwardError (neighbour_rows)
+    torch.manual_seed(seed)
     conv = nn.Conv2d(6, 6, kernel, 1, pad, groups=6)
     whole = torch.randn(2, 6, rows_per_rank * cp, 5)
     expected = conv(whole).chunk(cp, dim=2)
