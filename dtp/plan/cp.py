@@ -28,8 +28,9 @@ unchanged. Every other attention module is routed through CP attention (Ulysses 
 
 `halo` names convolutions that run over the token grid (Sana's Mix-FFN 3 x 3 depthwise conv on the tokens
 unflattened to [B, C, H, W]): with the grid's rows split over `cp` (dim 2), each rank needs `padding` rows of each
-neighbour, exchanged before the conv runs; the output rows of those halo rows are dropped after it
-(`runtime/cp/halo.py`), so the conv's zero padding applies only at the image's edges: exact.
+neighbour: the conv runs on the rank's rows, then the rows received from the neighbours add their contribution to
+the first and last `padding` output rows, which the conv's zero padding left out (`runtime/cp/halo.py`), so the zero
+padding counts only at the image's edges: exact.
 
 Rank r of `cp` keeps elements `[r * n / cp, (r + 1) * n / cp)` of a length-`n` dim, so a gather
 concatenating the chunks in rank order restores the original order. A diffusers `_cp_plan`
@@ -126,8 +127,8 @@ class GatherRule:
 @dataclass(frozen=True)
 class HaloRule:
     """The convolution(s) at `key` run over a token grid whose rows (input dim `dim`) are split over `cp`: each rank
-    takes `padding` rows from each neighbour first and drops their output rows after (see the module docstring).
-    The conv must be a zero-padded, stride-1, 'same' conv along `dim` (checked against the model in resolve)."""
+    takes `padding` rows from each neighbour and adds their contribution to its seam output rows (see the module
+    docstring). The conv must be a zero-padded, stride-1, undilated 'same' conv along `dim` (checked in resolve)."""
 
     key: str
     dim: int

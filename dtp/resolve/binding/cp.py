@@ -133,11 +133,11 @@ def _halo(plan_name: str, rule, path: str, conv: nn.Module) -> tuple[str, int, i
     i = rule.dim - 2
     kernel, stride, dilation, padding = conv.kernel_size[i], conv.stride[i], conv.dilation[i], conv.padding
     rows = padding[i] if isinstance(padding, tuple) else None
-    if stride != 1 or conv.padding_mode != "zeros" or rows is None or 2 * rows != dilation * (kernel - 1):
+    if stride != 1 or dilation != 1 or conv.padding_mode != "zeros" or rows is None or 2 * rows != kernel - 1:
         raise PlanError(
-            f"{where}: a halo needs a zero-padded stride-1 'same' conv along dim {rule.dim}, got kernel {kernel}, "
-            f"stride {stride}, dilation {dilation}, padding {padding!r} ({conv.padding_mode}); its output rows would "
-            f"not line up with the rank's rows. Remove it from cp.halo or use cp=1."
+            f"{where}: a halo needs a zero-padded, stride-1, undilated 'same' conv along dim {rule.dim}, got kernel "
+            f"{kernel}, stride {stride}, dilation {dilation}, padding {padding!r} ({conv.padding_mode}); its output "
+            f"rows would not line up with the rank's rows. Remove it from cp.halo or use cp=1."
         )
     return path, rule.dim, rows
 
