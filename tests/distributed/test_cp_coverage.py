@@ -14,8 +14,9 @@ with a negative control (the pad keys left unmasked must fail parity). Qwen-Imag
 block-causal mask applied whole) with a condition image block and `causal_condition` at (2, 2) ((4, 1) with
 DTP_FULL=1), a negative control (the mask reduced to its key-padding part must fail parity) and ring refused.
 Sana (linear attention: one all-reduce of its token sums per attn1 call in both modes; the Mix-FFN's 3 x 3 conv
-with halo rows) on an 8 x 8 grid, 2 rows per rank at cp=4, with two negative controls: the all-reduce skipped and
-the halo rows skipped must each fail parity.
+with halo rows) on an 8 x 8 grid, 2 rows per rank at cp=4, and Sana-Video (8 latent frames, whole frames a rank,
+a frame halo for its temporal conv), each with two negative controls: the all-reduce skipped and the halo skipped
+must each fail parity.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ CASES = [(name, cp, tp, mode) for name in COVERED for cp, tp, mode in MESHES if 
 def _inputs(name: str) -> dict:
     cls = PLAN_CLASSES[name]
     inputs = tiny_inputs(cls, batch=2, img_tokens=64 if name == "sana" else 16)  # Sana: 8 x 8, 2 rows a rank at cp=4
+    if name == "sana_video":  # 8 latent frames of 2 x 2 tokens: whole frames a rank, 2 at cp=4 (frame halo matters)
+        inputs["hidden_states"] = torch.randn(2, 4, 8, 4, 4, generator=torch.Generator().manual_seed(4))
     if name == "cogvideox":  # CogVideoX-5B passes 3-D RoPE (cos, sin) over the video tokens to every block
         g = torch.Generator().manual_seed(3)
         tokens = inputs["hidden_states"].shape[1] * (inputs["hidden_states"].shape[-1] // 2) ** 2
@@ -329,26 +332,32 @@ def test_qwenimage21_ring_is_refused_with_the_reason(four):
 
 
 def _sana_controls(mesh) -> dict:
-    """Sana at cp=4 with the linear attention's all-reduce skipped, then with the Mix-FFN's halo rows skipped."""
-    inputs = _inputs("sana")
-    ref, results = _reference("sana", inputs), {}
-    reduce, rows = linear_module.reduce_sums, halo_module.neighbour_rows
-    linear_module.reduce_sums = lambda scores, group: scores  # each rank sums its own tokens only
-    try:
-        results["sana_no_all_reduce"] = _run(tiny_model(PLAN_CLASSES["sana"]), mesh, "ring", inputs, ref, PLANS["sana"])
-    finally:
-        linear_module.reduce_sums = reduce
-    halo_module.neighbour_rows = lambda x, dim, needs, group, rank, what: (None, None)  # zero rows at every seam
-    try:
-        results["sana_no_halo"] = _run(tiny_model(PLAN_CLASSES["sana"]), mesh, "ring", inputs, ref, PLANS["sana"])
-    finally:
-        halo_module.neighbour_rows = rows
+    """Sana and Sana-Video at cp=4 with the linear attention's all-reduce skipped, then the conv's halo skipped."""
+    results, reduce, rows = {}, linear_module.reduce_sums, halo_module.neighbour_rows
+    for name in ("sana", "sana_video"):
+        inputs = _inputs(name)
+        ref = _reference(name, inputs)
+        linear_module.reduce_sums = lambda sums, group: sums  # each rank sums its own tokens only
+        try:
+            results[name, "no_all_reduce"] = _run(
+                tiny_model(PLAN_CLASSES[name]), mesh, "ring", inputs, ref, PLANS[name]
+            )
+        finally:
+            linear_module.reduce_sums = reduce
+        halo_module.neighbour_rows = lambda x, dim, needs, group, rank, what: (None, None)  # zeros at every seam
+        try:
+            results[name, "no_halo"] = _run(tiny_model(PLAN_CLASSES[name]), mesh, "ring", inputs, ref, PLANS[name])
+        finally:
+            halo_module.neighbour_rows = rows
     return results
 
 
-def test_sana_linear_attention_and_halo(four):
-    """Sana tiny, 8 x 8 grid at cp=4 (2 rows a rank): exact with both (test_parity: 4.5e-7 ring, 5.6e-7 at (2, 2)
-    Ulysses); its token sums not all-reduced (0.24 off) or its conv's halo rows skipped (0.63 off) are far off."""
+@pytest.mark.parametrize("name", ["sana", "sana_video"])
+def test_sana_linear_attention_and_halo(four, name):
+    """Sana tiny (8 x 8 grid, 2 rows a rank at cp=4) and Sana-Video tiny (8 frames, 2 a rank): exact with both
+    (test_parity: Sana 4.5e-7 ring at (4, 1), 5.6e-7 Ulysses at (2, 2); Sana-Video 5.5e-7, 6.3e-7); their token
+    sums not all-reduced (Sana 0.24 off, Sana-Video 0.45) or the conv's halo rows / frames skipped (0.63, 0.56) are
+    far off."""
     for results in four:
-        assert results["sana_no_all_reduce"]["rel"] > 1e-2, results["sana_no_all_reduce"]
-        assert results["sana_no_halo"]["rel"] > 1e-2, results["sana_no_halo"]
+        assert results[name, "no_all_reduce"]["rel"] > 1e-2, results[name, "no_all_reduce"]
+        assert results[name, "no_halo"]["rel"] > 1e-2, results[name, "no_halo"]

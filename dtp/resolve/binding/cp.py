@@ -31,7 +31,7 @@ SDPA_NAME = "scaled_dot_product_attention"
 # Linear-attention processors with a CP adapter (runtime/cp/linear.py): they have no softmax for Ulysses or ring to
 # route; under CP their sums over tokens are all-reduced on the cp group instead, whatever cp_mode says.
 LINEAR_ROUTE = "linear"
-LINEAR_PROCESSORS = ("SanaLinearAttnProcessor2_0",)
+LINEAR_PROCESSORS = ("SanaLinearAttnProcessor2_0", "SanaLinearAttnProcessor3_0")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .block_causal import QwenImage21CpAttnProcessor
-from .linear import SanaLinearCpAttnProcessor
+from .linear import SanaLinearCpAttnProcessor, SanaVideoLinearCpAttnProcessor
 
 
 def _mochi_rope(x, freqs_cos, freqs_sin):
@@ -72,6 +72,7 @@ ADAPTERS = {
     "MochiAttnProcessor2_0": lambda attention: MochiCpAttnProcessor(),
     "QwenImage21AttnProcessor": QwenImage21CpAttnProcessor,
     "SanaLinearAttnProcessor2_0": lambda attention: SanaLinearCpAttnProcessor(attention.group),
+    "SanaLinearAttnProcessor3_0": lambda attention: SanaVideoLinearCpAttnProcessor(attention.group),
 }
 
 
