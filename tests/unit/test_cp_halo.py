@@ -71,7 +71,7 @@ def test_row_count_is_divided_by_cp_or_refused_naming_it():
     hook = SplitInputs("transformer_blocks.0", block, [rule], rank=1, cp=4)
     args, _ = hook(block, (torch.zeros(1), None, None, None, None, 8, 8), {})
     assert args[5:] == (2, 8)
-    with pytest.raises(ForwardError, match="6 rows do not divide by the cp degree 4"):
+    with pytest.raises(ForwardError, match="outer size height=6 does not divide by the cp degree 4"):
         hook(block, (torch.zeros(1), None, None, None, None, 6, 8), {})
 
 

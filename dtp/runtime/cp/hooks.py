@@ -61,7 +61,7 @@ class SplitInputs:
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
             if rule.count:
-                bound.arguments[rule.name] = self._count(value, what)
+                bound.arguments[rule.name] = self._count(value, rule.name, what)
             elif rule.pad is not None:
                 bound.arguments[rule.name] = self._split_padded(value, rule, what)
             elif rule.segments:
@@ -70,15 +70,16 @@ class SplitInputs:
                 bound.arguments[rule.name] = self._split(value, rule, what)
         return bound.args, bound.kwargs
 
-    def _count(self, value, what: str) -> int:
-        """This rank's share of an int counting the split grid's rows (`SplitRule.count`): its whole rows."""
+    def _count(self, value, name: str, what: str) -> int:
+        """This rank's share of an int sizing the split grid's outer dim (`SplitRule.count`): its whole slices."""
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ForwardError(f"cp split of {what}: a row count (`count: true`) must be an int, got {value!r}.")
+            raise ForwardError(f"cp split of {what}: a grid size (`count: true`) must be an int, got {value!r}.")
         if value % self.cp:
             raise ForwardError(
-                f"cp split of {what}: the token grid's {value} rows do not divide by the cp degree {self.cp}, so a "
-                f"rank's tokens would not be whole rows; use an input whose patch grid has a multiple of {self.cp} "
-                f"rows (e.g. {value + (-value) % self.cp}) or a cp that divides {value}."
+                f"cp split of {what}: the token grid's outer size {name}={value} does not divide by the cp degree "
+                f"{self.cp}, so a rank's tokens would not be whole slices of it (image rows, video frames); use an "
+                f"input whose patch grid has a multiple of {self.cp} there (e.g. {name}={value + (-value) % self.cp}) "
+                f"or a cp that divides {value}."
             )
         return value // self.cp
 
