@@ -1,4 +1,4 @@
-"""CP for Sana, the pure parts: the Mix-FFN conv's halo rows (trimmed output = the whole conv's rows, by an
+"""CP for Sana, the pure parts: the Mix-FFN conv's halo rows (the seam rows = the whole conv's rows, by an
 independent construction), row counts divided by cp, the checks of `cp.halo` and linear attention at resolve.
 Parity on processes: tests/distributed/test_cp_coverage.py (Sana at (2, 2) and (4, 1), both modes, two controls)."""
 
