@@ -15,6 +15,7 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
       gather:                                  # module path -> its output is all-gathered on `cp`
         proj_out: {dim: 1, expected_dims: 3}
       local: [blocks.*.attn2]                  # optional: attention whose keys stay whole on every rank
+      halo: {blocks.*.ff.conv_depth: {dim: 2}} # optional: convolutions over the token grid's split rows
 
 `cp: {refused: "why"}` instead says the model cannot take CP; any cp > 1 is then a PlanError quoting it.
 `ring_refused: "why"` beside `split`/`gather` says the model takes Ulysses only (e.g. a per-query mask that
@@ -24,6 +25,12 @@ cp > 1 with cp_mode='ring' is then a PlanError quoting it.
 `local` names attention modules whose keys and values are NOT split (cross-attention from the local
 image/video chunk to the whole text): each query chunk attends over every key already, so they run
 unchanged. Every other attention module is routed through CP attention (Ulysses or ring).
+
+`halo` names convolutions that run over the token grid (Sana's Mix-FFN 3 x 3 depthwise conv on the tokens
+unflattened to [B, C, H, W]): with the grid's rows split over `cp` (dim 2), each rank needs `padding` rows of each
+neighbour: the conv runs on the rank's rows, then the rows received from the neighbours add their contribution to
+the first and last `padding` output rows, which the conv's zero padding left out (`runtime/cp/halo.py`), so the zero
+padding counts only at the image's edges: exact.
 
 Rank r of `cp` keeps elements `[r * n / cp, (r + 1) * n / cp)` of a length-`n` dim, so a gather
 concatenating the chunks in rank order restores the original order. A diffusers `_cp_plan`
@@ -65,6 +72,11 @@ class SplitRule:
         instead of staying alive until the first block has run. A channels-last grid (Cosmos' patch
         embedding, [B, T, H, W, D], `expected_dims: 5`) is cut on its token dims 1..3 by the embedding's
         local forward (`runtime/cp/local_embed.py`), which computes only the rank's tokens.
+    count: the input is an int that counts the rows of the split token grid (a block's grid `height`), not a
+        tensor: each rank gets count / cp, its whole rows (no `dim`: `{count: true}` alone). Sana's blocks unflatten
+        their tokens with the global (height, width) before the Mix-FFN; rank r's N / cp contiguous tokens are
+        height / cp whole rows. 64 x 64 grid, cp = 4: every rank gets height 16. A count cp does not divide is a
+        ForwardError at call time (the rows would not split whole).
     """
 
     key: str
@@ -76,6 +88,7 @@ class SplitRule:
     when_dims: int | None = None
     pad: PadRule | None = None
     flatten: bool = False
+    count: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +125,16 @@ class GatherRule:
 
 
 @dataclass(frozen=True)
+class HaloRule:
+    """The convolution(s) at `key` run over a token grid whose rows (input dim `dim`) are split over `cp`: each rank
+    takes `padding` rows from each neighbour and adds their contribution to its seam output rows (see the module
+    docstring). The conv must be a zero-padded, stride-1, undilated 'same' conv along `dim` (checked in resolve)."""
+
+    key: str
+    dim: int
+
+
+@dataclass(frozen=True)
 class CpPlan:
     """A parsed `cp` section: the splits and the gathers, in file order."""
 
@@ -120,9 +143,11 @@ class CpPlan:
     local_attention: tuple[str, ...] = ()  # attention globs whose keys are whole on every rank
     refused: str | None = None  # `cp: {refused: why}`: this model cannot take CP; cp > 1 is a PlanError saying why
     ring_refused: str | None = None  # `ring_refused: why`: Ulysses only; cp_mode='ring' is a PlanError saying why
+    halo: tuple[HaloRule, ...] = ()  # convolutions over the split token grid: halo rows from the neighbours
 
 
 _SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims", "pad", "flatten"}
+_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo"}
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
 
@@ -135,9 +160,7 @@ def cp_plan_from_mapping(data, name: str) -> CpPlan:
         if not isinstance(data["refused"], str) or not data["refused"].strip():
             raise PlanError(f"plan {name}: cp.refused must say why the model cannot take CP, got {data['refused']!r}.")
         return CpPlan(splits=(), gathers=(), refused=data["refused"].strip())
-    if set(data) <= {"split", "gather", "local", "ring_refused"} and all(
-        isinstance(data.get(k, {}), dict) for k in ("split", "gather")
-    ):
+    if set(data) <= _SECTION_FIELDS and all(isinstance(data.get(k, {}), dict) for k in ("split", "gather", "halo")):
         return _from_dtp(data, name)
     return _from_diffusers(data, name)
 
@@ -155,7 +178,8 @@ def _from_dtp(data: dict, name: str) -> CpPlan:
     if ring_refused is not None and (not isinstance(ring_refused, str) or not ring_refused.strip()):
         raise PlanError(f"plan {name}: cp.ring_refused must say why ring attention cannot run, got {ring_refused!r}.")
     ring_refused = None if ring_refused is None else ring_refused.strip()
-    cp_plan = CpPlan(tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused)
+    halo = tuple(_halo_rule(key, spec, name) for key, spec in data.get("halo", {}).items())
+    cp_plan = CpPlan(tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused, halo=halo)
     return _checked(cp_plan, name)
 
 
@@ -167,9 +191,29 @@ def _local_attention(keys, name: str) -> tuple[str, ...]:
     return tuple(keys)
 
 
+def _halo_rule(key, spec, name: str) -> HaloRule:
+    where = f"plan {name}: cp.halo['{key}']"
+    _check_key(key, name)
+    if not isinstance(spec, dict) or set(spec) != {"dim"}:
+        raise PlanError(f"{where}: expected {{dim: int}} (the conv input's row dim, 2 for [B, C, H, W]), got {spec!r}.")
+    return HaloRule(key, _int(spec["dim"], where, "dim"))
+
+
+def _count_rule(key, tensor, spec, where: str) -> SplitRule:
+    """`{count: true}`: an int input counting the split grid's rows, divided by cp (see `SplitRule.count`)."""
+    if set(spec) != {"count"} or spec["count"] is not True or not isinstance(tensor, str):
+        raise PlanError(
+            f"{where}: a count split is `{{count: true}}` alone, on a named int input (the grid rows each rank gets "
+            f"count / cp of), got {spec!r}."
+        )
+    return SplitRule(key, tensor, 0, count=True)
+
+
 def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     where = f"plan {name}: cp.split['{key}']['{tensor}']"
     _check_key(key, name)
+    if isinstance(spec, dict) and "count" in spec:
+        return _count_rule(key, tensor, spec, where)
     if not isinstance(spec, dict) or "dim" not in spec or set(spec) - _SPLIT_FIELDS:
         raise PlanError(
             f"{where}: expected {{dim: int, expected_dims: int?, output: bool?, segments: [str]?, when_dims: int?}}, "

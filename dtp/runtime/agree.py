@@ -165,6 +165,7 @@ def plan_items(resolved, cp_resolved) -> Items:
         items += [
             (f"cp attention '{s.path}'", f"heads={s.heads} tp_sharded={s.tp_sharded}") for s in cp_resolved.attention
         ]
+        items += [(f"cp halo '{path}'", f"dim={dim} rows={rows}") for path, dim, rows in cp_resolved.halos]
     return items
 
 

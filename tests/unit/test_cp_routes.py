@@ -3,11 +3,10 @@ reduction, refused plans, and `local` attention. Parity on processes: tests/dist
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.functional as F
+from diffusers.models.attention_processor import SanaLinearAttnProcessor2_0
 
 import dtp
 from dtp import ForwardError
@@ -55,23 +54,24 @@ def test_sdpa_route_is_scoped_to_the_hooked_module():
     assert F.scaled_dot_product_attention(*(torch.randn(1, 1, 2, 4),) * 3).shape == (1, 1, 2, 4)  # no mode left
 
 
+class _OwnMath(SanaLinearAttnProcessor2_0):
+    """Sana's linear attention under a name dtp has no adapter for: its own math, no route CP can plug into."""
+
+
 def test_processor_without_attention_call_is_refused_at_resolve():
-    """Sana's linear attention calls neither route: a plan that lists it for CP is a PlanError at resolve."""
+    """A processor that calls neither route and has no CP adapter: a plan that lists it for CP is a PlanError at
+    resolve. Sana's own `SanaLinearAttnProcessor2_0` takes the linear route (its adapter all-reduces the sums)."""
     model = tiny_model("SanaTransformer2DModel")
+    assert attention_routes(model.transformer_blocks[0].attn1) == ("linear",)
+    model.transformer_blocks[0].attn1.processor = _OwnMath()
     assert attention_routes(model.transformer_blocks[0].attn1) == ()
-    plan = dtp.load_plan("flux")  # any cp section; Sana's own is `refused`
-    sana = dtp.load_plan("sana")
-    cp = dtp.plan.cp.cp_plan_from_mapping(
-        {"split": {"transformer_blocks.0": {"hidden_states": {"dim": 1}}}, "gather": {"proj_out": {"dim": 1}}}, "t"
-    )
-    plan = dataclasses.replace(sana, cp=cp)
     with pytest.raises(dtp.PlanError, match="calls neither dispatch_attention_fn nor F.scaled_dot_product_attention"):
-        resolve_cp(resolve(plan, model), model)
+        resolve_cp(resolve(dtp.load_plan("sana"), model), model)
 
 
 def test_cli_check_refuses_cp_for_a_refused_plan(capsys):
     """Before the module-scoped fake world below: `dtp check` builds its own."""
-    assert main(["check", "sana", "--tp", "2", "--cp", "2", "--no-forward"]) == 1
+    assert main(["check", "latte", "--tp", "2", "--cp", "2", "--no-forward"]) == 1
     assert "cannot take context parallelism" in capsys.readouterr().err
     assert main(["check", "wan", "--tp", "2", "--cp", "4", "--cp-mode", "ring", "--no-forward"]) == 0
 
@@ -79,7 +79,7 @@ def test_cli_check_refuses_cp_for_a_refused_plan(capsys):
 @pytest.mark.parametrize(
     "name,mode,reason",
     [
-        ("sana", "ulysses", "cannot take context parallelism: its "),
+        ("latte", "ulysses", "cannot take context parallelism: "),
         ("qwenimage21", "ring", "ring attention cannot run this model: its attention mask is block-causal"),
     ],
 )

@@ -20,7 +20,7 @@ ALLOWED = {
     "styles": {"errors", "policy", "quant"},
     "plan": {"errors", "policy", "styles", "quant"},
     "resolve": {"errors", "policy", "plan", "styles", "quant", "families"},
-    "runtime": {"errors", "policy", "plan", "styles", "quant", "resolve", "families"},
+    "runtime": {"errors", "policy", "plan", "styles", "quant", "resolve", "families", "neighbours"},
     "cache": {"errors", "policy", "runtime"},
     "engine": {"errors", "policy", "plan", "styles", "quant", "resolve", "runtime", "families", "cache"},
     "parallelize": {"errors", "policy", "plan", "styles", "quant", "resolve", "runtime", "engine", "cache", "families"},
@@ -42,7 +42,8 @@ ALLOWED = {
     },
     "adapters": {"errors", "policy", "plan", "styles", "quant", "resolve", "runtime", "engine", "cache", "families"},
     "families": {"errors"},
-    "vae": {"errors", "policy"},
+    "vae": {"errors", "policy", "neighbours"},
+    "neighbours": {"errors"},  # the halo-row exchange of the parallel VAE and of CP's token-grid convolutions
     "analysis": {
         "errors",
         "policy",

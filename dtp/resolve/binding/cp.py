@@ -28,6 +28,10 @@ from .resolved import Resolved
 # by a TorchFunctionMode scoped to the module's forward (runtime/cp/sdpa.py).
 DISPATCH_NAME = "dispatch_attention_fn"
 SDPA_NAME = "scaled_dot_product_attention"
+# Linear-attention processors with a CP adapter (runtime/cp/linear.py): they have no softmax for Ulysses or ring to
+# route; under CP their sums over tokens are all-reduced on the cp group instead, whatever cp_mode says.
+LINEAR_ROUTE = "linear"
+LINEAR_PROCESSORS = ("SanaLinearAttnProcessor2_0", "SanaLinearAttnProcessor3_0")
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class CpAttentionSpec:
     path: str
     heads: int
     tp_sharded: bool  # True: TP leaves heads / tp per rank
+    linear: bool = False  # linear attention: its token sums are all-reduced; no Ulysses head split, any cp
 
     def local_heads(self, tp: int) -> int:
         return self.heads // tp if self.tp_sharded else self.heads
@@ -50,6 +55,7 @@ class CpResolved:
     attention: tuple[CpAttentionSpec, ...]
     padded_attention: tuple[str, ...] = ()  # CP attention paths whose keys hold the padded split's tokens
     ring_refused: str | None = None  # the plan's `ring_refused`: why this model takes Ulysses only
+    halos: tuple[tuple[str, int, int], ...] = ()  # (conv path, row dim, halo rows per side): `CpPlan.halo`
 
     def check(self, tp: int, cp: int, mode: str) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp)."""
@@ -62,7 +68,7 @@ class CpResolved:
             )
         if mode != "ulysses":
             return
-        for spec in self.attention:
+        for spec in (s for s in self.attention if not s.linear):
             local = spec.local_heads(tp)
             if local % cp:
                 raise PlanError(
@@ -102,12 +108,38 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     tp_paths = {spec.path for spec in resolved.attention}
     local = {path for key in plan.cp.local_attention for path, _ in _expand(model, key, plan.name)}
     attention = tuple(
-        CpAttentionSpec(path, module.heads, path in tp_paths)
+        CpAttentionSpec(path, module.heads, path in tp_paths, LINEAR_ROUTE in attention_routes(module))
         for path, module in _attention_modules(plan.name, model)
         if path not in local
     )
     padded = _padded_attention(plan, model, {spec.path for spec in attention})
-    return CpResolved(plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused)
+    halos = tuple(
+        _halo(plan.name, rule, path, conv)
+        for rule in plan.cp.halo
+        for path, conv in _expand(model, rule.key, plan.name)
+    )
+    return CpResolved(plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos)
+
+
+def _halo(plan_name: str, rule, path: str, conv: nn.Module) -> tuple[str, int, int]:
+    """(path, dim, rows): a zero-padded stride-1 'same' convolution along input dim `rule.dim` needs `padding` rows
+    of each neighbour; any other conv would not map the rank's rows to its own output rows."""
+    where = f"plan {plan_name}, cp.halo '{rule.key}': '{path}'"
+    if not isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) or not 2 <= rule.dim < 2 + len(conv.kernel_size):
+        raise PlanError(
+            f"{where} ({type(conv).__name__}) must be an nn.Conv1d/2d/3d whose input has the token grid's rows at dim "
+            f"{rule.dim} (a spatial dim, 2 for [B, C, H, W])."
+        )
+    i = rule.dim - 2
+    kernel, stride, dilation, padding = conv.kernel_size[i], conv.stride[i], conv.dilation[i], conv.padding
+    rows = padding[i] if isinstance(padding, tuple) else None
+    if stride != 1 or dilation != 1 or conv.padding_mode != "zeros" or rows is None or 2 * rows != kernel - 1:
+        raise PlanError(
+            f"{where}: a halo needs a zero-padded, stride-1, undilated 'same' conv along dim {rule.dim}, got kernel "
+            f"{kernel}, stride {stride}, dilation {dilation}, padding {padding!r} ({conv.padding_mode}); its output "
+            f"rows would not line up with the rank's rows. Remove it from cp.halo or use cp=1."
+        )
+    return path, rule.dim, rows
 
 
 def _padded_attention(plan, model: nn.Module, cp_paths: set[str]) -> tuple[str, ...]:
@@ -184,8 +216,11 @@ def processor_module(attn: nn.Module):
 
 def attention_routes(attn: nn.Module) -> tuple[str, ...]:
     """How CP can reach `attn`'s attention: `"dispatch"` and/or `"sdpa"`, from the names its processor's
-    `__call__` uses (nested functions included); empty when it calls neither (e.g. Sana's linear attention)."""
+    `__call__` uses (nested functions included); `("linear",)` for a linear-attention processor with a CP adapter
+    (`LINEAR_PROCESSORS`); empty when it calls neither (e.g. a processor with its own attention math)."""
     processor = getattr(attn, "processor", None)
+    if type(processor).__name__ in LINEAR_PROCESSORS:
+        return (LINEAR_ROUTE,)
     names = _code_names(type(processor).__call__.__code__) if processor is not None else set()
     routes = []
     if DISPATCH_NAME in names and processor_module(attn) is not None:

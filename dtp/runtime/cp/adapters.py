@@ -8,7 +8,8 @@ messages would not match. `MochiCpAttnProcessor` computes the same result in one
 exactly like removing it, and the padded text queries' outputs are zeroed, as the original pads
 them with zeros. That single SDPA call is then routed to CP attention (`sdpa.py`).
 
-Qwen-Image 2.1's block-causal processor has its adapter in `block_causal.py`.
+Qwen-Image 2.1's block-causal processor has its adapter in `block_causal.py`; Sana's linear attention (no softmax:
+its token sums are all-reduced instead of routed) in `linear.py`.
 
 `install_adapter` swaps the processor in and returns a handle whose `remove()` puts the original
 back, so `remove_cp` undoes it like the hooks.
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .block_causal import QwenImage21CpAttnProcessor
+from .linear import SanaLinearCpAttnProcessor, SanaVideoLinearCpAttnProcessor
 
 
 def _mochi_rope(x, freqs_cos, freqs_sin):
@@ -69,6 +71,8 @@ class MochiCpAttnProcessor:
 ADAPTERS = {
     "MochiAttnProcessor2_0": lambda attention: MochiCpAttnProcessor(),
     "QwenImage21AttnProcessor": QwenImage21CpAttnProcessor,
+    "SanaLinearAttnProcessor2_0": lambda attention: SanaLinearCpAttnProcessor(attention.group),
+    "SanaLinearAttnProcessor3_0": lambda attention: SanaVideoLinearCpAttnProcessor(attention.group),
 }
 
 

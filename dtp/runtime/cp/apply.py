@@ -9,6 +9,7 @@ from torch import nn
 
 from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, install_attention
+from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
 from .local_embed import install_local_embed, local_embed_for
 
@@ -41,6 +42,8 @@ def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str) -> None
     for spec in resolved.attention:
         chosen = padded if spec.path in resolved.padded_attention else attention
         handles += install_attention(spec.path, model.get_submodule(spec.path), chosen)
+    for path, dim, rows in resolved.halos:  # convolutions over the split token grid (Sana's Mix-FFN)
+        handles += install_halo(model.get_submodule(path), path, dim, rows, group, rank, cp)
     setattr(model, HANDLES_ATTR, getattr(model, HANDLES_ATTR, []) + handles)
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ...errors import ForwardError
-from ...resolve.binding.cp import DISPATCH_NAME, attention_routes, processor_module
+from ...resolve.binding.cp import DISPATCH_NAME, LINEAR_ROUTE, attention_routes, processor_module
 from ..probe import body_runs
 from .adapters import install_adapter
 from .masks import split_mask, whole_mask
@@ -182,7 +182,11 @@ def install_attention(path: str, attn: nn.Module, attention) -> list:
     `attention(original, args)` is called instead of `dispatch_attention_fn(**args)` while `attn`
     runs (`CpAttention` in production; anything with that signature, e.g. a recorder in tests).
     """
+    linear = LINEAR_ROUTE in attention_routes(attn)  # read before the adapter replaces the processor
     handles = install_adapter(attn, attention)
+    if linear:  # the adapter all-reduces its own token sums (`linear.py`): nothing to dispatch or scope
+        assert handles, f"no CP adapter for linear attention {type(attn.processor).__name__}"
+        return handles
     module = processor_module(attn)
     if module is not None:
         patch_dispatch(module)

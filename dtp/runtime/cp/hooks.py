@@ -60,13 +60,28 @@ class SplitInputs:
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
-            if rule.pad is not None:
+            if rule.count:
+                bound.arguments[rule.name] = self._count(value, rule.name, what)
+            elif rule.pad is not None:
                 bound.arguments[rule.name] = self._split_padded(value, rule, what)
             elif rule.segments:
                 bound.arguments[rule.name] = self._split_segments(value, rule, bound.arguments, what)
             else:
                 bound.arguments[rule.name] = self._split(value, rule, what)
         return bound.args, bound.kwargs
+
+    def _count(self, value, name: str, what: str) -> int:
+        """This rank's share of an int sizing the split grid's outer dim (`SplitRule.count`): its whole slices."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ForwardError(f"cp split of {what}: a grid size (`count: true`) must be an int, got {value!r}.")
+        if value % self.cp:
+            raise ForwardError(
+                f"cp split of {what}: the token grid's outer size {name}={value} does not divide by the cp degree "
+                f"{self.cp}, so a rank's tokens would not be whole slices of it (image rows, video frames); use an "
+                f"input whose patch grid has a multiple of {self.cp} there (e.g. {name}={value + (-value) % self.cp}) "
+                f"or a cp that divides {value}."
+            )
+        return value // self.cp
 
     def _split_padded(self, value, rule: SplitRule, what: str):
         if not isinstance(value, torch.Tensor):
