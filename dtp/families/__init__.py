@@ -32,11 +32,13 @@ from . import (
     cogview4,
     consisid,
     cosmos,
+    dit,
     flux,
     flux2,
     flux3,
     helios,
     hidream,
+    hunyuandit,
     hunyuanimage,
     hunyuanvideo,
     hunyuanvideo15,
@@ -101,6 +103,9 @@ _MODULES = (
     hunyuanvideo_framepack,
     consisid,
     latte,
+    # round 8: image models
+    hunyuandit,
+    dit,
 )
 
 
