@@ -25,6 +25,8 @@ from ..errors import PlanError
 from . import (
     auraflow,
     bria,
+    bria_fibo,
+    bria_fibo2,
     chroma,
     chronoedit,
     cogvideox,
@@ -106,6 +108,8 @@ _MODULES = (
     # round 8: image models
     hunyuandit,
     dit,
+    bria_fibo,
+    bria_fibo2,
 )
 
 

@@ -100,7 +100,9 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     _check_unique(plan.name, splits)
     gathers = [(path, rule) for rule in plan.cp.gathers for path, _ in _expand(model, rule.key, plan.name)]
     tp_paths = {spec.path for spec in resolved.attention}
-    local = {path for key in plan.cp.local_attention for path, _ in _expand(model, key, plan.name)}
+    # a `local` glob may cover blocks that lack the attention (None there: FIBO 2.0's cross-attention exists in its
+    # injection blocks only); a path wrong in every block is still an error
+    local = {path for key in plan.cp.local_attention for path, _ in _expand(model, key, plan.name, optional=True)}
     attention = tuple(
         CpAttentionSpec(path, module.heads, path in tp_paths)
         for path, module in _attention_modules(plan.name, model)
@@ -123,8 +125,8 @@ def _padded_attention(plan, model: nn.Module, cp_paths: set[str]) -> tuple[str, 
     return tuple(paths)
 
 
-def _expand(model: nn.Module, key: str, plan_name: str):
-    return [("", model)] if key == "" else expand(model, key, plan_name)
+def _expand(model: nn.Module, key: str, plan_name: str, optional: bool = False):
+    return [("", model)] if key == "" else expand(model, key, plan_name, optional=optional)
 
 
 def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module) -> None:
