@@ -38,6 +38,7 @@ from . import (
     flux,
     flux2,
     flux3,
+    glm_image,
     helios,
     hidream,
     hunyuandit,
@@ -110,6 +111,7 @@ _MODULES = (
     dit,
     bria_fibo,
     bria_fibo2,
+    glm_image,
 )
 
 
