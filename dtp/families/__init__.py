@@ -46,6 +46,7 @@ from . import (
     hunyuanvideo,
     hunyuanvideo15,
     hunyuanvideo_framepack,
+    krea2,
     latte,
     longcat_image,
     ltx2,
@@ -112,6 +113,7 @@ _MODULES = (
     bria_fibo,
     bria_fibo2,
     glm_image,
+    krea2,
 )
 
 

@@ -121,3 +121,16 @@ def test_cp_refusal_names_the_reason(fake_world, name):
     model = tiny_model(PLAN_CLASSES[name])
     with pytest.raises(dtp.PlanError, match=CP_REFUSED[name]):
         dtp.prepare(model, dtp.make_mesh(cp=4, tp=1, device_type="cpu"), dtp.load_plan(name))
+
+
+def test_num_heads_attention_gets_per_rank_counts():
+    """Krea2Attention keeps `num_heads` / `num_kv_heads` (no `heads`): resolved at tp=4 its 8 q / 4 kv heads become
+    2 / 1 per rank (tiny), both rewritten; a module with `num_heads` but no processor is no attention module."""
+    from dtp.resolve.binding.heads import query_heads
+
+    model = tiny_model("Krea2Transformer2DModel")
+    spec = next(s for s in resolve(dtp.load_plan("krea2"), model).attention if s.path == "transformer_blocks.0.attn")
+    assert spec.local_values(4) == {"num_heads": 2, "num_kv_heads": 1}
+    pool = nn.Module()
+    pool.num_heads = 8  # HunyuanDiT's T5 pooler keeps num_heads and calls F.multi_head_attention_forward itself
+    assert query_heads(pool) is None and query_heads(model.transformer_blocks[0].attn) == 8

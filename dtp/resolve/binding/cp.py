@@ -19,8 +19,9 @@ from torch import nn
 
 from ...errors import PlanError
 from ...plan.cp import GatherRule, SplitRule
-from ...policy import check_cp_mode, check_degree, is_int
+from ...policy import check_cp_mode, check_degree
 from .globs import expand
+from .heads import query_heads
 from .resolved import Resolved
 
 # diffusers processors compute attention through this name imported into their own module; CP
@@ -104,8 +105,8 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     # injection blocks only); a path wrong in every block is still an error
     local = {path for key in plan.cp.local_attention for path, _ in _expand(model, key, plan.name, optional=True)}
     attention = tuple(
-        CpAttentionSpec(path, module.heads, path in tp_paths)
-        for path, module in _attention_modules(plan.name, model)
+        CpAttentionSpec(path, heads, path in tp_paths)
+        for path, heads in _attention_modules(plan.name, model)
         if path not in local
     )
     padded = _padded_attention(plan, model, {spec.path for spec in attention})
@@ -154,8 +155,9 @@ def _check_unique(plan_name: str, splits) -> None:
         seen[ident] = rule.key
 
 
-def _attention_modules(plan_name: str, model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Every module with a diffusers processor; each must be pluggable, or its attention would stay local."""
+def _attention_modules(plan_name: str, model: nn.Module) -> list[tuple[str, int]]:
+    """(path, query heads) of every module with a diffusers processor; each must be pluggable, or its attention
+    would stay local."""
     found = []
     for path, module in model.named_modules():
         if getattr(module, "processor", None) is None:
@@ -166,9 +168,10 @@ def _attention_modules(plan_name: str, model: nn.Module) -> list[tuple[str, nn.M
                 f"dispatch_attention_fn nor F.scaled_dot_product_attention; dtp context parallelism cannot plug into "
                 f"it (its attention would see only local tokens). Set a processor that does, or use cp=1."
             )
-        if not is_int(getattr(module, "heads", None)):
+        heads = query_heads(module)
+        if heads is None:
             raise PlanError(f"plan {plan_name}: attention '{path}' has no integer `heads`; cannot check cp.")
-        found.append((path, module))
+        found.append((path, heads))
     if not found:
         raise PlanError(
             f"plan {plan_name}: {type(model).__name__} has no attention module with a processor; "
