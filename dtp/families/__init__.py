@@ -46,6 +46,7 @@ from . import (
     hunyuanvideo,
     hunyuanvideo15,
     hunyuanvideo_framepack,
+    ideogram4,
     krea2,
     latte,
     longcat_image,
@@ -114,6 +115,7 @@ _MODULES = (
     bria_fibo2,
     glm_image,
     krea2,
+    ideogram4,
 )
 
 

@@ -112,6 +112,7 @@ CP_REFUSED = {
     "hunyuanvideo_framepack": "original_context_length",
     "consisid": "text_seq_length",
     "latte": "reshapes the tokens",
+    "ideogram4": "block-diagonal mask",
 }
 
 
