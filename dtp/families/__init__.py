@@ -35,6 +35,7 @@ from . import (
     consisid,
     cosmos,
     dit,
+    ernie_image,
     flux,
     flux2,
     flux3,
@@ -116,6 +117,7 @@ _MODULES = (
     glm_image,
     krea2,
     ideogram4,
+    ernie_image,
 )
 
 
