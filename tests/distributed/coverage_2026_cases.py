@@ -34,16 +34,23 @@ ROUND5 = ("wan_animate", "sana_video", "cogview3plus", "consisid")
 ROUND5_FULL = ("helios", "hunyuanvideo_framepack", "latte")
 ROUND5_CP = ("cogview3plus",)
 ROUND5_CP_FULL: tuple[str, ...] = ()
+# Round 8 (image models): Krea 2 runs by default (attention modules that keep `num_heads`, not `heads`; GQA with an
+# output gate); the others repeat covered kinds (Hunyuan-DiT / DiT: PixArt's BasicTransformerBlock layout; FIBO:
+# FLUX.1's; FIBO 2.0 / Ideogram 4: Z-Image's blocks; GLM-Image: CogView4's; ERNIE-Image: single-stream blocks) and
+# run with DTP_FULL=1.
+ROUND8 = ("krea2",)
+ROUND8_FULL = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "ideogram4", "ernie_image")
+ROUND8_CP_FULL = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "krea2", "ernie_image")
 FULL = os.environ.get("DTP_FULL") == "1"
 
 
 def tp_plans() -> tuple[str, ...]:
     """The plans this run checks at tp (the full ones only under DTP_FULL=1)."""
-    return NEW_PLANS + ROUND5 + (ROUND5_FULL if FULL else ())
+    return NEW_PLANS + ROUND5 + ROUND8 + (ROUND5_FULL + ROUND8_FULL if FULL else ())
 
 
 def cp_plans() -> tuple[str, ...]:
-    return CP_PLANS + ROUND5_CP + (ROUND5_CP_FULL if FULL else ())
+    return CP_PLANS + ROUND5_CP + (ROUND5_CP_FULL + ROUND8_CP_FULL if FULL else ())
 
 
 def params(default: tuple[str, ...], full: tuple[str, ...]) -> list:

@@ -19,9 +19,11 @@ from dtp.testing.tiny import PLAN_CLASSES, tiny_model
 # `dtp check <class> --tp 8` at full size (released config, bf16), measured: FLUX.3 1.014, LTX-2 1.044,
 # HunyuanVideo 1.5 1.037, Wan VACE 1.032, Wan Animate 1.021, Helios 1.013, CogView3-Plus 1.033.
 FULL_SIZE = ("flux3", "ltx2", "hunyuanvideo15", "wan_vace", "wan_animate", "helios", "cogview3plus")
+# Round 8 (image models), measured: Bria FIBO 1.000, GLM-Image 1.001, ERNIE-Image 1.002 (DTP_FULL=1).
+FULL_SIZE_ROUND8 = ("bria_fibo", "glm_image", "ernie_image")
 
 
-@pytest.mark.parametrize("name", FULL_SIZE)
+@pytest.mark.parametrize("name", [*FULL_SIZE, *(pytest.param(n, marks=pytest.mark.full) for n in FULL_SIZE_ROUND8)])
 def test_full_size_weights_per_rank_within_5_percent_of_ideal(name):
     """Released config on meta, tp=8: one rank's weight bytes <= 1.05 x total / 8."""
     model = meta_model(PLAN_CLASSES[name], dtype=torch.bfloat16)
