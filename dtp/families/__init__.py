@@ -57,6 +57,7 @@ from . import (
     mochi,
     ovisimage,
     pixart,
+    prx,
     qwenimage,
     qwenimage21,
     sana,
@@ -118,6 +119,7 @@ _MODULES = (
     krea2,
     ideogram4,
     ernie_image,
+    prx,
 )
 
 

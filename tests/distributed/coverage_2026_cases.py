@@ -36,11 +36,11 @@ ROUND5_CP = ("cogview3plus",)
 ROUND5_CP_FULL: tuple[str, ...] = ()
 # Round 8 (image models): Krea 2 runs by default (attention modules that keep `num_heads`, not `heads`; GQA with an
 # output gate); the others repeat covered kinds (Hunyuan-DiT / DiT: PixArt's BasicTransformerBlock layout; FIBO:
-# FLUX.1's; FIBO 2.0 / Ideogram 4: Z-Image's blocks; GLM-Image: CogView4's; ERNIE-Image: single-stream blocks) and
-# run with DTP_FULL=1.
+# FLUX.1's; FIBO 2.0 / Ideogram 4: Z-Image's blocks; GLM-Image: CogView4's; ERNIE-Image: single-stream blocks; PRX:
+# joint-key attention) and run with DTP_FULL=1.
 ROUND8 = ("krea2",)
-ROUND8_FULL = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "ideogram4", "ernie_image")
-ROUND8_CP_FULL = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "krea2", "ernie_image")
+ROUND8_FULL = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "ideogram4", "ernie_image", "prx")
+ROUND8_CP_FULL = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "krea2", "ernie_image", "prx")
 FULL = os.environ.get("DTP_FULL") == "1"
 
 
