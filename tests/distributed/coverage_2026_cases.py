@@ -74,6 +74,8 @@ def run_two(rank, world_size):
     results["ovis/suggested"] = _suggested_ovis(tp_mesh)
     results["ovis/held_size"] = _held_size_outcomes(tp_mesh)
     results["ltx2/per_rank_qk_norm"] = _per_rank_qk_norm(tp_mesh)
+    if FULL:
+        results["prx/plain_colwise_qkv"] = _parity("prx", tp_mesh, _prx_plain_qkv_plan())
     cp_mesh = dtp.make_mesh(cp=2, tp=1)
     for name in cp_plans():
         for mode in ("ulysses", "ring"):
@@ -140,6 +142,15 @@ def _outcome(mesh) -> str:
     except RuntimeError:
         return "crash"
     return "ran"
+
+
+def _prx_plain_qkv_plan():
+    """Negative control: PRX's fused image q/k/v projection split as one colwise block instead of packed [1, 1, 1]
+    (a plausible plan-writing slip): each rank's output then reshapes into a mix of q, k and v rows; it runs."""
+    plan = dtp.load_plan("prx")
+    key = "blocks.*.attention.img_qkv_proj"
+    rules = tuple(Rule(key, Style("colwise")) if r.key == key else r for r in plan.rules)
+    return dataclasses.replace(plan, rules=rules)
 
 
 @torch.no_grad()
