@@ -4,7 +4,6 @@ CLIP and T5 text joined into one caption, 2-D RoPE passed in by the pipeline."""
 from __future__ import annotations
 
 import torch
-from diffusers.models.embeddings import get_2d_rotary_pos_embed
 
 from .shapes import square_side, text_mask
 
@@ -47,6 +46,9 @@ RELEASED = {
 def inputs(cfg, g, batch, img, txt):
     """Latents, CLIP and T5 captions at the config's lengths (each padded in sample 1: the model swaps padded
     positions for its learned padding table), the pipeline's 2-D RoPE over the latent grid."""
+    # imported here, as model_class does: importing the families must not import diffusers' models
+    from diffusers.models.embeddings import get_2d_rotary_pos_embed
+
     s = square_side(img, cfg.get("patch_size", 2))
     side, clip, t5 = s // cfg.get("patch_size", 2), cfg.get("text_len", 77), cfg.get("text_len_t5", 256)
     head_dim = cfg.get("attention_head_dim", 88)
