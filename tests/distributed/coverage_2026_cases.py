@@ -34,16 +34,23 @@ ROUND5 = ("wan_animate", "sana_video", "cogview3plus", "consisid")
 ROUND5_FULL = ("helios", "hunyuanvideo_framepack", "latte")
 ROUND5_CP = ("cogview3plus",)
 ROUND5_CP_FULL: tuple[str, ...] = ()
+# Round 8 (image models): Krea 2 runs by default (attention modules that keep `num_heads`, not `heads`; GQA with an
+# output gate); the others repeat covered kinds (Hunyuan-DiT / DiT: PixArt's BasicTransformerBlock layout; FIBO:
+# FLUX.1's; FIBO 2.0 / Ideogram 4: Z-Image's blocks; GLM-Image: CogView4's; ERNIE-Image: single-stream blocks; PRX:
+# joint-key attention) and run with DTP_FULL=1.
+ROUND8 = ("krea2",)
+ROUND8_FULL = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "ideogram4", "ernie_image", "prx")
+ROUND8_CP_FULL = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "krea2", "ernie_image", "prx")
 FULL = os.environ.get("DTP_FULL") == "1"
 
 
 def tp_plans() -> tuple[str, ...]:
     """The plans this run checks at tp (the full ones only under DTP_FULL=1)."""
-    return NEW_PLANS + ROUND5 + (ROUND5_FULL if FULL else ())
+    return NEW_PLANS + ROUND5 + ROUND8 + (ROUND5_FULL + ROUND8_FULL if FULL else ())
 
 
 def cp_plans() -> tuple[str, ...]:
-    return CP_PLANS + ROUND5_CP + (ROUND5_CP_FULL if FULL else ())
+    return CP_PLANS + ROUND5_CP + (ROUND5_CP_FULL + ROUND8_CP_FULL if FULL else ())
 
 
 def params(default: tuple[str, ...], full: tuple[str, ...]) -> list:
@@ -67,6 +74,8 @@ def run_two(rank, world_size):
     results["ovis/suggested"] = _suggested_ovis(tp_mesh)
     results["ovis/held_size"] = _held_size_outcomes(tp_mesh)
     results["ltx2/per_rank_qk_norm"] = _per_rank_qk_norm(tp_mesh)
+    if FULL:
+        results["prx/plain_colwise_qkv"] = _parity("prx", tp_mesh, _prx_plain_qkv_plan())
     cp_mesh = dtp.make_mesh(cp=2, tp=1)
     for name in cp_plans():
         for mode in ("ulysses", "ring"):
@@ -133,6 +142,15 @@ def _outcome(mesh) -> str:
     except RuntimeError:
         return "crash"
     return "ran"
+
+
+def _prx_plain_qkv_plan():
+    """Negative control: PRX's fused image q/k/v projection split as one colwise block instead of packed [1, 1, 1]
+    (a plausible plan-writing slip): each rank's output then reshapes into a mix of q, k and v rows; it runs."""
+    plan = dtp.load_plan("prx")
+    key = "blocks.*.attention.img_qkv_proj"
+    rules = tuple(Rule(key, Style("colwise")) if r.key == key else r for r in plan.rules)
+    return dataclasses.replace(plan, rules=rules)
 
 
 @torch.no_grad()

@@ -6,7 +6,7 @@ import dataclasses
 from functools import partial
 
 import torch
-from coverage_2026_cases import FULL, ROUND5_FULL, params
+from coverage_2026_cases import FULL, ROUND5_FULL, ROUND8, ROUND8_FULL, params
 
 import dtp
 from dtp.analysis.collectives import CollectiveCounter, implied_collectives
@@ -19,8 +19,10 @@ EARLIER_PLANS = ("flux", "flux2", "qwenimage", "zimage")
 COVERAGE_PLANS = tuple(sorted(set(PLAN_CLASSES) - set(EARLIER_PLANS)))
 # Round 5's further families of a covered kind run here only with DTP_FULL=1 (marked `full`), as in
 # test_coverage_2026_parity.py.
-RUN_PLANS = tuple(name for name in COVERAGE_PLANS if FULL or name not in ROUND5_FULL)
-PLAN_PARAMS = params(tuple(name for name in COVERAGE_PLANS if name not in ROUND5_FULL), ROUND5_FULL)
+# Round 8's image families likewise (ROUND8_FULL; Krea 2 runs by default).
+SECOND_KIND = ROUND5_FULL + ROUND8_FULL + ROUND8  # Krea 2 runs by default in test_coverage_2026_parity*
+RUN_PLANS = tuple(name for name in COVERAGE_PLANS if FULL or name not in SECOND_KIND)
+PLAN_PARAMS = params(tuple(name for name in COVERAGE_PLANS if name not in SECOND_KIND), SECOND_KIND)
 BATCH = 2  # sample 1 has a padded prompt where the model takes a text mask (see dtp/families/shapes.py)
 
 

@@ -4,7 +4,7 @@ from functools import partial
 
 import diffusers
 import torch
-from coverage_2026_cases import FULL, ROUND5_FULL
+from coverage_2026_cases import FULL, ROUND5_FULL, ROUND8, ROUND8_FULL
 
 import dtp
 from dtp.analysis.suggest import rank_fraction
@@ -47,8 +47,11 @@ def wan_inputs() -> dict:
 
 def cases() -> dict:
     """name -> (factory, inputs): the tiny configs of the bundled classes, and Wan."""
-    # Round 5's further families of a covered kind only with DTP_FULL=1 (test_coverage_2026_suggest.py walks them too).
-    skipped = set() if FULL else {PLAN_CLASSES[name] for name in ROUND5_FULL}
+    # Round 5's and round 8's further families only with DTP_FULL=1 (test_coverage_2026_suggest.py walks them too).
+    skipped = set() if FULL else {PLAN_CLASSES[name] for name in ROUND5_FULL + ROUND8_FULL + ROUND8}
+    # PRX: suggest_plan refuses it (a PlanError: its text k/v projection pairs with no colwise width in the block);
+    # test_coverage_2026_suggest.py checks that refusal, here every class must get a plan.
+    skipped |= {"PRXTransformer2DModel"}
     found = {cls: (partial(tiny_model, cls), tiny_inputs(cls)) for cls in TINY_CONFIGS if cls not in skipped}
     found["WanTransformer3DModel"] = (wan_model, wan_inputs())
     return found

@@ -19,9 +19,11 @@ from dtp.testing.tiny import PLAN_CLASSES, tiny_model
 # `dtp check <class> --tp 8` at full size (released config, bf16), measured: FLUX.3 1.014, LTX-2 1.044,
 # HunyuanVideo 1.5 1.037, Wan VACE 1.032, Wan Animate 1.021, Helios 1.013, CogView3-Plus 1.033.
 FULL_SIZE = ("flux3", "ltx2", "hunyuanvideo15", "wan_vace", "wan_animate", "helios", "cogview3plus")
+# Round 8 (image models), measured: Bria FIBO 1.000, GLM-Image 1.001, ERNIE-Image 1.002 (DTP_FULL=1).
+FULL_SIZE_ROUND8 = ("bria_fibo", "glm_image", "ernie_image")
 
 
-@pytest.mark.parametrize("name", FULL_SIZE)
+@pytest.mark.parametrize("name", [*FULL_SIZE, *(pytest.param(n, marks=pytest.mark.full) for n in FULL_SIZE_ROUND8)])
 def test_full_size_weights_per_rank_within_5_percent_of_ideal(name):
     """Released config on meta, tp=8: one rank's weight bytes <= 1.05 x total / 8."""
     model = meta_model(PLAN_CLASSES[name], dtype=torch.bfloat16)
@@ -111,6 +113,7 @@ CP_REFUSED = {
     "hunyuanvideo_framepack": "original_context_length",
     "consisid": "text_seq_length",
     "latte": "reshapes the tokens",
+    "ideogram4": "block-diagonal mask",
 }
 
 
@@ -120,3 +123,16 @@ def test_cp_refusal_names_the_reason(fake_world, name):
     model = tiny_model(PLAN_CLASSES[name])
     with pytest.raises(dtp.PlanError, match=CP_REFUSED[name]):
         dtp.prepare(model, dtp.make_mesh(cp=4, tp=1, device_type="cpu"), dtp.load_plan(name))
+
+
+def test_num_heads_attention_gets_per_rank_counts():
+    """Krea2Attention keeps `num_heads` / `num_kv_heads` (no `heads`): resolved at tp=4 its 8 q / 4 kv heads become
+    2 / 1 per rank (tiny), both rewritten; a module with `num_heads` but no processor is no attention module."""
+    from dtp.resolve.binding.heads import query_heads
+
+    model = tiny_model("Krea2Transformer2DModel")
+    spec = next(s for s in resolve(dtp.load_plan("krea2"), model).attention if s.path == "transformer_blocks.0.attn")
+    assert spec.local_values(4) == {"num_heads": 2, "num_kv_heads": 1}
+    pool = nn.Module()
+    pool.num_heads = 8  # HunyuanDiT's T5 pooler keeps num_heads and calls F.multi_head_attention_forward itself
+    assert query_heads(pool) is None and query_heads(model.transformer_blocks[0].attn) == 8

@@ -100,6 +100,18 @@ def test_local_attention_is_not_routed():
     assert paths == ["blocks.0.attn1", "blocks.1.attn1"]
 
 
+def test_local_glob_skips_blocks_without_the_attention():
+    """FIBO 2.0: cross_attention exists in the injection blocks only (None elsewhere); `local` over layers.* keeps
+    layer 1's whole and routes every self-attention; the same glob with a wrong member is still a PlanError."""
+    model, plan = tiny_model(PLAN_CLASSES["bria_fibo2"]), dtp.load_plan("bria_fibo2")
+    assert model.layers[0].cross_attention is None and model.layers[1].cross_attention is not None
+    paths = [spec.path for spec in resolve_cp(resolve(plan, model), model).attention]
+    assert "layers.1.cross_attention" not in paths and {"layers.0.attention", "layers.1.attention"} <= set(paths)
+    wrong = dataclasses.replace(plan.cp, local_attention=("layers.*.cross_attn",))
+    with pytest.raises(dtp.PlanError, match="no element of 'layers' has 'cross_attn'"):
+        resolve_cp(resolve(dataclasses.replace(plan, cp=wrong), model), model)
+
+
 def _bound(hook: SplitInputs, **kwargs) -> dict:
     """The hook's (args, kwargs) bound back to the block's parameter names."""
     args, kwargs = hook(None, (), kwargs)

@@ -19,8 +19,9 @@ from torch import nn
 
 from ...errors import PlanError
 from ...plan.cp import GatherRule, SplitRule
-from ...policy import check_cp_mode, check_degree, is_int
+from ...policy import check_cp_mode, check_degree
 from .globs import expand
+from .heads import query_heads
 from .resolved import Resolved
 
 # diffusers processors compute attention through this name imported into their own module; CP
@@ -106,10 +107,12 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     _check_unique(plan.name, splits)
     gathers = [(path, rule) for rule in plan.cp.gathers for path, _ in _expand(model, rule.key, plan.name)]
     tp_paths = {spec.path for spec in resolved.attention}
-    local = {path for key in plan.cp.local_attention for path, _ in _expand(model, key, plan.name)}
+    # a `local` glob may cover blocks that lack the attention (None there: FIBO 2.0's cross-attention exists in its
+    # injection blocks only); a path wrong in every block is still an error
+    local = {path for key in plan.cp.local_attention for path, _ in _expand(model, key, plan.name, optional=True)}
     attention = tuple(
-        CpAttentionSpec(path, module.heads, path in tp_paths, LINEAR_ROUTE in attention_routes(module))
-        for path, module in _attention_modules(plan.name, model)
+        CpAttentionSpec(path, heads, path in tp_paths, LINEAR_ROUTE in attention_routes(module))
+        for path, module, heads in _attention_modules(plan.name, model)
         if path not in local
     )
     padded = _padded_attention(plan, model, {spec.path for spec in attention})
@@ -155,8 +158,8 @@ def _padded_attention(plan, model: nn.Module, cp_paths: set[str]) -> tuple[str, 
     return tuple(paths)
 
 
-def _expand(model: nn.Module, key: str, plan_name: str):
-    return [("", model)] if key == "" else expand(model, key, plan_name)
+def _expand(model: nn.Module, key: str, plan_name: str, optional: bool = False):
+    return [("", model)] if key == "" else expand(model, key, plan_name, optional=optional)
 
 
 def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module) -> None:
@@ -184,8 +187,9 @@ def _check_unique(plan_name: str, splits) -> None:
         seen[ident] = rule.key
 
 
-def _attention_modules(plan_name: str, model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Every module with a diffusers processor; each must be pluggable, or its attention would stay local."""
+def _attention_modules(plan_name: str, model: nn.Module) -> list[tuple[str, nn.Module, int]]:
+    """(path, module, query heads) of every module with a diffusers processor; each must be pluggable, or its
+    attention would stay local."""
     found = []
     for path, module in model.named_modules():
         if getattr(module, "processor", None) is None:
@@ -196,9 +200,10 @@ def _attention_modules(plan_name: str, model: nn.Module) -> list[tuple[str, nn.M
                 f"dispatch_attention_fn nor F.scaled_dot_product_attention; dtp context parallelism cannot plug into "
                 f"it (its attention would see only local tokens). Set a processor that does, or use cp=1."
             )
-        if not is_int(getattr(module, "heads", None)):
+        heads = query_heads(module)
+        if heads is None:
             raise PlanError(f"plan {plan_name}: attention '{path}' has no integer `heads`; cannot check cp.")
-        found.append((path, module))
+        found.append((path, module, heads))
     if not found:
         raise PlanError(
             f"plan {plan_name}: {type(model).__name__} has no attention module with a processor; "

@@ -94,9 +94,20 @@ class AttentionSpec:
         return local
 
 
+def query_heads(module: nn.Module) -> int | None:
+    """The query head count of a diffusers attention module: its integer `heads`, or `num_heads` on a module with
+    a processor (Krea2Attention names it so, beside `num_kv_heads`); None otherwise."""
+    if is_int(getattr(module, "heads", None)):
+        return module.heads
+    if getattr(module, "processor", None) is not None and is_int(getattr(module, "num_heads", None)):
+        return module.num_heads
+    return None
+
+
 def attention_spec(path: str, module: nn.Module, key: str) -> AttentionSpec | None:
-    """The spec for `module`, or None when it has no integer `heads` and is no transformers attention module."""
-    if not is_int(getattr(module, "heads", None)):
+    """The spec for `module`, or None when it has no query head count (`query_heads`) and is no transformers
+    attention module."""
+    if query_heads(module) is None:
         counts = transformers_attention_counts(module)
         return None if counts is None else AttentionSpec(path, key, *counts, shares_kv=True)
     values = tuple(
@@ -118,9 +129,10 @@ def derived_kv_heads(module: nn.Module) -> int | None:
     """
     q_width = _width(module, ("inner_dim",), "to_q")
     k_width = _width(module, KV_WIDTH_ATTRS, "to_k")
-    if q_width is None or k_width is None or k_width == q_width or q_width % module.heads:
+    heads = query_heads(module)
+    if q_width is None or k_width is None or k_width == q_width or q_width % heads:
         return None
-    return k_width // (q_width // module.heads)
+    return k_width // (q_width // heads)
 
 
 def _width(module: nn.Module, attrs: tuple[str, ...], linear_name: str) -> int | None:
@@ -142,7 +154,7 @@ def resolve_attention(plan: Plan, model: nn.Module, linears: list[LinearSpec]) -
             if spec is None:
                 raise PlanError(
                     f"plan {plan.name}, attention '{key}': '{path}' ({type(module).__name__}) has no integer "
-                    f"`heads` attribute; list attention modules only."
+                    f"`heads` (or `num_heads` beside a processor) attribute; list attention modules only."
                 )
             listed[path] = spec
     missing = [path for path in owners if path not in listed]
