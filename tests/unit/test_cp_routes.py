@@ -3,6 +3,8 @@ reduction, refused plans, and `local` attention. Parity on processes: tests/dist
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
