@@ -47,6 +47,7 @@ from . import (
     ltx_video,
     lumina2,
     mochi,
+    nucleusmoe,
     ovisimage,
     pixart,
     qwenimage,
@@ -101,6 +102,7 @@ _MODULES = (
     hunyuanvideo_framepack,
     consisid,
     latte,
+    nucleusmoe,
 )
 
 
