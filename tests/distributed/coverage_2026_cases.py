@@ -16,6 +16,7 @@ from dtp.analysis.suggest import suggest_plan
 from dtp.plan import Rule, Style
 from dtp.resolve import clear_caches
 from dtp.runtime.norms import ShardedRMSNorm
+from dtp.styles import experts as experts_style
 from dtp.testing.parity import forward_parity
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 
@@ -34,16 +35,21 @@ ROUND5 = ("wan_animate", "sana_video", "cogview3plus", "consisid")
 ROUND5_FULL = ("helios", "hunyuanvideo_framepack", "latte")
 ROUND5_CP = ("cogview3plus",)
 ROUND5_CP_FULL: tuple[str, ...] = ()
+# Round 8: NucleusMoE (a new kind: routed experts, `experts` style) runs by default in test_coverage_parity*.py like
+# every plan not marked full, and here only its own cases (_moe_cases); the video families of round 8 repeat covered
+# kinds and run with DTP_FULL=1 (VIDEO8_FULL; VIDEO8_CP_FULL: those with a cp section).
+VIDEO8_FULL: tuple[str, ...] = ()
+VIDEO8_CP_FULL: tuple[str, ...] = ()
 FULL = os.environ.get("DTP_FULL") == "1"
 
 
 def tp_plans() -> tuple[str, ...]:
     """The plans this run checks at tp (the full ones only under DTP_FULL=1)."""
-    return NEW_PLANS + ROUND5 + (ROUND5_FULL if FULL else ())
+    return NEW_PLANS + ROUND5 + (ROUND5_FULL + VIDEO8_FULL if FULL else ())
 
 
 def cp_plans() -> tuple[str, ...]:
-    return CP_PLANS + ROUND5_CP + (ROUND5_CP_FULL if FULL else ())
+    return CP_PLANS + ROUND5_CP + (ROUND5_CP_FULL + VIDEO8_CP_FULL if FULL else ())
 
 
 def params(default: tuple[str, ...], full: tuple[str, ...]) -> list:
@@ -67,6 +73,7 @@ def run_two(rank, world_size):
     results["ovis/suggested"] = _suggested_ovis(tp_mesh)
     results["ovis/held_size"] = _held_size_outcomes(tp_mesh)
     results["ltx2/per_rank_qk_norm"] = _per_rank_qk_norm(tp_mesh)
+    results.update(_moe_cases(tp_mesh))
     cp_mesh = dtp.make_mesh(cp=2, tp=1)
     for name in cp_plans():
         for mode in ("ulysses", "ring"):
@@ -150,3 +157,20 @@ def _per_rank_qk_norm(mesh) -> float:
     ref = output_tensor(tiny_model(cls)(**tiny_inputs(cls, batch=BATCH)))
     out = output_tensor(model(**tiny_inputs(cls, batch=BATCH)))
     return float((out - ref).abs().max() / ref.abs().max())
+
+
+def _moe_cases(mesh) -> dict:
+    """NucleusMoE with the released grouped-matmul experts (F.grouped_mm) instead of the tiny config's loop, and
+    the negative control: the experts' partial outputs left un-reduced (each rank adds only its slices' share)."""
+    cls = PLAN_CLASSES["nucleusmoe"]
+    inputs, plan = tiny_inputs(cls, batch=BATCH), dtp.load_plan("nucleusmoe")
+    grouped = forward_parity(partial(tiny_model, cls, use_grouped_mm=True), inputs, mesh, plan).relative
+
+    def unreduced(module, args, output, *, mesh):
+        for name in experts_style.PARAMS:
+            module.__dict__.pop(name, None)
+        return output
+
+    with mock.patch.object(experts_style, "_reduce_output", unreduced):
+        control = forward_parity(partial(tiny_model, cls), inputs, mesh, plan).relative
+    return {"nucleusmoe/grouped_mm": grouped, "nucleusmoe/unreduced": control}

@@ -15,10 +15,11 @@ from dtp.testing.parity import forward_parity
 from dtp.testing.tiny import tiny_inputs, tiny_model
 
 TOL = 1e-5  # max |sharded - ref| <= TOL * max |ref|, fp32
-# The default run walks one image model, one video model (a Wan-style QK-norm across heads) and one refusal (Qwen-Image
-# 2.1: its suggested plan is refused by prepare); every other family is a `full` case (DTP_FULL=1), skipped by the
-# worker too, which is where the time goes.
+# The default run walks one image model, one video model (a Wan-style QK-norm across heads), one mixture of experts
+# (NucleusMoE) and one refusal (Qwen-Image 2.1: its suggested plan is refused by prepare); every other family is a
+# `full` case (DTP_FULL=1), skipped by the worker too, which is where the time goes.
 DEFAULT = ("FluxTransformer2DModel", "WanTransformer3DModel", "QwenImage21Transformer2DModel")
+DEFAULT += ("NucleusMoEImageTransformer2DModel",)  # mixture of experts (3-D expert weights): exact, measured 5.2e-7
 WALKED = tuple(sorted(FAMILIES)) if os.environ.get("DTP_FULL") == "1" else DEFAULT
 
 
