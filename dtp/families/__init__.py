@@ -46,6 +46,7 @@ from . import (
     ltx2,
     ltx_video,
     lumina2,
+    minimax_h3,
     mochi,
     nucleusmoe,
     ovisimage,
@@ -103,6 +104,7 @@ _MODULES = (
     consisid,
     latte,
     nucleusmoe,
+    minimax_h3,
 )
 
 
