@@ -23,6 +23,7 @@ import torch
 
 from ..errors import PlanError
 from . import (
+    allegro,
     auraflow,
     bria,
     chroma,
@@ -105,6 +106,7 @@ _MODULES = (
     latte,
     nucleusmoe,
     minimax_h3,
+    allegro,
 )
 
 

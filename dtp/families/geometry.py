@@ -39,8 +39,8 @@ class Geometry:
     layout: str = "image"
     """`hidden_states` layout: "image" (built from a token count by the family), "video" [B, C, F, H, W],
     "video_fchw" [B, F, C, H, W] (CogVideoX), "video_tokens" [B, F H W, C] with the grid beside it (LTX),
-    "video_packed" (MiniMax-H3: one packed sequence whose index tensors all follow the video token count): the family
-    builds every input from the token count, as for an image."""
+    "video_packed" (inputs that all follow the video token count: MiniMax-H3's packed sequence and its index
+    tensors, Allegro's RoPE positions): the family builds every input from the token count, as for an image."""
 
     grid_inputs: tuple[str, ...] = ()
     """Other inputs laid out on the same latent grid as `hidden_states` (layout "video"), each with its own channels:
