@@ -33,6 +33,7 @@ from . import (
     cogview4,
     consisid,
     cosmos,
+    easyanimate,
     flux,
     flux2,
     flux3,
@@ -107,6 +108,7 @@ _MODULES = (
     nucleusmoe,
     minimax_h3,
     allegro,
+    easyanimate,
 )
 
 

@@ -19,7 +19,12 @@ from dtp.testing.tiny import PLAN_CLASSES, tiny_model
 # `dtp check <class> --tp 8` at full size (released config, bf16), measured: FLUX.3 1.014, LTX-2 1.044,
 # HunyuanVideo 1.5 1.037, Wan VACE 1.032, Wan Animate 1.021, Helios 1.013, CogView3-Plus 1.033; NucleusMoE 1.025.
 FULL_SIZE = ("flux3", "ltx2", "hunyuanvideo15", "wan_vace", "wan_animate", "helios", "cogview3plus")
-FULL_SIZE += ("nucleusmoe", "minimax_h3", "allegro")  # MiniMax-H3 1.010, Allegro 1.017
+FULL_SIZE += (
+    "nucleusmoe",
+    "minimax_h3",
+    "allegro",
+    "easyanimate",
+)  # MiniMax-H3 1.010, Allegro 1.017, EasyAnimate 1.009
 
 
 @pytest.mark.parametrize("name", FULL_SIZE)
@@ -124,3 +129,11 @@ def test_cp_refusal_names_the_reason(fake_world, name):
     model = tiny_model(PLAN_CLASSES[name])
     with pytest.raises(dtp.PlanError, match=CP_REFUSED[name]):
         dtp.prepare(model, dtp.make_mesh(cp=4, tp=1, device_type="cpu"), dtp.load_plan(name))
+
+
+def test_easyanimate_shared_blocks_are_refused_naming_the_text_projection():
+    """EasyAnimate blocks past `mmdit_layers` return the text's attention output unprojected (this rank's heads only
+    under tp): the plan's text keys are required, so such a config is refused before anything is sharded."""
+    model = tiny_model("EasyAnimateTransformer3DModel", mmdit_layers=1)
+    with pytest.raises(dtp.PlanError, match=r"'transformer_blocks.1.attn1.add_q_proj' is None"):
+        resolve(dtp.load_plan("easyanimate"), model)
