@@ -50,6 +50,7 @@ from . import (
     lumina2,
     minimax_h3,
     mochi,
+    motif_video,
     nucleusmoe,
     ovisimage,
     pixart,
@@ -109,6 +110,7 @@ _MODULES = (
     minimax_h3,
     allegro,
     easyanimate,
+    motif_video,
 )
 
 

@@ -38,8 +38,8 @@ ROUND5_CP_FULL: tuple[str, ...] = ()
 # Round 8: NucleusMoE (a new kind: routed experts, `experts` style) runs by default in test_coverage_parity*.py like
 # every plan not marked full, and here only its own cases (_moe_cases); the video families of round 8 repeat covered
 # kinds and run with DTP_FULL=1 (VIDEO8_FULL; VIDEO8_CP_FULL: those with a cp section).
-VIDEO8_FULL = ("minimax_h3", "allegro", "easyanimate")
-VIDEO8_CP_FULL = ("minimax_h3", "easyanimate")
+VIDEO8_FULL = ("minimax_h3", "allegro", "easyanimate", "motif_video")
+VIDEO8_CP_FULL = ("minimax_h3", "easyanimate", "motif_video")
 FULL = os.environ.get("DTP_FULL") == "1"
 
 

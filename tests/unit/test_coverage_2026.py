@@ -18,13 +18,14 @@ from dtp.testing.tiny import PLAN_CLASSES, tiny_model
 
 # `dtp check <class> --tp 8` at full size (released config, bf16), measured: FLUX.3 1.014, LTX-2 1.044,
 # HunyuanVideo 1.5 1.037, Wan VACE 1.032, Wan Animate 1.021, Helios 1.013, CogView3-Plus 1.033; NucleusMoE 1.025,
-# MiniMax-H3 1.010, Allegro 1.017, EasyAnimate 1.009.
+# MiniMax-H3 1.010, Allegro 1.017, EasyAnimate 1.009, Motif-Video 1.019.
 FULL_SIZE = ("flux3", "ltx2", "hunyuanvideo15", "wan_vace", "wan_animate", "helios", "cogview3plus")
 FULL_SIZE += (
     "nucleusmoe",
     "minimax_h3",
     "allegro",
     "easyanimate",
+    "motif_video",
 )  # MiniMax-H3 1.010, Allegro 1.017, EasyAnimate 1.009
 
 
@@ -138,3 +139,11 @@ def test_easyanimate_shared_blocks_are_refused_naming_the_text_projection():
     model = tiny_model("EasyAnimateTransformer3DModel", mmdit_layers=1)
     with pytest.raises(dtp.PlanError, match=r"'transformer_blocks.1.attn1.add_q_proj' is None"):
         resolve(dtp.load_plan("easyanimate"), model)
+
+
+def test_motif_single_block_cross_attention_is_refused_before_sharding(fake_world):
+    """Motif-Video's single-block text cross-attention takes the attention output before proj_out (this rank's heads
+    under tp) as its query input: prepare refuses such a config at tp=4 (the flow check), naming the cross-attention."""
+    model = tiny_model("MotifVideoTransformer3DModel", enable_text_cross_attention_single=True)
+    with pytest.raises(dtp.PlanError, match=r"single_transformer_blocks\.0\.cross_attn"):
+        dtp.prepare(model, dtp.make_mesh(tp=4, device_type="cpu"), dtp.load_plan("motif_video"))
