@@ -43,6 +43,7 @@ from . import (
     hunyuanvideo,
     hunyuanvideo15,
     hunyuanvideo_framepack,
+    joyimage_edit,
     latte,
     longcat_image,
     ltx2,
@@ -111,6 +112,7 @@ _MODULES = (
     allegro,
     easyanimate,
     motif_video,
+    joyimage_edit,
 )
 
 

@@ -36,20 +36,20 @@ ROUND5_FULL = ("helios", "hunyuanvideo_framepack", "latte")
 ROUND5_CP = ("cogview3plus",)
 ROUND5_CP_FULL: tuple[str, ...] = ()
 # Round 8: NucleusMoE (a new kind: routed experts, `experts` style) runs by default in test_coverage_parity*.py like
-# every plan not marked full, and here only its own cases (_moe_cases); the video families of round 8 repeat covered
-# kinds and run with DTP_FULL=1 (VIDEO8_FULL; VIDEO8_CP_FULL: those with a cp section).
-VIDEO8_FULL = ("minimax_h3", "allegro", "easyanimate", "motif_video")
-VIDEO8_CP_FULL = ("minimax_h3", "easyanimate", "motif_video")
+# every plan not marked full, and here only its own cases (_moe_cases); the other families of round 8 repeat covered
+# kinds and run with DTP_FULL=1 (ROUND8_FULL; ROUND8_CP_FULL: those with a cp section).
+ROUND8_FULL = ("minimax_h3", "allegro", "easyanimate", "motif_video", "joyimage_edit")
+ROUND8_CP_FULL = ("minimax_h3", "easyanimate", "motif_video")
 FULL = os.environ.get("DTP_FULL") == "1"
 
 
 def tp_plans() -> tuple[str, ...]:
     """The plans this run checks at tp (the full ones only under DTP_FULL=1)."""
-    return NEW_PLANS + ROUND5 + (ROUND5_FULL + VIDEO8_FULL if FULL else ())
+    return NEW_PLANS + ROUND5 + (ROUND5_FULL + ROUND8_FULL if FULL else ())
 
 
 def cp_plans() -> tuple[str, ...]:
-    return CP_PLANS + ROUND5_CP + (ROUND5_CP_FULL + VIDEO8_CP_FULL if FULL else ())
+    return CP_PLANS + ROUND5_CP + (ROUND5_CP_FULL + ROUND8_CP_FULL if FULL else ())
 
 
 def params(default: tuple[str, ...], full: tuple[str, ...]) -> list:

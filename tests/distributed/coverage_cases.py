@@ -6,7 +6,7 @@ import dataclasses
 from functools import partial
 
 import torch
-from coverage_2026_cases import FULL, ROUND5_FULL, VIDEO8_FULL, params
+from coverage_2026_cases import FULL, ROUND5_FULL, ROUND8_FULL, params
 
 import dtp
 from dtp.analysis.collectives import CollectiveCounter, implied_collectives
@@ -19,7 +19,7 @@ EARLIER_PLANS = ("flux", "flux2", "qwenimage", "zimage")
 COVERAGE_PLANS = tuple(sorted(set(PLAN_CLASSES) - set(EARLIER_PLANS)))
 # Round 5's further families of a covered kind run here only with DTP_FULL=1 (marked `full`), as in
 # test_coverage_2026_parity.py.
-FULL_ONLY = ROUND5_FULL + VIDEO8_FULL
+FULL_ONLY = ROUND5_FULL + ROUND8_FULL
 RUN_PLANS = tuple(name for name in COVERAGE_PLANS if FULL or name not in FULL_ONLY)
 PLAN_PARAMS = params(tuple(name for name in COVERAGE_PLANS if name not in FULL_ONLY), FULL_ONLY)
 BATCH = 2  # sample 1 has a padded prompt where the model takes a text mask (see dtp/families/shapes.py)

@@ -9,8 +9,8 @@ from coverage_2026_cases import (
     ROUND5_CP,
     ROUND5_CP_FULL,
     ROUND5_FULL,
-    VIDEO8_CP_FULL,
-    VIDEO8_FULL,
+    ROUND8_CP_FULL,
+    ROUND8_FULL,
     params,
     run_two,
 )
@@ -25,14 +25,14 @@ def results():
     return spawn(run_two, 2)
 
 
-@pytest.mark.parametrize("name", params(NEW_PLANS + ROUND5, ROUND5_FULL + VIDEO8_FULL))
+@pytest.mark.parametrize("name", params(NEW_PLANS + ROUND5, ROUND5_FULL + ROUND8_FULL))
 def test_tp2_parity(results, name):
     """Tiny config, batch 2 (padded prompt where masked), tp=2: relative error <= 1e-5 on every rank."""
     assert all(r[name] <= TOL for r in results), [r[name] for r in results]
 
 
 @pytest.mark.parametrize("mode", ["ulysses", "ring"])
-@pytest.mark.parametrize("name", params(CP_PLANS + ROUND5_CP, ROUND5_CP_FULL + VIDEO8_CP_FULL))
+@pytest.mark.parametrize("name", params(CP_PLANS + ROUND5_CP, ROUND5_CP_FULL + ROUND8_CP_FULL))
 def test_cp2_parity(results, name, mode):
     """Tiny config, batch 2, cp=2 (tp=1) in both modes: relative error <= 1e-5 (measured 0 .. 1e-6)."""
     assert all(r[f"{name}/cp/{mode}"] <= TOL for r in results), [r[f"{name}/cp/{mode}"] for r in results]
