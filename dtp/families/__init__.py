@@ -44,6 +44,7 @@ from . import (
     hunyuanvideo15,
     hunyuanvideo_framepack,
     joyimage_edit,
+    joyimage_edit_plus,
     latte,
     longcat_image,
     ltx2,
@@ -113,6 +114,7 @@ _MODULES = (
     easyanimate,
     motif_video,
     joyimage_edit,
+    joyimage_edit_plus,
 )
 
 

@@ -40,7 +40,7 @@ COVERED = sorted(name for name, plan in PLANS.items() if plan.cp is not None and
 # Qwen-Image 2.1 (Ulysses only: `ring_refused`) runs its own, richer case below (`_qwenimage21`)
 CASES = [(name, cp, tp, mode) for name in COVERED for cp, tp, mode in MESHES if PLANS[name].cp.ring_refused is None]
 # Families of a covered kind added later: only with DTP_FULL=1 (marked `full`, and skipped by the worker too).
-FULL_ONLY = {"minimax_h3", "easyanimate", "motif_video"}
+FULL_ONLY = {"minimax_h3", "easyanimate", "motif_video", "joyimage_edit_plus"}
 CASE_PARAMS = [case if case[0] not in FULL_ONLY else pytest.param(*case, marks=pytest.mark.full) for case in CASES]
 
 

@@ -18,7 +18,8 @@ from dtp.testing.tiny import PLAN_CLASSES, tiny_model
 
 # `dtp check <class> --tp 8` at full size (released config, bf16), measured: FLUX.3 1.014, LTX-2 1.044,
 # HunyuanVideo 1.5 1.037, Wan VACE 1.032, Wan Animate 1.021, Helios 1.013, CogView3-Plus 1.033; NucleusMoE 1.025,
-# MiniMax-H3 1.010, Allegro 1.017, EasyAnimate 1.009, Motif-Video 1.019, JoyImage Edit 1.018.
+# MiniMax-H3 1.010, Allegro 1.017, EasyAnimate 1.009, Motif-Video 1.019, JoyImage Edit 1.018
+# (Plus: 1.018).
 FULL_SIZE = ("flux3", "ltx2", "hunyuanvideo15", "wan_vace", "wan_animate", "helios", "cogview3plus")
 FULL_SIZE += (
     "nucleusmoe",
@@ -27,6 +28,7 @@ FULL_SIZE += (
     "easyanimate",
     "motif_video",
     "joyimage_edit",
+    "joyimage_edit_plus",
 )  # MiniMax-H3 1.010, Allegro 1.017, EasyAnimate 1.009
 
 
