@@ -45,6 +45,7 @@ from . import (
     hunyuanvideo_framepack,
     joyimage_edit,
     joyimage_edit_plus,
+    kandinsky5,
     latte,
     longcat_image,
     ltx2,
@@ -115,6 +116,7 @@ _MODULES = (
     motif_video,
     joyimage_edit,
     joyimage_edit_plus,
+    kandinsky5,
 )
 
 

@@ -38,7 +38,15 @@ ROUND5_CP_FULL: tuple[str, ...] = ()
 # Round 8: NucleusMoE (a new kind: routed experts, `experts` style) runs by default in test_coverage_parity*.py like
 # every plan not marked full, and here only its own cases (_moe_cases); the other families of round 8 repeat covered
 # kinds and run with DTP_FULL=1 (ROUND8_FULL; ROUND8_CP_FULL: those with a cp section).
-ROUND8_FULL = ("minimax_h3", "allegro", "easyanimate", "motif_video", "joyimage_edit", "joyimage_edit_plus")
+ROUND8_FULL = (
+    "minimax_h3",
+    "allegro",
+    "easyanimate",
+    "motif_video",
+    "joyimage_edit",
+    "joyimage_edit_plus",
+    "kandinsky5",
+)
 ROUND8_CP_FULL = ("minimax_h3", "easyanimate", "motif_video", "joyimage_edit_plus")
 FULL = os.environ.get("DTP_FULL") == "1"
 

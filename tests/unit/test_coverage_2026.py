@@ -19,7 +19,7 @@ from dtp.testing.tiny import PLAN_CLASSES, tiny_model
 # `dtp check <class> --tp 8` at full size (released config, bf16), measured: FLUX.3 1.014, LTX-2 1.044,
 # HunyuanVideo 1.5 1.037, Wan VACE 1.032, Wan Animate 1.021, Helios 1.013, CogView3-Plus 1.033; NucleusMoE 1.025,
 # MiniMax-H3 1.010, Allegro 1.017, EasyAnimate 1.009, Motif-Video 1.019, JoyImage Edit 1.018
-# (Plus: 1.018).
+# (Plus: 1.018), Kandinsky 5 1.030.
 FULL_SIZE = ("flux3", "ltx2", "hunyuanvideo15", "wan_vace", "wan_animate", "helios", "cogview3plus")
 FULL_SIZE += (
     "nucleusmoe",
@@ -29,6 +29,7 @@ FULL_SIZE += (
     "motif_video",
     "joyimage_edit",
     "joyimage_edit_plus",
+    "kandinsky5",
 )  # MiniMax-H3 1.010, Allegro 1.017, EasyAnimate 1.009
 
 
@@ -126,6 +127,7 @@ CP_REFUSED = {
     "nucleusmoe": "expert-choice routing",
     "allegro": "one nested argument",
     "joyimage_edit": "one nested argument",
+    "kandinsky5": "flattens the channels-last grid",
 }
 
 

@@ -98,7 +98,10 @@ def attention_spec(path: str, module: nn.Module, key: str) -> AttentionSpec | No
     """The spec for `module`, or None when it has no integer `heads` and is no transformers attention module."""
     if not is_int(getattr(module, "heads", None)):
         counts = transformers_attention_counts(module)
-        return None if counts is None else AttentionSpec(path, key, *counts, shares_kv=True)
+        if counts is not None:
+            return AttentionSpec(path, key, *counts, shares_kv=True)
+        if not is_int(getattr(module, "num_heads", None)):  # a diffusers module may call it num_heads (Kandinsky 5)
+            return None
     values = tuple(
         (attr, getattr(module, attr)) for attr in HEAD_ATTRS + WIDTH_ATTRS if is_int(getattr(module, attr, None))
     )
@@ -118,9 +121,10 @@ def derived_kv_heads(module: nn.Module) -> int | None:
     """
     q_width = _width(module, ("inner_dim",), "to_q")
     k_width = _width(module, KV_WIDTH_ATTRS, "to_k")
-    if q_width is None or k_width is None or k_width == q_width or q_width % module.heads:
+    heads = getattr(module, "heads", None) or module.num_heads
+    if q_width is None or k_width is None or k_width == q_width or q_width % heads:
         return None
-    return k_width // (q_width // module.heads)
+    return k_width // (q_width // heads)
 
 
 def _width(module: nn.Module, attrs: tuple[str, ...], linear_name: str) -> int | None:
