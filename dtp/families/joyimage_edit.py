@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .geometry import Geometry
 from .shapes import square_side
 
 CLASS_NAME = "JoyImageEditTransformer3DModel"
@@ -20,6 +21,9 @@ TINY = dict(
     rope_dim_list=[4, 6, 6],  # sums to the head dim, 16
 )
 ITEMS = 2  # the edit target and one reference image, [B, N, C, T, H, W]
+# Image edits through a video layout [B, C, T, H, W]: one frame of 1024 x 1024 px (assumed usual size) through a Wan
+# 2.1-style VAE (16 latent channels, 8x in space); full-size inputs: the target alone, T = 1.
+GEOMETRY = Geometry(vae_time_scale=4, clip=(1, 1024, 1024), layout="video")
 
 
 def inputs(cfg, g, batch, img, txt):

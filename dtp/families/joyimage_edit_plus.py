@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import joyimage_edit
+from .geometry import Geometry
 from .shapes import text_mask
 
 CLASS_NAME = "JoyImageEditPlusTransformer3DModel"
@@ -14,6 +15,8 @@ PLAN = "joyimage_edit_plus"
 RELEASED: dict = {}  # the class defaults (no hub here: not checked against the released config)
 TINY = dict(joyimage_edit.TINY)
 PATCH = (1, 2, 2)  # the class default patch_size, pt x ph x pw latent pixels per patch
+# JoyImage Edit's size; the patches are built by the family from their count (the target and one reference).
+GEOMETRY = Geometry(vae_time_scale=4, clip=(1, 1024, 1024), layout="video_packed")
 
 
 def inputs(cfg, g, batch, img, txt):
