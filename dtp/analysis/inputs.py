@@ -128,6 +128,11 @@ def latent_grid(class_name: str, size: tuple[int, int, int], geometry: Geometry 
 def _video_inputs(class_name, geometry: Geometry, config, dtype, size, txt: int, batch: int) -> FullInputs:
     """The family's inputs for a small clip, with the latent video replaced by the full-size one."""
     f, h, w = latent_grid(class_name, size, geometry)
+    if geometry.layout == "video_packed":  # the family builds the packed sequence from the video token count
+        tokens = (f // geometry.patch_t) * (h // geometry.patch) * (w // geometry.patch)
+        kwargs = meta_inputs(class_name, config, dtype, img_tokens=tokens, txt_tokens=txt, batch=batch)
+        pixels = f"{size[0]} frames of {size[1]}x{size[2]} px = latent video {f} x {h} x {w}"
+        return FullInputs(kwargs, tokens, txt, pixels, video=True, height=size[1])
     kwargs = meta_inputs(class_name, config, dtype, img_tokens=16, txt_tokens=txt, batch=batch)
     latent = kwargs["hidden_states"]
     if geometry.layout == "video_tokens":  # LTX: tokens [B, f h w, C] with the grid beside them

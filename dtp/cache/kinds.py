@@ -17,8 +17,8 @@ One row per config class diffusers 0.42.1 ships (`diffusers.hooks`), read from i
     SeaCacheConfig               a spectral indicator of the model's raw latents (whole on every cp rank, gathered
                                  over cfg's batch split; `sea.py`), the gate agreed; fail-open (never skips) on
                                  DTensor or FSDP-managed blocks: refused on tp and with fsdp
-    TextKVCacheConfig            hooks NucleusMoE-Image's blocks only (no dtp plan) and keys cached text K/V by the
-                                 `data_ptr()` of encoder_hidden_states: refused everywhere
+    TextKVCacheConfig            hooks NucleusMoE-Image's blocks only (not verified sharded) and keys cached text K/V
+                                 by the `data_ptr()` of encoder_hidden_states: refused everywhere
 
 `refusal(config, parallelism)` is the one home of these rules; dtp's `enable_cache` and `prepare` ask it.
 """
@@ -40,9 +40,10 @@ class CacheKind:
     refused: tuple[tuple[str, str], ...] = ()
 
 
-# diffusers 0.42.1 hooks TextKVCache into NucleusMoEImageTransformerBlock only, and dtp has no plan for that model.
+# diffusers 0.42.1 hooks TextKVCache into NucleusMoEImageTransformerBlock only; dtp's nucleusmoe plan has not been
+# verified with it.
 _TEXT_KV = (
-    "it only hooks NucleusMoE-Image's blocks, a model dtp has no plan for (nothing to verify), and keys its K/V by "
+    "it only hooks NucleusMoE-Image's blocks (not verified on a sharded one), and keys its K/V by "
     "encoder_hidden_states.data_ptr(), which CP's cut and the cfg wrapper's copies renew every call"
 )
 

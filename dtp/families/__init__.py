@@ -23,6 +23,7 @@ import torch
 
 from ..errors import PlanError
 from . import (
+    allegro,
     auraflow,
     bria,
     bria_fibo,
@@ -35,6 +36,7 @@ from . import (
     consisid,
     cosmos,
     dit,
+    easyanimate,
     ernie_image,
     flux,
     flux2,
@@ -48,13 +50,19 @@ from . import (
     hunyuanvideo15,
     hunyuanvideo_framepack,
     ideogram4,
+    joyimage_edit,
+    joyimage_edit_plus,
+    kandinsky5,
     krea2,
     latte,
     longcat_image,
     ltx2,
     ltx_video,
     lumina2,
+    minimax_h3,
     mochi,
+    motif_video,
+    nucleusmoe,
     ovisimage,
     pixart,
     prx,
@@ -120,6 +128,15 @@ _MODULES = (
     ideogram4,
     ernie_image,
     prx,
+    # round 8: video models and mixture of experts
+    nucleusmoe,
+    minimax_h3,
+    allegro,
+    easyanimate,
+    motif_video,
+    joyimage_edit,
+    joyimage_edit_plus,
+    kandinsky5,
 )
 
 

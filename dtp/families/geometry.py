@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 # How the transformer takes its latents (`hidden_states`); the image layouts are built by each family's `inputs`
 # from a token count, the video ones are replaced by the full-size latent video (`analysis/inputs.py`).
-LAYOUTS = ("image", "video", "video_fchw", "video_tokens")
+LAYOUTS = ("image", "video", "video_fchw", "video_tokens", "video_packed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +38,9 @@ class Geometry:
     settings (Qwen-Image's true CFG, Wan); False: one call (a doubled batch, or guidance-distilled like FLUX.1-dev)."""
     layout: str = "image"
     """`hidden_states` layout: "image" (built from a token count by the family), "video" [B, C, F, H, W],
-    "video_fchw" [B, F, C, H, W] (CogVideoX), "video_tokens" [B, F H W, C] with the grid beside it (LTX)."""
+    "video_fchw" [B, F, C, H, W] (CogVideoX), "video_tokens" [B, F H W, C] with the grid beside it (LTX),
+    "video_packed" (inputs that all follow the video token count: MiniMax-H3's packed sequence and its index
+    tensors, Allegro's RoPE positions): the family builds every input from the token count, as for an image."""
 
     grid_inputs: tuple[str, ...] = ()
     """Other inputs laid out on the same latent grid as `hidden_states` (layout "video"), each with its own channels:

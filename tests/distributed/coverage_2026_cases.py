@@ -16,6 +16,7 @@ from dtp.analysis.suggest import suggest_plan
 from dtp.plan import Rule, Style
 from dtp.resolve import clear_caches
 from dtp.runtime.norms import ShardedRMSNorm
+from dtp.styles import experts as experts_style
 from dtp.testing.parity import forward_parity
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 
@@ -38,9 +39,22 @@ ROUND5_CP_FULL: tuple[str, ...] = ()
 # output gate); the others repeat covered kinds (Hunyuan-DiT / DiT: PixArt's BasicTransformerBlock layout; FIBO:
 # FLUX.1's; FIBO 2.0 / Ideogram 4: Z-Image's blocks; GLM-Image: CogView4's; ERNIE-Image: single-stream blocks; PRX:
 # joint-key attention) and run with DTP_FULL=1.
+# Round 8 (video models, MoE): NucleusMoE (a new kind: routed experts, `experts` style) runs by default in
+# test_coverage_parity*.py like every plan not marked full, and here only its own cases (_moe_cases); the other video
+# families repeat covered kinds and run with DTP_FULL=1. ROUND8_CP_FULL: those with a cp section.
 ROUND8 = ("krea2",)
 ROUND8_FULL = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "ideogram4", "ernie_image", "prx")
+ROUND8_FULL += (
+    "minimax_h3",
+    "allegro",
+    "easyanimate",
+    "motif_video",
+    "joyimage_edit",
+    "joyimage_edit_plus",
+    "kandinsky5",
+)
 ROUND8_CP_FULL = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "krea2", "ernie_image", "prx")
+ROUND8_CP_FULL += ("minimax_h3", "easyanimate", "motif_video", "joyimage_edit_plus")
 FULL = os.environ.get("DTP_FULL") == "1"
 
 
@@ -76,6 +90,7 @@ def run_two(rank, world_size):
     results["ltx2/per_rank_qk_norm"] = _per_rank_qk_norm(tp_mesh)
     if FULL:
         results["prx/plain_colwise_qkv"] = _parity("prx", tp_mesh, _prx_plain_qkv_plan())
+    results.update(_moe_cases(tp_mesh))
     cp_mesh = dtp.make_mesh(cp=2, tp=1)
     for name in cp_plans():
         for mode in ("ulysses", "ring"):
@@ -168,3 +183,20 @@ def _per_rank_qk_norm(mesh) -> float:
     ref = output_tensor(tiny_model(cls)(**tiny_inputs(cls, batch=BATCH)))
     out = output_tensor(model(**tiny_inputs(cls, batch=BATCH)))
     return float((out - ref).abs().max() / ref.abs().max())
+
+
+def _moe_cases(mesh) -> dict:
+    """NucleusMoE with the released grouped-matmul experts (F.grouped_mm) instead of the tiny config's loop, and
+    the negative control: the experts' partial outputs left un-reduced (each rank adds only its slices' share)."""
+    cls = PLAN_CLASSES["nucleusmoe"]
+    inputs, plan = tiny_inputs(cls, batch=BATCH), dtp.load_plan("nucleusmoe")
+    grouped = forward_parity(partial(tiny_model, cls, use_grouped_mm=True), inputs, mesh, plan).relative
+
+    def unreduced(module, args, output, *, mesh):
+        for name in experts_style.PARAMS:
+            module.__dict__.pop(name, None)
+        return output
+
+    with mock.patch.object(experts_style, "_reduce_output", unreduced):
+        control = forward_parity(partial(tiny_model, cls), inputs, mesh, plan).relative
+    return {"nucleusmoe/grouped_mm": grouped, "nucleusmoe/unreduced": control}

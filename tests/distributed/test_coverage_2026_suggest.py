@@ -15,10 +15,15 @@ from dtp.testing.parity import forward_parity
 from dtp.testing.tiny import tiny_inputs, tiny_model
 
 TOL = 1e-5  # max |sharded - ref| <= TOL * max |ref|, fp32
-# The default run walks one image model, one video model (a Wan-style QK-norm across heads) and one refusal (Qwen-Image
-# 2.1: its suggested plan is refused by prepare); every other family is a `full` case (DTP_FULL=1), skipped by the
-# worker too, which is where the time goes.
+# Allegro: the suggested plan also pairs the timestep embedder (linear_1 colwise -> linear_2 rowwise); its rounding
+# reaches every block's modulation and the tiny model amplifies it to 9.2e-5 in fp32. The same plan in fp64 equals one
+# process at fp32 resolution (0.0), so the split is exact; the negative controls of these tests miss by 0.3 and more.
+TOLERANCE = {"AllegroTransformer3DModel": 2e-4}
+# The default run walks one image model, one video model (a Wan-style QK-norm across heads), one mixture of experts
+# (NucleusMoE) and one refusal (Qwen-Image 2.1: its suggested plan is refused by prepare); every other family is a
+# `full` case (DTP_FULL=1), skipped by the worker too, which is where the time goes.
 DEFAULT = ("FluxTransformer2DModel", "WanTransformer3DModel", "QwenImage21Transformer2DModel")
+DEFAULT += ("NucleusMoEImageTransformer2DModel",)  # mixture of experts (3-D expert weights): exact, measured 5.2e-7
 WALKED = tuple(sorted(FAMILIES)) if os.environ.get("DTP_FULL") == "1" else DEFAULT
 
 
@@ -46,7 +51,7 @@ def walk(rank, world_size, classes):
             plan = suggest_plan(tiny_model(cls), inputs, tp=world_size)
             relative = forward_parity(partial(tiny_model, cls), inputs, mesh, plan).relative
             outcomes[cls] = (
-                "exact" if relative <= TOL else "differs",
+                "exact" if relative <= TOLERANCE.get(cls, TOL) else "differs",
                 relative,
                 rank_fraction(tiny_model(cls), plan, world_size),
             )

@@ -17,13 +17,19 @@ from dtp.resolve.binding.held_sizes import check_held_sizes
 from dtp.testing.tiny import PLAN_CLASSES, tiny_model
 
 # `dtp check <class> --tp 8` at full size (released config, bf16), measured: FLUX.3 1.014, LTX-2 1.044,
-# HunyuanVideo 1.5 1.037, Wan VACE 1.032, Wan Animate 1.021, Helios 1.013, CogView3-Plus 1.033.
+# HunyuanVideo 1.5 1.037, Wan VACE 1.032, Wan Animate 1.021, Helios 1.013, CogView3-Plus 1.033; NucleusMoE 1.025,
+# MiniMax-H3 1.010, Allegro 1.017, EasyAnimate 1.009, Motif-Video 1.019, JoyImage Edit 1.018
+# (Plus: 1.018), Kandinsky 5 1.030.
 FULL_SIZE = ("flux3", "ltx2", "hunyuanvideo15", "wan_vace", "wan_animate", "helios", "cogview3plus")
 # Round 8 (image models), measured: Bria FIBO 1.000, GLM-Image 1.001, ERNIE-Image 1.002 (DTP_FULL=1).
 FULL_SIZE_ROUND8 = ("bria_fibo", "glm_image", "ernie_image")
+FULL_SIZE += ("nucleusmoe",)
+# Round 8's other video families repeat covered kinds: their full-size checks run with DTP_FULL=1.
+FULL_SIZE_FULL = ("minimax_h3", "allegro", "easyanimate", "motif_video", "joyimage_edit", "joyimage_edit_plus")
+FULL_SIZE_FULL += ("kandinsky5", *FULL_SIZE_ROUND8)
 
 
-@pytest.mark.parametrize("name", [*FULL_SIZE, *(pytest.param(n, marks=pytest.mark.full) for n in FULL_SIZE_ROUND8)])
+@pytest.mark.parametrize("name", [*FULL_SIZE, *(pytest.param(name, marks=pytest.mark.full) for name in FULL_SIZE_FULL)])
 def test_full_size_weights_per_rank_within_5_percent_of_ideal(name):
     """Released config on meta, tp=8: one rank's weight bytes <= 1.05 x total / 8."""
     model = meta_model(PLAN_CLASSES[name], dtype=torch.bfloat16)
@@ -114,6 +120,10 @@ CP_REFUSED = {
     "consisid": "text_seq_length",
     "latte": "reshapes the tokens",
     "ideogram4": "block-diagonal mask",
+    "nucleusmoe": "expert-choice routing",
+    "allegro": "one nested argument",
+    "joyimage_edit": "one nested argument",
+    "kandinsky5": "flattens the channels-last grid",
 }
 
 
@@ -136,3 +146,19 @@ def test_num_heads_attention_gets_per_rank_counts():
     pool = nn.Module()
     pool.num_heads = 8  # HunyuanDiT's T5 pooler keeps num_heads and calls F.multi_head_attention_forward itself
     assert query_heads(pool) is None and query_heads(model.transformer_blocks[0].attn) == 8
+
+
+def test_easyanimate_shared_blocks_are_refused_naming_the_text_projection():
+    """EasyAnimate blocks past `mmdit_layers` return the text's attention output unprojected (this rank's heads only
+    under tp): the plan's text keys are required, so such a config is refused before anything is sharded."""
+    model = tiny_model("EasyAnimateTransformer3DModel", mmdit_layers=1)
+    with pytest.raises(dtp.PlanError, match=r"'transformer_blocks.1.attn1.add_q_proj' is None"):
+        resolve(dtp.load_plan("easyanimate"), model)
+
+
+def test_motif_single_block_cross_attention_is_refused_before_sharding(fake_world):
+    """Motif-Video's single-block text cross-attention takes the attention output before proj_out (this rank's heads
+    under tp) as its query input: prepare refuses such a config at tp=4 (the flow check), naming the cross-attention."""
+    model = tiny_model("MotifVideoTransformer3DModel", enable_text_cross_attention_single=True)
+    with pytest.raises(dtp.PlanError, match=r"single_transformer_blocks\.0\.cross_attn"):
+        dtp.prepare(model, dtp.make_mesh(tp=4, device_type="cpu"), dtp.load_plan("motif_video"))

@@ -31,7 +31,7 @@ def merged_piece(spec: LinearSpec, a: torch.Tensor, b: torch.Tensor, tp: int, ra
 
 @settings(max_examples=40, deadline=None)
 @given(
-    style=st.sampled_from(list(Style)),
+    style=st.sampled_from([s for s in Style if s.shard_dim in (0, 1)]),  # `experts` (3-D weights) takes no LoRA
     units=st.lists(st.integers(1, 3), min_size=1, max_size=4),
     tp=st.sampled_from([1, 2, 4]),
     data=st.data(),

@@ -109,7 +109,9 @@ def attention_spec(path: str, module: nn.Module, key: str) -> AttentionSpec | No
     attention module."""
     if query_heads(module) is None:
         counts = transformers_attention_counts(module)
-        return None if counts is None else AttentionSpec(path, key, *counts, shares_kv=True)
+        if counts is not None:
+            return AttentionSpec(path, key, *counts, shares_kv=True)
+        return None
     values = tuple(
         (attr, getattr(module, attr)) for attr in HEAD_ATTRS + WIDTH_ATTRS if is_int(getattr(module, attr, None))
     )
@@ -130,7 +132,7 @@ def derived_kv_heads(module: nn.Module) -> int | None:
     q_width = _width(module, ("inner_dim",), "to_q")
     k_width = _width(module, KV_WIDTH_ATTRS, "to_k")
     heads = query_heads(module)
-    if q_width is None or k_width is None or k_width == q_width or q_width % heads:
+    if not is_int(heads) or q_width is None or k_width is None or k_width == q_width or q_width % heads:
         return None
     return k_width // (q_width // heads)
 

@@ -55,6 +55,18 @@ class LinearSpec:
         ]
 
 
+@dataclass(frozen=True)
+class ExpertsSpec(LinearSpec):
+    """A module of SwiGLU experts (`experts` style, `styles/experts.py`): a LinearSpec, so that everything reading
+    planned weights (apply, the loader, `dtp check`, the rank fingerprint) takes it as it is; only the parameters
+    differ. `sizes` are the gate and up blocks of `gate_up_proj`'s columns, `(I, I)`; `down_proj`'s rows are the
+    one block `(I,)`. pad=True leaves them unpadded (`padding.pad_resolved` refuses an I that tp does not divide)."""
+
+    def param_layouts(self) -> dict[str, Layout | None]:
+        assert self.padded_sizes in (None, self.sizes), "experts are never padded"
+        return {"gate_up_proj": Layout(2, self.sizes), "down_proj": Layout(1, self.sizes[:1])}
+
+
 def resolve_linears(plan: Plan, model: nn.Module) -> list[LinearSpec]:
     """One LinearSpec per Linear the plan's rules address; PlanError for non-Linears and double matches."""
     specs: dict[str, LinearSpec] = {}
@@ -67,6 +79,10 @@ def resolve_linears(plan: Plan, model: nn.Module) -> list[LinearSpec]:
                 raise PlanError(
                     f"plan {plan.name}: '{path}' is matched by both '{specs[path].rule.key}' and '{rule.key}'."
                 )
+            if rule.style is Style.EXPERTS:  # accepts() checked the two 3-D parameters
+                hidden = module.down_proj.shape[1]
+                specs[path] = ExpertsSpec(path, rule, (hidden, hidden), has_bias=False)
+                continue
             has_bias = getattr(module, "bias", None) is not None  # an Embedding has none
             specs[path] = LinearSpec(path, rule, _sizes(plan, rule, path, module), has_bias)
     return list(specs.values())

@@ -222,7 +222,8 @@ def shard_meta(clone: nn.Module, resolved: Resolved, tp: int, where: Callable = 
             if layout is not None:
                 local = torch.empty(layout.local_shape(param.shape, tp), dtype=param.dtype, device="meta")
                 module._parameters[name] = nn.Parameter(local, requires_grad=False)
-        if isinstance(spec, LinearSpec) and spec.style.gathers_output and not spec.style.is_embedding:
+        # a gathered output is whole again; an all-reduced one (rowwise, experts) already has its full width locally
+        if isinstance(spec, LinearSpec) and spec.style.collective == "all_gather" and not spec.style.is_embedding:
             module.register_forward_hook(_gather_hook(sum(spec.sizes)))
     for spec in resolved.norms:  # runtime/norms.py swaps them for ShardedRMSNorm: local features, local weight
         if where(spec.path) is None:

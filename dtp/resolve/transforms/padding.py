@@ -147,6 +147,8 @@ def pad_resolved(resolved: Resolved, model: nn.Module, tp: int, head_multiple: i
     for spec in resolved.linears:
         if spec.style.shard_dim == 1:
             padded[spec.path] = _pad_rowwise(spec, pairs, tp, name)
+        elif spec.style.shard_dim not in (0, 1):  # experts: hidden units are not padded (no head count to round)
+            padded[spec.path] = _unpadded_experts(spec, tp, name)
     linears = tuple(padded[spec.path] for spec in resolved.linears)
     attention = tuple(_pad_attention(spec, heads[spec.path], tp) for spec in resolved.attention)
     _check_outputs_unpadded(resolved, heads.values())
@@ -156,6 +158,15 @@ def pad_resolved(resolved: Resolved, model: nn.Module, tp: int, head_multiple: i
     out = replace(resolved, linears=linears, attention=attention, norms=norms, constraints=tuple(constraints))
     assert all(c.allows(tp) for c in out.constraints), "padding left a width tp does not divide"
     return Padding(tp, resolved, out, tuple(heads.values()))
+
+
+def _unpadded_experts(spec: LinearSpec, tp: int, plan_name: str) -> LinearSpec:
+    if spec.sizes[0] % tp:
+        raise PlanError(
+            f"plan {plan_name}, key '{spec.rule.key}': tp={tp} does not divide the {spec.sizes[0]} hidden units of "
+            f"every expert in '{spec.path}', and pad=True does not pad experts; use a tp that divides it."
+        )
+    return replace(spec, padded_sizes=spec.sizes)
 
 
 def _check_outputs_unpadded(resolved: Resolved, heads) -> None:
