@@ -5,14 +5,22 @@ whole. With `fsdp=True`, torch's FSDP2 (`fully_shard`) shards each of those slic
 non-tp axes flattened into one (`Parallelism.fsdp_mesh`: cfg x cp ranks). No all-gather machinery is home-made:
 
     unit      = each element of the model's outermost ModuleLists (a transformer block), plus the root
-                (embedders, norms, output projection: everything outside the blocks)
+                (embedders, norms, output projection: everything outside the blocks); a block holding more than
+                SPLIT_RATIO x the smallest block's parameters is split: each child module with parameters is a unit
+                of its own, the block's unit keeps the rest (`unit_layout`)
     at rest   = a parameter is dim-0 chunk r of its tp slice on fsdp rank r (torch.chunk, padded):
                 Shard(0) on the fsdp axis, or (_StridedShard(0), Shard(d)) with TP inside (torchtitan's 2-D layout)
-    forward   = a block's all-gather runs just before it, its whole parameters are freed right after
-                (`reshard_after_forward=True`), and the next block's all-gather is issued first (prefetch; the
-                last block prefetches the first for the next call); the root stays gathered after the first call
+    forward   = a unit's all-gather runs just before it, its whole parameters are freed right after
+                (`reshard_after_forward=True`), and the following units' all-gathers are issued first (prefetch:
+                as many as fit in the smallest block, at least one: `prefetch_windows`); the root prefetches the
+                first units at the start of a call and stays gathered after the first call; nothing is pending
+                between calls (the VAE decode and the text encoders run with no block gathered)
 
-    per-rank weight bytes ~ blocks / (tp * fsdp) + root / tp + two whole blocks / tp in flight
+    per-rank weight bytes ~ blocks / (tp * fsdp) + root / tp + in flight (<= 2 x the largest unit / tp)
+
+FLUX.1-dev bf16 (`dtp check flux --cp 8 --fsdp`): 19 double blocks of 0.68 GB, 38 single ones of 0.28 GB. The
+double blocks split (0.68 > 2 x 0.28) into norm1 / norm1_context (0.11 GB each), attn, ff, ff_context (0.15 GB
+each): in flight at most 2 x 0.28 GB while denoising, instead of 2 x 0.68 GB with a unit per block.
 
 Every rank of the fsdp group must run the same sequence of units: the cfg groups do (`runtime/cfg` runs one
 forward per group per call), and so do the cp ranks (same blocks on a part of the sequence).
@@ -23,12 +31,47 @@ plain tensors in the forward: no DTensor dispatch in the compute path.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from .. import quant
 from ..errors import PlanError
 from .memory import local_param_bytes
+
+SPLIT_RATIO = 2
+"""A block holding more than SPLIT_RATIO x the smallest block's parameter bytes is split into its children's units:
+splitting pays when it at least halves what one gather brings in (FLUX.1: 0.68 / 0.28 GB = 2.4, split); a model of
+blocks alike (Wan, Qwen-Image) keeps a unit per block, as FSDP is used in training."""
+LAYOUT_ATTR = "_dtp_fsdp_layout"  # the `Layout` apply_fsdp sharded with, on the root instance
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One FSDP2 unit below the root: `module` at `path`, gathering `size` bytes (its parameters at their tp-local
+    size, less those of units nested in it: a split block keeps what its children do not hold, often nothing)."""
+
+    path: str
+    module: nn.Module
+    size: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The units below the root in forward order (a split block first: its children run inside it) and `cap`, the
+    smallest block's bytes: the most a prefetch window issues beyond its first unit (`prefetch_windows`)."""
+
+    units: tuple[Unit, ...]
+    cap: int
+
+    def gathered(self) -> list[Unit]:
+        """The units with parameters: the ones that gather, prefetch and are prefetched."""
+        return [u for u in self.units if u.size > 0]
+
+    def in_flight(self) -> int:
+        """The most gathered unit bytes alive at once while the blocks run (`in_flight`)."""
+        return in_flight([u.size for u in self.gathered()], self.cap)
 
 
 def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
@@ -42,6 +85,49 @@ def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
         if isinstance(module, nn.ModuleList) and not any(name.startswith(f"{outer}.") for outer, _ in found):
             found.append((name, module))
     return found
+
+
+def unit_layout(model: nn.Module) -> Layout:
+    """FSDP's units below the root of `model` (its tp slices, before FSDP shards them), by the rule on sizes:
+    each block is a unit; a block of more than SPLIT_RATIO x the smallest block is split, each direct child holding
+    parameters a unit of its own (module docstring: FLUX.1's double blocks)."""
+    blocks = [(f"{name}.{i}", block) for name, lst in block_lists(model) for i, block in enumerate(lst)]
+    sizes = [local_param_bytes(block) for _, block in blocks]
+    cap = min((size for size in sizes if size > 0), default=0)
+    units: list[Unit] = []
+    for (path, block), size in zip(blocks, sizes):
+        split = cap > 0 and size > SPLIT_RATIO * cap
+        children = [(f"{path}.{n}", c) for n, c in block.named_children() if split and local_param_bytes(c) > 0]
+        held = [Unit(p, c, local_param_bytes(c)) for p, c in children]
+        units += [Unit(path, block, size - sum(u.size for u in held)), *held]
+    return Layout(tuple(units), cap)
+
+
+def prefetch_windows(sizes: list[int], cap: int) -> list[range]:
+    """Which units' all-gathers each issues before it runs, `sizes` being the gathering units' bytes in forward
+    order: windows[0] is the root's (at the start of a call), windows[i + 1] unit i's. A window holds the units
+    that follow while their sum stays <= cap, and at least the next one; the last unit's is empty (nothing is
+    pending between calls).
+
+    e.g. FLUX.1-dev's double block, then a single block (GB): sizes [0.11, 0.11, 0.15, 0.15, 0.15, 0.28], cap 0.28
+    -> root [0, 1], [1, 2], [2], [3], [4], [5], []: small units prefetch two ahead.
+    """
+    windows = []
+    for start in range(len(sizes) + 1):
+        stop, total = start, 0
+        while stop < len(sizes) and (stop == start or total + sizes[stop] <= cap):
+            total, stop = total + sizes[stop], stop + 1
+        windows.append(range(start, stop))
+    return windows
+
+
+def in_flight(sizes: list[int], cap: int) -> int:
+    """The most gathered bytes alive at once: unit i running and its window issued (any earlier window that reaches
+    past i is a prefix of i's), or the root's window at the start: <= the largest unit + max(cap, largest unit)."""
+    windows = prefetch_windows(sizes, cap)
+    alive = [sum(sizes[j] for j in windows[0])]
+    alive += [size + sum(sizes[j] for j in windows[i + 1]) for i, size in enumerate(sizes)]
+    return max(alive)
 
 
 def fsdp_rows(length: int, fsdp: int, rank: int) -> tuple[int, int]:
@@ -70,26 +156,28 @@ def check_fsdp(model: nn.Module) -> None:
 
 
 def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
-    """`fully_shard` each block and then the root over `fsdp_mesh`; each unit prefetches the next one.
+    """`fully_shard` each unit of `unit_layout` (children before their block) and then the root over `fsdp_mesh`;
+    each gathering unit prefetches its `prefetch_windows` window, the root the first one.
 
-    Units in registration order (the order the blocks run in every supported model), chained: each block's
-    forward first issues the next block's all-gather, and the last block issues the first block's for the next
-    call, so no call but the first waits on a block's gather (in flight: the running block and the next; between
-    calls the first block's pending gather).
-    The root (embedders, final norm and projection: 1-3 % of the weights) keeps its parameters gathered after
-    the first call (`reshard_after_forward=False`): it runs at both ends of every call.
+    Units run in registration order in every supported model (tests/unit/test_fsdp_units.py holds it: a window
+    that missed would still be correct, gathered late). The root (embedders, final norm and projection: 1-3 % of
+    the weights) keeps its parameters gathered after the first call (`reshard_after_forward=False`): it runs at
+    both ends of every call. Nothing is prefetched across calls, so between calls no block is gathered.
     """
-    units = [block for _, blocks in block_lists(model) for block in blocks]
-    for block in units:
-        fully_shard(block, mesh=fsdp_mesh, reshard_after_forward=True)
-    for block, following in zip(units, units[1:] + units[:1]):
-        if following is not block:
-            block.set_modules_to_forward_prefetch([following])
+    layout = unit_layout(model)
+    for unit in reversed(layout.units):  # a split block's children come after it: shard them first
+        fully_shard(unit.module, mesh=fsdp_mesh, reshard_after_forward=True)
     fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=False)
+    gathered = layout.gathered()
+    windows = prefetch_windows([u.size for u in gathered], layout.cap)
+    for module, window in zip([model] + [u.module for u in gathered], windows):
+        if window:
+            module.set_modules_to_forward_prefetch([gathered[j].module for j in window])
     # Free each unit's all-gather buffer right after its copy-out. By default FSDP2 keeps it until the next unit's
-    # copy-out (overlap for implicit prefetching, which the chain above replaces): three blocks in flight instead of
-    # two, measured on gloo (medium FLUX.1, cp=2: forward peak 53.9 MB, 44.4 MB with this, 46.8 MB without fsdp).
+    # copy-out (overlap for implicit prefetching, which the windows above replace): three blocks in flight instead
+    # of two, measured on gloo (medium FLUX.1, cp=2: forward peak 53.9 MB, 44.4 MB with this, 46.8 MB without fsdp).
     model._set_unshard_async_op(True)  # torch's own switch (FSDPModule), named private in torch 2.13
+    setattr(model, LAYOUT_ATTR, layout)
     name_repeated_blocks(model)
     return model
 
@@ -129,6 +217,13 @@ def resident_bytes(model: nn.Module) -> int:
     return blocks + sum(p._orig_size.numel() * p.sharded_param.element_size() for p in gathered)
 
 
+def in_flight_bytes(model: nn.Module) -> int:
+    """The most gathered unit bytes a rank of the FSDP model `model` holds at once while its blocks run, above
+    `resident_bytes` (`Layout.in_flight`: the running unit and its prefetch window; tp-local sizes)."""
+    assert is_fsdp(model), "in_flight_bytes() takes the root of an FSDP model"
+    return getattr(model, LAYOUT_ATTR).in_flight()
+
+
 def is_fsdp(model: nn.Module) -> bool:
     """Whether `model` was sharded by `apply_fsdp` (its root is an FSDP2 unit)."""
     return isinstance(model, FSDPModule)
@@ -137,8 +232,8 @@ def is_fsdp(model: nn.Module) -> bool:
 def release(model: nn.Module) -> None:
     """Every unit of the FSDP model `model` back to its shards, no all-gather pending; no collective.
 
-    After a call the root keeps its gathered parameters and the first block's gather, prefetched by the last block,
-    is pending: its result holds the weights as they were then. Code that writes into the shards between calls
+    After a call the root keeps its gathered parameters, and a gather prefetched for a unit a cache skipped is
+    pending: their results hold the weights as they were then. Code that writes into the shards between calls
     (`fuse_lora`) runs this first, so the next call gathers what it wrote (torch's `reset_iter_state`: wait for the
     pending gathers, drop them, reshard every unit).
     """

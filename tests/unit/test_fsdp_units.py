@@ -1,0 +1,88 @@
+"""FSDP's units and prefetch windows (`runtime/fsdp.py`): the rule on sizes, the forward order, the bytes in flight.
+
+- the units run in the order `unit_layout` lists them (the prefetch windows follow that order): recorded with
+  forward pre-hooks on a tiny model of each parity family, one forward each;
+- `in_flight` against an independent simulation of FSDP2 with windows (gather on issue or on first use, free after
+  the unit runs), for any sizes (hypothesis), and its bound (the largest unit + max(cap, largest));
+- FLUX.1-dev at full size (meta): the double blocks split (0.68 GB > 2 x 0.28 GB), the single ones not, and in
+  flight 2 x a single block.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dtp.analysis.fakepg import meta_model
+from dtp.runtime.fsdp import SPLIT_RATIO, in_flight, prefetch_windows, unit_layout
+from dtp.testing.tiny import tiny_inputs, tiny_model
+
+FAMILIES = (
+    "FluxTransformer2DModel",
+    "Flux2Transformer2DModel",
+    "QwenImageTransformer2DModel",
+    "WanTransformer3DModel",
+    "HunyuanVideoTransformer3DModel",
+    "LTXVideoTransformer3DModel",
+)
+
+
+def _simulated_peak(sizes: list[int], windows: list[range]) -> int:
+    """FSDP2 with explicit prefetch, by hand: the root issues windows[0]; each unit is gathered if nothing issued it,
+    issues its window, runs (the bytes alive are counted), and is freed."""
+    alive: set[int] = set(windows[0])
+    peak = sum(sizes[j] for j in alive)
+    for i in range(len(sizes)):
+        alive |= {i} | set(windows[i + 1])
+        peak = max(peak, sum(sizes[j] for j in alive))
+        alive.discard(i)
+    return peak
+
+
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=30), st.integers(1, 150))
+def test_in_flight_is_the_simulated_peak(sizes, cap):
+    """in_flight == the simulation's peak <= the largest unit + max(cap, largest); each window is the units that
+    follow, at least one, summing to <= cap when it holds more than one."""
+    windows = prefetch_windows(sizes, cap)
+    assert len(windows) == len(sizes) + 1
+    for start, window in enumerate(windows):
+        assert window.start == start and (len(window) >= 1 or start == len(sizes))
+        assert len(window) <= 1 or sum(sizes[j] for j in window) <= cap
+    largest = max(sizes)
+    assert in_flight(sizes, cap) == _simulated_peak(sizes, windows) <= largest + max(cap, largest)
+
+
+def test_small_units_prefetch_two_ahead():
+    """The docstring's FLUX.1-dev example (GB x 100): the two AdaLN units fit one window."""
+    windows = prefetch_windows([11, 11, 15, 15, 15, 28], 28)
+    assert [list(w) for w in windows] == [[0, 1], [1, 2], [2], [3], [4], [5], []]
+
+
+@pytest.mark.parametrize("cls", FAMILIES)
+def test_units_run_in_layout_order(cls):
+    """A forward pre-hook on every gathering unit records the order they run in: the layout's order (the first
+    call's, each unit once), so every prefetch window is the units that run next."""
+    model = tiny_model(cls)
+    units = unit_layout(model).gathered()
+    seen: list[str] = []
+    for unit in units:
+        unit.module.register_forward_pre_hook(lambda m, a, path=unit.path: seen.append(path))
+    with torch.no_grad():
+        model(**tiny_inputs(cls))
+    first = list(dict.fromkeys(seen))
+    assert first == [u.path for u in units], (first, [u.path for u in units])
+
+
+def test_flux_dev_splits_the_double_blocks():
+    """FLUX.1-dev bf16: 19 double blocks split into 5 units each (the block itself holds nothing), 38 single blocks
+    one unit each; in flight at most two single blocks (0.57 GB) instead of two double blocks (1.36 GB)."""
+    layout = unit_layout(meta_model("FluxTransformer2DModel", None, torch.bfloat16))
+    double = [u for u in layout.units if u.path.startswith("transformer_blocks.")]
+    single = [u for u in layout.units if u.path.startswith("single_transformer_blocks.")]
+    assert len(double) == 19 * 6 and sum(u.size == 0 for u in double) == 19
+    assert {u.path.split(".")[2] for u in double if u.size} == {"norm1", "norm1_context", "attn", "ff", "ff_context"}
+    assert len(single) == 38 and layout.cap == single[0].size  # 0.28 GB
+    assert sum(u.size for u in double[:6]) > SPLIT_RATIO * layout.cap  # 0.68 GB
+    assert layout.in_flight() == 2 * layout.cap
