@@ -55,6 +55,7 @@ class Unit:
     path: str
     module: nn.Module
     size: int
+    inside: str | None = None  # a split block's path, for the units of its children
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def unit_layout(model: nn.Module) -> Layout:
     for (path, block), size in zip(blocks, sizes):
         split = cap > 0 and size > SPLIT_RATIO * cap
         children = [(f"{path}.{n}", c) for n, c in block.named_children() if split and local_param_bytes(c) > 0]
-        held = [Unit(p, c, local_param_bytes(c)) for p, c in children]
+        held = [Unit(p, c, local_param_bytes(c), inside=path) for p, c in children]
         units += [Unit(path, block, size - sum(u.size for u in held)), *held]
     return Layout(tuple(units), cap)
 
@@ -178,26 +179,33 @@ def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
     # of two, measured on gloo (medium FLUX.1, cp=2: forward peak 53.9 MB, 44.4 MB with this, 46.8 MB without fsdp).
     model._set_unshard_async_op(True)  # torch's own switch (FSDPModule), named private in torch 2.13
     setattr(model, LAYOUT_ATTR, layout)
-    name_repeated_blocks(model)
+    name_repeated_blocks(model, layout)
     return model
 
 
-def name_repeated_blocks(model: nn.Module) -> None:
-    """Add FSDP2's renamed block classes to the instance's `_repeated_blocks`, so diffusers' regional compile
-    (`model.compile_repeated_blocks(...)`) finds the blocks of an fsdp model.
+def name_repeated_blocks(model: nn.Module, layout: Layout) -> None:
+    """Add FSDP2's renamed unit classes to the instance's `_repeated_blocks`, so diffusers' regional compile
+    (`model.compile_repeated_blocks(...)`) compiles each unit of a repeated block between FSDP2's hooks.
 
     diffusers compiles each module whose `type(module).__name__` is in `model._repeated_blocks` (FLUX.1:
-    ["FluxTransformerBlock", "FluxSingleTransformerBlock"]); `fully_shard` swaps each block's class for a subclass
+    ["FluxTransformerBlock", "FluxSingleTransformerBlock"]); `fully_shard` swaps each unit's class for a subclass
     named `FSDPFluxTransformerBlock` (same forward), so nothing matched ("classes are not found in the model").
-    e.g. FLUX.1 -> [..., "FSDPFluxTransformerBlock", "FSDPFluxSingleTransformerBlock"]. Set on the instance only:
-    the class attribute, and every unsharded model, stay as they were. (The cache registry's twin: cache/enable.py.)
+    A block that is one unit is named as such; a split block's children are (a child unit's FSDP2 hooks inside a
+    compiled block break `fullgraph=True`; its glue between them runs eagerly). e.g. FLUX.1 -> [...,
+    "FSDPAdaLayerNormZero", "FSDPFluxAttention", "FSDPFeedForward", "FSDPFluxSingleTransformerBlock"]. Set on the
+    instance only: the class attribute, and every unsharded model, stay as they were. (The cache registry's twin:
+    cache/enable.py.)
     """
     repeated = list(getattr(model, "_repeated_blocks", None) or ())
+    blocks = {u.path: u.module for u in layout.units if u.inside is None}
+    split = {u.inside for u in layout.units if u.inside is not None}
     renamed = []
-    for module in model.modules():
-        cls = type(module)
-        if isinstance(module, FSDPModule) and any(base.__name__ in repeated for base in cls.__mro__[1:]):
-            renamed += [cls.__name__] if cls.__name__ not in repeated + renamed else []
+    for unit in layout.units:
+        block_cls = type(blocks[unit.inside or unit.path])
+        if not any(base.__name__ in repeated for base in block_cls.__mro__[1:]) or unit.path in split:
+            continue  # not a repeated block's unit, or a split block (its children are the regions)
+        name = type(unit.module).__name__
+        renamed += [name] if name not in repeated + renamed else []
     if renamed:
         model._repeated_blocks = repeated + renamed
 
