@@ -13,9 +13,14 @@ import json
 import pytest
 import torch
 
+from dtp.analysis.check import check_fsdp
 from dtp.analysis.fakepg import fake_world, meta_model
 from dtp.analysis.fsdp import fsdp_bytes
 from dtp.engine import apply, prepare
+from dtp.fit.candidates import Candidate
+from dtp.fit.fsdp import component_figures
+from dtp.fit.measure import Setup
+from dtp.fit.pipelines import fit_pipeline
 from dtp.runtime.fsdp import block_lists
 from dtp.runtime.memory import local_tensor_bytes
 from dtp.runtime.mesh import make_mesh
@@ -57,16 +62,18 @@ def test_traced_bytes_are_fsdp2s_chunks_with_the_root_gathered(tp, cp, cfg):
     assert got["fsdp_per_rank_bytes"] > modelled, (got, modelled)
 
 
-def test_traced_bytes_equal_fits_fsdp_row():
-    """At tp=1, `dtp fit`'s fsdp weight bytes (fit/fsdp.py: whole x (blocks / F + 1 - blocks)) are the traced figure
-    up to torch.chunk's rounding (measured: relative 0 on this model; 1e-6 allowed)."""
-    whole_model = meta_model(FLUX, SMALL, torch.bfloat16)
-    whole = sum(local_tensor_bytes(p) for p in whole_model.parameters())
-    in_blocks = sum(local_tensor_bytes(p) for _, lst in block_lists(whole_model) for b in lst for p in b.parameters())
-    blocks = in_blocks / whole  # fit/fsdp.block_fraction's share (by parameter count: one dtype, the same ratio)
-    fit_bytes = whole * (blocks / 2 + 1 - blocks)
-    got = fsdp_bytes(FLUX, None, tp=1, cp=2, config=SMALL)["fsdp_per_rank_bytes"]
-    assert abs(got - fit_bytes) <= 1e-6 * fit_bytes, (got, fit_bytes)
+def test_fit_rows_use_the_checked_figures():
+    """`dtp fit`'s fsdp rows (fit/fsdp.component_figures: the released pipeline's transformer) and `dtp check flux
+    --fsdp` (the bundled plan's class at its released config) report the same resident and in-flight bytes for
+    FLUX.1-dev at full size, at tp > 1 too (the formula fit used before differed there): (cp=2, tp=2) and
+    (cfg=2, cp=2, tp=2)."""
+    pipeline = fit_pipeline("flux-pipeline")
+    for cfg, cp, tp in ((1, 2, 2), (2, 2, 2)):
+        c = Candidate(cfg=cfg, cp=cp, tp=tp, cp_mode="ulysses", fsdp=True)
+        fit = component_figures(pipeline, "transformer", c, Setup(tp=tp, cp=cp), torch.bfloat16)
+        check = check_fsdp("flux", tp=tp, cp=cp, cfg=cfg)
+        assert check["fsdp"] == fit.fsdp == cfg * cp
+        assert (check["fsdp_per_rank_bytes"], check["fsdp_in_flight_bytes"]) == (fit.resident, fit.in_flight)
 
 
 def test_check_cli_fsdp_json(tmp_path, capsys):
