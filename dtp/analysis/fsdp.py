@@ -10,9 +10,9 @@ parameters are counted as FSDP2 holds them (`runtime/fsdp.py`):
     resident  = between calls: the units' chunks, the root's own parameters gathered at their tp slice (the root
                 keeps them after the first call)
     in flight = on top of resident while the blocks run: the running unit and its prefetch window, gathered at their
-                tp slice (`runtime/fsdp.in_flight_bytes`); nothing between calls
-    units     = each gathering unit's tp-local bytes in forward order; `first_window` what the root gathers at the
-                start of a call (the one gather no block's compute hides)
+                tp slice (`runtime/fsdp.in_flight_bytes`); between calls the first window (a pipeline frees it
+                before its VAE decodes)
+    units     = each gathering unit's tp-local bytes in forward order; `first_window` the first window's bytes
 
 e.g. FLUX.1-dev bf16 at (cp=8, tp=1): resident 3.09 GB, in flight 0.57 GB (two single blocks).
 """

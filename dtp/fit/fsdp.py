@@ -8,13 +8,14 @@ at full size on meta as the run shards it (`analysis/fsdp.traced_fsdp`, the func
     weight_bytes[c]   = its traced resident bytes (units' chunks + the root gathered after the first call)
     in flight         = the traced running unit + its prefetch window, on top of the resident weights in the phase
                         the component runs in (denoise: the transformer; text: the largest sharded text encoder);
-                        nothing in the decode (no gather is pending between calls); measured on gloo against
+                        nothing in the decode (the pipeline frees the window the last call prefetched before its VAE
+                        decodes: `pipeline/parallelize.release_before_decode`); measured on gloo against
                         `runtime/fsdp.in_flight_bytes` (tests/distributed/test_fsdp_more.py: 0.98 x in flight + root)
     peak              = max over phases of (resident weights + in flight + phase activations)
     gather per call   = one all_gather per unit of the transformer's (F - 1) / F x its tp-local bytes on the link
-    step_seconds      = measured + calls x (first + max(0, gather - first - call)): the root issues the first window
-                        at the start of a call (exposed), each unit the next window behind its compute (hidden while
-                        the call's compute lasts longer than the gathers)
+    step_seconds      = measured + calls x max(0, gather - call): each unit issues the next window behind its
+                        compute, the last unit the first window for the next call: only what the compute cannot hide
+                        is exposed
 
 Example (`dtp fit flux-pipeline --gpus 8 --gpu-memory 80GB --resolution 2048`, bf16, H100, cp=8): 23.8 GB of
 transformer weights -> 3.09 GB per rank (0.11 GB of it the gathered root), + 0.57 GB in flight (two single blocks;
@@ -72,9 +73,8 @@ def fsdp_row(row: dict, c, pipeline, plan, call_seconds: float, dtype, hw, memor
     totals = {p: resident[p] + held.get(p, 0) + row["phase_bytes"][p] for p in resident}
     peak_phase = max(totals, key=totals.get)
     units = traced[name].units
-    first = cost.collective_seconds([("all_gather", traced[name].first_window, f)], hw)
     gather = cost.collective_seconds([("all_gather", size, f) for size in units], hw)
-    exposed = first + max(0.0, gather - first - call_seconds)
+    exposed = max(0.0, gather - call_seconds)
     gathered = int(cost.wire_bytes("all_gather", sum(units), f)) * row["calls_per_step"]
     return {
         **row,

@@ -12,9 +12,9 @@ non-tp axes flattened into one (`Parallelism.fsdp_mesh`: cfg x cp ranks). No all
                 Shard(0) on the fsdp axis, or (_StridedShard(0), Shard(d)) with TP inside (torchtitan's 2-D layout)
     forward   = a unit's all-gather runs just before it, its whole parameters are freed right after
                 (`reshard_after_forward=True`), and the following units' all-gathers are issued first (prefetch:
-                as many as fit in the smallest block, at least one: `prefetch_windows`); the root prefetches the
-                first units at the start of a call and stays gathered after the first call; nothing is pending
-                between calls (the VAE decode and the text encoders run with no block gathered)
+                as many as fit in the smallest block, at least one: `prefetch_windows`); the last unit prefetches
+                the first window for the next call (pending between calls; a pipeline frees it before the VAE
+                decode); the root stays gathered after the first call
 
     per-rank weight bytes ~ blocks / (tp * fsdp) + root / tp + in flight (<= 2 x the largest unit / tp)
 
@@ -106,28 +106,29 @@ def unit_layout(model: nn.Module) -> Layout:
 
 def prefetch_windows(sizes: list[int], cap: int) -> list[range]:
     """Which units' all-gathers each issues before it runs, `sizes` being the gathering units' bytes in forward
-    order: windows[0] is the root's (at the start of a call), windows[i + 1] unit i's. A window holds the units
-    that follow while their sum stays <= cap, and at least the next one; the last unit's is empty (nothing is
-    pending between calls).
+    order: windows[0] is the root's (at the start of a call; a no-op when pending already), windows[i + 1] unit i's.
+    A window holds the units that follow while their sum stays <= cap, and at least the next one; the last unit's
+    is the root's, for the next call (pending between calls: the pipeline frees it before the VAE decode,
+    `pipeline/parallelize.release_before_decode`).
 
     e.g. FLUX.1-dev's double block, then a single block (GB): sizes [0.11, 0.11, 0.15, 0.15, 0.15, 0.28], cap 0.28
-    -> root [0, 1], [1, 2], [2], [3], [4], [5], []: small units prefetch two ahead.
+    -> root [0, 1], [1, 2], [2], [3], [4], [5], [0, 1]: small units prefetch two ahead.
     """
     windows = []
-    for start in range(len(sizes) + 1):
+    for start in range(len(sizes)):
         stop, total = start, 0
         while stop < len(sizes) and (stop == start or total + sizes[stop] <= cap):
             total, stop = total + sizes[stop], stop + 1
         windows.append(range(start, stop))
-    return windows
+    return windows + windows[:1]
 
 
 def in_flight(sizes: list[int], cap: int) -> int:
     """The most gathered bytes alive at once: unit i running and its window issued (any earlier window that reaches
-    past i is a prefix of i's), or the root's window at the start: <= the largest unit + max(cap, largest unit)."""
+    past i is a prefix of i's), the last unit with the first window: <= the largest unit + max(cap, largest unit)."""
     windows = prefetch_windows(sizes, cap)
     alive = [sum(sizes[j] for j in windows[0])]
-    alive += [size + sum(sizes[j] for j in windows[i + 1]) for i, size in enumerate(sizes)]
+    alive += [size + sum(sizes[j] for j in windows[i + 1] if j != i) for i, size in enumerate(sizes)]
     return max(alive)
 
 
@@ -163,7 +164,8 @@ def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
     Units run in registration order in every supported model (tests/unit/test_fsdp_units.py holds it: a window
     that missed would still be correct, gathered late). The root (embedders, final norm and projection: 1-3 % of
     the weights) keeps its parameters gathered after the first call (`reshard_after_forward=False`): it runs at
-    both ends of every call. Nothing is prefetched across calls, so between calls no block is gathered.
+    both ends of every call. The last unit prefetches the first window for the next call, so no call but the first
+    waits on a gather; between calls that window is pending (`release` frees it).
     """
     layout = unit_layout(model)
     for unit in reversed(layout.units):  # a split block's children come after it: shard them first
@@ -172,8 +174,9 @@ def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
     gathered = layout.gathered()
     windows = prefetch_windows([u.size for u in gathered], layout.cap)
     for module, window in zip([model] + [u.module for u in gathered], windows):
-        if window:
-            module.set_modules_to_forward_prefetch([gathered[j].module for j in window])
+        following = [gathered[j].module for j in window if gathered[j].module is not module]
+        if following:
+            module.set_modules_to_forward_prefetch(following)
     # Free each unit's all-gather buffer right after its copy-out. By default FSDP2 keeps it until the next unit's
     # copy-out (overlap for implicit prefetching, which the windows above replace): three blocks in flight instead
     # of two, measured on gloo (medium FLUX.1, cp=2: forward peak 53.9 MB, 44.4 MB with this, 46.8 MB without fsdp).
@@ -240,8 +243,8 @@ def is_fsdp(model: nn.Module) -> bool:
 def release(model: nn.Module) -> None:
     """Every unit of the FSDP model `model` back to its shards, no all-gather pending; no collective.
 
-    After a call the root keeps its gathered parameters, and a gather prefetched for a unit a cache skipped is
-    pending: their results hold the weights as they were then. Code that writes into the shards between calls
+    After a call the root keeps its gathered parameters and the first window's gather, prefetched by the last unit,
+    is pending: its result holds the weights as they were then. Code that writes into the shards between calls
     (`fuse_lora`) runs this first, so the next call gathers what it wrote (torch's `reset_iter_state`: wait for the
     pending gathers, drop them, reshard every unit).
     """

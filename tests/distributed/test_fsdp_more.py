@@ -43,7 +43,38 @@ def _worker(rank, world):
     import dtp
 
     mesh = dtp.make_mesh(cp=2)
-    return dict(compile={b: _compiled(mesh, b) for b in BACKENDS}, fbc=_fbc_runs(mesh), memory=_in_flight(mesh))
+    memory, decode = _in_flight(mesh), {whole: _at_decode(mesh, whole) for whole in (True, False)}
+    return dict(compile={b: _compiled(mesh, b) for b in BACKENDS}, fbc=_fbc_runs(mesh), memory=memory, decode=decode)
+
+
+def _at_decode(mesh, pipeline: bool) -> dict:
+    """The tiny FLUX.1 pipeline sharded with fsdp=True, whole (`parallelize_pipeline`, which frees the transformer's
+    pending window before the VAE decodes) or its transformer alone (`parallelize`: the control, pending kept):
+    what of the transformer is gathered or being gathered when the decoder starts."""
+    import dtp
+    from dtp.families.pipelines import tiny_flux_pipeline
+
+    pipe, seen = tiny_flux_pipeline(), {}
+    if pipeline:
+        dtp.parallelize_pipeline(pipe, mesh, fsdp=True)
+    else:
+        dtp.parallelize(pipe.transformer, mesh, fsdp=True)
+
+    def probe(module, args):  # registered after the release hook: runs after it
+        groups = [m._get_fsdp_state()._fsdp_param_group for m in pipe.transformer.modules() if is_fsdp_unit(m)]
+        groups = [g for g in groups if g is not None]
+        seen["pending"] = sum(g._all_gather_result is not None for g in groups)
+        seen["gathered"] = sum(g.is_unsharded for g in groups)
+
+    pipe.vae.decoder.register_forward_pre_hook(probe)
+    generate(pipe)
+    return seen
+
+
+def is_fsdp_unit(module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
 
 
 @torch.no_grad()
@@ -152,6 +183,16 @@ def test_blocks_in_flight_as_fit_models_them(results):
         extra = m[True] - m[False]  # the same activations on both sides
         assert m["in_flight"] < extra <= 1.02 * (m["in_flight"] + m["root"]), m
         assert extra < m["largest"] + m["root"], m  # less than the old units' one block: the split blocks count
+
+
+def test_pipeline_decodes_with_nothing_gathered(results):
+    """`parallelize_pipeline(fsdp=True)`: when the VAE's decoder starts, no unit of the transformer is gathered or
+    pending (`dtp fit`'s decode phase holds none); the transformer sharded alone keeps the first window its last
+    call prefetched (the control: 2 units pending, the double block's AdaLN pair) and its gathered root."""
+    for per_rank in results:
+        freed, kept = per_rank["decode"][True], per_rank["decode"][False]
+        assert freed == {"pending": 0, "gathered": 0}, freed
+        assert kept["pending"] >= 1 and kept["gathered"] >= 1, kept
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

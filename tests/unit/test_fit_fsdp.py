@@ -50,8 +50,7 @@ def test_weights_peak_and_gathered_bytes():
     assert row["peak_bytes"] == max(text, denoise, decode) == decode  # nothing gathered in the decode
     assert row["fsdp_in_flight_bytes"] == {"text": 8 * 10**8, "denoise": 2 * UNIT, "decode": 0}
     assert row["fsdp_gathered_bytes"] == int(7 / 8 * 60 * UNIT)
-    first = cost.collective_seconds([("all_gather", UNIT, 8)], H100)  # the root's window: no compute hides it
-    assert row["step_seconds"] == 1.0 + first  # 24 GB over NVLink in less than the call's 1 s: hidden by prefetch
+    assert row["step_seconds"] == 1.0  # 24 GB over NVLink in less than the call's 1 s: hidden by prefetch
 
 
 def test_text_encoders_whole_are_not_traced():

@@ -30,11 +30,12 @@ FAMILIES = (
 
 
 def _simulated_peak(sizes: list[int], windows: list[range]) -> int:
-    """FSDP2 with explicit prefetch, by hand: the root issues windows[0]; each unit is gathered if nothing issued it,
-    issues its window, runs (the bytes alive are counted), and is freed."""
+    """FSDP2 with explicit prefetch, by hand, over two calls: the root issues windows[0]; each unit is gathered if
+    nothing issued it, issues its window (itself excepted: it is gathered), runs (the bytes alive are counted), and
+    is freed."""
     alive: set[int] = set(windows[0])
     peak = sum(sizes[j] for j in alive)
-    for i in range(len(sizes)):
+    for i in list(range(len(sizes))) * 2:
         alive |= {i} | set(windows[i + 1])
         peak = max(peak, sum(sizes[j] for j in alive))
         alive.discard(i)
@@ -46,9 +47,9 @@ def test_in_flight_is_the_simulated_peak(sizes, cap):
     """in_flight == the simulation's peak <= the largest unit + max(cap, largest); each window is the units that
     follow, at least one, summing to <= cap when it holds more than one."""
     windows = prefetch_windows(sizes, cap)
-    assert len(windows) == len(sizes) + 1
-    for start, window in enumerate(windows):
-        assert window.start == start and (len(window) >= 1 or start == len(sizes))
+    assert len(windows) == len(sizes) + 1 and windows[-1] == windows[0]  # the last unit's: the next call's first
+    for start, window in enumerate(windows[:-1]):
+        assert window.start == start and len(window) >= 1
         assert len(window) <= 1 or sum(sizes[j] for j in window) <= cap
     largest = max(sizes)
     assert in_flight(sizes, cap) == _simulated_peak(sizes, windows) <= largest + max(cap, largest)
@@ -57,7 +58,7 @@ def test_in_flight_is_the_simulated_peak(sizes, cap):
 def test_small_units_prefetch_two_ahead():
     """The docstring's FLUX.1-dev example (GB x 100): the two AdaLN units fit one window."""
     windows = prefetch_windows([11, 11, 15, 15, 15, 28], 28)
-    assert [list(w) for w in windows] == [[0, 1], [1, 2], [2], [3], [4], [5], []]
+    assert [list(w) for w in windows] == [[0, 1], [1, 2], [2], [3], [4], [5], [0, 1]]
 
 
 @pytest.mark.parametrize("cls", FAMILIES)
