@@ -10,7 +10,7 @@ at full size on meta as the run shards it (`analysis/fsdp.traced_fsdp`, the func
                         the component runs in (denoise: the transformer; text: the largest sharded text encoder);
                         nothing in the decode (the pipeline frees the window the last call prefetched before its VAE
                         decodes: `pipeline/parallelize.release_before_decode`); measured on gloo against
-                        `runtime/fsdp.in_flight_bytes` (tests/distributed/test_fsdp_more.py: 0.98 x in flight + root)
+                        `runtime/fsdp.in_flight_bytes` (tests/distributed/test_fsdp_more.py: 0.88 x in flight + root)
     peak              = max over phases of (resident weights + in flight + phase activations)
     gather per call   = one all_gather per unit of the transformer's (F - 1) / F x its tp-local bytes on the link
     step_seconds      = measured + calls x max(0, gather - call): each unit issues the next window behind its
