@@ -100,3 +100,33 @@ def test_check_pipeline_fsdp_is_traced(capsys):
     for encoder in ("text_encoder", "text_encoder_2"):
         assert rows[encoder]["fsdp_per_rank_bytes"] < 0.7 * rows[encoder]["per_rank_bytes"], rows[encoder]
     assert rows["vae"]["fsdp_per_rank_bytes"] == rows["vae"]["per_rank_bytes"]
+
+
+def test_check_says_what_fsdp_does_along_cp(tmp_path, capsys):
+    """The text report: without --fsdp 'weights are replicated along cp'; with it, what FSDP2 does instead, and the
+    in-flight line."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL))
+    args = ["check", "flux", "--tp", "2", "--cp", "2", "--config", str(config), "--no-forward", "--no-peak"]
+    assert cli.main(args) == 0
+    assert "weights are replicated along cp" in capsys.readouterr().out
+    assert cli.main([*args, "--fsdp"]) == 0
+    out = capsys.readouterr().out
+    assert "replicated along cp" not in out and "FSDP2 divides the weights over the 2 cfg x cp ranks" in out, out
+    assert "with --fsdp (in flight)" in out
+
+
+@pytest.mark.full  # a full-size pipeline on meta: ~25 s
+def test_check_pipeline_fsdp_with_cfg(capsys):
+    """`dtp check flux-pipeline --tp 1 --fsdp --cfg 2`: the weights divided over the 2 cfg ranks, the transformer's
+    figures the model path's at cfg=2; without --fsdp, --cfg on a pipeline is still refused (no one model's
+    forward to size the exchange from)."""
+    assert cli.main(["check", "flux-pipeline", "--tp", "1", "--fsdp", "--cfg", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {c["name"]: c for c in report["components"]}
+    alone = fsdp_bytes(FLUX, None, tp=1, cfg=2)
+    assert report["fsdp"] == 2 and report["fsdp_cfg"] == 2
+    assert rows["transformer"]["fsdp_per_rank_bytes"] == alone["fsdp_per_rank_bytes"]
+    assert rows["transformer"]["fsdp_in_flight_bytes"] == alone["fsdp_in_flight_bytes"]
+    assert cli.main(["check", "flux-pipeline", "--tp", "1", "--cfg", "2"]) == 1
+    assert "--cfg needs the measured forward of one model" in capsys.readouterr().err
