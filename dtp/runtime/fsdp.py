@@ -6,13 +6,13 @@ non-tp axes flattened into one (`Parallelism.fsdp_mesh`: cfg x cp ranks). No all
 
     unit      = each element of the model's outermost ModuleLists (a transformer block), plus the root
                 (embedders, norms, output projection: everything outside the blocks); a block holding more than
-                SPLIT_RATIO x the smallest block's parameters is split: each child module with parameters is a unit
+                SPLIT_RATIO x the smallest main block's parameters is split: each child module with parameters is a unit
                 of its own, the block's unit keeps the rest (`unit_layout`)
     at rest   = a parameter is dim-0 chunk r of its tp slice on fsdp rank r (torch.chunk, padded):
                 Shard(0) on the fsdp axis, or (_StridedShard(0), Shard(d)) with TP inside (torchtitan's 2-D layout)
     forward   = a unit's all-gather runs just before it, its whole parameters are freed right after
                 (`reshard_after_forward=True`), and the following units' all-gathers are issued first (prefetch:
-                as many as fit in the smallest block, at least one: `prefetch_windows`); the last unit prefetches
+                as many as fit in the smallest main block, at least one: `prefetch_windows`); the last unit prefetches
                 the first window for the next call (pending between calls; a pipeline frees it before the VAE
                 decode); the root stays gathered after the first call
 
@@ -41,9 +41,12 @@ from ..errors import PlanError
 from .memory import local_param_bytes
 
 SPLIT_RATIO = 2
-"""A block holding more than SPLIT_RATIO x the smallest block's parameter bytes is split into its children's units:
-splitting pays when it at least halves what one gather brings in (FLUX.1: 0.68 / 0.28 GB = 2.4, split); a model of
-blocks alike (Wan, Qwen-Image) keeps a unit per block, as FSDP is used in training."""
+"""A block holding more than SPLIT_RATIO x the smallest main block's parameter bytes is split into its children's
+units: splitting pays when it at least halves what one gather brings in (FLUX.1: 0.68 / 0.28 GB = 2.4, split); a
+model of blocks alike (Wan, Qwen-Image) keeps a unit per block, as FSDP is used in training."""
+MAIN_SHARE = 0.1
+"""A block list holding less than this share of all blocks' bytes (Chroma's guidance MLP, 3 %; an adapter) does not
+set the smallest main block: its small blocks would split every main one into many small units."""
 LAYOUT_ATTR = "_dtp_fsdp_layout"  # the `Layout` apply_fsdp sharded with, on the root instance
 
 
@@ -61,7 +64,7 @@ class Unit:
 @dataclass(frozen=True)
 class Layout:
     """The units below the root in forward order (a split block first: its children run inside it) and `cap`, the
-    smallest block's bytes: the most a prefetch window issues beyond its first unit (`prefetch_windows`)."""
+    smallest main block's bytes: the most a prefetch window issues beyond its first unit (`prefetch_windows`)."""
 
     units: tuple[Unit, ...]
     cap: int
@@ -90,17 +93,20 @@ def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
 
 def unit_layout(model: nn.Module) -> Layout:
     """FSDP's units below the root of `model` (its tp slices, before FSDP shards them), by the rule on sizes:
-    each block is a unit; a block of more than SPLIT_RATIO x the smallest block is split, each direct child holding
+    each block is a unit; a block of more than SPLIT_RATIO x the smallest main block is split, each direct child holding
     parameters a unit of its own (module docstring: FLUX.1's double blocks)."""
+    lists = [(name, [local_param_bytes(block) for block in lst]) for name, lst in block_lists(model)]
+    total = sum(sum(sizes) for _, sizes in lists)
+    main = [size for _, sizes in lists if sum(sizes) >= MAIN_SHARE * total for size in sizes if size > 0]
+    cap = min(main, default=0)
     blocks = [(f"{name}.{i}", block) for name, lst in block_lists(model) for i, block in enumerate(lst)]
-    sizes = [local_param_bytes(block) for _, block in blocks]
-    cap = min((size for size in sizes if size > 0), default=0)
+    sizes = [size for _, list_sizes in lists for size in list_sizes]
     units: list[Unit] = []
     for (path, block), size in zip(blocks, sizes):
         split = cap > 0 and size > SPLIT_RATIO * cap
         children = [(f"{path}.{n}", c) for n, c in block.named_children() if split and local_param_bytes(c) > 0]
-        held = [Unit(p, c, local_param_bytes(c), inside=path) for p, c in children]
-        units += [Unit(path, block, size - sum(u.size for u in held)), *held]
+        inner = [Unit(p, c, local_param_bytes(c), inside=path) for p, c in children]
+        units += [Unit(path, block, size - sum(u.size for u in inner)), *inner]
     return Layout(tuple(units), cap)
 
 
@@ -161,8 +167,9 @@ def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
     """`fully_shard` each unit of `unit_layout` (children before their block) and then the root over `fsdp_mesh`;
     each gathering unit prefetches its `prefetch_windows` window, the root the first one.
 
-    Units run in registration order in every supported model (tests/unit/test_fsdp_units.py holds it: a window
-    that missed would still be correct, gathered late). The root (embedders, final norm and projection: 1-3 % of
+    The windows follow registration order until the first call has run, then the order the units ran in
+    (`follow_first_call`: Chroma's guidance layers alternate between two lists, a Wan block runs norm2 before attn2;
+    a window that missed is still correct, gathered late). The root (embedders, final norm and projection: 1-3 % of
     the weights) keeps its parameters gathered after the first call (`reshard_after_forward=False`): it runs at
     both ends of every call. The last unit prefetches the first window for the next call, so no call but the first
     waits on a gather; between calls that window is pending (`release` frees it).
@@ -171,19 +178,46 @@ def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
     for unit in reversed(layout.units):  # a split block's children come after it: shard them first
         fully_shard(unit.module, mesh=fsdp_mesh, reshard_after_forward=True)
     fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=False)
-    gathered = layout.gathered()
-    windows = prefetch_windows([u.size for u in gathered], layout.cap)
-    for module, window in zip([model] + [u.module for u in gathered], windows):
-        following = [gathered[j].module for j in window if gathered[j].module is not module]
-        if following:
-            module.set_modules_to_forward_prefetch(following)
+    chain(model, layout)
     # Free each unit's all-gather buffer right after its copy-out. By default FSDP2 keeps it until the next unit's
     # copy-out (overlap for implicit prefetching, which the windows above replace): three blocks in flight instead
     # of two, measured on gloo (medium FLUX.1, cp=2: forward peak 53.9 MB, 44.4 MB with this, 46.8 MB without fsdp).
     model._set_unshard_async_op(True)  # torch's own switch (FSDPModule), named private in torch 2.13
     setattr(model, LAYOUT_ATTR, layout)
+    follow_first_call(model, layout)
     name_repeated_blocks(model, layout)
     return model
+
+
+def chain(model: nn.Module, layout: Layout) -> None:
+    """Each gathering unit of `layout`, in its order, prefetches its window; the root the first one (FSDP2's
+    `set_modules_to_forward_prefetch`, replacing what was set before)."""
+    gathered = layout.gathered()
+    windows = prefetch_windows([u.size for u in gathered], layout.cap)
+    for module, window in zip([model] + [u.module for u in gathered], windows):
+        module.set_modules_to_forward_prefetch([gathered[j].module for j in window if gathered[j].module is not module])
+
+
+def follow_first_call(model: nn.Module, layout: Layout) -> None:
+    """Record the order the gathering units run in during the first call, then re-chain the windows in it (and keep
+    that layout on the model): the prefetch then matches the forward whatever order the modules were registered in.
+    A unit the first call did not run keeps no window and is in none (gathered when it runs)."""
+    ran: list[Unit] = []
+    handles = [u.module.register_forward_pre_hook(lambda m, a, u=u: ran.append(u)) for u in layout.gathered()]
+
+    def relearn(module, args, output):
+        for handle in handles:
+            handle.remove()
+        order = list(dict.fromkeys(ran))
+        if order != layout.gathered():
+            rest = [u for u in layout.units if u not in order]
+            for unit in rest:
+                unit.module.set_modules_to_forward_prefetch([])
+            learned = Layout(tuple(order), layout.cap)
+            chain(model, learned)
+            setattr(model, LAYOUT_ATTR, Layout(tuple(order + rest), layout.cap))
+
+    handles.append(model.register_forward_hook(relearn))
 
 
 def name_repeated_blocks(model: nn.Module, layout: Layout) -> None:
