@@ -62,18 +62,17 @@ def test_traced_bytes_are_fsdp2s_chunks_with_the_root_gathered(tp, cp, cfg):
     assert got["fsdp_per_rank_bytes"] > modelled, (got, modelled)
 
 
-def test_fit_rows_use_the_checked_figures():
+@pytest.mark.parametrize("cfg,cp,tp", [(1, 2, 2), pytest.param(2, 2, 2, marks=pytest.mark.full)])
+def test_fit_rows_use_the_checked_figures(cfg, cp, tp):
     """`dtp fit`'s fsdp rows (fit/fsdp.component_figures: the released pipeline's transformer) and `dtp check flux
     --fsdp` (the bundled plan's class at its released config) report the same resident and in-flight bytes for
     FLUX.1-dev at full size, at tp > 1 too (the formula fit used before differed there): (cp=2, tp=2) and
     (cfg=2, cp=2, tp=2)."""
-    pipeline = fit_pipeline("flux-pipeline")
-    for cfg, cp, tp in ((1, 2, 2), (2, 2, 2)):
-        c = Candidate(cfg=cfg, cp=cp, tp=tp, cp_mode="ulysses", fsdp=True)
-        fit = component_figures(pipeline, "transformer", c, Setup(tp=tp, cp=cp), torch.bfloat16)
-        check = check_fsdp("flux", tp=tp, cp=cp, cfg=cfg)
-        assert check["fsdp"] == fit.fsdp == cfg * cp
-        assert (check["fsdp_per_rank_bytes"], check["fsdp_in_flight_bytes"]) == (fit.resident, fit.in_flight)
+    c = Candidate(cfg=cfg, cp=cp, tp=tp, cp_mode="ulysses", fsdp=True)
+    fit = component_figures(fit_pipeline("flux-pipeline"), "transformer", c, Setup(tp=tp, cp=cp), torch.bfloat16)
+    check = check_fsdp("flux", tp=tp, cp=cp, cfg=cfg)
+    assert check["fsdp"] == fit.fsdp == cfg * cp
+    assert (check["fsdp_per_rank_bytes"], check["fsdp_in_flight_bytes"]) == (fit.resident, fit.in_flight)
 
 
 def test_check_cli_fsdp_json(tmp_path, capsys):
