@@ -55,7 +55,8 @@ def component_figures(pipeline, name: str, c, setup, dtype) -> FsdpFigures | Non
         if source not in _TEMPLATES:
             _TEMPLATES[source] = pipeline.build(name, dtype)
         module = copy.deepcopy(_TEMPLATES[source])  # sharding mutates it; a meta copy costs next to nothing
-        options = dict(tp=setup.tp, cp=c.cp, cfg=c.cfg, cp_mode=c.cp_mode, pad=setup.pad)
+        # A candidate without a cp axis has no cp_mode (None); FSDP's bytes do not depend on it.
+        options = dict(tp=setup.tp, cp=c.cp, cfg=c.cfg, cp_mode=c.cp_mode or "ulysses", pad=setup.pad)
         _FIGURES[key] = traced_fsdp(name, module, **options)
     return _FIGURES[key]
 

@@ -34,6 +34,7 @@ TRACED = {
     "text_encoder": FsdpFigures(8, 12 * 10**8, GB, 8 * 10**8, (UNIT,) * 20, UNIT),
 }
 H100 = hardware("H100 SXM", 80 * GB)
+COMPONENT_FIGURES = fsdp_model.component_figures  # the real one, before the fixture replaces it
 
 
 @pytest.fixture(autouse=True)
@@ -79,3 +80,17 @@ def test_exposed_gather_when_the_link_is_slow():
 def test_supported(candidate, reason):
     found = fsdp_model.fsdp_supported(PIPE, candidate)
     assert (found is None) if reason is None else (reason in found)
+
+
+def test_a_mesh_without_cp_is_traced():
+    """cfg=2 with no cp axis (cp_mode None on the candidate): traced, not refused ('cp_mode must be one of ...' hid
+    every cfg-only fsdp row of Qwen-Image and Wan once); tiny FLUX.1 on a fake world."""
+    from dtp.testing.tiny import tiny_model
+
+    flux = "FluxTransformer2DModel"
+    pipeline = SimpleNamespace(name="tiny", model_dir="-", build=lambda name, dtype: tiny_model(flux))
+    c = Candidate(cfg=2, tp=1, fsdp=True)
+    assert c.cp_mode is None
+    figures = COMPONENT_FIGURES(pipeline, "transformer", c, Setup(), None)
+    whole = sum(p.numel() * 4 for p in tiny_model(flux).parameters())
+    assert figures.fsdp == 2 and 0 < figures.resident < whole
