@@ -11,7 +11,7 @@ enable and delete touch only the adapters.
            its layers it is given each base's forward (in, out) (`forward_sizes`: the tp slice's, or whole)
     fuse   W_f += rows [f c, (f + 1) c) of (B A s), B A s taken at the tp slice's shape (peft's own
            `get_delta_weight`), added in place to FSDP's shard; `release` first, or the root's gathered weights
-           and the first block's pending prefetch would give the next call the unfused values
+           and the first window's pending prefetch would give the next call the unfused values
     unfuse W_f -= the same rows
 
 Example: FLUX.1 tiny on (cp=2, tp=2), rank-4 LoRA on `to_q` (64 -> 64, colwise): A [4, 64] whole, B [32, 4]

@@ -13,8 +13,8 @@ and, from ONE traced forward of the sharded model (`forward.trace_sharded`: whol
 hooks as `parallelize` installs them) at the family's full-size input (`inputs.forward_inputs`: a 1024^2 image,
 a video model's usual clip), the collectives of one denoising step without CFG (true CFG runs two) and, with
 `peak`, the activation peak next to one rank's. Weights are replicated along `cp`, so the memory figures do
-not depend on `cp`; `measured` lists the tensor-parallel collectives, `cp_measured` the context-parallel ones
-(each rank's share of the sequence).
+not depend on `cp` (with `dtp check --fsdp`, FSDP2 divides them over cfg x cp too: `fsdp.py`); `measured` lists
+the tensor-parallel collectives, `cp_measured` the context-parallel ones (each rank's share of the sequence).
 
 `dtp check flux-pipeline --tp N` (every pipeline of `families/released_pipelines.py`: also flux2-pipeline,
 qwenimage-pipeline, wan-pipeline):

@@ -1,30 +1,88 @@
-"""`dtp check --fsdp`: a rank's weight bytes with FSDP2, traced at full size (meta device, fake process group).
+"""A rank's weight bytes with FSDP2, traced at full size (meta device, fake process group): `dtp check --fsdp` and
+`dtp fit`'s fsdp rows both read `traced_fsdp`.
 
-The model is sharded exactly as `dtp.parallelize(model, make_mesh(tp, cp, cfg), fsdp=True)` shards it, on rank 0 of
-a fake world of cfg x cp x tp ranks, and its parameters are counted as FSDP2 holds them (`runtime/fsdp.py`):
+A component is sharded exactly as `dtp.parallelize_pipeline(pipe, make_mesh(tp, cp, cfg), fsdp=True)` shards it
+(`pipeline.prepare_component` then `engine.apply`), on rank 0 of a fake world of cfg x cp x tp ranks, and its
+parameters are counted as FSDP2 holds them (`runtime/fsdp.py`):
 
     sharded   = every unit at rest, before the first call: each parameter's dim-0 chunk (torch.chunk, padded) of its
                 tp slice over F = cfg x cp ranks (>= tp-local bytes / F: the chunk rounds up)
-    resident  = between calls: the blocks' chunks, the root's own parameters gathered at their tp slice (the root
-                keeps them after the first call) = the figure `dtp fit`'s fsdp rows use (`fit/fsdp.py`)
+    resident  = between calls: the units' chunks, the root's own parameters gathered at their tp slice (the root
+                keeps them after the first call)
+    in flight = on top of resident while the blocks run: the running unit and its prefetch window, gathered at their
+                tp slice (`runtime/fsdp.in_flight_bytes`); between calls the first window (a pipeline frees it
+                before its VAE decodes)
+    units     = each gathering unit's tp-local bytes in forward order; `first_window` the first window's bytes
 
-The whole blocks gathered in flight (2 while denoising) come on top; `dtp fit` models them. A released pipeline
-(`dtp check flux-pipeline --cp 2 --fsdp`): each planned component sharded alone the same way (`fsdp_pipeline_bytes`).
+e.g. FLUX.1-dev bf16 at (cp=8, tp=1): resident 3.09 GB, in flight 0.57 GB (two single blocks).
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass
 
-from ..engine import apply, prepare
-from ..pipeline import parallelize_pipeline
+from torch import nn
+
+from ..engine import apply
+from ..pipeline.parallelize import prepare_component
 from ..plan import Plan
 from ..policy import parse_dtype
-from ..runtime.fsdp import is_fsdp, resident_bytes
+from ..runtime.fsdp import LAYOUT_ATTR, in_flight_bytes, prefetch_windows, resident_bytes
 from ..runtime.memory import local_param_bytes
 from ..runtime.mesh import make_mesh
+from ..runtime.parallelism import Parallelism
 from .fakepg import fake_world, meta_model
 from .released import build_pipeline, released_pipeline
+
+
+@dataclass(frozen=True)
+class FsdpFigures:
+    """One component's bytes on a rank with fsdp=True (module docstring)."""
+
+    fsdp: int
+    resident: int
+    sharded: int
+    in_flight: int
+    units: tuple[int, ...]
+    first_window: int
+
+
+def figures(model: nn.Module, fsdp: int) -> FsdpFigures:
+    """The figures of `model`, sharded by `runtime/fsdp.apply_fsdp` over `fsdp` ranks."""
+    sizes = [unit.size for unit in getattr(model, LAYOUT_ATTR).gathered()]
+    first = prefetch_windows(sizes, getattr(model, LAYOUT_ATTR).cap)[0]
+    return FsdpFigures(
+        fsdp=fsdp,
+        resident=resident_bytes(model),
+        sharded=local_param_bytes(model),
+        in_flight=in_flight_bytes(model),
+        units=tuple(sizes),
+        first_window=sum(sizes[j] for j in first),
+    )
+
+
+def traced_fsdp(
+    name: str,
+    module: nn.Module,
+    *,
+    tp: int,
+    cp: int = 1,
+    cfg: int = 1,
+    cp_mode: str = "ulysses",
+    pad: bool = False,
+    plan: Plan | None = None,
+) -> FsdpFigures | None:
+    """`module` (on meta; mutated) sharded with fsdp=True as `parallelize_pipeline` shards component `name` (with
+    `plan`, else its own), on rank 0 of a fake world of cfg x cp x tp ranks; None when it has no plan (held whole).
+    PlanError as `dtp.prepare` raises it (e.g. cfg x cp = 1)."""
+    with fake_world(cfg * cp * tp):
+        mesh = make_mesh(tp=tp, cp=cp, cfg=cfg, device_type="cpu")
+        parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, fsdp=True)
+        prepared = prepare_component(name, module, parallelism, plans=None if plan is None else [plan])
+        if prepared is None:
+            return None
+        apply(module, prepared)
+        return figures(module, cfg * cp)
 
 
 def fsdp_bytes(
@@ -39,32 +97,32 @@ def fsdp_bytes(
     dtype: str = "bf16",
     pad: bool = False,
 ) -> dict:
-    """{"fsdp": F, "fsdp_per_rank_bytes": resident, "fsdp_sharded_bytes": sharded} of `class_name` sharded with
-    fsdp=True (module docstring); PlanError as `dtp.prepare` raises it (e.g. cfg x cp = 1)."""
+    """{"fsdp": F, "fsdp_per_rank_bytes": resident, "fsdp_sharded_bytes": sharded, "fsdp_in_flight_bytes"} of
+    `class_name` sharded with fsdp=True (module docstring); PlanError as `dtp.prepare` raises it."""
     model = meta_model(class_name, config, parse_dtype(dtype))
-    with fake_world(cfg * cp * tp):
-        mesh = make_mesh(tp=tp, cp=cp, cfg=cfg, device_type="cpu")
-        apply(model, prepare(model, mesh, plan, cp_mode=cp_mode, pad=pad, fsdp=True))
-        return {
-            "fsdp": cfg * cp,
-            "fsdp_per_rank_bytes": resident_bytes(model),
-            "fsdp_sharded_bytes": local_param_bytes(model),
-        }
+    f = traced_fsdp("transformer", model, tp=tp, cp=cp, cfg=cfg, cp_mode=cp_mode, pad=pad, plan=plan)
+    return {
+        "fsdp": f.fsdp,
+        "fsdp_per_rank_bytes": f.resident,
+        "fsdp_sharded_bytes": f.sharded,
+        "fsdp_in_flight_bytes": f.in_flight,
+    }
 
 
 def fsdp_pipeline_bytes(
-    name: str, planned: set[str], *, tp: int, cp: int, cp_mode: str = "ulysses", dtype: str = "bf16", pad: bool = False
-) -> dict[str, int]:
-    """{component: resident bytes} of the `planned` components of released pipeline `name` (full size, meta), each
-    sharded alone with fsdp=True as `dtp.parallelize_pipeline(..., fsdp=True)` shards it, on rank 0 of a fake world of
-    cp x tp ranks (a pipeline target takes no cfg axis in `dtp check`)."""
+    name: str,
+    planned: set[str],
+    *,
+    tp: int,
+    cp: int,
+    cfg: int = 1,
+    cp_mode: str = "ulysses",
+    dtype: str = "bf16",
+    pad: bool = False,
+) -> dict[str, FsdpFigures | None]:
+    """{component: figures, None when it stays whole} of the `planned` components of released pipeline `name` (full
+    size, meta), each sharded alone with fsdp=True as `dtp.parallelize_pipeline(..., fsdp=True)` shards it on a
+    (cfg, cp, tp) mesh: FSDP over the cfg x cp ranks, text encoders on the tp axis only (`Parallelism.for_model`)."""
     modules = build_pipeline(released_pipeline(name), parse_dtype(dtype))
-    out = {}
-    with fake_world(cp * tp):
-        mesh = make_mesh(tp=tp, cp=cp, device_type="cpu")
-        for component in sorted(planned):
-            pipe = SimpleNamespace(components={component: modules[component]})
-            parallelize_pipeline(pipe, mesh, cp_mode=cp_mode, pad=pad, fsdp=True)
-            module = modules[component]  # the VAE is split by rows, not FSDP-sharded: its weights stay whole
-            out[component] = resident_bytes(module) if is_fsdp(module) else local_param_bytes(module)
-    return out
+    options = dict(tp=tp, cp=cp, cfg=cfg, cp_mode=cp_mode, pad=pad)
+    return {component: traced_fsdp(component, modules[component], **options) for component in sorted(planned)}

@@ -1,29 +1,33 @@
 """FSDP's cost in `dtp fit`: a row measured without FSDP, turned into the same row with `fsdp=True` (`runtime/fsdp.py`).
 
 FSDP changes neither the FLOPs nor the TP/CP collectives of a call; it divides the resident weights of every
-FSDP-sharded component by F = cfg x cp and gathers each block back just before it runs:
+FSDP-sharded component over F = cfg x cp ranks and gathers each unit back just before it runs. Every figure is
+traced, not estimated: each sharded component (the transformer; text encoders when sharded) is sharded with fsdp=True
+at full size on meta as the run shards it (`analysis/fsdp.traced_fsdp`, the function `dtp check --fsdp` prints):
 
-    weight_bytes[c]   = measured x (blocks' share / F + root's share)     (c: the transformer; text encoders when
-                        sharded; the root, outside the blocks, stays gathered after the first call)
-    transient         = 2 x the largest block at tp while denoising (the block running and the prefetched next one),
-                        1 x in the other phases (the last block prefetched the first for the next call); measured
-                        on gloo (tests/distributed/test_fsdp_more.py: 2.11 blocks with the gathered root, 3.11 before
-                        runtime/fsdp.py freed each all-gather buffer at its copy-out)
-    peak              = max over phases of (resident weights + transient + phase activations)
-    gather per call   = all_gather of the blocks' tp-local weights over F ranks: (F - 1) / F x their bytes on
-                        the link, one collective per block (its latency paid per block)
-    step_seconds      = measured + calls x max(0, gather - call)
-                        prefetch hides block i+1's gather behind block i's compute, and the last block prefetches
-                        the first for the next call: only what the compute cannot hide is exposed
+    weight_bytes[c]   = its traced resident bytes (units' chunks + the root gathered after the first call)
+    in flight         = the traced running unit + its prefetch window, on top of the resident weights in the phase
+                        the component runs in (denoise: the transformer; text: the largest sharded text encoder);
+                        nothing in the decode (the pipeline frees the window the last call prefetched before its VAE
+                        decodes: `pipeline/parallelize.release_before_decode`); measured on gloo against
+                        `runtime/fsdp.in_flight_bytes` (tests/distributed/test_fsdp_more.py: 0.88 x in flight + root)
+    peak              = max over phases of (resident weights + in flight + phase activations)
+    gather per call   = one all_gather per unit of the transformer's (F - 1) / F x its tp-local bytes on the link
+    step_seconds      = measured + calls x max(0, gather - call): each unit issues the next window behind its
+                        compute, the last unit the first window for the next call: only what the compute cannot hide
+                        is exposed
 
 Example (`dtp fit flux-pipeline --gpus 8 --gpu-memory 80GB --resolution 2048`, bf16, H100, cp=8): 23.8 GB of
-transformer weights -> 3.09 GB per rank (0.11 GB of it the gathered root), + 2 x 0.68 GB of gathered double blocks;
-20.7 GB per call all-gathered over NVLink, hidden behind the call's compute (0.0961 s/step, as without FSDP).
+transformer weights -> 3.09 GB per rank (0.11 GB of it the gathered root), + 0.57 GB in flight (two single blocks;
+the double blocks are split into units of at most 0.15 GB); T5 9.5 GB -> 1.42 GB (its 0.26 GB embedding gathered)
++ 0.77 GB in flight in the text phase.
 """
 
 from __future__ import annotations
 
-from ..runtime.fsdp import block_lists
+import copy
+
+from ..analysis.fsdp import FsdpFigures, traced_fsdp
 from . import cost
 
 
@@ -38,44 +42,41 @@ def fsdp_supported(pipeline, c) -> str | None:
     return None
 
 
-_FRACTIONS: dict = {}
+_TEMPLATES: dict = {}
+_FIGURES: dict = {}
 
 
-def block_fraction(pipeline, name: str, dtype) -> tuple[float, int]:
-    """(largest block's share, all blocks' share of the component's parameters, number of blocks) from its full-size
-    meta build."""
-    key = (pipeline.name, pipeline.model_dir, name, str(dtype))
-    if key not in _FRACTIONS:
-        _FRACTIONS[key] = _fraction(pipeline.build(name, dtype))
-    return _FRACTIONS[key]
-
-
-def _fraction(module) -> tuple[float, float, int]:
-    total = sum(p.numel() for p in module.parameters())
-    blocks = [sum(p.numel() for p in b.parameters()) for _, lst in block_lists(module) for b in lst]
-    if not blocks or not total:
-        return 0.0, 0.0, 0
-    return max(blocks) / total, sum(blocks) / total, len(blocks)
+def component_figures(pipeline, name: str, c, setup, dtype) -> FsdpFigures | None:
+    """Component `name` of `pipeline` traced with fsdp=True on candidate `c`'s mesh at its `setup` (tp, pad); None
+    when it has no plan (held whole). Built once per component, traced once per mesh."""
+    key = (pipeline.name, pipeline.model_dir, name, str(dtype), setup.tp, setup.pad, c.cfg, c.cp)
+    if key not in _FIGURES:
+        source = (pipeline.name, pipeline.model_dir, name, str(dtype))
+        if source not in _TEMPLATES:
+            _TEMPLATES[source] = pipeline.build(name, dtype)
+        module = copy.deepcopy(_TEMPLATES[source])  # sharding mutates it; a meta copy costs next to nothing
+        # A candidate without a cp axis has no cp_mode (None); FSDP's bytes do not depend on it.
+        options = dict(tp=setup.tp, cp=c.cp, cfg=c.cfg, cp_mode=c.cp_mode or "ulysses", pad=setup.pad)
+        _FIGURES[key] = traced_fsdp(name, module, **options)
+    return _FIGURES[key]
 
 
 def fsdp_row(row: dict, c, pipeline, plan, call_seconds: float, dtype, hw, memory: int) -> dict:
     """`row` (measured without FSDP) as it is with FSDP over F = cfg x cp ranks (the module docstring's model)."""
-    f = c.cfg * c.cp
-    name = pipeline.transformer
-    sharded = {name} | (set(pipeline.text_encoders) if c.text_encoders == "sharded" else set())
-    whole = row["weight_bytes"]
-    weights = {n: -(-b // f) if n in sharded else b for n, b in whole.items()}
-    largest, blocks, units = block_fraction(pipeline, name, dtype)
-    weights[name] = int(whole[name] * (blocks / f + 1 - blocks))  # the root stays gathered
-    transient = int(2 * largest * whole[name])
+    f, name = c.cfg * c.cp, pipeline.transformer
+    sharded = [name] + (list(pipeline.text_encoders) if c.text_encoders == "sharded" else [])
+    traced = {n: component_figures(pipeline, n, c, plan.setups[n], dtype) for n in sharded}
+    traced = {n: figures for n, figures in traced.items() if figures is not None}
+    weights = {**row["weight_bytes"], **{n: figures.resident for n, figures in traced.items()}}
+    encoders = [traced[n].in_flight for n in pipeline.text_encoders if n in traced]
+    held = {"text": max(encoders, default=0), "denoise": traced[name].in_flight, "decode": 0}
     resident = {p: sum(weights[n] for n in weights if p in plan.resident[n]) for p in row["phase_bytes"]}
-    held = {p: transient if p == "denoise" else transient // 2 for p in resident}
-    totals = {p: resident[p] + held[p] + row["phase_bytes"][p] for p in resident}
+    totals = {p: resident[p] + held.get(p, 0) + row["phase_bytes"][p] for p in resident}
     peak_phase = max(totals, key=totals.get)
-    gather = [("all_gather", int(whole[name] * blocks) // max(units, 1), f)] * units
-    gather_seconds = cost.collective_seconds(gather, hw)
-    exposed = max(0.0, gather_seconds - call_seconds)
-    gathered = int(cost.wire_bytes("all_gather", int(whole[name] * blocks), f)) * row["calls_per_step"]
+    units = traced[name].units
+    gather = cost.collective_seconds([("all_gather", size, f) for size in units], hw)
+    exposed = max(0.0, gather - call_seconds)
+    gathered = int(cost.wire_bytes("all_gather", sum(units), f)) * row["calls_per_step"]
     return {
         **row,
         "weight_bytes": weights,
@@ -86,5 +87,6 @@ def fsdp_row(row: dict, c, pipeline, plan, call_seconds: float, dtype, hw, memor
         "step_seconds": row["step_seconds"] + row["calls_per_step"] * exposed,
         "step_collective_bytes": row["step_collective_bytes"] + gathered,
         "fsdp_gathered_bytes": gathered,
-        "fsdp_transient_bytes": transient,
+        "fsdp_transient_bytes": held["denoise"],
+        "fsdp_in_flight_bytes": held,
     }

@@ -29,6 +29,7 @@ from ..errors import PlanError
 from ..plan import Plan, bundled_plans_for, find_plan
 from ..plan.transformers import is_transformers_model
 from ..runtime.cfg import check_cfg, install_cfg
+from ..runtime.fsdp import is_fsdp, release
 from ..runtime.memory import local_param_bytes
 from ..runtime.parallelism import Parallelism
 from ..vae import check_vae, install_vae
@@ -134,6 +135,8 @@ def parallelize_with(pipe, parallelism: Parallelism, plans=None, *, exclude: Ite
     for name, checked in vaes.items():
         if not isinstance(checked, str):
             install_vae(modules[name], checked, mesh)
+    if parallelism.fsdp:
+        release_before_decode(pipe)
     reports = []
     for name, module in modules.items():
         report = _report(name, module, prepared.get(name), whole[name])
@@ -143,6 +146,26 @@ def parallelize_with(pipe, parallelism: Parallelism, plans=None, *, exclude: Ite
             report = ComponentReport(name, report.class_name, plan, report.whole_bytes, report.local_bytes, note)
         reports.append(report)
     return PipelineReport(parallelism.tp, tuple(reports))
+
+
+RELEASING = "_dtp_releases_fsdp"  # on a VAE decoder that frees the pipeline's FSDP gathers before it runs
+
+
+def release_before_decode(pipe) -> None:
+    """A forward pre-hook on the VAE's decoder that returns every FSDP component of `pipe` to its shards
+    (`runtime/fsdp.release`: no collective): the decode then runs without the first window the transformer's last
+    call prefetched for a next call (FLUX.1-dev at cp=8: 0.23 GB), as `dtp fit` models the decode phase. Once."""
+    decoder = getattr(pipe.components.get(VAE_COMPONENT), "decoder", None)
+    if not isinstance(decoder, nn.Module) or getattr(decoder, RELEASING, False):
+        return
+
+    def hook(module, args):
+        for component in pipe.components.values():
+            if isinstance(component, nn.Module) and is_fsdp(component):
+                release(component)
+
+    decoder.register_forward_pre_hook(hook)
+    setattr(decoder, RELEASING, True)
 
 
 def _check_vae(vae: nn.Module, mesh):

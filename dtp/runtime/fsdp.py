@@ -5,14 +5,22 @@ whole. With `fsdp=True`, torch's FSDP2 (`fully_shard`) shards each of those slic
 non-tp axes flattened into one (`Parallelism.fsdp_mesh`: cfg x cp ranks). No all-gather machinery is home-made:
 
     unit      = each element of the model's outermost ModuleLists (a transformer block), plus the root
-                (embedders, norms, output projection: everything outside the blocks)
+                (embedders, norms, output projection: everything outside the blocks); a block holding more than
+                SPLIT_RATIO x the smallest main block's parameters is split: each child module with parameters is a unit
+                of its own, the block's unit keeps the rest (`unit_layout`)
     at rest   = a parameter is dim-0 chunk r of its tp slice on fsdp rank r (torch.chunk, padded):
                 Shard(0) on the fsdp axis, or (_StridedShard(0), Shard(d)) with TP inside (torchtitan's 2-D layout)
-    forward   = a block's all-gather runs just before it, its whole parameters are freed right after
-                (`reshard_after_forward=True`), and the next block's all-gather is issued first (prefetch; the
-                last block prefetches the first for the next call); the root stays gathered after the first call
+    forward   = a unit's all-gather runs just before it, its whole parameters are freed right after
+                (`reshard_after_forward=True`), and the following units' all-gathers are issued first (prefetch:
+                as many as fit in the smallest main block, at least one: `prefetch_windows`); the last unit prefetches
+                the first window for the next call (pending between calls; a pipeline frees it before the VAE
+                decode); the root stays gathered after the first call
 
-    per-rank weight bytes ~ blocks / (tp * fsdp) + root / tp + two whole blocks / tp in flight
+    per-rank weight bytes ~ blocks / (tp * fsdp) + root / tp + in flight (<= 2 x the largest unit / tp)
+
+FLUX.1-dev bf16 (`dtp check flux --cp 8 --fsdp`): 19 double blocks of 0.68 GB, 38 single ones of 0.28 GB. The
+double blocks split (0.68 > 2 x 0.28) into norm1 / norm1_context (0.11 GB each), attn, ff, ff_context (0.15 GB
+each): in flight at most 2 x 0.28 GB while denoising, instead of 2 x 0.68 GB with a unit per block.
 
 Every rank of the fsdp group must run the same sequence of units: the cfg groups do (`runtime/cfg` runs one
 forward per group per call), and so do the cp ranks (same blocks on a part of the sequence).
@@ -23,12 +31,51 @@ plain tensors in the forward: no DTensor dispatch in the compute path.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from .. import quant
 from ..errors import PlanError
 from .memory import local_param_bytes
+
+SPLIT_RATIO = 2
+"""A block holding more than SPLIT_RATIO x the smallest main block's parameter bytes is split into its children's
+units: splitting pays when it at least halves what one gather brings in (FLUX.1: 0.68 / 0.28 GB = 2.4, split); a
+model of blocks alike (Wan, Qwen-Image) keeps a unit per block, as FSDP is used in training."""
+MAIN_SHARE = 0.1
+"""A block list holding less than this share of all blocks' bytes (Chroma's guidance MLP, 3 %; an adapter) does not
+set the smallest main block: its small blocks would split every main one into many small units."""
+LAYOUT_ATTR = "_dtp_fsdp_layout"  # the `Layout` apply_fsdp sharded with, on the root instance
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One FSDP2 unit below the root: `module` at `path`, gathering `size` bytes (its parameters at their tp-local
+    size, less those of units nested in it: a split block keeps what its children do not hold, often nothing)."""
+
+    path: str
+    module: nn.Module
+    size: int
+    inside: str | None = None  # a split block's path, for the units of its children
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The units below the root in forward order (a split block first: its children run inside it) and `cap`, the
+    smallest main block's bytes: the most a prefetch window issues beyond its first unit (`prefetch_windows`)."""
+
+    units: tuple[Unit, ...]
+    cap: int
+
+    def gathered(self) -> list[Unit]:
+        """The units with parameters: the ones that gather, prefetch and are prefetched."""
+        return [u for u in self.units if u.size > 0]
+
+    def in_flight(self) -> int:
+        """The most gathered unit bytes alive at once while the blocks run (`in_flight`)."""
+        return in_flight([u.size for u in self.gathered()], self.cap)
 
 
 def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
@@ -42,6 +89,53 @@ def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
         if isinstance(module, nn.ModuleList) and not any(name.startswith(f"{outer}.") for outer, _ in found):
             found.append((name, module))
     return found
+
+
+def unit_layout(model: nn.Module) -> Layout:
+    """FSDP's units below the root of `model` (its tp slices, before FSDP shards them), by the rule on sizes:
+    each block is a unit; a block of more than SPLIT_RATIO x the smallest main block is split, each direct child holding
+    parameters a unit of its own (module docstring: FLUX.1's double blocks)."""
+    lists = [(name, [local_param_bytes(block) for block in lst]) for name, lst in block_lists(model)]
+    total = sum(sum(sizes) for _, sizes in lists)
+    main = [size for _, sizes in lists if sum(sizes) >= MAIN_SHARE * total for size in sizes if size > 0]
+    cap = min(main, default=0)
+    blocks = [(f"{name}.{i}", block) for name, lst in block_lists(model) for i, block in enumerate(lst)]
+    sizes = [size for _, list_sizes in lists for size in list_sizes]
+    units: list[Unit] = []
+    for (path, block), size in zip(blocks, sizes):
+        split = cap > 0 and size > SPLIT_RATIO * cap
+        children = [(f"{path}.{n}", c) for n, c in block.named_children() if split and local_param_bytes(c) > 0]
+        inner = [Unit(p, c, local_param_bytes(c), inside=path) for p, c in children]
+        units += [Unit(path, block, size - sum(u.size for u in inner)), *inner]
+    return Layout(tuple(units), cap)
+
+
+def prefetch_windows(sizes: list[int], cap: int) -> list[range]:
+    """Which units' all-gathers each issues before it runs, `sizes` being the gathering units' bytes in forward
+    order: windows[0] is the root's (at the start of a call; a no-op when pending already), windows[i + 1] unit i's.
+    A window holds the units that follow while their sum stays <= cap, and at least the next one; the last unit's
+    is the root's, for the next call (pending between calls: the pipeline frees it before the VAE decode,
+    `pipeline/parallelize.release_before_decode`).
+
+    e.g. FLUX.1-dev's double block, then a single block (GB): sizes [0.11, 0.11, 0.15, 0.15, 0.15, 0.28], cap 0.28
+    -> root [0, 1], [1, 2], [2], [3], [4], [5], [0, 1]: small units prefetch two ahead.
+    """
+    windows = []
+    for start in range(len(sizes)):
+        stop, total = start, 0
+        while stop < len(sizes) and (stop == start or total + sizes[stop] <= cap):
+            total, stop = total + sizes[stop], stop + 1
+        windows.append(range(start, stop))
+    return windows + windows[:1]
+
+
+def in_flight(sizes: list[int], cap: int) -> int:
+    """The most gathered bytes alive at once: unit i running and its window issued (any earlier window that reaches
+    past i is a prefix of i's), the last unit with the first window: <= the largest unit + max(cap, largest unit)."""
+    windows = prefetch_windows(sizes, cap)
+    alive = [sum(sizes[j] for j in windows[0])]
+    alive += [size + sum(sizes[j] for j in windows[i + 1] if j != i) for i, size in enumerate(sizes)]
+    return max(alive)
 
 
 def fsdp_rows(length: int, fsdp: int, rank: int) -> tuple[int, int]:
@@ -70,46 +164,85 @@ def check_fsdp(model: nn.Module) -> None:
 
 
 def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
-    """`fully_shard` each block and then the root over `fsdp_mesh`; each unit prefetches the next one.
+    """`fully_shard` each unit of `unit_layout` (children before their block) and then the root over `fsdp_mesh`;
+    each gathering unit prefetches its `prefetch_windows` window, the root the first one.
 
-    Units in registration order (the order the blocks run in every supported model), chained: each block's
-    forward first issues the next block's all-gather, and the last block issues the first block's for the next
-    call, so no call but the first waits on a block's gather (in flight: the running block and the next; between
-    calls the first block's pending gather).
-    The root (embedders, final norm and projection: 1-3 % of the weights) keeps its parameters gathered after
-    the first call (`reshard_after_forward=False`): it runs at both ends of every call.
+    The windows follow registration order until the first call has run, then the order the units ran in
+    (`follow_first_call`: Chroma's guidance layers alternate between two lists, a Wan block runs norm2 before attn2;
+    a window that missed is still correct, gathered late). The root (embedders, final norm and projection: 1-3 % of
+    the weights) keeps its parameters gathered after the first call (`reshard_after_forward=False`): it runs at
+    both ends of every call. The last unit prefetches the first window for the next call, so no call but the first
+    waits on a gather; between calls that window is pending (`release` frees it).
     """
-    units = [block for _, blocks in block_lists(model) for block in blocks]
-    for block in units:
-        fully_shard(block, mesh=fsdp_mesh, reshard_after_forward=True)
-    for block, following in zip(units, units[1:] + units[:1]):
-        if following is not block:
-            block.set_modules_to_forward_prefetch([following])
+    layout = unit_layout(model)
+    for unit in reversed(layout.units):  # a split block's children come after it: shard them first
+        fully_shard(unit.module, mesh=fsdp_mesh, reshard_after_forward=True)
     fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=False)
+    chain(model, layout)
     # Free each unit's all-gather buffer right after its copy-out. By default FSDP2 keeps it until the next unit's
-    # copy-out (overlap for implicit prefetching, which the chain above replaces): three blocks in flight instead of
-    # two, measured on gloo (medium FLUX.1, cp=2: forward peak 53.9 MB, 44.4 MB with this, 46.8 MB without fsdp).
+    # copy-out (overlap for implicit prefetching, which the windows above replace): three blocks in flight instead
+    # of two, measured on gloo (medium FLUX.1, cp=2: forward peak 53.9 MB, 44.4 MB with this, 46.8 MB without fsdp).
     model._set_unshard_async_op(True)  # torch's own switch (FSDPModule), named private in torch 2.13
-    name_repeated_blocks(model)
+    setattr(model, LAYOUT_ATTR, layout)
+    follow_first_call(model, layout)
+    name_repeated_blocks(model, layout)
     return model
 
 
-def name_repeated_blocks(model: nn.Module) -> None:
-    """Add FSDP2's renamed block classes to the instance's `_repeated_blocks`, so diffusers' regional compile
-    (`model.compile_repeated_blocks(...)`) finds the blocks of an fsdp model.
+def chain(model: nn.Module, layout: Layout) -> None:
+    """Each gathering unit of `layout`, in its order, prefetches its window; the root the first one (FSDP2's
+    `set_modules_to_forward_prefetch`, replacing what was set before)."""
+    gathered = layout.gathered()
+    windows = prefetch_windows([u.size for u in gathered], layout.cap)
+    for module, window in zip([model] + [u.module for u in gathered], windows):
+        module.set_modules_to_forward_prefetch([gathered[j].module for j in window if gathered[j].module is not module])
+
+
+def follow_first_call(model: nn.Module, layout: Layout) -> None:
+    """Record the order the gathering units run in during the first call, then re-chain the windows in it (and keep
+    that layout on the model): the prefetch then matches the forward whatever order the modules were registered in.
+    A unit the first call did not run keeps no window and is in none (gathered when it runs)."""
+    ran: list[Unit] = []
+    handles = [u.module.register_forward_pre_hook(lambda m, a, u=u: ran.append(u)) for u in layout.gathered()]
+
+    def relearn(module, args, output):
+        for handle in handles:
+            handle.remove()
+        order = list(dict.fromkeys(ran))
+        if order != layout.gathered():
+            rest = [u for u in layout.units if u not in order]
+            for unit in rest:
+                unit.module.set_modules_to_forward_prefetch([])
+            learned = Layout(tuple(order), layout.cap)
+            chain(model, learned)
+            setattr(model, LAYOUT_ATTR, Layout(tuple(order + rest), layout.cap))
+
+    handles.append(model.register_forward_hook(relearn))
+
+
+def name_repeated_blocks(model: nn.Module, layout: Layout) -> None:
+    """Add FSDP2's renamed unit classes to the instance's `_repeated_blocks`, so diffusers' regional compile
+    (`model.compile_repeated_blocks(...)`) compiles each unit of a repeated block between FSDP2's hooks.
 
     diffusers compiles each module whose `type(module).__name__` is in `model._repeated_blocks` (FLUX.1:
-    ["FluxTransformerBlock", "FluxSingleTransformerBlock"]); `fully_shard` swaps each block's class for a subclass
+    ["FluxTransformerBlock", "FluxSingleTransformerBlock"]); `fully_shard` swaps each unit's class for a subclass
     named `FSDPFluxTransformerBlock` (same forward), so nothing matched ("classes are not found in the model").
-    e.g. FLUX.1 -> [..., "FSDPFluxTransformerBlock", "FSDPFluxSingleTransformerBlock"]. Set on the instance only:
-    the class attribute, and every unsharded model, stay as they were. (The cache registry's twin: cache/enable.py.)
+    A block that is one unit is named as such; a split block's children are (a child unit's FSDP2 hooks inside a
+    compiled block break `fullgraph=True`; its glue between them runs eagerly). e.g. FLUX.1 -> [...,
+    "FSDPAdaLayerNormZero", "FSDPFluxAttention", "FSDPFeedForward", "FSDPFluxSingleTransformerBlock"]. Set on the
+    instance only: the class attribute, and every unsharded model, stay as they were. (The cache registry's twin:
+    cache/enable.py.)
     """
     repeated = list(getattr(model, "_repeated_blocks", None) or ())
+    blocks = {u.path: u.module for u in layout.units if u.inside is None}
+    split = {u.inside for u in layout.units if u.inside is not None}
     renamed = []
-    for module in model.modules():
-        cls = type(module)
-        if isinstance(module, FSDPModule) and any(base.__name__ in repeated for base in cls.__mro__[1:]):
-            renamed += [cls.__name__] if cls.__name__ not in repeated + renamed else []
+    for unit in layout.units:
+        block_cls = type(blocks[unit.inside or unit.path])
+        if not any(base.__name__ in repeated for base in block_cls.__mro__[1:]) or unit.path in split:
+            continue  # not a repeated block's unit, or a split block (its children are the regions)
+        name = type(unit.module).__name__
+        renamed += [name] if name not in repeated + renamed else []
     if renamed:
         model._repeated_blocks = repeated + renamed
 
@@ -129,6 +262,13 @@ def resident_bytes(model: nn.Module) -> int:
     return blocks + sum(p._orig_size.numel() * p.sharded_param.element_size() for p in gathered)
 
 
+def in_flight_bytes(model: nn.Module) -> int:
+    """The most gathered unit bytes a rank of the FSDP model `model` holds at once while its blocks run, above
+    `resident_bytes` (`Layout.in_flight`: the running unit and its prefetch window; tp-local sizes)."""
+    assert is_fsdp(model), "in_flight_bytes() takes the root of an FSDP model"
+    return getattr(model, LAYOUT_ATTR).in_flight()
+
+
 def is_fsdp(model: nn.Module) -> bool:
     """Whether `model` was sharded by `apply_fsdp` (its root is an FSDP2 unit)."""
     return isinstance(model, FSDPModule)
@@ -137,7 +277,7 @@ def is_fsdp(model: nn.Module) -> bool:
 def release(model: nn.Module) -> None:
     """Every unit of the FSDP model `model` back to its shards, no all-gather pending; no collective.
 
-    After a call the root keeps its gathered parameters and the first block's gather, prefetched by the last block,
+    After a call the root keeps its gathered parameters and the first window's gather, prefetched by the last unit,
     is pending: its result holds the weights as they were then. Code that writes into the shards between calls
     (`fuse_lora`) runs this first, so the next call gathers what it wrote (torch's `reset_iter_state`: wait for the
     pending gathers, drop them, reshard every unit).

@@ -40,7 +40,8 @@ def _pipeline_or_model(args) -> dict:
             pad=args.pad,
             whole_text_encoders=args.whole_text_encoders,
         )
-        add_cfg(report, args.cfg)  # refuses cfg > 1: the exchange needs one model's measured output
+        if not (args.fsdp and args.cfg > 1):  # with --fsdp, --cfg is an axis the weights are divided over
+            add_cfg(report, args.cfg)  # refuses cfg > 1: the exchange needs one model's measured output
         return report
     if args.whole_text_encoders:
         raise PlanError(f"--whole-text-encoders applies to a pipeline ({', '.join(RELEASED_PIPELINES)}).")
@@ -82,9 +83,12 @@ def add_fsdp(report: dict, args) -> None:
     options = dict(tp=args.tp, cp=args.cp, cp_mode=args.cp_mode, dtype=args.dtype, pad=args.pad)
     if "pipeline" in report:  # traced: each planned component sharded with fsdp=True on a fake world
         planned = {c["name"] for c in report["components"] if c["plan"]}
-        traced = fsdp_pipeline_bytes(args.target, planned, **options)
+        traced = fsdp_pipeline_bytes(args.target, planned, cfg=args.cfg, **options)
+        report["fsdp_cfg"] = args.cfg
         for c in report["components"]:
-            c["fsdp_per_rank_bytes"] = traced.get(c["name"], c["per_rank_bytes"])
+            f = traced.get(c["name"])
+            c["fsdp_per_rank_bytes"] = c["per_rank_bytes"] if f is None else f.resident
+            c["fsdp_in_flight_bytes"] = 0 if f is None else f.in_flight
     else:  # traced: the model sharded with fsdp=True on a fake world (analysis/fsdp.py)
         report.update(check_fsdp(args.target, plan=args.plan, config=args.config, cfg=args.cfg, **options))
 
@@ -94,8 +98,20 @@ def _fsdp_lines(r: dict) -> list[str]:
         return []
     return [
         f"  with --fsdp (resident){'':10} {_gb(r['fsdp_per_rank_bytes'])}  (blocks over {r['fsdp']} cfg x cp ranks, "
-        f"root gathered after the first call; before it {_gb(r['fsdp_sharded_bytes']).strip()})"
+        f"root gathered after the first call; before it {_gb(r['fsdp_sharded_bytes']).strip()})",
+        f"  with --fsdp (in flight){'':9} {_gb(r['fsdp_in_flight_bytes'])}  (on top while the blocks run: the running "
+        "unit and its prefetch window, runtime/fsdp.py)",
     ]
+
+
+def _axis_line(r: dict) -> str:
+    """What the figures above are per, along cp: replicated weights, or FSDP dividing them."""
+    if "fsdp" in r:
+        return (
+            f"cp={r['cp']}: with --fsdp, FSDP2 divides the weights over the {r['fsdp']} cfg x cp ranks as well and "
+            "gathers each unit just before it runs; 'per-rank bytes' is without it."
+        )
+    return f"cp={r['cp']}: weights are replicated along cp, so the memory figures are per tp group."
 
 
 def format_report(r: dict) -> str:
@@ -126,7 +142,7 @@ def format_report(r: dict) -> str:
     if "lint" in r:
         lines += format_lint(r["lint"])
     if r["cp"] > 1:
-        lines.append(f"cp={r['cp']}: weights are replicated along cp, so the memory figures are per tp group.")
+        lines.append(_axis_line(r))
     return "\n".join(lines)
 
 
@@ -150,7 +166,14 @@ def format_pipeline_report(r: dict) -> str:
     ]
     if "fsdp" in r:  # traced: analysis/fsdp.fsdp_pipeline_bytes
         fsdp = sum(c["fsdp_per_rank_bytes"] for c in r["components"])
-        lines.append(f"  with --fsdp (resident){'':10} {_gb(fsdp)}  (planned components over {r['fsdp']} cp ranks)")
+        in_flight = max(c["fsdp_in_flight_bytes"] for c in r["components"])  # the components run one at a time
+        ranks = f"cfg={r['fsdp_cfg']} x cp={r['cp']}" if r["fsdp_cfg"] > 1 else f"cp={r['cp']}"
+        lines += [
+            f"  with --fsdp (resident){'':10} {_gb(fsdp)}  (planned components over the {r['fsdp']} {ranks} ranks)",
+            f"  with --fsdp (in flight){'':9} {_gb(in_flight)}  (the largest component's running unit and window)",
+        ]
+        if r["fsdp_cfg"] > 1:
+            lines.append(f"  (the cfg={r['fsdp_cfg']} exchange per step: `dtp check <model> --cfg {r['fsdp_cfg']}`)")
     whole = [f"  {c['name']}: {c['whole_reason']}" for c in r["components"] if c["plan"] is None]
     lines += ["held whole by every rank:", *whole] if whole else []
     return "\n".join(lines)

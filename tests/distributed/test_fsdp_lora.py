@@ -5,9 +5,9 @@ Tiny FLUX.1 (packed rowwise `proj_out`, gathered AdaLN, adapted root layers: `x_
 (cp=2, tp=2) (TP inside, FSDP across the cp ranks) and on (cfg=2, cp=2) (tp=1, FSDP over the 4 ranks flattened),
 through lora_cases' sequence: load, a second adapter with `set_adapters` weights, fuse at 0.5 (safe_fusing on the
 second mesh), unfuse, disable / enable, delete. Each step runs a forward first, so the fuse meets the state FSDP
-leaves after a call (the root gathered, the first block's gather pending); a fuse before the first call too.
+leaves after a call (the root gathered, the first window's gather pending); a fuse before the first call too.
 Negative control: fusing after resharding each unit without dropping the pending gather (a plausible `release`)
-leaves the first block unfused. Also: the same LoRA on (cp=2, tp=2) without fsdp (cp's hooks on adapted layers).
+leaves the first window unfused. Also: the same LoRA on (cp=2, tp=2) without fsdp (cp's hooks on adapted layers).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _adapter_bytes(model) -> int:
 @torch.no_grad()
 def _fused(before_a_call: bool, release_broken: bool) -> torch.Tensor:
     """Adapter "a" fused at 0.5 on a fresh model, before its first call or after one, then a forward. Broken:
-    `release` replaced by each unit's reshard(), so the first block's gather, prefetched by the last block, stays
+    `release` replaced by each unit's reshard(), so the first window's gather, prefetched by the last unit, stays
     pending with the unfused weights (the negative control)."""
     from torch.distributed.fsdp import FSDPModule
 

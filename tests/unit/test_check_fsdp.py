@@ -13,9 +13,14 @@ import json
 import pytest
 import torch
 
+from dtp.analysis.check import check_fsdp
 from dtp.analysis.fakepg import fake_world, meta_model
 from dtp.analysis.fsdp import fsdp_bytes
 from dtp.engine import apply, prepare
+from dtp.fit.candidates import Candidate
+from dtp.fit.fsdp import component_figures
+from dtp.fit.measure import Setup
+from dtp.fit.pipelines import fit_pipeline
 from dtp.runtime.fsdp import block_lists
 from dtp.runtime.memory import local_tensor_bytes
 from dtp.runtime.mesh import make_mesh
@@ -57,16 +62,17 @@ def test_traced_bytes_are_fsdp2s_chunks_with_the_root_gathered(tp, cp, cfg):
     assert got["fsdp_per_rank_bytes"] > modelled, (got, modelled)
 
 
-def test_traced_bytes_equal_fits_fsdp_row():
-    """At tp=1, `dtp fit`'s fsdp weight bytes (fit/fsdp.py: whole x (blocks / F + 1 - blocks)) are the traced figure
-    up to torch.chunk's rounding (measured: relative 0 on this model; 1e-6 allowed)."""
-    whole_model = meta_model(FLUX, SMALL, torch.bfloat16)
-    whole = sum(local_tensor_bytes(p) for p in whole_model.parameters())
-    in_blocks = sum(local_tensor_bytes(p) for _, lst in block_lists(whole_model) for b in lst for p in b.parameters())
-    blocks = in_blocks / whole  # fit/fsdp.block_fraction's share (by parameter count: one dtype, the same ratio)
-    fit_bytes = whole * (blocks / 2 + 1 - blocks)
-    got = fsdp_bytes(FLUX, None, tp=1, cp=2, config=SMALL)["fsdp_per_rank_bytes"]
-    assert abs(got - fit_bytes) <= 1e-6 * fit_bytes, (got, fit_bytes)
+@pytest.mark.parametrize("cfg,cp,tp", [(1, 2, 2), pytest.param(2, 2, 2, marks=pytest.mark.full)])
+def test_fit_rows_use_the_checked_figures(cfg, cp, tp):
+    """`dtp fit`'s fsdp rows (fit/fsdp.component_figures: the released pipeline's transformer) and `dtp check flux
+    --fsdp` (the bundled plan's class at its released config) report the same resident and in-flight bytes for
+    FLUX.1-dev at full size, at tp > 1 too (the formula fit used before differed there): (cp=2, tp=2) and
+    (cfg=2, cp=2, tp=2)."""
+    c = Candidate(cfg=cfg, cp=cp, tp=tp, cp_mode="ulysses", fsdp=True)
+    fit = component_figures(fit_pipeline("flux-pipeline"), "transformer", c, Setup(tp=tp, cp=cp), torch.bfloat16)
+    check = check_fsdp("flux", tp=tp, cp=cp, cfg=cfg)
+    assert check["fsdp"] == fit.fsdp == cfg * cp
+    assert (check["fsdp_per_rank_bytes"], check["fsdp_in_flight_bytes"]) == (fit.resident, fit.in_flight)
 
 
 def test_check_cli_fsdp_json(tmp_path, capsys):
@@ -93,3 +99,33 @@ def test_check_pipeline_fsdp_is_traced(capsys):
     for encoder in ("text_encoder", "text_encoder_2"):
         assert rows[encoder]["fsdp_per_rank_bytes"] < 0.7 * rows[encoder]["per_rank_bytes"], rows[encoder]
     assert rows["vae"]["fsdp_per_rank_bytes"] == rows["vae"]["per_rank_bytes"]
+
+
+def test_check_says_what_fsdp_does_along_cp(tmp_path, capsys):
+    """The text report: without --fsdp 'weights are replicated along cp'; with it, what FSDP2 does instead, and the
+    in-flight line."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL))
+    args = ["check", "flux", "--tp", "2", "--cp", "2", "--config", str(config), "--no-forward", "--no-peak"]
+    assert cli.main(args) == 0
+    assert "weights are replicated along cp" in capsys.readouterr().out
+    assert cli.main([*args, "--fsdp"]) == 0
+    out = capsys.readouterr().out
+    assert "replicated along cp" not in out and "FSDP2 divides the weights over the 2 cfg x cp ranks" in out, out
+    assert "with --fsdp (in flight)" in out
+
+
+@pytest.mark.full  # a full-size pipeline on meta: ~25 s
+def test_check_pipeline_fsdp_with_cfg(capsys):
+    """`dtp check flux-pipeline --tp 1 --fsdp --cfg 2`: the weights divided over the 2 cfg ranks, the transformer's
+    figures the model path's at cfg=2; without --fsdp, --cfg on a pipeline is still refused (no one model's
+    forward to size the exchange from)."""
+    assert cli.main(["check", "flux-pipeline", "--tp", "1", "--fsdp", "--cfg", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {c["name"]: c for c in report["components"]}
+    alone = fsdp_bytes(FLUX, None, tp=1, cfg=2)
+    assert report["fsdp"] == 2 and report["fsdp_cfg"] == 2
+    assert rows["transformer"]["fsdp_per_rank_bytes"] == alone["fsdp_per_rank_bytes"]
+    assert rows["transformer"]["fsdp_in_flight_bytes"] == alone["fsdp_in_flight_bytes"]
+    assert cli.main(["check", "flux-pipeline", "--tp", "1", "--cfg", "2"]) == 1
+    assert "--cfg needs the measured forward of one model" in capsys.readouterr().err

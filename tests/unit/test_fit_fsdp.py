@@ -1,4 +1,5 @@
-"""`dtp fit`'s FSDP model (`fit/fsdp.py`) on a hand-made row: the numbers its docstring promises, computed here."""
+"""`dtp fit`'s FSDP model (`fit/fsdp.py`) on a hand-made row and hand-made traced figures: the numbers its docstring
+promises, computed here."""
 
 from __future__ import annotations
 
@@ -6,14 +7,20 @@ from types import SimpleNamespace
 
 import pytest
 
+from dtp.analysis.fsdp import FsdpFigures
+from dtp.fit import cost
 from dtp.fit import fsdp as fsdp_model  # `import dtp.fit.fsdp as` would meet dtp.fit, the function
 from dtp.fit.candidates import Candidate
 from dtp.fit.hardware import hardware
+from dtp.fit.measure import Setup
 
 GB = 10**9
 PIPE = SimpleNamespace(transformer="transformer", text_encoders=("text_encoder",), name="p", model_dir="d")
-PLAN = SimpleNamespace(resident={"transformer": {"text", "denoise", "decode"}, "text_encoder": {"text", "denoise",
-                       "decode"}, "vae": {"text", "denoise", "decode"}})  # fmt: skip
+PHASES = {"text", "denoise", "decode"}
+PLAN = SimpleNamespace(
+    resident={"transformer": PHASES, "text_encoder": PHASES, "vae": PHASES},
+    setups={"transformer": Setup(), "text_encoder": Setup(), "vae": Setup()},
+)
 ROW = dict(
     weight_bytes={"transformer": 24 * GB, "text_encoder": 8 * GB, "vae": 1 * GB},
     phase_bytes={"text": 1 * GB, "denoise": 2 * GB, "decode": 3 * GB},
@@ -21,32 +28,44 @@ ROW = dict(
     calls_per_step=1,
     step_collective_bytes=0,
 )
+UNIT = 4 * 10**8  # the transformer: 60 units of 0.4 GB, two in flight; the text encoder 0.8 GB in flight
+TRACED = {
+    "transformer": FsdpFigures(8, 3 * GB, 3 * GB, 2 * UNIT, (UNIT,) * 60, UNIT),
+    "text_encoder": FsdpFigures(8, 12 * 10**8, GB, 8 * 10**8, (UNIT,) * 20, UNIT),
+}
+H100 = hardware("H100 SXM", 80 * GB)
+COMPONENT_FIGURES = fsdp_model.component_figures  # the real one, before the fixture replaces it
 
 
 @pytest.fixture(autouse=True)
-def blocks(monkeypatch):
-    """The transformer: 60 blocks of 1.6 % each (96 % of it), the root the other 4 %."""
-    monkeypatch.setattr(fsdp_model, "block_fraction", lambda *a: (0.016, 0.96, 60))
+def traced(monkeypatch):
+    monkeypatch.setattr(fsdp_model, "component_figures", lambda pipeline, name, *a: TRACED.get(name))
 
 
 def test_weights_peak_and_gathered_bytes():
     c = Candidate(cp=8, tp=1, cp_mode="ulysses", text_encoders="sharded", fsdp=True)
-    row = fsdp_model.fsdp_row(ROW, c, PIPE, PLAN, 1.0, None, hardware("H100 SXM", 80 * GB), 80 * GB)
-    transformer = int(24 * GB * (0.96 / 8 + 0.04))  # blocks divided by 8, the root whole
-    assert row["weight_bytes"] == {"transformer": transformer, "text_encoder": GB, "vae": GB}
-    transient = int(2 * 0.016 * 24 * GB)  # the running block and the prefetched one, while denoising
-    denoise = transformer + 2 * GB + transient + 2 * GB
-    decode = transformer + 2 * GB + transient // 2 + 3 * GB
-    assert row["peak_bytes"] == max(denoise, decode)
-    assert row["fsdp_gathered_bytes"] == int(7 / 8 * int(24 * GB * 0.96))
-    assert row["step_seconds"] == 1.0  # 20 GB over NVLink in less than the call's 1 s: hidden by prefetch
+    row = fsdp_model.fsdp_row(ROW, c, PIPE, PLAN, 1.0, None, H100, 80 * GB)
+    assert row["weight_bytes"] == {"transformer": 3 * GB, "text_encoder": 12 * 10**8, "vae": GB}  # traced
+    resident = 3 * GB + 12 * 10**8 + GB
+    text, denoise, decode = resident + 8 * 10**8 + GB, resident + 2 * UNIT + 2 * GB, resident + 3 * GB
+    assert row["peak_bytes"] == max(text, denoise, decode) == decode  # nothing gathered in the decode
+    assert row["fsdp_in_flight_bytes"] == {"text": 8 * 10**8, "denoise": 2 * UNIT, "decode": 0}
+    assert row["fsdp_gathered_bytes"] == int(7 / 8 * 60 * UNIT)
+    assert row["step_seconds"] == 1.0  # 24 GB over NVLink in less than the call's 1 s: hidden by prefetch
+
+
+def test_text_encoders_whole_are_not_traced():
+    c = Candidate(cp=8, tp=1, cp_mode="ulysses", text_encoders="whole", fsdp=True)
+    row = fsdp_model.fsdp_row(ROW, c, PIPE, PLAN, 1.0, None, H100, 80 * GB)
+    assert row["weight_bytes"]["text_encoder"] == 8 * GB and row["fsdp_in_flight_bytes"]["text"] == 0
 
 
 def test_exposed_gather_when_the_link_is_slow():
-    """A call shorter than its gather: the difference is exposed."""
+    """A call shorter than its gathers: the difference is exposed."""
     c = Candidate(cp=8, tp=1, cp_mode="ulysses", fsdp=True)
-    row = fsdp_model.fsdp_row(ROW, c, PIPE, PLAN, 0.001, None, hardware("H100 SXM", 80 * GB), 80 * GB)
-    assert row["step_seconds"] > 1.0
+    row = fsdp_model.fsdp_row(ROW, c, PIPE, PLAN, 0.001, None, H100, 80 * GB)
+    gather = cost.collective_seconds([("all_gather", UNIT, 8)] * 60, H100)
+    assert row["step_seconds"] == pytest.approx(1.0 + gather - 0.001)
 
 
 @pytest.mark.parametrize(
@@ -61,3 +80,17 @@ def test_exposed_gather_when_the_link_is_slow():
 def test_supported(candidate, reason):
     found = fsdp_model.fsdp_supported(PIPE, candidate)
     assert (found is None) if reason is None else (reason in found)
+
+
+def test_a_mesh_without_cp_is_traced():
+    """cfg=2 with no cp axis (cp_mode None on the candidate): traced, not refused ('cp_mode must be one of ...' hid
+    every cfg-only fsdp row of Qwen-Image and Wan once); tiny FLUX.1 on a fake world."""
+    from dtp.testing.tiny import tiny_model
+
+    flux = "FluxTransformer2DModel"
+    pipeline = SimpleNamespace(name="tiny", model_dir="-", build=lambda name, dtype: tiny_model(flux))
+    c = Candidate(cfg=2, tp=1, fsdp=True)
+    assert c.cp_mode is None
+    figures = COMPONENT_FIGURES(pipeline, "transformer", c, Setup(), None)
+    whole = sum(p.numel() * 4 for p in tiny_model(flux).parameters())
+    assert figures.fsdp == 2 and 0 < figures.resident < whole
