@@ -4,11 +4,11 @@ from functools import partial
 
 import diffusers
 import torch
-from coverage_2026_cases import FULL, ROUND5_FULL
 
 import dtp
 from dtp.analysis.suggest import rank_fraction
 from dtp.analysis.verify import compare_sharded
+from dtp.testing.scope import family_runs
 from dtp.testing.tiny import PLAN_CLASSES, TINY_CONFIGS, tiny_inputs, tiny_model
 
 WAN = dict(
@@ -47,9 +47,10 @@ def wan_inputs() -> dict:
 
 def cases() -> dict:
     """name -> (factory, inputs): the tiny configs of the bundled classes, and Wan."""
-    # Round 5's further families of a covered kind only with DTP_FULL=1 (test_coverage_2026_suggest.py walks them too).
-    skipped = set() if FULL else {PLAN_CLASSES[name] for name in ROUND5_FULL}
-    found = {cls: (partial(tiny_model, cls), tiny_inputs(cls)) for cls in TINY_CONFIGS if cls not in skipped}
+    # One family per structural kind by default (dtp.testing.scope.KINDS); the others with DTP_FULL=1
+    # (test_coverage_2026_suggest.py walks them too).
+    walked = {PLAN_CLASSES[name] for name in PLAN_CLASSES if family_runs(name)}
+    found = {cls: (partial(tiny_model, cls), tiny_inputs(cls)) for cls in TINY_CONFIGS if cls in walked}
     found["WanTransformer3DModel"] = (wan_model, wan_inputs())
     return found
 
