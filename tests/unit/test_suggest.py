@@ -9,7 +9,8 @@ import dtp
 import dtp.plan.io
 from dtp.analysis.lint import lint
 from dtp.analysis.suggest import rank_fraction, suggest
-from dtp.testing.tiny import TINY_CONFIGS, tiny_inputs, tiny_model
+from dtp.testing.scope import default_family, family_runs
+from dtp.testing.tiny import PLAN_CLASSES, TINY_CONFIGS, tiny_inputs, tiny_model
 from dtp.tools.cli import main
 
 
@@ -17,9 +18,14 @@ def rules(plan: dtp.Plan) -> dict:
     return {r.key: (r.style.value, r.blocks) for r in plan.rules}
 
 
+# One family per structural kind by default (dtp.testing.scope.KINDS); every family with DTP_FULL=1.
+PLANS = {cls: plan for plan, cls in PLAN_CLASSES.items()}
+WALKED = [cls for cls in TINY_CONFIGS if family_runs(PLANS[cls])]
+
+
 @pytest.fixture(scope="module")
 def suggestions():
-    return {cls: suggest(tiny_model(cls), tiny_inputs(cls)) for cls in TINY_CONFIGS}
+    return {cls: suggest(tiny_model(cls), tiny_inputs(cls)) for cls in WALKED}
 
 
 def test_flux2_packed_blocks_come_from_the_cuts(suggestions):
@@ -47,13 +53,13 @@ def test_flux_single_stream_cat(suggestions):
 LINT_DISAGREES = {"WanAnimateTransformer3DModel": "lint: image_embedder.ff.net.0.proj unpaired (suggest pairs it)"}
 
 
-@pytest.mark.parametrize(
-    "cls",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=LINT_DISAGREES[c])) if c in LINT_DISAGREES else c
-        for c in sorted(TINY_CONFIGS)
-    ],
-)
+def _case(cls: str):
+    if cls in LINT_DISAGREES:
+        return pytest.param(cls, marks=pytest.mark.xfail(strict=True, reason=LINT_DISAGREES[cls]))
+    return cls if default_family(PLANS[cls]) else pytest.param(cls, marks=pytest.mark.full)
+
+
+@pytest.mark.parametrize("cls", [_case(c) for c in sorted(TINY_CONFIGS)])
 def test_suggested_plans_lint_clean_and_shard(suggestions, cls):
     """The lint (an independent reading of the same forward) finds nothing; a rank holds less than the whole."""
     plan = suggestions[cls].plan
