@@ -33,8 +33,9 @@ CASES = {
     "cp-sdpa": (2, 1, "ulysses", False, False, {}),  # CogVideoX: its processor calls SDPA (runtime/cp/sdpa.py)
 }
 MODELS = {"cp-sdpa": "CogVideoXTransformer3DModel"}  # the model of a case (default FLUX.1)
-QUANT = {"int8wo": "int8wo", "fp8wo": "fp8wo"}  # cases quantized after sharding (`dtp.quantize`), on the "tp" mesh
+QUANT = {"int8wo": "int8wo", "fp8wo": "fp8wo", "pad-int8wo": "int8wo"}  # quantized after sharding (`dtp.quantize`)
 CASES.update({name: CASES["tp"] for name in QUANT})
+CASES["pad-int8wo"] = CASES["pad"]  # padded heads and int8 weights in one compile (the suite's default run)
 FORMS = ("full", "regional")
 # The parallel VAE's decode (`dtp.parallelize_vae` over the 2 ranks: GroupNorm statistics all-gathered, halo rows
 # exchanged with batch_isend_irecv) compiled whole: case -> VAE class, form "full" only.

@@ -1,11 +1,10 @@
-"""Worker side of the issue-35 parity tests: the 2026 DiTs' bundled plans against one process, the OvisImage
-suggest regression and its negative controls, in one spawned group per world size."""
+"""Worker side of the issue-35 parity tests: the 2026 DiTs' cp sections against one process, the OvisImage suggest
+regression and its negative controls, in one spawned group."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from functools import partial
 from unittest import mock
 
@@ -18,79 +17,44 @@ from dtp.resolve import clear_caches
 from dtp.runtime.norms import ShardedRMSNorm
 from dtp.styles import experts as experts_style
 from dtp.testing.parity import forward_parity
+from dtp.testing.scope import default_family, family_runs, full_run
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 
-NEW_PLANS = ("flux3", "ltx2", "hunyuanvideo15", "wan_vace", "ovisimage", "chronoedit", "longcat_image", "bria")
-# The others refuse cp in their plan header.
+# The 2026 families whose plans have a cp section (the others refuse cp in their header). Their tp parity at tp=2 and
+# tp=4 is test_coverage_parity*.py's (every bundled plan beyond the first four, with its collectives).
 CP_PLANS = ("flux3", "wan_vace", "ovisimage", "chronoedit", "longcat_image", "bria")
-BATCH = 2  # sample 1 has a padded prompt where the model takes a text mask
-
-# Round 5: the default run keeps one new family per structural kind (ROUND5); the others repeat a covered kind and
-# run only with DTP_FULL=1 (ROUND5_FULL; the tests mark them `full`, and the workers skip them too, which is where
-# the time goes). *_CP: those whose plans have a cp section (the rest refuse cp in their header).
-ROUND5 = ("wan_animate", "sana_video", "cogview3plus", "consisid")
-# Helios: Wan blocks with history tokens (the Wan layout runs by default: wan_animate); FramePack: HunyuanVideo's
-# blocks with history tokens (HunyuanVideo's own parity runs in test_coverage_parity*.py); Latte: PixArt's blocks,
-# spatial and temporal.
-ROUND5_FULL = ("helios", "hunyuanvideo_framepack", "latte")
 ROUND5_CP = ("cogview3plus",)
-ROUND5_CP_FULL: tuple[str, ...] = ()
-# Round 8 (image models): Krea 2 runs by default (attention modules that keep `num_heads`, not `heads`; GQA with an
-# output gate); the others repeat covered kinds (Hunyuan-DiT / DiT: PixArt's BasicTransformerBlock layout; FIBO:
-# FLUX.1's; FIBO 2.0 / Ideogram 4: Z-Image's blocks; GLM-Image: CogView4's; ERNIE-Image: single-stream blocks; PRX:
-# joint-key attention) and run with DTP_FULL=1.
-# Round 8 (video models, MoE): NucleusMoE (a new kind: routed experts, `experts` style) runs by default in
-# test_coverage_parity*.py like every plan not marked full, and here only its own cases (_moe_cases); the other video
-# families repeat covered kinds and run with DTP_FULL=1. ROUND8_CP_FULL: those with a cp section.
-ROUND8 = ("krea2",)
-ROUND8_FULL = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "ideogram4", "ernie_image", "prx")
-ROUND8_FULL += (
-    "minimax_h3",
-    "allegro",
-    "easyanimate",
-    "motif_video",
-    "joyimage_edit",
-    "joyimage_edit_plus",
-    "kandinsky5",
-)
-ROUND8_CP_FULL = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "krea2", "ernie_image", "prx")
-ROUND8_CP_FULL += ("minimax_h3", "easyanimate", "motif_video", "joyimage_edit_plus")
-FULL = os.environ.get("DTP_FULL") == "1"
-
-
-def tp_plans() -> tuple[str, ...]:
-    """The plans this run checks at tp (the full ones only under DTP_FULL=1)."""
-    return NEW_PLANS + ROUND5 + ROUND8 + (ROUND5_FULL + ROUND8_FULL if FULL else ())
+# Round 8's families with a cp section: each runs by default only if it stands for a kind (KINDS: Krea 2).
+ROUND8_CP = ("hunyuandit", "dit", "bria_fibo", "bria_fibo2", "glm_image", "krea2", "ernie_image", "prx")
+ROUND8_CP += ("minimax_h3", "easyanimate", "motif_video", "joyimage_edit_plus")
+BATCH = 2  # sample 1 has a padded prompt where the model takes a text mask
+FULL = full_run()
 
 
 def cp_plans() -> tuple[str, ...]:
-    return CP_PLANS + ROUND5_CP + (ROUND5_CP_FULL + ROUND8_CP_FULL if FULL else ())
+    """The plans this run checks at cp=2: one family per structural kind (dtp.testing.scope.KINDS), all with
+    DTP_FULL=1."""
+    return tuple(name for name in CP_PLANS + ROUND5_CP + ROUND8_CP if family_runs(name))
 
 
-def params(default: tuple[str, ...], full: tuple[str, ...]) -> list:
-    """pytest parameters: the default names, then the full ones marked `full`."""
+def params(names: tuple[str, ...], more: tuple[str, ...] = ()) -> list:
+    """pytest parameters over families: a kind's family as it is, every other one marked `full`."""
     import pytest
 
-    return [*default, *(pytest.param(name, marks=pytest.mark.full) for name in full)]
-
-
-def run_tp(rank, world_size):
-    """Every new plan at tp = world_size (cp=1)."""
-    mesh = dtp.make_mesh(tp=world_size)
-    return {name: _parity(name, mesh) for name in tp_plans()}
+    return [name if default_family(name) else pytest.param(name, marks=pytest.mark.full) for name in (*names, *more)]
 
 
 def run_two(rank, world_size):
-    """tp=2: the plans, the OvisImage suggest regression and the negative controls; cp=2 (both modes) on the
-    same two processes."""
-    results = run_tp(rank, world_size)
+    """tp=2: the OvisImage suggest regression and the negative controls; cp=2 (both modes) on the same two
+    processes."""
+    results = {}
     tp_mesh = dtp.make_mesh(tp=2)
     results["ovis/suggested"] = _suggested_ovis(tp_mesh)
     results["ovis/held_size"] = _held_size_outcomes(tp_mesh)
-    results["ltx2/per_rank_qk_norm"] = _per_rank_qk_norm(tp_mesh)
     if FULL:
         results["prx/plain_colwise_qkv"] = _parity("prx", tp_mesh, _prx_plain_qkv_plan())
     results.update(_moe_cases(tp_mesh))
+    results["ltx2/per_rank_qk_norm"] = _per_rank_qk_norm(tp_mesh)
     cp_mesh = dtp.make_mesh(cp=2, tp=1)
     for name in cp_plans():
         for mode in ("ulysses", "ring"):
@@ -159,15 +123,6 @@ def _outcome(mesh) -> str:
     return "ran"
 
 
-def _prx_plain_qkv_plan():
-    """Negative control: PRX's fused image q/k/v projection split as one colwise block instead of packed [1, 1, 1]
-    (a plausible plan-writing slip): each rank's output then reshapes into a mix of q, k and v rows; it runs."""
-    plan = dtp.load_plan("prx")
-    key = "blocks.*.attention.img_qkv_proj"
-    rules = tuple(Rule(key, Style("colwise")) if r.key == key else r for r in plan.rules)
-    return dataclasses.replace(plan, rules=rules)
-
-
 @torch.no_grad()
 def _per_rank_qk_norm(mesh) -> float:
     """Negative control: LTX-2 with its QK-norms across heads normalized per rank (sliced weight, no all-reduce
@@ -183,6 +138,15 @@ def _per_rank_qk_norm(mesh) -> float:
     ref = output_tensor(tiny_model(cls)(**tiny_inputs(cls, batch=BATCH)))
     out = output_tensor(model(**tiny_inputs(cls, batch=BATCH)))
     return float((out - ref).abs().max() / ref.abs().max())
+
+
+def _prx_plain_qkv_plan():
+    """Negative control: PRX's fused image q/k/v projection split as one colwise block instead of packed [1, 1, 1]
+    (a plausible plan-writing slip): each rank's output then reshapes into a mix of q, k and v rows; it runs."""
+    plan = dtp.load_plan("prx")
+    key = "blocks.*.attention.img_qkv_proj"
+    rules = tuple(Rule(key, Style("colwise")) if r.key == key else r for r in plan.rules)
+    return dataclasses.replace(plan, rules=rules)
 
 
 def _moe_cases(mesh) -> dict:

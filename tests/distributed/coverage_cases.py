@@ -6,23 +6,22 @@ import dataclasses
 from functools import partial
 
 import torch
-from coverage_2026_cases import FULL, ROUND5_FULL, ROUND8, ROUND8_FULL, params
+from coverage_2026_cases import params
 
 import dtp
 from dtp.analysis.collectives import CollectiveCounter, implied_collectives
 from dtp.runtime.norms import ShardedRMSNorm
 from dtp.testing.parity import forward_parity
+from dtp.testing.scope import family_runs
 from dtp.testing.tiny import PLAN_CLASSES, model_class, output_tensor, tiny_inputs, tiny_model
 
 # Plans bundled before issue 10; their parity lives in test_tp_parity_2.py / _4.py.
 EARLIER_PLANS = ("flux", "flux2", "qwenimage", "zimage")
 COVERAGE_PLANS = tuple(sorted(set(PLAN_CLASSES) - set(EARLIER_PLANS)))
-# Round 5's further families of a covered kind run here only with DTP_FULL=1 (marked `full`), as in
-# test_coverage_2026_parity.py.
-# Round 8's image families likewise (ROUND8_FULL; Krea 2 runs by default).
-SECOND_KIND = ROUND5_FULL + ROUND8_FULL + ROUND8  # Krea 2 runs by default in test_coverage_2026_parity*
-RUN_PLANS = tuple(name for name in COVERAGE_PLANS if FULL or name not in SECOND_KIND)
-PLAN_PARAMS = params(tuple(name for name in COVERAGE_PLANS if name not in SECOND_KIND), SECOND_KIND)
+# One family per structural kind by default (dtp.testing.scope.KINDS); the families that repeat a covered kind run
+# with DTP_FULL=1 (marked `full`, and skipped by the workers, which is where the time goes).
+RUN_PLANS = tuple(name for name in COVERAGE_PLANS if family_runs(name))
+PLAN_PARAMS = params(COVERAGE_PLANS)
 BATCH = 2  # sample 1 has a padded prompt where the model takes a text mask (see dtp/families/shapes.py)
 
 

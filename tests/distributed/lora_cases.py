@@ -76,19 +76,21 @@ def relative(out: dict, ref: dict) -> dict[str, float]:
     return {k: float((out[k] - ref[k]).abs().max() / ref[k].abs().max()) for k in ref}
 
 
-def run_cases(rank, world_size, tp, extra=True):
-    """Every model through `steps`, sharded vs reference; with `extra`, the pipeline, error and control cases."""
+def run_cases(rank, world_size, tp, extra=True, models=tuple(MODELS)):
+    """Each of `models` through `steps`, sharded vs reference; with `extra`, the adapter bytes, the pipeline, error
+    and control cases."""
     mesh = dtp.make_mesh(tp=tp)
     results = {}
-    for name, cls in MODELS.items():
+    for name in models:
+        cls = MODELS[name]
         inputs = tiny_inputs(cls)
         ref = steps(tiny_model(cls), reference_load, inputs)
         sharded = dtp.parallelize(tiny_model(cls), mesh)
         results[name] = relative(steps(sharded, sharded_load, inputs), ref)
         results[f"{name}/ref_vs_base"] = {k: relative({k: ref[k]}, {k: ref["base"]})[k] for k in ref}
-    results["bytes"] = adapter_bytes(mesh)
     results["flux/one_block_packed_rowwise"] = one_block_control(mesh)
     if extra:
+        results["bytes"] = adapter_bytes(mesh)
         results["pipelines"] = pipeline_cases(mesh)
         results["bad"] = bad_lora_cases(mesh)
     return results

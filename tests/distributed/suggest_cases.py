@@ -4,11 +4,11 @@ from functools import partial
 
 import diffusers
 import torch
-from coverage_2026_cases import FULL, ROUND5_FULL, ROUND8, ROUND8_FULL
 
 import dtp
 from dtp.analysis.suggest import rank_fraction
 from dtp.analysis.verify import compare_sharded
+from dtp.testing.scope import family_runs
 from dtp.testing.tiny import PLAN_CLASSES, TINY_CONFIGS, tiny_inputs, tiny_model
 
 WAN = dict(
@@ -47,12 +47,13 @@ def wan_inputs() -> dict:
 
 def cases() -> dict:
     """name -> (factory, inputs): the tiny configs of the bundled classes, and Wan."""
-    # Round 5's and round 8's further families only with DTP_FULL=1 (test_coverage_2026_suggest.py walks them too).
-    skipped = set() if FULL else {PLAN_CLASSES[name] for name in ROUND5_FULL + ROUND8_FULL + ROUND8}
+    # One family per structural kind by default (dtp.testing.scope.KINDS); the others with DTP_FULL=1
+    # (test_coverage_2026_suggest.py walks them too).
+    walked = {PLAN_CLASSES[name] for name in PLAN_CLASSES if family_runs(name)}
     # PRX: suggest_plan refuses it (a PlanError: its text k/v projection pairs with no colwise width in the block);
     # test_coverage_2026_suggest.py checks that refusal, here every class must get a plan.
-    skipped |= {"PRXTransformer2DModel"}
-    found = {cls: (partial(tiny_model, cls), tiny_inputs(cls)) for cls in TINY_CONFIGS if cls not in skipped}
+    walked.discard("PRXTransformer2DModel")
+    found = {cls: (partial(tiny_model, cls), tiny_inputs(cls)) for cls in TINY_CONFIGS if cls in walked}
     found["WanTransformer3DModel"] = (wan_model, wan_inputs())
     return found
 

@@ -25,7 +25,6 @@ import dataclasses
 
 import pytest
 import torch
-from coverage_2026_cases import ROUND8_CP_FULL
 
 import dtp
 import dtp.runtime.cp.block_causal as block_causal_module
@@ -36,23 +35,19 @@ import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.resolve import resolve, resolve_cp
 from dtp.testing.launch import spawn
-from dtp.testing.scope import full_run
+from dtp.testing.scope import default_family, family_runs, full_run
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 
 TOL = 1e-5
 MESHES = ((2, 2, "ulysses"), (2, 2, "ring"), (4, 1, "ulysses"), (4, 1, "ring"))  # (cp, tp, mode)
 FIRST_FOUR = {"flux", "flux2", "qwenimage", "zimage"}  # tests/distributed/test_cp_parity.py
 PLANS = {name: dtp.load_plan(name) for name in PLAN_CLASSES if name not in FIRST_FOUR}  # parsed once: YAML is slow
-# Round 8's image families repeat covered kinds (coverage_2026_cases.py): their cp cases run with DTP_FULL=1 only.
-SKIPPED = () if full_run() else ROUND8_CP_FULL
-COVERED = sorted(
-    name for name, plan in PLANS.items() if plan.cp is not None and plan.cp.refused is None and name not in SKIPPED
-)
+COVERED = sorted(name for name, plan in PLANS.items() if plan.cp is not None and plan.cp.refused is None)
 # Qwen-Image 2.1 (Ulysses only: `ring_refused`) runs its own, richer case below (`_qwenimage21`)
 CASES = [(name, cp, tp, mode) for name in COVERED for cp, tp, mode in MESHES if PLANS[name].cp.ring_refused is None]
-# Families of a covered kind added later: only with DTP_FULL=1 (marked `full`, and skipped by the worker too).
-FULL_ONLY = {"minimax_h3", "easyanimate", "motif_video", "joyimage_edit_plus"}
-CASE_PARAMS = [case if case[0] not in FULL_ONLY else pytest.param(*case, marks=pytest.mark.full) for case in CASES]
+# One family per structural kind by default (dtp.testing.scope.KINDS); the others with DTP_FULL=1, skipped by the
+# worker too.
+CASE_PARAMS = [case if default_family(case[0]) else pytest.param(*case, marks=pytest.mark.full) for case in CASES]
 
 
 def _inputs(name: str) -> dict:
@@ -69,6 +64,10 @@ def _inputs(name: str) -> dict:
 
 PER_TOKEN = ("wan", "ltx_video", "cosmos")
 PADDED = {"cogvideox": 10, "sd3": 10, "lumina2": 9}  # text tokens; Lumina2 packs 9 (or 7) + 16 image = 25
+# LTX's [B, S] timesteps are Wan's kind, CogVideoX's padded text SD3's (whose pad-key control runs by default): with
+# DTP_FULL=1.
+REPEATS = {"ltx_video", "cogvideox"}
+FULL_ONLY = set() if full_run() else REPEATS
 SMALL_MESHES = ((2, 2, "ulysses"), (4, 1, "ring"))
 
 
@@ -133,9 +132,7 @@ def _all_plans(rank: int, world: int) -> dict:
     torch.set_num_threads(1)
     results = {}
     meshes = {(cp, tp): dtp.make_mesh(tp=tp, cp=cp) for cp, tp in ((2, 2), (4, 1), (1, 4))}
-    for name in COVERED:
-        if name in FULL_ONLY and not full_run():
-            continue
+    for name in filter(family_runs, COVERED):
         cls, inputs, plan = PLAN_CLASSES[name], _inputs(name), PLANS[name]
         reference = tiny_model(cls)
         with torch.no_grad():
@@ -163,13 +160,14 @@ def _all_plans(rank: int, world: int) -> dict:
     with torch.no_grad():
         ref = output_tensor(tiny_model(PLAN_CLASSES["cogvideox"])(**inputs)).float()
     results["negative"] = _run(tiny_model(PLAN_CLASSES["cogvideox"]), meshes[4, 1], "ulysses", inputs, ref, plan)
-    for name in PER_TOKEN:
+    for name in (n for n in PER_TOKEN if n not in FULL_ONLY):
         inputs = _per_token_inputs(name)
         ref = _reference(name, inputs)
         for cp, tp, mode in SMALL_MESHES:
             model = tiny_model(PLAN_CLASSES[name])
             results["per_token", name, cp, tp, mode] = _run(model, meshes[cp, tp], mode, inputs, ref, PLANS[name])
-    for name, text in PADDED.items():  # 10 text tokens: cp=4 pads them to 12; Lumina2's 25 joint tokens to 26 / 28
+    # 10 text tokens: cp=4 pads them to 12; Lumina2's 25 joint tokens to 26 / 28
+    for name, text in ((n, t) for n, t in PADDED.items() if n not in FULL_ONLY):
         inputs = tiny_inputs(PLAN_CLASSES[name], batch=2, txt_tokens=text)
         ref = _reference(name, inputs)
         for cp, tp, mode in SMALL_MESHES:
@@ -229,7 +227,11 @@ def test_lumina2_gqa_kv_heads_shared_at_tp4(four):
         assert r["shape_ok"] and r["rel"] <= TOL, r
 
 
-@pytest.mark.parametrize("name", PER_TOKEN)
+def _marked(names) -> list:
+    return [pytest.param(n, marks=pytest.mark.full) if n in REPEATS else n for n in names]
+
+
+@pytest.mark.parametrize("name", _marked(PER_TOKEN))
 @pytest.mark.parametrize("cp,tp,mode", SMALL_MESHES)
 def test_per_token_timesteps(four, name, cp, tp, mode):
     """Per-token / per-frame timesteps split with their tokens: max |out - ref| <= 1e-5 * max |ref|."""
@@ -238,7 +240,7 @@ def test_per_token_timesteps(four, name, cp, tp, mode):
         assert r["shape_ok"] and r["rel"] <= TOL, (name, cp, tp, mode, r)
 
 
-@pytest.mark.parametrize("name", PADDED)
+@pytest.mark.parametrize("name", _marked(PADDED))
 @pytest.mark.parametrize("cp,tp,mode", SMALL_MESHES)
 def test_text_length_cp_does_not_divide_is_padded_exactly(four, name, cp, tp, mode):
     """10 text tokens (cp=4: padded to 12, pad keys masked): max |out - ref| <= 1e-5 * max |ref|."""

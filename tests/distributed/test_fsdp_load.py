@@ -3,10 +3,13 @@
 One process group. FLUX.1 and Wan (sharded QK-norm) tiny, saved by diffusers as one file and as many, loaded on
 (cp=2, tp=2) and (cp=4) meshes with fsdp=True: the forward matches the unsharded model, every parameter's local
 shard equals the one `dtp.parallelize(fsdp=True)` gives FSDP2 from the whole model (the loader's Layout math agrees
-with FSDP2's sharding), and each rank reads at most 1.1x its share ((sharded / tp + replicated) / fsdp).
+with FSDP2's sharding), and each rank reads at most 1.1x its share ((sharded / tp + replicated) / fsdp). By default
+each mesh, model and layout once (`DEFAULT`); all 8 combinations with DTP_FULL=1.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ from torch.distributed.tensor import DTensor
 import dtp
 from dtp.loading.load import load
 from dtp.testing.launch import spawn
+from dtp.testing.scope import full_run
 from dtp.testing.tiny import model_class, output_tensor, tiny_inputs, tiny_model
 
 MODELS = ("FluxTransformer2DModel", "WanTransformer3DModel")
@@ -22,6 +26,8 @@ LAYOUTS = {"single": None, "multi": "40KB"}
 MESHES = {"cp=2 x tp=2": dict(cp=2, tp=2), "cp=4": dict(cp=4)}
 TOL = 1e-5  # max |out - ref| <= TOL * max |ref|
 READ_SLACK = 1.1  # bytes read <= 1.1 x the share
+# By default each mesh, model and layout once; the other 6 of the 8 combinations run with DTP_FULL=1.
+DEFAULT = (("cp=2 x tp=2", "FluxTransformer2DModel", "single"), ("cp=4", "WanTransformer3DModel", "multi"))
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +52,8 @@ def _worker(rank, world, dirs):
     for tag, dims in MESHES.items():
         mesh = dtp.make_mesh(**dims)
         for (cls, layout), path in dirs.items():
+            if not (full_run() or (tag, cls, layout) in DEFAULT):
+                continue
             inputs = tiny_inputs(cls)
             reference = model_class(cls).from_pretrained(dirs[(cls, "single")]).eval()
             ref = output_tensor(reference(**inputs)).float()
@@ -66,9 +74,13 @@ def _worker(rank, world, dirs):
     return out
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("cls", MODELS)
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize(
+    "mesh, cls, layout",
+    [
+        pytest.param(*case, id="-".join(case), marks=() if case in DEFAULT else pytest.mark.full)
+        for case in itertools.product(MESHES, MODELS, LAYOUTS)
+    ],
+)
 def test_fsdp_load(results, mesh, cls, layout):
     """Parity <= 1e-5 x max |ref|; every local shard equals FSDP2's own; bytes read <= 1.1 x share < whole."""
     for rank, per_rank in enumerate(results):

@@ -1,11 +1,14 @@
-"""pad=True on 3 gloo processes: every bundled DiT plan's tiny config at tp=3, where the heads do not divide."""
+"""pad=True on 3 gloo processes: every bundled DiT plan's tiny config at tp=3, where the heads do not divide (one
+family per structural kind by default, dtp.testing.scope.KINDS; every family with DTP_FULL=1)."""
 
 import pytest
+from coverage_2026_cases import params
 from text_cases import CASES, case_id, run_text_cases
 
 import dtp
 from dtp.testing.launch import spawn
 from dtp.testing.parity import forward_parity
+from dtp.testing.scope import family_runs
 from dtp.testing.tiny import PLAN_CLASSES, tiny_inputs, tiny_model
 
 TOL = 1e-5
@@ -15,6 +18,8 @@ def _run(rank, world_size):
     mesh = dtp.make_mesh(tp=3, cp=1, device_type="cpu")
     results = {"text": run_text_cases(rank, world_size, 3, CASES, pad=True)}
     for plan_name, cls in PLAN_CLASSES.items():
+        if not family_runs(plan_name):  # a further family of a covered kind: DTP_FULL=1
+            continue
         make = lambda cls=cls: tiny_model(cls)  # noqa: E731 (one fresh model per call)
         inputs = tiny_inputs(cls, batch=2)
         try:
@@ -33,7 +38,7 @@ def results():
     return spawn(_run, 3)
 
 
-@pytest.mark.parametrize("plan_name", list(PLAN_CLASSES))
+@pytest.mark.parametrize("plan_name", params(tuple(PLAN_CLASSES)))
 def test_padded_parity_tp3(results, plan_name):
     """Tiny configs at tp=3, pad=True (heads 4 -> 6; FFN, packed proj_out [attn | mlp], SwiGLU blocks, gathered
     AdaLN widths and distributed QK-norms padded): max |sharded - ref| <= 1e-5 * max |ref|, batch 2 (19 plans

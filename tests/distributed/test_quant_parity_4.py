@@ -14,13 +14,30 @@ quant_cases.py), a figure of the model, not of the machine. The scheme's own err
 their column slices miss it (5.0e-3), and so do float8-dynamic rowwise layers whose token scales come from the local
 features only (4.7e-2 per layer). `dtp.load_pipeline(..., quantization_config=...)` at tp=2 against
 the one-process pipeline loaded the same way.
+
+The two tp=2 groups of the (2, 2) mesh each run half of the tp=2 work (its ranks' results carry it). By default
+each scheme runs at tp=2 on one model and each model runs at least one scheme (`TWO_DEFAULT`); DTP_FULL=1 runs
+every model with every scheme at both degrees.
 """
+
+from functools import partial
 
 import pytest
 
 pytest.importorskip("torchao")
 
-from quant_cases import CLASSES, ORDERS, load_parity, pipeline_parity, quant_parity, run_quant_cases  # noqa: E402
+from quant_cases import (  # noqa: E402
+    CLASSES,
+    ORDERS,
+    column_slice_control,
+    full_weights_exact,
+    int8_dynamic_rowwise_refused,
+    load_parity,
+    local_token_scale_control,
+    pipeline_parity,
+    quant_parity,
+    run_quant_cases,
+)
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
 import dtp  # noqa: E402
@@ -34,23 +51,44 @@ SCHEMES = ("int8wo", "fp8wo", "fp8")
 FOUR = ("int8wo", "fp8")  # tp=4 runs one weight-only and the dynamic scheme: the suite's time on 2 cores
 # tp=4 by default on Qwen-Image (where float8 dynamic activation flips a rounding); FLUX.1 / FLUX.2: DTP_FULL=1.
 FOUR_CLASSES = tuple(CLASSES) if full_run() else ("qwenimage",)
+# tp=2 by default: each scheme (layerwise casting too) on one model, each model at least once (the README's quant
+# column); the other (model, scheme) pairs repeat a covered kind and run with DTP_FULL=1.
+TWO_DEFAULT = (("flux", "fp8"), ("flux2", "int8wo"), ("flux2", "layerwise"), ("qwenimage", "fp8wo"))
+TWO_PAIRS = tuple((n, s) for n in CLASSES for s in (*SCHEMES, "layerwise"))
+TWO_RUN = TWO_PAIRS if full_run() else TWO_DEFAULT
+
+
+def _two_jobs(two, path: str, pipeline_dir: str) -> list:
+    """The tp=2 work as (key, thunk): the (2, 2) mesh holds two tp=2 groups, and each runs half of it."""
+    jobs = [(f"{n}/{s}", partial(quant_parity, n, s, two)) for n, s in (*TWO_RUN, ("flux", "fp8t"))]
+    jobs += [
+        ("full_weights_exact", lambda: all(full_weights_exact(two, s) for s in ("int8wo", "fp8wo"))),
+        ("column_slice_control", partial(column_slice_control, two)),
+        ("int8_dynamic_rowwise_refused", partial(int8_dynamic_rowwise_refused, two)),
+        ("local_token_scale_control", partial(local_token_scale_control, two)),
+        ("load/int8wo", partial(load_parity, path, two, "int8wo")),
+        ("load/fp8wo", partial(load_parity, path, two, "fp8wo")),
+        # One scheme through load_pipeline: it only passes the config on (fp8wo's loading is test_from_pretrained's).
+        ("pipeline/int8wo", partial(pipeline_parity, pipeline_dir, two, "int8wo")),
+    ]
+    return jobs
 
 
 def _run(rank, world_size, path, pipeline_dir):
     import warnings
 
     warnings.filterwarnings("ignore", module="torchao")
-    two = init_device_mesh("cpu", (2, 2), mesh_dim_names=("rep", "tp"))["tp"]
-    four = dtp.make_mesh(tp=4)["tp"]
-    results = {
-        2: run_quant_cases(two, (*SCHEMES, "layerwise")),
-        4: run_quant_cases(four, FOUR, controls=False, classes=FOUR_CLASSES),
-    }
-    results[2] |= {f"flux/fp8t/{order}": found for order, found in quant_parity("flux", "fp8t", two).items()}
-    results[2]["load"] = {scheme: load_parity(path, two, scheme) for scheme in ("int8wo", "fp8wo")}
-    results[4]["load"] = {"int8wo": load_parity(path, four, "int8wo")}
-    # One scheme through load_pipeline: it only passes the config on (fp8wo's loading is test_from_pretrained's).
-    results[2]["pipeline"] = {"int8wo": pipeline_parity(pipeline_dir, two, "int8wo")}
+    grid = init_device_mesh("cpu", (2, 2), mesh_dim_names=("rep", "tp"))
+    two, four = grid["tp"], dtp.make_mesh(tp=4)["tp"]
+    mine = _two_jobs(two, path, pipeline_dir)[grid["rep"].get_local_rank() :: 2]  # the other group runs the rest
+    results = {2: {}, 4: run_quant_cases(four, FOUR, controls=False, classes=FOUR_CLASSES)}
+    for key, job in mine:
+        found = job()
+        if isinstance(found, dict) and set(found) == set(ORDERS):  # a model and scheme: one entry per order
+            results[2] |= {f"{key}/{order}": value for order, value in found.items()}
+        else:
+            results[2][key] = found
+    results[4]["load/int8wo"] = load_parity(path, four, "int8wo")
     return results
 
 
@@ -61,8 +99,20 @@ def results(tmp_path_factory):
     return spawn(_run, 4, str(path), str(tiny_checkpoint("flux")), timeout_s=1800)
 
 
+def found_on(results, tp: int, key: str) -> list:
+    """What the ranks of the tp group that ran `key` found: both ranks of one tp=2 group, or all four at tp=4."""
+    found = [r[tp][key] for r in results if key in r[tp]]
+    assert len(found) == tp, (tp, key, len(found))
+    return found
+
+
 CASES = [f"{name}/{scheme}/{order}" for name in CLASSES for scheme in SCHEMES for order in ORDERS]
 LAYERWISE = [f"{name}/layerwise/{order}" for name in CLASSES for order in ORDERS]
+
+
+def _two_param(case: str):
+    name, scheme, _ = case.split("/")
+    return pytest.param((2, case), marks=() if (name, scheme) in TWO_DEFAULT else pytest.mark.full)
 
 
 FOUR_CASES = [
@@ -92,38 +142,37 @@ def check_parity(tp: int, case: str, found: dict) -> None:
 PER_TENSOR = [(2, f"flux/fp8t/{order}") for order in ORDERS]  # float8 dynamic, per-tensor scales (torchao's default)
 
 
-@pytest.mark.parametrize("tp_case", [(2, c) for c in CASES] + FOUR_CASES + PER_TENSOR)
+@pytest.mark.parametrize("tp_case", [_two_param(c) for c in CASES] + FOUR_CASES + PER_TENSOR)
 def test_quantized_parity(results, tp_case):
     """Sharded and quantized (either order) equals the one-process quantized model within 1e-5 relative."""
     tp, case = tp_case
-    for r in results:
-        check_parity(tp, case, r[tp][case])
+    for found in found_on(results, tp, case):
+        check_parity(tp, case, found)
 
 
-@pytest.mark.parametrize("case", LAYERWISE)
+@pytest.mark.parametrize("case", [_two_param(c) for c in LAYERWISE])
 def test_layerwise_casting_parity(results, case):
     """diffusers' enable_layerwise_casting (float8 storage, fp32 compute), either order, tp=2: within 1e-5."""
-    for r in results:
-        check_parity(2, case, r[2][case])
+    tp, case = case
+    for found in found_on(results, tp, case):
+        check_parity(tp, case, found)
 
 
 def test_full_weights_exact(results):
     """full_tensor of each sharded quantized weight (int8wo, fp8wo) is the unsharded one, bit for bit."""
-    assert all(r[tp]["full_weights_exact"] for r in results for tp in (2, 4))
+    assert all(found_on(results, 2, "full_weights_exact")) and all(found_on(results, 4, "full_weights_exact"))
 
 
 def test_column_slice_quantization_fails(results):
     """Negative control: rowwise layers whose per-row scales come from the column slice miss the bound."""
-    for r in results:
-        found = r[2]["column_slice_control"]
+    for found in found_on(results, 2, "column_slice_control"):
         print(f"column-slice scales: {found['relative']:.2e} vs one process (scheme's own {found['quant_error']:.2e})")
         assert found["relative"] > 100 * TOL, found
 
 
 def test_local_token_scales_fail(results):
     """Negative control: float8 dynamic activation with each rank's local token amax on rowwise layers misses it."""
-    for r in results:
-        found = r[2]["local_token_scale_control"]
+    for found in found_on(results, 2, "local_token_scale_control"):
         print(
             f"local token scales: {found['relative']:.2e} vs one process, worst layer {found['layers']:.2e} "
             f"(scheme's own {found['quant_error']:.2e})"
@@ -133,8 +182,7 @@ def test_local_token_scales_fail(results):
 
 def test_int8_dynamic_rowwise_refused(results):
     """int8 dynamic activation on a rowwise layer: a PlanError naming the module and the scheme, model untouched."""
-    for r in results:
-        message = r[2]["int8_dynamic_rowwise_refused"]
+    for message in found_on(results, 2, "int8_dynamic_rowwise_refused"):
         assert "transformer_blocks.0.attn.to_out.0" in message and "scheme int8" in message, message
 
 
@@ -142,8 +190,7 @@ def test_int8_dynamic_rowwise_refused(results):
 def test_from_pretrained_quantized(results, tp, scheme):
     """Shard-on-load with TorchAoConfig: each rank's quantized slices reassemble to diffusers' one-process
     quantized weights bit for bit, and the forward matches it within 1e-5 relative."""
-    for r in results:
-        found = r[tp]["load"][scheme]
+    for found in found_on(results, tp, f"load/{scheme}"):
         print(f"tp={tp} from_pretrained {scheme}: {found['relative']:.2e} vs diffusers' one-process load")
         assert found["weights_exact"] and found["quantized"] > 0 and found["relative"] <= TOL, found
 
@@ -153,8 +200,7 @@ def test_load_pipeline_quantized(results, scheme):
     """`dtp.load_pipeline(..., quantization_config=...)` at tp=2 (what `dtp run --quant` calls): the tiny FLUX.1
     pipeline's pixels within 1e-5 of the one-process pipeline loaded with the same config; only the transformer
     is quantized (the text encoders and the VAE are not)."""
-    for r in results:
-        found = r[2]["pipeline"][scheme]
+    for found in found_on(results, 2, f"pipeline/{scheme}"):
         print(f"tp=2 load_pipeline {scheme}: {found['relative']:.2e} vs one process; own {found['quant_error']:.2e}")
         assert found["relative"] <= TOL and found["quant_error"] > 100 * TOL, found
         assert found["quantized"]["transformer"] > 0, found

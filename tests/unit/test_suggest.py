@@ -9,7 +9,8 @@ import dtp
 import dtp.plan.io
 from dtp.analysis.lint import lint
 from dtp.analysis.suggest import rank_fraction, suggest
-from dtp.testing.tiny import TINY_CONFIGS, tiny_inputs, tiny_model
+from dtp.testing.scope import default_family, family_runs
+from dtp.testing.tiny import PLAN_CLASSES, TINY_CONFIGS, tiny_inputs, tiny_model
 from dtp.tools.cli import main
 
 
@@ -17,15 +18,17 @@ def rules(plan: dtp.Plan) -> dict:
     return {r.key: (r.style.value, r.blocks) for r in plan.rules}
 
 
+# One family per structural kind by default (dtp.testing.scope.KINDS); every family with DTP_FULL=1.
+PLANS = {cls: plan for plan, cls in PLAN_CLASSES.items()}
 # Classes suggest refuses with a PlanError (an honest refusal; the bundled plan handles them): PRX, whose text k/v
 # projection (txt_kv_proj, 2 x 64 wide) feeds attention whose q comes from the image stream (128 wide).
 REFUSED = {"PRXTransformer2DModel": "txt_kv_proj"}
-SUGGESTED = sorted(set(TINY_CONFIGS) - set(REFUSED))
+WALKED = [cls for cls in TINY_CONFIGS if family_runs(PLANS[cls]) and cls not in REFUSED]
 
 
 @pytest.fixture(scope="module")
 def suggestions():
-    return {cls: suggest(tiny_model(cls), tiny_inputs(cls)) for cls in SUGGESTED}
+    return {cls: suggest(tiny_model(cls), tiny_inputs(cls)) for cls in WALKED}
 
 
 @pytest.mark.parametrize("cls", sorted(REFUSED))
@@ -52,7 +55,11 @@ def test_flux_single_stream_cat(suggestions):
     assert {found[f"single_transformer_blocks.*.{m}"] for m in ("attn.to_q", "proj_mlp")} == {("colwise", None)}
 
 
-@pytest.mark.parametrize("cls", SUGGESTED)
+def _case(cls: str):
+    return cls if default_family(PLANS[cls]) else pytest.param(cls, marks=pytest.mark.full)
+
+
+@pytest.mark.parametrize("cls", [_case(c) for c in sorted(TINY_CONFIGS) if c not in REFUSED])
 def test_suggested_plans_lint_clean_and_shard(suggestions, cls):
     """The lint (an independent reading of the same forward) finds nothing; a rank holds less than the whole."""
     plan = suggestions[cls].plan
