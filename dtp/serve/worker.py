@@ -29,6 +29,10 @@ HEARTBEAT_S = 2.0
 STOP = "stop"
 HEARTBEAT = "heartbeat"
 ANSWER_S = 1.0  # how long rank 0 lets the HTTP thread send a last 500 before ending the process
+# How long the other ranks wait before ending: torchrun ends every rank as soon as one exits with an error, so a rank
+# that gave up first would kill rank 0 before its answer went out (a closed connection instead of the 500, seen
+# under load). Rank 0's watcher sees the same posted failure within a poll or two of theirs.
+PEER_EXIT_S = 5.0
 
 
 class Lockstep:
@@ -108,7 +112,8 @@ class Lockstep:
         return None, Result(encoded, generation.video, len(generation.step_seconds), 0.0)
 
     def give_up(self, message: str) -> None:
-        """End this rank (exit code 1): the ranks cannot agree on the running request. Rank 0 answers it first."""
+        """End this rank (exit code 1): the ranks cannot agree on the running request. Rank 0 answers it first and
+        ends; the others wait `PEER_EXIT_S` so that torchrun does not end rank 0 before its answer is sent."""
         if self.rank == 0:
             job = self._job
             if job is not None:
@@ -117,6 +122,8 @@ class Lockstep:
             if self._jobs is not None:
                 self._jobs.fail_all("the server is stopping: a rank failed inside a collective")
             time.sleep(ANSWER_S)
+        else:
+            time.sleep(PEER_EXIT_S)
         exit_now(1)
 
     def _on_step(self, step: int) -> None:
