@@ -9,7 +9,8 @@ A medium FLUX.1 transformer (width 256, 2 double + 6 single blocks: blocks are m
 size), fp32, CPU, 2 or 4 gloo processes:
 1. per-rank parameter bytes at rest and the forward's peak of live tensors (torch's MemTracker), with and without
    fsdp, on (cp=2), (cp=2, tp=2) and (cfg=2, a batch of 2), against whole / world + the two largest blocks / tp;
-2. one (cp=2) forward's wall time with and without fsdp at 256, 1024, 2048 and 4096 image tokens, median of 5, the two models
+2. one (cp=2) forward's wall time with and without fsdp at 256, 1024, 2048 and 4096 image tokens, median of 5, the
+   two models
    called in turn (issue 33's target: <= 1.15x);
 3. tp=1, cfg=2: a rank's eager forward on its half of a batch of 2 against diffusers' unsharded forward on that
    half, median of 7 (target <= 1.05x: no DTensor dispatch on the compute path).
@@ -40,7 +41,9 @@ CONFIG = dict(
 )
 MESHES = {"cp=2": (2, dict(cp=2)), "cp=2 x tp=2": (4, dict(cp=2, tp=2)), "cfg=2": (2, dict(cfg=2))}
 REPEATS, FORWARD_REPEATS = 5, 7
-TOKENS = (256, 1024, 2048, 4096)  # image tokens of the cp=2 step-time rows (4096: FLUX.1 at 1024², its ratio of compute to gathered bytes)
+# Image tokens of the cp=2 step-time rows. Per rank, 2 T / (F b) FLOP per gathered byte: 2048 -> ~530 (FLUX.1-dev bf16
+# at cp=8, 1024²: ~580), 4096 -> ~1,040 (at 2048²: ~2,100). docs/fsdp.md, "What it costs".
+TOKENS = (256, 1024, 2048, 4096)
 RESULT = Path(__file__).parent / "results" / "fsdp.md"
 FIT_RESULT = Path(__file__).parent / "results" / "fsdp_fit.md"
 FIT_CASES = {
