@@ -10,8 +10,7 @@ size), fp32, CPU, 2 or 4 gloo processes:
 1. per-rank parameter bytes at rest and the forward's peak of live tensors (torch's MemTracker), with and without
    fsdp, on (cp=2), (cp=2, tp=2) and (cfg=2, a batch of 2), against whole / world + the two largest blocks / tp;
 2. one (cp=2) forward's wall time with and without fsdp at 256, 1024, 2048 and 4096 image tokens, median of 5, the
-   two models
-   called in turn (issue 33's target: <= 1.15x);
+   two models called in turn (issue 33's target: <= 1.15x);
 3. tp=1, cfg=2: a rank's eager forward on its half of a batch of 2 against diffusers' unsharded forward on that
    half, median of 7 (target <= 1.05x: no DTensor dispatch on the compute path).
 """
