@@ -19,6 +19,7 @@ from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
 FLUX, FLUX2, QWEN = "FluxTransformer2DModel", "Flux2Transformer2DModel", "QwenImageTransformer2DModel"
 WAN, HUNYUAN, LTX = "WanTransformer3DModel", "HunyuanVideoTransformer3DModel", "LTXVideoTransformer3DModel"
 MODELS = (FLUX, FLUX2, QWEN, WAN, HUNYUAN, LTX)
+MOE = "NucleusMoEImageTransformer2DModel"  # routed experts: cp refused, so fsdp runs over cfg
 TOL = 1e-5  # max |out - ref| <= TOL * max |ref|; measured at most 4.7e-7 (FLUX.1, cp=2 and cp=2 x tp=2)
 
 
@@ -64,13 +65,18 @@ class DTensorSpy:
         return self.seen
 
 
-def wrong_rank_shard(model: nn.Module, fsdp_mesh) -> str:
-    """Negative control: every rank's shard of the first block's first 2-D weight becomes its fsdp neighbour's."""
+def wrong_rank_shard(model: nn.Module, fsdp_mesh, pick=None) -> str:
+    """Negative control: every rank's shard of one block weight becomes its fsdp neighbour's: the first block's first
+    2-D weight, or the first block weight `pick(name, param)` accepts."""
     from dtp.runtime.fsdp import block_lists
 
-    block = block_lists(model)[0][1][0]
+    pick = pick or (lambda name, p: p.ndim == 2)
+    blocks = [block for _, blocks in block_lists(model) for block in blocks]
     name, param = next(
-        (n, p) for n, p in block.named_parameters() if p.ndim == 2 and p.shape[0] % fsdp_mesh.size() == 0
+        (n, p)
+        for block in blocks
+        for n, p in block.named_parameters()
+        if pick(n, p) and p.shape[0] % fsdp_mesh.size() == 0
     )
     local = param.to_local()
     group = fsdp_mesh.get_group()
@@ -81,7 +87,7 @@ def wrong_rank_shard(model: nn.Module, fsdp_mesh) -> str:
 
 
 @torch.no_grad()
-def parity(cls: str, mesh, dims: dict, *, cp_mode: str = "ulysses", broken: bool = False, fsdp: bool = True) -> dict:
+def parity(cls: str, mesh, dims: dict, *, cp_mode: str = "ulysses", broken=False, fsdp: bool = True) -> dict:
     import dtp
     from dtp.runtime.parallelism import Parallelism
 
@@ -89,8 +95,8 @@ def parity(cls: str, mesh, dims: dict, *, cp_mode: str = "ulysses", broken: bool
     reference = tiny_model(cls)
     ref = output_tensor(reference(**inputs)).float()
     model = dtp.parallelize(tiny_model(cls), mesh, cp_mode=cp_mode, fsdp=fsdp)
-    if broken:
-        wrong_rank_shard(model, Parallelism(mesh, fsdp=True).fsdp_mesh)
+    if broken:  # True, or a `pick` for `wrong_rank_shard`
+        wrong_rank_shard(model, Parallelism(mesh, fsdp=True).fsdp_mesh, None if broken is True else broken)
     spy = DTensorSpy(model)
     out = output_tensor(model(**inputs)).float()
     again = output_tensor(model(**inputs)).float()  # the units resharded after the first call gather again
@@ -106,9 +112,11 @@ def parity(cls: str, mesh, dims: dict, *, cp_mode: str = "ulysses", broken: bool
     )
 
 
-def rank_job(rank: int, world: int, runs: list[tuple[dict, tuple[str, ...]]], broken: tuple[dict, str]) -> dict:
+def rank_job(
+    rank: int, world: int, runs: list[tuple[dict, tuple[str, ...]]], broken: tuple[dict, str], moe=None
+) -> dict:
     """Each run's models on its mesh (`make_mesh` keywords), then on `broken`'s mesh: its model without fsdp, and the
-    negative control."""
+    negative control; with `moe` (a mesh's keywords), `moe_job`'s two runs too."""
     import dtp
 
     out = {}
@@ -119,7 +127,23 @@ def rank_job(rank: int, world: int, runs: list[tuple[dict, tuple[str, ...]]], br
     dims, cls = broken
     out[("plain", cls)] = parity(cls, dtp.make_mesh(**dims), dims, fsdp=False)  # the same mesh without fsdp
     out[("broken", cls)] = parity(cls, dtp.make_mesh(**dims), dims, broken=True)
+    if moe is not None:
+        out.update({(key, MOE): r for key, r in moe_job(rank, world, moe).items()})
     return out
+
+
+def experts(name: str, param) -> bool:
+    """The fused 3-D expert weights of a mixture-of-experts block (NucleusMoE's `experts.gate_up_proj`)."""
+    return param.ndim == 3 and "experts" in name
+
+
+def moe_job(rank: int, world: int, dims: dict) -> dict:
+    """NucleusMoE (the `experts` style) with fsdp on `dims`, and its control: an expert weight's shard from the wrong
+    fsdp rank."""
+    import dtp
+
+    mesh = dtp.make_mesh(**dims)
+    return {"moe": parity(MOE, mesh, dims), "broken": parity(MOE, mesh, dims, broken=experts)}
 
 
 def check(results: list[dict], key, world: int, tp: int) -> None:
