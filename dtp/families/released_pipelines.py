@@ -99,6 +99,60 @@ MISTRAL_SMALL_31 = dict(
     spatial_merge_size=2,
 )
 
+# google/gemma-3-12b-it (LTX-2 text_encoder, Gemma3ForConditionalGeneration): 48 layers, width 3840 (LTX-2's
+# caption_channels), 16 heads of 256 over 8 kv heads (MaxText's gemma3-12b config); GeGLU 15360, the 262208-row
+# vocabulary, window 1024 and the SigLIP-So400m tower at 896 px (27 layers, width 1152, MLP 4304, no pooling head) are
+# the model card's config.json values as written here from memory of it, not read from a file (no hub here).
+GEMMA3_12B = dict(
+    text_config=dict(
+        vocab_size=262208,
+        hidden_size=3840,
+        intermediate_size=15360,
+        num_hidden_layers=48,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=1024,
+    ),
+    vision_config=dict(
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_hidden_layers=27,
+        num_attention_heads=16,
+        image_size=896,
+        patch_size=14,
+        vision_use_head=False,
+    ),
+    mm_tokens_per_image=256,
+)
+# Qwen/Qwen3-VL-4B-Instruct (FLUX.3 text_encoder: its joint_attention_dim 20480 = 8 stacked layers x 2560): 36 layers,
+# width 2560, 32 heads of 128 over 8 kv heads, SwiGLU 9728, vocabulary tied to lm_head; vision tower 24 blocks of
+# width 1024 (16 heads, MLP 4096), DeepStack at blocks 5, 11, 17, merged to 2560.
+QWEN3_VL_4B = dict(
+    text_config=dict(
+        vocab_size=151936,
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000000, "mrope_section": [24, 20, 20]},
+    ),
+    vision_config=dict(
+        depth=24,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_heads=16,
+        out_hidden_size=2560,
+        num_position_embeddings=2304,
+        deepstack_visual_indexes=[5, 11, 17],
+    ),
+    tie_word_embeddings=True,
+)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Component:

@@ -75,6 +75,18 @@ def _config(class_name: str):
     if class_name == "Mistral3ForConditionalGeneration":
         vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, head_dim=8)
         return tf.Mistral3Config(text_config=dict(_DECODER, model_type="mistral"), vision_config=vision)
+    if class_name == "Gemma3ForConditionalGeneration":
+        text = dict(
+            _DECODER, head_dim=WIDTH // HEADS, sliding_window=4, layer_types=["sliding_attention", "full_attention"]
+        )
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=8)
+        vision = dict(vision, patch_size=2, vision_use_head=False)  # gemma-3-12b: no pooling head
+        return tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    if class_name == "Qwen3VLForConditionalGeneration":
+        half = WIDTH // HEADS // 2  # rotary frequencies per head, split over (t, h, w)
+        text = dict(_DECODER, head_dim=WIDTH // HEADS, rope_parameters={"mrope_section": [1, 1, half - 2]})
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=WIDTH)
+        return tf.Qwen3VLConfig(text_config=text, vision_config=dict(vision, deepstack_visual_indexes=[0]))
     raise KeyError(f"no tiny text encoder config for {class_name}")
 
 
@@ -90,6 +102,8 @@ TEXT_CLASSES = (
     "GlmModel",
     "Qwen2_5_VLForConditionalGeneration",
     "Mistral3ForConditionalGeneration",
+    "Gemma3ForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration",
 )
 
 
