@@ -225,4 +225,43 @@ RELEASED_PIPELINES = {
         model_dir="./Wan2.1-T2V-14B-Diffusers",
         size=(81, 720, 1280),
     ),
+    # Wan2.1-VACE-14B: WanVACETransformer3DModel's class defaults (Wan 14B's 40 blocks, 8 VACE blocks), the 14B T2V
+    # checkpoint's UMT5-XXL encoder and Wan VAE.
+    "wan-vace-pipeline": ReleasedPipeline(
+        title="Wan2.1-VACE-14B",
+        components={
+            "transformer": Component(class_name="WanVACETransformer3DModel"),
+            "text_encoder": _transformers("UMT5EncoderModel", "UMT5Config", UMT5_XXL),
+            "vae": Component(class_name="AutoencoderKLWan", config={}),
+        },
+        model_dir="./Wan2.1-VACE-14B-diffusers",
+        size=(81, 720, 1280),
+    ),
+    # LTX-2: LTX2VideoTransformer3DModel's class defaults, Gemma 3 12B, and the video VAE at 32x / 8x in time (its
+    # down blocks are spatial, temporal and two spatiotemporal ones; the class's fallback formula, patch x 2 per
+    # scaling stage, would say 64x / 16x). The text connectors, audio VAE and vocoder (about 0.2 B together) are
+    # left out: `dtp fit` models transformer, text encoders and VAE only.
+    "ltx2-pipeline": ReleasedPipeline(
+        title="LTX-2",
+        components={
+            "transformer": Component(class_name="LTX2VideoTransformer3DModel"),
+            "text_encoder": _transformers("Gemma3ForConditionalGeneration", "Gemma3Config", GEMMA3_12B),
+            "vae": Component(
+                class_name="AutoencoderKLLTX2Video",
+                config={"spatial_compression_ratio": 32, "temporal_compression_ratio": 8},
+            ),
+        },
+        model_dir="./LTX-2",
+    ),
+    # FLUX.3: Flux3Transformer2DModel's class defaults, Qwen3-VL-4B (its 8 stacked hidden states are the
+    # transformer's 20480-wide text input) and FLUX.2's VAE (diffusers' modular FLUX.3 pipeline).
+    "flux3-pipeline": ReleasedPipeline(
+        title="FLUX.3",
+        components={
+            "transformer": Component(class_name="Flux3Transformer2DModel"),
+            "text_encoder": _transformers("Qwen3VLForConditionalGeneration", "Qwen3VLConfig", QWEN3_VL_4B),
+            "vae": Component(class_name="AutoencoderKLFlux2", config={}),
+        },
+        model_dir="./FLUX.3",
+    ),
 }
