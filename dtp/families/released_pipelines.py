@@ -9,6 +9,9 @@ components on the meta device. Parameter counts (checked by the unit tests):
     flux2-pipeline      FLUX.2-dev      transformer 32.22 B, Mistral-Small-3.1 24B (23.34 B), VAE 84 M
     qwenimage-pipeline  Qwen-Image      transformer 20.43 B, Qwen2.5-VL-7B (8.29 B), VAE 127 M
     wan-pipeline        Wan2.1-T2V-14B  transformer 14 B, UMT5-XXL encoder 5.68 B, VAE
+    wan-vace-pipeline   Wan2.1-VACE-14B transformer 17.34 B, UMT5-XXL encoder 5.68 B, VAE 127 M
+    ltx2-pipeline       LTX-2           transformer 18.88 B, Gemma 3 12B (12.19 B), video VAE 1.22 B
+    flux3-pipeline      FLUX.3          transformer 5.54 B, Qwen3-VL-4B (4.44 B), VAE 84 M
 """
 
 from __future__ import annotations
