@@ -107,12 +107,14 @@ TEXT_CLASSES = (
 )
 
 
-def tiny_text_model(class_name: str, seed: int = 0) -> torch.nn.Module:
+def tiny_text_model(class_name: str, seed: int = 0, **text) -> torch.nn.Module:
     """The tiny `class_name` with weights drawn from `seed` (every parameter perturbed), in eval mode, eager
-    attention."""
+    attention; `text` overrides entries of the (language model's) config, e.g. a released model's head counts."""
     import transformers as tf
 
     config = _config(class_name)
+    for key, value in text.items():
+        setattr(getattr(config, "text_config", config), key, value)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     return perturb(getattr(tf, class_name)(config), seed).eval()
