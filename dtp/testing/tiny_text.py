@@ -72,6 +72,9 @@ def _config(class_name: str):
         text = dict(_DECODER, rope_scaling={"type": "mrope", "mrope_section": [1, 1, half - 2]})
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=WIDTH)
         return tf.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, fullatt_block_indexes=[0]))
+    if class_name == "Qwen2_5_VLTextModel":
+        half = WIDTH // HEADS // 2  # rotary frequencies per head, split over (t, h, w)
+        return tf.Qwen2_5_VLTextConfig(**_DECODER, rope_scaling={"type": "mrope", "mrope_section": [1, 1, half - 2]})
     if class_name == "Mistral3ForConditionalGeneration":
         vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, head_dim=8)
         return tf.Mistral3Config(text_config=dict(_DECODER, model_type="mistral"), vision_config=vision)
@@ -101,6 +104,7 @@ TEXT_CLASSES = (
     "Gemma2Model",
     "GlmModel",
     "Qwen2_5_VLForConditionalGeneration",
+    "Qwen2_5_VLTextModel",
     "Mistral3ForConditionalGeneration",
     "Gemma3ForConditionalGeneration",
     "Qwen3VLForConditionalGeneration",

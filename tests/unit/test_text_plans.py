@@ -40,6 +40,7 @@ BUNDLED = {
     "Gemma2Model": "gemma2",
     "GlmModel": "glm",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "Qwen2_5_VLTextModel": "qwen2_5_vl_text",
     "Mistral3ForConditionalGeneration": "mistral3",
     "Gemma3ForConditionalGeneration": "gemma3",
     "Qwen3VLForConditionalGeneration": "qwen3_vl",
