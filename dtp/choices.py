@@ -18,6 +18,9 @@ RELEASED_PIPELINES = (
     "flux2-pipeline",
     "qwenimage-pipeline",
     "wan-pipeline",
+    "wan-vace-pipeline",
+    "ltx2-pipeline",
+    "flux3-pipeline",
 )  # full-size component configs
 DEMO_MODELS = ("flux", "qwenimage")  # the tiny pipeline checkpoints `dtp demo` writes
 DEFAULT_TIMEOUT_S = 600  # a collective's wait: torch's gloo default is 30 min, NCCL's watchdog 10; one value here

@@ -17,7 +17,7 @@ not depend on `cp` (with `dtp check --fsdp`, FSDP2 divides them over cfg x cp to
 the tensor-parallel collectives, `cp_measured` the context-parallel ones (each rank's share of the sequence).
 
 `dtp check flux-pipeline --tp N` (every pipeline of `families/released_pipelines.py`: also flux2-pipeline,
-qwenimage-pipeline, wan-pipeline):
+qwenimage-pipeline, wan-pipeline, wan-vace-pipeline, ltx2-pipeline, flux3-pipeline):
 every component of a released pipeline as `dtp.parallelize_pipeline` shards it, its plan or whole with
 the reason, and the same figures for the pipeline (total, per rank, ideal = total / tp, ratio). Memory
 only: no forward, no collectives.

@@ -9,6 +9,9 @@ components on the meta device. Parameter counts (checked by the unit tests):
     flux2-pipeline      FLUX.2-dev      transformer 32.22 B, Mistral-Small-3.1 24B (23.34 B), VAE 84 M
     qwenimage-pipeline  Qwen-Image      transformer 20.43 B, Qwen2.5-VL-7B (8.29 B), VAE 127 M
     wan-pipeline        Wan2.1-T2V-14B  transformer 14 B, UMT5-XXL encoder 5.68 B, VAE
+    wan-vace-pipeline   Wan2.1-VACE-14B transformer 17.34 B, UMT5-XXL encoder 5.68 B, VAE 127 M
+    ltx2-pipeline       LTX-2           transformer 18.88 B, Gemma 3 12B (12.19 B), video VAE 1.22 B
+    flux3-pipeline      FLUX.3          transformer 5.54 B, Qwen3-VL-4B (4.44 B), VAE 84 M
 """
 
 from __future__ import annotations
@@ -99,6 +102,60 @@ MISTRAL_SMALL_31 = dict(
     spatial_merge_size=2,
 )
 
+# google/gemma-3-12b-it (LTX-2 text_encoder, Gemma3ForConditionalGeneration): 48 layers, width 3840 (LTX-2's
+# caption_channels), 16 heads of 256 over 8 kv heads (MaxText's gemma3-12b config); GeGLU 15360, the 262208-row
+# vocabulary, window 1024 and the SigLIP-So400m tower at 896 px (27 layers, width 1152, MLP 4304, no pooling head) are
+# the model card's config.json values as written here from memory of it, not read from a file (no hub here).
+GEMMA3_12B = dict(
+    text_config=dict(
+        vocab_size=262208,
+        hidden_size=3840,
+        intermediate_size=15360,
+        num_hidden_layers=48,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=1024,
+    ),
+    vision_config=dict(
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_hidden_layers=27,
+        num_attention_heads=16,
+        image_size=896,
+        patch_size=14,
+        vision_use_head=False,
+    ),
+    mm_tokens_per_image=256,
+)
+# Qwen/Qwen3-VL-4B-Instruct (FLUX.3 text_encoder: its joint_attention_dim 20480 = 8 stacked layers x 2560): 36 layers,
+# width 2560, 32 heads of 128 over 8 kv heads, SwiGLU 9728, vocabulary tied to lm_head; vision tower 24 blocks of
+# width 1024 (16 heads, MLP 4096), DeepStack at blocks 5, 11, 17, merged to 2560.
+QWEN3_VL_4B = dict(
+    text_config=dict(
+        vocab_size=151936,
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000000, "mrope_section": [24, 20, 20]},
+    ),
+    vision_config=dict(
+        depth=24,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_heads=16,
+        out_hidden_size=2560,
+        num_position_embeddings=2304,
+        deepstack_visual_indexes=[5, 11, 17],
+    ),
+    tie_word_embeddings=True,
+)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Component:
@@ -170,5 +227,44 @@ RELEASED_PIPELINES = {
         },
         model_dir="./Wan2.1-T2V-14B-Diffusers",
         size=(81, 720, 1280),
+    ),
+    # Wan2.1-VACE-14B: WanVACETransformer3DModel's class defaults (Wan 14B's 40 blocks, 8 VACE blocks), the 14B T2V
+    # checkpoint's UMT5-XXL encoder and Wan VAE.
+    "wan-vace-pipeline": ReleasedPipeline(
+        title="Wan2.1-VACE-14B",
+        components={
+            "transformer": Component(class_name="WanVACETransformer3DModel"),
+            "text_encoder": _transformers("UMT5EncoderModel", "UMT5Config", UMT5_XXL),
+            "vae": Component(class_name="AutoencoderKLWan", config={}),
+        },
+        model_dir="./Wan2.1-VACE-14B-diffusers",
+        size=(81, 720, 1280),
+    ),
+    # LTX-2: LTX2VideoTransformer3DModel's class defaults, Gemma 3 12B, and the video VAE at 32x / 8x in time (its
+    # down blocks are spatial, temporal and two spatiotemporal ones; the class's fallback formula, patch x 2 per
+    # scaling stage, would say 64x / 16x). The text connectors, audio VAE and vocoder (about 0.2 B together) are
+    # left out: `dtp fit` models transformer, text encoders and VAE only.
+    "ltx2-pipeline": ReleasedPipeline(
+        title="LTX-2",
+        components={
+            "transformer": Component(class_name="LTX2VideoTransformer3DModel"),
+            "text_encoder": _transformers("Gemma3ForConditionalGeneration", "Gemma3Config", GEMMA3_12B),
+            "vae": Component(
+                class_name="AutoencoderKLLTX2Video",
+                config={"spatial_compression_ratio": 32, "temporal_compression_ratio": 8},
+            ),
+        },
+        model_dir="./LTX-2",
+    ),
+    # FLUX.3: Flux3Transformer2DModel's class defaults, Qwen3-VL-4B (its 8 stacked hidden states are the
+    # transformer's 20480-wide text input) and FLUX.2's VAE (diffusers' modular FLUX.3 pipeline).
+    "flux3-pipeline": ReleasedPipeline(
+        title="FLUX.3",
+        components={
+            "transformer": Component(class_name="Flux3Transformer2DModel"),
+            "text_encoder": _transformers("Qwen3VLForConditionalGeneration", "Qwen3VLConfig", QWEN3_VL_4B),
+            "vae": Component(class_name="AutoencoderKLFlux2", config={}),
+        },
+        model_dir="./FLUX.3",
     ),
 }

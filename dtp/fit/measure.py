@@ -226,7 +226,8 @@ class Measurer:
             inputs = full_inputs(type(module).__name__, dict(module.config), self.dtype, vae=self.vae_scales, **sizes)
             return Call(inputs.kwargs)
         if name == self.pipeline.vae:
-            return Call(decode_inputs(module, self.dtype, s), decode, REPEATED.get(type(module).__name__, ()))
+            latents = decode_inputs(module, self.dtype, s, video=self.pipeline.is_video)
+            return Call(latents, decode, REPEATED.get(type(module).__name__, ()))
         return Call(text_inputs(module, s))
 
 

@@ -184,15 +184,17 @@ def latent_frames(frames: int, time_scale: int) -> int:
     return (frames - 1) // time_scale + 1
 
 
-def decode_inputs(vae: torch.nn.Module, dtype: torch.dtype, shape: Shape) -> dict:
-    """`vae.decode`'s latents (meta tensor) for `shape`."""
+def decode_inputs(vae: torch.nn.Module, dtype: torch.dtype, shape: Shape, video: bool = False) -> dict:
+    """`vae.decode`'s latents (meta tensor) for `shape`: [B, C, F, h, w] for a VAE the parallel VAE knows as a video
+    one (Qwen-Image's too, F = 1) and for every VAE of a video pipeline (`video`: one the parallel VAE does not split
+    yet, traced whole), else [B, C, h, w]."""
     channels = vae.config.get("latent_channels") or vae.config.get("z_dim")
     scale = vae_scale(vae.config)
     for what, value in (("height", shape.height), ("width", shape.width)):
         if value < scale or value % scale:
             raise PlanError(f"{what} {value} px must be a positive multiple of {scale} (the VAE's {scale}x).")
     h, w = shape.height // scale, shape.width // scale
-    if type(vae).__name__ in VIDEO_VAES:
+    if video or type(vae).__name__ in VIDEO_VAES:
         size = (shape.batch, channels, latent_frames(shape.frames, vae_time_scale(vae.config)), h, w)
     else:
         size = (shape.batch, channels, h, w)

@@ -72,9 +72,24 @@ def _config(class_name: str):
         text = dict(_DECODER, rope_scaling={"type": "mrope", "mrope_section": [1, 1, half - 2]})
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=WIDTH)
         return tf.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, fullatt_block_indexes=[0]))
+    if class_name == "Qwen2_5_VLTextModel":
+        half = WIDTH // HEADS // 2  # rotary frequencies per head, split over (t, h, w)
+        return tf.Qwen2_5_VLTextConfig(**_DECODER, rope_scaling={"type": "mrope", "mrope_section": [1, 1, half - 2]})
     if class_name == "Mistral3ForConditionalGeneration":
         vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, head_dim=8)
         return tf.Mistral3Config(text_config=dict(_DECODER, model_type="mistral"), vision_config=vision)
+    if class_name == "Gemma3ForConditionalGeneration":
+        text = dict(
+            _DECODER, head_dim=WIDTH // HEADS, sliding_window=4, layer_types=["sliding_attention", "full_attention"]
+        )
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=8)
+        vision = dict(vision, patch_size=2, vision_use_head=False)  # gemma-3-12b: no pooling head
+        return tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    if class_name == "Qwen3VLForConditionalGeneration":
+        half = WIDTH // HEADS // 2  # rotary frequencies per head, split over (t, h, w)
+        text = dict(_DECODER, head_dim=WIDTH // HEADS, rope_parameters={"mrope_section": [1, 1, half - 2]})
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=WIDTH)
+        return tf.Qwen3VLConfig(text_config=text, vision_config=dict(vision, deepstack_visual_indexes=[0]))
     raise KeyError(f"no tiny text encoder config for {class_name}")
 
 
@@ -89,16 +104,21 @@ TEXT_CLASSES = (
     "Gemma2Model",
     "GlmModel",
     "Qwen2_5_VLForConditionalGeneration",
+    "Qwen2_5_VLTextModel",
     "Mistral3ForConditionalGeneration",
+    "Gemma3ForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration",
 )
 
 
-def tiny_text_model(class_name: str, seed: int = 0) -> torch.nn.Module:
+def tiny_text_model(class_name: str, seed: int = 0, **text) -> torch.nn.Module:
     """The tiny `class_name` with weights drawn from `seed` (every parameter perturbed), in eval mode, eager
-    attention."""
+    attention; `text` overrides entries of the (language model's) config, e.g. a released model's head counts."""
     import transformers as tf
 
     config = _config(class_name)
+    for key, value in text.items():
+        setattr(getattr(config, "text_config", config), key, value)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     return perturb(getattr(tf, class_name)(config), seed).eval()

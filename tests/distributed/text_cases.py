@@ -16,6 +16,12 @@ CASES = [(cls, None) for cls in TEXT_CLASSES] + [
 GROUPED = "Qwen2_5_VL 6q/2kv pad"  # tiny_grouped_qwen with pad=True: groups of 3 query heads padded at tp=4
 QWEN_7B_HEADS = "Qwen2_5_VL 28q/4kv pad"  # the 7B's heads (groups of 7 pad to 8 at tp=8), FFN 150 -> 152
 PADDED = {GROUPED: {}, QWEN_7B_HEADS: dict(heads=28, kv_heads=4, intermediate=150)}
+# Released head shapes in small (heads of 8): gemma-3-12b's 16 query / 8 kv heads, whose q_proj (16 x 8 = 128) is
+# wider than the model (32), as 16 x 256 = 4096 is wider than 3840; Qwen3-VL-4B's 32 query / 8 kv heads.
+RELEASED_HEADS = {
+    "Gemma3 16q/8kv": ("Gemma3ForConditionalGeneration", dict(num_attention_heads=16, num_key_value_heads=8)),
+    "Qwen3VL 32q/8kv": ("Qwen3VLForConditionalGeneration", dict(num_attention_heads=32, num_key_value_heads=8)),
+}
 
 
 def case_id(cls, plan):
@@ -23,6 +29,8 @@ def case_id(cls, plan):
 
 
 def build(cls):
+    if cls in RELEASED_HEADS:
+        return tiny_text_model(RELEASED_HEADS[cls][0], **RELEASED_HEADS[cls][1])
     return tiny_grouped_qwen(**PADDED[cls]) if cls in PADDED else tiny_text_model(cls)
 
 

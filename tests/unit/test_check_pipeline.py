@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dtp.analysis.check import check_pipeline
-from dtp.analysis.released import RELEASED_PIPELINES, build_pipeline, released_pipeline
+from dtp.analysis.released import RELEASED_PIPELINES, build_component, build_pipeline, released_pipeline
+from dtp.families.released_pipelines import Component
 from dtp.plan.io import load_plan
 from dtp.resolve import resolve
 from dtp.resolve.layout import rank_ranges
@@ -88,7 +89,15 @@ def test_unknown_pipeline_names_the_known_ones():
     rc, out, err = cli("sd3-pipeline", "--tp", "2")
     assert rc == 1 and out == ""
     assert all(name in err for name in RELEASED_PIPELINES), err
-    assert set(RELEASED_PIPELINES) == {"flux-pipeline", "flux2-pipeline", "qwenimage-pipeline", "wan-pipeline"}
+    assert set(RELEASED_PIPELINES) == {
+        "flux-pipeline",
+        "flux2-pipeline",
+        "qwenimage-pipeline",
+        "wan-pipeline",
+        "wan-vace-pipeline",
+        "ltx2-pipeline",
+        "flux3-pipeline",
+    }
 
 
 def test_wan_pipeline_is_checked_like_fit_sees_it():
@@ -126,3 +135,83 @@ def test_text_encoder_that_does_not_fit_stays_whole_and_says_why():
     assert rows["transformer"]["per_rank_bytes"] < 0.34 * rows["transformer"]["total_bytes"]
     text = format_pipeline_report(report)
     assert f"text_encoder: {reason}" in text and "Qwen2_5_VLForConditionalGeneration   whole" in text
+
+
+# Parameters of the new pipelines' components as the registry builds them (meta device), counted here. Public figures
+# where they are known: gemma-3-12b-it "12.2 B" (12,187,325,040 in its safetensors index), LTX-2 "19 B",
+# Qwen3-VL-4B "4.4 B"; the others are the diffusers class defaults' counts (the families' RELEASED configs).
+NEW_PIPELINE_PARAMS = {
+    "wan-vace-pipeline": {"transformer": 17.338e9, "text_encoder": 5.681e9, "vae": 126.89e6},
+    "ltx2-pipeline": {"transformer": 18.876e9, "text_encoder": 12.187e9, "vae": 1222.5e6},
+    "flux3-pipeline": {"transformer": 5.538e9, "text_encoder": 4.438e9, "vae": 84.05e6},
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEW_PIPELINE_PARAMS))
+def test_new_released_pipelines_parameter_counts(name):
+    modules = build_pipeline(released_pipeline(name), torch.bfloat16)
+    counts = {component: sum(p.numel() for p in module.parameters()) for component, module in modules.items()}
+    assert counts == pytest.approx(NEW_PIPELINE_PARAMS[name], rel=1e-3), counts
+
+
+# Qwen/Qwen3-VL-8B-Instruct (Qwen-Image 2.1's context_in_dim 4096): Qwen3-8B's language model (36 layers, width 4096,
+# SwiGLU 12288, its own lm_head) and the 27-block SigLIP-2-shaped vision tower; no released pipeline entry yet.
+QWEN3_VL_8B = Component(
+    class_name="Qwen3VLForConditionalGeneration",
+    config_class="Qwen3VLConfig",
+    config=dict(
+        text_config=dict(
+            vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+            num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+        ),
+        vision_config=dict(out_hidden_size=4096),  # transformers' defaults: depth 27, width 1152, MLP 4304
+        tie_word_embeddings=False,
+    ),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("encoder", "plan"),
+    [
+        ("ltx2-pipeline", "gemma3"),
+        ("flux3-pipeline", "qwen3_vl"),
+        pytest.param(QWEN3_VL_8B, "qwen3_vl", marks=pytest.mark.full, id="qwen3-vl-8b"),
+    ],
+)
+def test_new_text_encoders_at_tp8_hold_little_more_than_an_eighth(encoder, plan):
+    """Gemma 3 12B (LTX-2) and Qwen3-VL-4B (FLUX.3) at full size, tp=8, by their bundled plans, as `dtp check
+    ltx2-pipeline --tp 8` shards them: a rank holds 1.0062 / 1.0068 of total / 8 (Qwen3-VL-8B, 8.77 B: 1.0040; measured;
+    the rest is norms, rowwise biases, the vision patch embeddings and position tables, Gemma 3's projector
+    weight)."""
+    from dtp.analysis.fakepg import fake_world
+    from dtp.parallelize import parallelize
+    from dtp.runtime.memory import local_param_bytes
+    from dtp.runtime.mesh import make_mesh
+
+    if isinstance(encoder, str):
+        encoder = released_pipeline(encoder).components["text_encoder"]
+    encoder = build_component(encoder, torch.bfloat16)
+    whole = local_param_bytes(encoder)
+    with fake_world(8):
+        parallelize(encoder, make_mesh(tp=8, device_type="cpu"), load_plan(plan))
+        ratio = local_param_bytes(encoder) / (whole / 8)
+    assert ratio <= 1.01, ratio
+
+
+def test_fit_prints_for_ltx2_a_command_dtp_run_parses():
+    """The first row `dtp fit ltx2-pipeline --gpus 8 --gpu-memory 80GB` prints (tp=8, text encoders sharded) is a
+    `dtp run` command line the CLI parses, at LTX-2's 121 x 512 x 768 and its checkpoint folder."""
+    import shlex
+
+    from dtp.fit.candidates import Candidate
+    from dtp.fit.estimate import command
+    from dtp.fit.pipelines import Shape, fit_pipeline
+    from dtp.tools.commands import build_parser
+
+    spec = fit_pipeline("ltx2-pipeline")
+    frames, height, width = spec.usual_size
+    line = command(Candidate(tp=8, text_encoders="sharded"), spec, Shape(1, height, width, frames))
+    argv = shlex.split(line)
+    assert argv[:5] == ["torchrun", "--nproc-per-node", "8", "-m", "dtp"], line
+    args = build_parser().parse_args(argv[5:])
+    assert (args.command, args.model_dir, args.frames, args.height, args.width) == ("run", "./LTX-2", 121, 512, 768)

@@ -280,3 +280,14 @@ def test_fit_of_a_pipeline_directory_sorts_and_explains():
     none = dtp.fit(directory, 2, 1000, **options)
     assert not any(r["fits"] for r in none["rows"])
     assert f"the smallest peak, {peaks[0] / 1e9:.1f} GB" in none["reason"]
+
+
+def test_a_video_pipeline_s_vae_decodes_5d_latents_even_when_the_parallel_vae_does_not_know_it():
+    """CogVideoX's VAE is no class of the parallel VAE (so fit traces it whole), but a video pipeline's VAE decodes
+    [B, C, F, h, w] (49 frames -> 13 latent frames, 480 x 720 / 8); an image pipeline's [B, C, h, w]."""
+    from dtp.fit.pipelines import Shape, decode_inputs
+
+    vae = fakepg.meta_model("AutoencoderKLCogVideoX", {}, dtype=torch.bfloat16)
+    shape = Shape(1, 480, 720, frames=49)
+    assert decode_inputs(vae, torch.bfloat16, shape, video=True)["z"].shape == (1, 16, 13, 60, 90)
+    assert decode_inputs(vae, torch.bfloat16, shape)["z"].shape == (1, 16, 60, 90)

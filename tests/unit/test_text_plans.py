@@ -9,6 +9,7 @@ from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
 from transformers.distributed.tensor_parallel import is_torch_distributed_available
 
 import dtp
+from dtp.families.released_pipelines import GEMMA3_12B, QWEN3_VL_4B
 from dtp.plan import Style
 from dtp.plan.transformers import DROPPED, TRANSLATED, translate
 from dtp.resolve import Layout, resolve
@@ -16,7 +17,15 @@ from dtp.resolve.transforms.kv_share import share_kv
 from dtp.resolve.transforms.padding import pad_resolved
 from dtp.testing.plans import edited
 from dtp.testing.tiny_text import TEXT_CLASSES, tiny_grouped_qwen, tiny_text_model
-from dtp.testing.tiny_vision import MISTRAL3, QWEN_VL, meta_vision_model, tiny_vision_model, vision_bytes
+from dtp.testing.tiny_vision import (
+    GEMMA3,
+    MISTRAL3,
+    QWEN3_VL,
+    QWEN_VL,
+    meta_vision_model,
+    tiny_vision_model,
+    vision_bytes,
+)
 
 assert is_torch_distributed_available()  # transformers registers its TP styles only then
 TRANSFORMERS_STYLES = sorted(ALL_PARALLEL_STYLES.keys())
@@ -31,7 +40,10 @@ BUNDLED = {
     "Gemma2Model": "gemma2",
     "GlmModel": "glm",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "Qwen2_5_VLTextModel": "qwen2_5_vl_text",
     "Mistral3ForConditionalGeneration": "mistral3",
+    "Gemma3ForConditionalGeneration": "gemma3",
+    "Qwen3VLForConditionalGeneration": "qwen3_vl",
 }
 
 
@@ -258,13 +270,19 @@ def test_full_size_qwen2_5_vl_vision_tower_splits_up_to_tp4():
 
 @pytest.mark.parametrize(
     ("cls", "vision", "whole_bytes"),
-    [(QWEN_VL, QWEN_VL_7B_VISION, 1_353_100_288), (MISTRAL3, PIXTRAL_SMALL_3_1, 815_069_184)],
+    [
+        (QWEN_VL, QWEN_VL_7B_VISION, 1_353_100_288),
+        (MISTRAL3, PIXTRAL_SMALL_3_1, 815_069_184),
+        (GEMMA3, GEMMA3_12B["vision_config"], 833_808_096),
+        (QWEN3_VL, QWEN3_VL_4B["vision_config"], 830_695_424),
+    ],
 )
-@pytest.mark.parametrize(("mesh", "bound"), [("mesh2", 0.51), ("mesh4", 0.26)])
+@pytest.mark.parametrize(("mesh", "bound"), [("mesh2", 0.51), ("mesh4", 0.261)])
 def test_full_size_vision_tower_per_rank_bytes(request, cls, vision, whole_bytes, mesh, bound):
-    """Released vision towers (bf16; Mistral 3's with a projector to the tiny language model's width): a rank
-    holds 0.5012 / 0.2519 of Qwen2.5-VL-7B's at tp=2 / 4, 0.5059 / 0.2589 of Mistral-Small-3.1's (measured;
-    the rest is the replicated patch embedding, norms, rowwise biases and Mistral 3's patch merger)."""
+    """Released vision towers (bf16; Mistral 3's and Gemma 3's with a projector to the tiny language model's width):
+    a rank holds 0.5012 / 0.2519 of Qwen2.5-VL-7B's at tp=2 / 4, 0.5059 / 0.2589 of Mistral-Small-3.1's, 0.5067 /
+    0.2601 of gemma-3-12b's SigLIP, 0.5050 / 0.2574 of Qwen3-VL-4B's (measured; the rest is the replicated patch
+    embeddings, position tables, norms, rowwise biases, Mistral 3's patch merger)."""
     model = meta_vision_model(cls, vision)
     assert vision_bytes(model) == whole_bytes
     tp_mesh = request.getfixturevalue(mesh)
