@@ -107,6 +107,44 @@ TINY_VAE_CONFIGS["AutoencoderKLQwenImage"] = dict(TINY_VAE_CONFIGS["AutoencoderK
 # Configs of one class under another name (a model version): key -> diffusers class.
 CLASS_OF = {"AutoencoderKLWan22": "AutoencoderKLWan", "AutoencoderKLLTXVideo095": "AutoencoderKLLTXVideo"}
 
+# Sana's DC-AE (f32c32's layout, 3 levels: factor 4, 7 x 6 -> 28 x 24): pixel (un)shuffle blocks, ResBlocks with
+# BatchNorm2d in the decoder's upper levels, multiscale ReLU linear attention (5 x 5 projections) at the latent grid
+# (42 tokens > head dim 8: the linear form).
+TINY_VAE_CONFIGS["AutoencoderDC"] = dict(
+    latent_channels=4,
+    attention_head_dim=8,
+    encoder_block_types=("ResBlock", "ResBlock", "EfficientViTBlock"),
+    decoder_block_types=("ResBlock", "ResBlock", "EfficientViTBlock"),
+    encoder_block_out_channels=(8, 16, 32),
+    decoder_block_out_channels=(8, 16, 32),
+    encoder_layers_per_block=(1, 1, 1),
+    decoder_layers_per_block=(1, 1, 1),
+    encoder_qkv_multiscales=((), (), (5,)),
+    decoder_qkv_multiscales=((), (), (5,)),
+    decoder_norm_types=("batch_norm", "batch_norm", "rms_norm"),
+    decoder_act_fns=("relu", "relu", "silu"),
+)
+# DC-AE's other layout: stride-2 conv downsampling, nearest-interpolation upsampling, DC blocks as the encoder's
+# conv_in and the decoder's conv_out (layers_per_block[0] = 0), BatchNorm2d after the attention, and a head as wide
+# as the latent grid's 42 tokens: diffusers' quadratic form (H W <= head dim 64).
+TINY_VAE_CONFIGS["AutoencoderDCConv"] = dict(
+    latent_channels=4,
+    attention_head_dim=64,
+    encoder_block_types=("ResBlock", "ResBlock", "EfficientViTBlock"),
+    decoder_block_types=("ResBlock", "ResBlock", "EfficientViTBlock"),
+    encoder_block_out_channels=(8, 16, 64),
+    decoder_block_out_channels=(8, 16, 64),
+    encoder_layers_per_block=(0, 1, 1),
+    decoder_layers_per_block=(0, 1, 1),
+    encoder_qkv_multiscales=((), (), (3,)),
+    decoder_qkv_multiscales=((), (), (3,)),
+    upsample_block_type="interpolate",
+    downsample_block_type="conv",
+    decoder_norm_types="batch_norm",
+    decoder_act_fns="relu",
+)
+CLASS_OF["AutoencoderDCConv"] = "AutoencoderDC"
+
 
 def tiny_vae(cls: str, seed: int = 0):
     """A random-weight VAE of config `cls` from TINY_VAE_CONFIGS, weights ~ N(0, 0.2) from `seed`, fp32, eval."""
