@@ -144,6 +144,17 @@ TINY_VAE_CONFIGS["AutoencoderDCConv"] = dict(
     decoder_act_fns="relu",
 )
 CLASS_OF["AutoencoderDCConv"] = "AutoencoderDC"
+# CogVideoX: 3 levels (spatial factor 4: 7 x 6 -> 28 x 24), both downsamplings compress time (factor 4: 17 frames
+# <-> 5 latent frames, two frame batches each way, so the conv caches carry over), spatial norms in the decoder.
+TINY_VAE_CONFIGS["AutoencoderKLCogVideoX"] = dict(
+    down_block_types=("CogVideoXDownBlock3D",) * 3,
+    up_block_types=("CogVideoXUpBlock3D",) * 3,
+    block_out_channels=(8, 16, 16),
+    latent_channels=4,
+    layers_per_block=1,
+    norm_num_groups=4,
+    temporal_compression_ratio=4,
+)
 
 
 def tiny_vae(cls: str, seed: int = 0):

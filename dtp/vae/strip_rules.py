@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import PlanError
-from . import dc, hunyuan, image, ltx, wan_qwen
+from . import cogvideox, dc, hunyuan, image, ltx, wan_qwen
 from .strip_rule import StripRule
 
 
@@ -37,13 +37,16 @@ VAE_CLASSES = {
     "AutoencoderKLHunyuanVideo": VaeClass(row_dim=3),
     "AutoencoderKLLTXVideo": VaeClass(row_dim=3),
     "AutoencoderDC": VaeClass(),  # Sana's DC-AE: its own Encoder / Decoder (dc.py)
+    "AutoencoderKLCogVideoX": VaeClass(row_dim=3),  # its encoder / decoder run once per frame batch (cogvideox.py)
 }
 SUPPORTED = tuple(VAE_CLASSES)
 VIDEO_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.row_dim == 3)
 FRAME_LOOP_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.frame_loop)
 
 # The family modules' rules before the generic ones: WanCausalConv3d is an nn.Conv3d, LTX's norms are leaves.
-STRIP_RULES: tuple[StripRule, ...] = wan_qwen.RULES + hunyuan.RULES + ltx.RULES + dc.RULES + image.RULES
+STRIP_RULES: tuple[StripRule, ...] = (
+    wan_qwen.RULES + hunyuan.RULES + ltx.RULES + dc.RULES + cogvideox.RULES + image.RULES
+)
 
 
 def rule_for(module: nn.Module) -> StripRule | None:
