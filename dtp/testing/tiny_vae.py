@@ -155,6 +155,16 @@ TINY_VAE_CONFIGS["AutoencoderKLCogVideoX"] = dict(
     norm_num_groups=4,
     temporal_compression_ratio=4,
 )
+# EasyAnimate's Magvit VAE: 3 levels (spatial factor 4: 7 x 6 -> 28 x 24), one spatial and one spatio-temporal
+# down / upsampling (time factor 2: 9 frames <-> 5 latent frames), per-frame GroupNorm (spatial_group_norm).
+TINY_VAE_CONFIGS["AutoencoderKLMagvit"] = dict(
+    latent_channels=4,
+    block_out_channels=(8, 16, 16),
+    down_block_types=("SpatialDownBlock3D", "SpatialTemporalDownBlock3D", "SpatialTemporalDownBlock3D"),
+    up_block_types=("SpatialUpBlock3D", "SpatialTemporalUpBlock3D", "SpatialTemporalUpBlock3D"),
+    layers_per_block=1,
+    norm_num_groups=4,
+)
 
 
 def tiny_vae(cls: str, seed: int = 0):

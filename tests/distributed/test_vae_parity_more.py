@@ -8,9 +8,11 @@ whole image's size. Its other layout (stride-2 conv and interpolation blocks, DC
 quadratic attention form: 42 tokens <= head dim 64) at N = 3.
 AutoencoderKLCogVideoX decodes 5 latent frames (7 x 6) to 17 frames and encodes 17 frames of 28 x 24 at N = 2, 3, 4:
 two frame batches each way, so the conv caches of the first batch (each rank's rows) feed the second.
+AutoencoderKLMagvit (EasyAnimate) decodes 3 latent frames to 5 (three decoder calls) and encodes 5 frames (two
+encoder calls) at N = 2, 3, 4: its causal convs keep each rank's rows of the last frames between calls.
 Tolerance: max |parallel - untiled| <= 1e-5 * max |untiled| (the existing VAE tests' bound). Negative controls: a
 halo one row short, the linear attention without its all-reduce, the quadratic form on the strip's own keys, and
-CogVideoX's GroupNorms with each strip's own statistics.
+the video VAEs' GroupNorms with each strip's own statistics.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dtp.testing.tiny_vae import tiny_vae
 from dtp.vae import parallelize_vae, remove_vae_parallel
 
 TOL = 1e-5
-DC, DC_CONV, COG = "AutoencoderDC", "AutoencoderDCConv", "AutoencoderKLCogVideoX"
+DC, DC_CONV, COG, MAGVIT = "AutoencoderDC", "AutoencoderDCConv", "AutoencoderKLCogVideoX", "AutoencoderKLMagvit"
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -65,13 +67,14 @@ def _dc(cls: str, group) -> dict:
 
 
 @torch.no_grad()
-def _cogvideox(group) -> dict:
-    """Decode 5 latent frames to 17 and encode 17 frames (two frame batches each); controls on the decode."""
-    vae = tiny_vae(COG)
-    z = torch.randn(2, 4, 5, 7, 6, generator=torch.Generator().manual_seed(1))
-    video = torch.randn(2, 3, 17, 28, 24, generator=torch.Generator().manual_seed(2))
+def _video(cls: str, group, latent_frames: int, frames: int) -> dict:
+    """Decode `latent_frames` latent frames to `frames` and encode `frames` frames of 28 x 24 (batch 2); controls on
+    the decode."""
+    vae = tiny_vae(cls)
+    z = torch.randn(2, 4, latent_frames, 7, 6, generator=torch.Generator().manual_seed(1))
+    video = torch.randn(2, 3, frames, 28, 24, generator=torch.Generator().manual_seed(2))
     ref_dec, ref_enc = vae.decode(z).sample, vae.encode(video).latent_dist.mean
-    assert ref_dec.shape[2] == 17 and ref_enc.shape[2] == 5
+    assert ref_dec.shape[2] == frames and ref_enc.shape[2] == latent_frames
     parallelize_vae(vae, group)
     result = dict(decode=_rel(vae.decode(z).sample, ref_dec), encode=_rel(vae.encode(video).latent_dist.mean, ref_enc))
     with _patched(conv_module, "halo_counts", _one_short):
@@ -108,11 +111,14 @@ def _four_proc(rank: int, world: int) -> dict:
     groups = {n: dist.new_group(list(range(n))) for n in (2, 3)}  # every rank creates every group
     for n, group in groups.items():
         if rank < n:
-            results[n] = dict(dc=_dc(DC, group), cogvideox=_cogvideox(group))
+            results[n] = dict(
+                dc=_dc(DC, group), cogvideox=_video(COG, group, 5, 17), magvit=_video(MAGVIT, group, 3, 5)
+            )
             if n == 3:
                 results[n]["dc_conv"] = _dc(DC_CONV, group)
         dist.barrier()
-    results[4] = dict(dc=_dc(DC, dist.group.WORLD), cogvideox=_cogvideox(dist.group.WORLD))
+    world = dist.group.WORLD
+    results[4] = dict(dc=_dc(DC, world), cogvideox=_video(COG, world, 5, 17), magvit=_video(MAGVIT, world, 3, 5))
     return results
 
 
@@ -121,14 +127,15 @@ def four():
     return spawn(_four_proc, 4)
 
 
-CASES = [(2, "dc"), (3, "dc"), (4, "dc"), (3, "dc_conv"), (2, "cogvideox"), (3, "cogvideox"), (4, "cogvideox")]
+CASES = [(2, "dc"), (3, "dc"), (4, "dc"), (3, "dc_conv")]
+CASES += [(n, vae) for vae in ("cogvideox", "magvit") for n in (2, 3, 4)]
 EXACT = ("decode", "encode")
 
 
 @pytest.mark.parametrize("n, vae", CASES)
 def test_vae_parity(four, n, vae):
-    """AutoencoderDC (both layouts) and AutoencoderKLCogVideoX (5 latent frames), latent 7 x 6, batch 2, on n ranks:
-    decode and encode within max |parallel - untiled| <= 1e-5 * max |untiled|."""
+    """AutoencoderDC (both layouts), AutoencoderKLCogVideoX (5 latent frames) and AutoencoderKLMagvit (3), latent 7 x 6,
+    batch 2, on n ranks: decode and encode within max |parallel - untiled| <= 1e-5 * max |untiled|."""
     for rank in range(n):
         got = four[rank][n][vae]
         assert all(got[k] <= TOL for k in EXACT), (rank, got)
@@ -154,6 +161,8 @@ def test_quadratic_attention_on_local_keys_fails(four):
 
 
 @pytest.mark.parametrize("n", (2, 3, 4))
-def test_group_norm_with_strip_statistics_fails(four, n):
-    """CogVideoX's GroupNorms (resnets and spatial norms) normalised by each strip's own statistics break the bound."""
-    assert max(four[rank][n]["cogvideox"]["strip_stats"] for rank in range(n)) > 100 * TOL
+@pytest.mark.parametrize("vae", ("cogvideox", "magvit"))
+def test_group_norm_with_strip_statistics_fails(four, n, vae):
+    """CogVideoX's GroupNorms (resnets and spatial norms) and Magvit's per-frame ones, normalised by each strip's own
+    statistics, break the bound."""
+    assert max(four[rank][n][vae]["strip_stats"] for rank in range(n)) > 100 * TOL

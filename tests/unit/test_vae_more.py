@@ -1,6 +1,7 @@
-"""Issue 35's VAEs (AutoencoderDC, AutoencoderKLCogVideoX) before and around the split: the layers without an exact
-strip rule are refused naming their path and reason, with nothing changed; eval-only BatchNorm refuses a training
-call; `dtp fit`'s decode phase builds their latents and traces their parallel decode on a fake world."""
+"""Issue 35's VAEs (AutoencoderDC, AutoencoderKLCogVideoX, AutoencoderKLMagvit) before and around the split: the
+layers without an exact strip rule are refused naming their path and reason, with nothing changed; eval-only
+BatchNorm refuses a training call; `dtp fit`'s decode phase builds their latents and traces their parallel decode on a
+fake world."""
 
 from __future__ import annotations
 
@@ -59,6 +60,13 @@ def test_cogvideox_replicate_padding_is_refused():
     _refused(vae, r"decoder\.conv_in \(CogVideoXCausalConv3d\) .*pad_mode='replicate'")
 
 
+def test_magvit_reflect_padding_is_refused():
+    """An EasyAnimateCausalConv3d padded other than with zeros has no strip rule."""
+    vae = tiny_vae("AutoencoderKLMagvit")
+    vae.encoder.conv_in.padding_mode = "reflect"
+    _refused(vae, r"encoder\.conv_in \(EasyAnimateCausalConv3d\) .*padding_mode='reflect'")
+
+
 def test_dc_batch_norm_in_training_mode_refuses_the_call():
     """Eval-mode BatchNorm2d is row-local; called in training mode it would use the strip's statistics: ForwardError."""
     vae = tiny_vae("AutoencoderDC")
@@ -76,7 +84,14 @@ def test_fit_reads_the_dc_scale():
     assert vae_scale(vae.config) == vae.spatial_compression_ratio == 32
 
 
-@pytest.mark.parametrize("cls, latent", [("AutoencoderDC", (1, 4, 8, 6)), ("AutoencoderKLCogVideoX", (1, 4, 5, 8, 6))])
+@pytest.mark.parametrize(
+    "cls, latent",
+    [
+        ("AutoencoderDC", (1, 4, 8, 6)),
+        ("AutoencoderKLCogVideoX", (1, 4, 5, 8, 6)),
+        pytest.param("AutoencoderKLMagvit", (1, 4, 9, 8, 6), marks=pytest.mark.full),
+    ],
+)
 def test_fit_traces_the_split_decode(cls, latent):
     """`dtp fit`'s decode phase: latents of the VAE's layout and scale for a 32 x 24 (17-frame) request; the decode
     split over 2 fake ranks has collectives and a lower activation peak than the whole decode."""
@@ -95,4 +110,4 @@ def test_fit_traces_the_split_decode(cls, latent):
                 trace = trace_call(vae, decode, {"z": torch.empty(latent)})
         peaks[split], collectives[split] = trace.peak_bytes, len(trace.collectives)
     assert collectives[1] == 0 < collectives[2]
-    assert peaks[2] < 0.8 * peaks[1], peaks  # measured: 0.577 (DC, 32 x 24), 0.508 (CogVideoX, 17 frames)
+    assert peaks[2] < 0.8 * peaks[1], peaks  # measured: 0.577 (DC), 0.508 (CogVideoX), 0.602 (Magvit)
