@@ -107,7 +107,7 @@ TINY_VAE_CONFIGS["AutoencoderKLQwenImage"] = dict(TINY_VAE_CONFIGS["AutoencoderK
 # Configs of one class under another name (a model version): key -> diffusers class.
 CLASS_OF = {"AutoencoderKLWan22": "AutoencoderKLWan", "AutoencoderKLLTXVideo095": "AutoencoderKLLTXVideo"}
 
-# Sana's DC-AE (f32c32's layout, 3 levels: factor 4, 7 x 6 -> 28 x 24): pixel (un)shuffle blocks, ResBlocks with
+# DC-AE, the f32c32-in / mix layout (3 levels: factor 4, 7 x 6 -> 28 x 24): pixel (un)shuffle blocks, ResBlocks with
 # BatchNorm2d in the decoder's upper levels, multiscale ReLU linear attention (5 x 5 projections) at the latent grid
 # (42 tokens > head dim 8: the linear form).
 TINY_VAE_CONFIGS["AutoencoderDC"] = dict(
@@ -124,9 +124,10 @@ TINY_VAE_CONFIGS["AutoencoderDC"] = dict(
     decoder_norm_types=("batch_norm", "batch_norm", "rms_norm"),
     decoder_act_fns=("relu", "relu", "silu"),
 )
-# DC-AE's other layout: stride-2 conv downsampling, nearest-interpolation upsampling, DC blocks as the encoder's
-# conv_in and the decoder's conv_out (layers_per_block[0] = 0), BatchNorm2d after the attention, and a head as wide
-# as the latent grid's 42 tokens: diffusers' quadratic form (H W <= head dim 64).
+# DC-AE, Sana's layout (dc-ae-f32c32-sana-1.0): stride-2 conv downsampling, nearest-interpolation upsampling; here
+# also DC blocks as the encoder's conv_in and the decoder's conv_out (layers_per_block[0] = 0, as f32c32-in),
+# BatchNorm2d after the attention, and a head as wide as the latent grid's 42 tokens: diffusers' quadratic form
+# (H W <= head dim 64).
 TINY_VAE_CONFIGS["AutoencoderDCConv"] = dict(
     latent_channels=4,
     attention_head_dim=64,

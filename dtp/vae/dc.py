@@ -1,15 +1,16 @@
 """AutoencoderDC (DC-AE: Sana, Sana Sprint, Sana ControlNet, PRX) on row strips: (B, C, H, W), the height split.
 
 Its layers (diffusers `autoencoder_dc.py`) and why each is exact on strips:
-- DCDownBlock2d: a 3 x 3 conv (stride 1, then pixel_unshuffle by 2; or stride 2), shortcut pixel_unshuffle + a
+- DCDownBlock2d: a 3 x 3 conv (stride 1, then pixel_unshuffle by 2; or stride 2: Sana's), shortcut pixel_unshuffle + a
   mean over channel groups. The conv takes the Conv2d strip rule; pixel_unshuffle maps input rows 2i, 2i + 1 to
   row i, whole rows per strip because every strip bound is even at that grid (`strips.py`). Height stride 2.
 - DCUpBlock2d: a 3 x 3 conv then pixel_shuffle by 2 (row i -> rows 2i, 2i + 1), or nearest x2 interpolation then
-  the conv; shortcut repeat_interleave over channels + pixel_shuffle: row-local around the conv's rule.
+  the conv (Sana's); shortcut repeat_interleave over channels + pixel_shuffle: row-local around the conv's rule.
 - ResBlock / GLUMBConv: 3 x 3 (depthwise) convs (Conv2d rule), 1 x 1 convs, activations, RMSNorm over the channels
   of one position (the LTX channel-norm rule, `ltx.py`: same class, same channel-last use).
-- BatchNorm2d (the decoder's ResBlocks in DC-AE f32c32): with running statistics (eval) a per-channel affine map,
-  row-local. In training mode it would normalise by the strip's batch statistics: refused when called so.
+- BatchNorm2d (the decoder's upper ResBlocks in DC-AE f32c32-in / mix): with running statistics (eval) a
+  per-channel affine map, row-local. In training mode it would normalise by the strip's batch statistics: refused
+  when called so.
 - SanaMultiscaleLinearAttention: the whole image's token sum all-reduced (`linear_attention.py`).
 - Encoder / Decoder shortcuts (channel-group mean, channel repeat) and norm_out: per position.
 Strips need at least 2 latent rows wherever a 5 x 5 multiscale projection runs (the halo comes from the neighbours

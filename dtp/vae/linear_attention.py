@@ -9,8 +9,9 @@ Per head, with ReLU kernels q = relu(Q), k = relu(K) over the N tokens of the wh
 
 Only `scores` mixes tokens, and it is a plain sum: each rank sums over its own rows' tokens and one SUM all-reduce
 gives every rank the whole image's `scores`; the rest runs on its own queries. Per call one all-reduce of
-[B, heads, d + 1, d] fp32 values (DC-AE f32c32 at its 1024-channel levels: 32 heads x 33 x 32 x 4 B = 135 KB per
-sample), whatever the image size. The partial sums add in another order than one process's matmul: ~1e-7 relative.
+[B, heads, d + 1, d] fp32 values (DC-AE f32c32 at its 1024-channel levels: 32 heads x 2 scales x 33 x 32 x 4 B =
+270 KB per sample), whatever the image size. The partial sums add in another order than one process's matmul:
+~1e-7 relative.
 
 diffusers switches to a softmax-free *quadratic* form when the image has at most `attention_head_dim` tokens
 (H W <= d): scores = k^T q normalised over the keys, out = V scores. That needs every key and value, so they are
