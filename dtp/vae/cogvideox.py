@@ -42,10 +42,9 @@ def check(module: nn.Module, kind: str) -> str | None:
             return "pad_mode='replicate' (the strip rule covers the first-frame / cache padding only)"
         if module.conv.stride[1] != 1:
             return f"stride {module.conv.stride} in H (only time strides)"
-    if kind in ("downsample", "upsample") and module.conv.padding_mode != "zeros":
-        return f"a conv with padding_mode={module.conv.padding_mode!r}"
-    if kind == "downsample" and module.conv.padding != (0, 0):
-        return f"a conv with its own padding {module.conv.padding} after diffusers' (0, 1, 0, 1) pad"
+    if kind == "downsample" and (module.conv.padding_mode != "zeros" or module.conv.padding != (0, 0)):
+        conv = module.conv
+        return f"a conv padded {conv.padding} ({conv.padding_mode}) after diffusers' (0, 1, 0, 1) pad (only 0)"
     return None
 
 
