@@ -10,6 +10,9 @@ import copy
 import diffusers
 import pytest
 import torch
+import torch.nn.functional as F
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 import dtp
 from dtp.analysis.fakepg import fake_world
@@ -18,6 +21,7 @@ from dtp.fit.pipelines import Shape, decode, decode_inputs, vae_scale
 from dtp.runtime.mesh import make_mesh
 from dtp.testing.tiny_vae import tiny_vae
 from dtp.vae import parallelize_vae
+from dtp.vae.strips import bounds, split_rows
 
 
 def _refused(vae, match: str) -> None:
@@ -111,3 +115,18 @@ def test_fit_traces_the_split_decode(cls, latent):
         peaks[split], collectives[split] = trace.peak_bytes, len(trace.collectives)
     assert collectives[1] == 0 < collectives[2]
     assert peaks[2] < 0.8 * peaks[1], peaks  # measured: 0.577 (DC), 0.508 (CogVideoX), 0.602 (Magvit)
+
+
+@given(st.integers(1, 96), st.integers(1, 8), st.sampled_from([1, 2, 4, 8]), st.integers(1, 3))
+def test_nearest_interpolation_of_a_strip_is_the_strip_of_the_whole(latent, world, scale, frames):
+    """CogVideoX's spatial norm interpolates the latent (nearest, to the activation's size) on each strip: for a power
+    of 2 ratio the strips' results are exactly the rows of the whole image's, for any row split (torch's kernel; the
+    rule relies on it). Each latent row is its own index, so a row taken from the wrong place shows."""
+    assume(latent >= world)
+    z = torch.arange(latent, dtype=torch.float32).view(1, 1, 1, latent, 1).expand(1, 2, frames, latent, 3)
+    whole = F.interpolate(z, size=(frames, latent * scale, 3))
+    b = bounds(split_rows(latent, world))
+    strips = [
+        F.interpolate(z[:, :, :, b[r] : b[r + 1]], size=(frames, (b[r + 1] - b[r]) * scale, 3)) for r in range(world)
+    ]
+    assert torch.equal(torch.cat(strips, dim=3), whole)
