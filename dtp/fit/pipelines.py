@@ -164,6 +164,8 @@ def vae_scale(vae_config) -> int:
         return vae_config["patch_size"] * 2 ** sum(vae_config["spatio_temporal_scaling"])
     if "temperal_downsample" in vae_config:  # Qwen-Image / Wan 3-D VAEs
         return 2 ** len(vae_config["temperal_downsample"])
+    if "encoder_block_out_channels" in vae_config:  # AutoencoderDC (Sana's DC-AE: 32), as SanaPipeline computes it
+        return 2 ** (len(vae_config["encoder_block_out_channels"]) - 1)
     return 2 ** (len(vae_config["block_out_channels"]) - 1)
 
 
@@ -176,6 +178,8 @@ def vae_time_scale(vae_config) -> int:
         return vae_config["patch_size_t"] * 2 ** sum(vae_config["spatio_temporal_scaling"])
     if "temperal_downsample" in vae_config:
         return 2 ** sum(vae_config["temperal_downsample"])
+    if "spatial_group_norm" in vae_config:  # AutoencoderKLMagvit (EasyAnimate: 4), as diffusers computes it
+        return 2 ** (len(vae_config["block_out_channels"]) - 2)
     return 4
 
 

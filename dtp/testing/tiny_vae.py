@@ -107,6 +107,66 @@ TINY_VAE_CONFIGS["AutoencoderKLQwenImage"] = dict(TINY_VAE_CONFIGS["AutoencoderK
 # Configs of one class under another name (a model version): key -> diffusers class.
 CLASS_OF = {"AutoencoderKLWan22": "AutoencoderKLWan", "AutoencoderKLLTXVideo095": "AutoencoderKLLTXVideo"}
 
+# DC-AE, the f32c32-in / mix layout (3 levels: factor 4, 7 x 6 -> 28 x 24): pixel (un)shuffle blocks, ResBlocks with
+# BatchNorm2d in the decoder's upper levels, multiscale ReLU linear attention (5 x 5 projections) at the latent grid
+# (42 tokens > head dim 8: the linear form).
+TINY_VAE_CONFIGS["AutoencoderDC"] = dict(
+    latent_channels=4,
+    attention_head_dim=8,
+    encoder_block_types=("ResBlock", "ResBlock", "EfficientViTBlock"),
+    decoder_block_types=("ResBlock", "ResBlock", "EfficientViTBlock"),
+    encoder_block_out_channels=(8, 16, 32),
+    decoder_block_out_channels=(8, 16, 32),
+    encoder_layers_per_block=(1, 1, 1),
+    decoder_layers_per_block=(1, 1, 1),
+    encoder_qkv_multiscales=((), (), (5,)),
+    decoder_qkv_multiscales=((), (), (5,)),
+    decoder_norm_types=("batch_norm", "batch_norm", "rms_norm"),
+    decoder_act_fns=("relu", "relu", "silu"),
+)
+# DC-AE, Sana's layout (dc-ae-f32c32-sana-1.0): stride-2 conv downsampling, nearest-interpolation upsampling; here
+# also DC blocks as the encoder's conv_in and the decoder's conv_out (layers_per_block[0] = 0, as f32c32-in),
+# BatchNorm2d after the attention, and a head as wide as the latent grid's 42 tokens: diffusers' quadratic form
+# (H W <= head dim 64).
+TINY_VAE_CONFIGS["AutoencoderDCConv"] = dict(
+    latent_channels=4,
+    attention_head_dim=64,
+    encoder_block_types=("ResBlock", "ResBlock", "EfficientViTBlock"),
+    decoder_block_types=("ResBlock", "ResBlock", "EfficientViTBlock"),
+    encoder_block_out_channels=(8, 16, 64),
+    decoder_block_out_channels=(8, 16, 64),
+    encoder_layers_per_block=(0, 1, 1),
+    decoder_layers_per_block=(0, 1, 1),
+    encoder_qkv_multiscales=((), (), (3,)),
+    decoder_qkv_multiscales=((), (), (3,)),
+    upsample_block_type="interpolate",
+    downsample_block_type="conv",
+    decoder_norm_types="batch_norm",
+    decoder_act_fns="relu",
+)
+CLASS_OF["AutoencoderDCConv"] = "AutoencoderDC"
+# CogVideoX: 3 levels (spatial factor 4: 7 x 6 -> 28 x 24), both downsamplings compress time (factor 4: 17 frames
+# <-> 5 latent frames, two frame batches each way, so the conv caches carry over), spatial norms in the decoder.
+TINY_VAE_CONFIGS["AutoencoderKLCogVideoX"] = dict(
+    down_block_types=("CogVideoXDownBlock3D",) * 3,
+    up_block_types=("CogVideoXUpBlock3D",) * 3,
+    block_out_channels=(8, 16, 16),
+    latent_channels=4,
+    layers_per_block=1,
+    norm_num_groups=4,
+    temporal_compression_ratio=4,
+)
+# EasyAnimate's Magvit VAE: 3 levels (spatial factor 4: 7 x 6 -> 28 x 24), one spatial and one spatio-temporal
+# down / upsampling (time factor 2: 9 frames <-> 5 latent frames), per-frame GroupNorm (spatial_group_norm).
+TINY_VAE_CONFIGS["AutoencoderKLMagvit"] = dict(
+    latent_channels=4,
+    block_out_channels=(8, 16, 16),
+    down_block_types=("SpatialDownBlock3D", "SpatialTemporalDownBlock3D", "SpatialTemporalDownBlock3D"),
+    up_block_types=("SpatialUpBlock3D", "SpatialTemporalUpBlock3D", "SpatialTemporalUpBlock3D"),
+    layers_per_block=1,
+    norm_num_groups=4,
+)
+
 
 def tiny_vae(cls: str, seed: int = 0):
     """A random-weight VAE of config `cls` from TINY_VAE_CONFIGS, weights ~ N(0, 0.2) from `seed`, fp32, eval."""

@@ -132,10 +132,16 @@ def _entry(forward, state: VaeParallel, factor: int, dim: int):
             b = bounds(split.units)
             mine = sample.narrow(dim, b[split.rank] * factor, split.units[split.rank] * factor)
             out = forward(mine, *args, **kwargs)
-            if state.gather_output:
-                out = gather_rows(out, dim, split.counts(out.shape[dim]), split.group)
-            return out
+            return _gathered(out, split, dim) if state.gather_output else out
         finally:
             split.units = None
 
     return run
+
+
+def _gathered(out, split, dim: int):
+    """The whole tensor from every rank's strip of `out`; of a (sample, conv cache) pair (CogVideoX's encoder and
+    decoder) the sample only: the cache stays this rank's rows, which its next frame batch reads."""
+    if isinstance(out, tuple):
+        return (_gathered(out[0], split, dim), *out[1:])
+    return gather_rows(out, dim, split.counts(out.shape[dim]), split.group)

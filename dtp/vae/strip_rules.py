@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import PlanError
-from . import hunyuan, image, ltx, wan_qwen
+from . import cogvideox, dc, hunyuan, image, ltx, magvit, wan_qwen
 from .strip_rule import StripRule
 
 
@@ -36,13 +36,18 @@ VAE_CLASSES = {
     "AutoencoderKLQwenImage": VaeClass(row_dim=3, frame_loop=True),
     "AutoencoderKLHunyuanVideo": VaeClass(row_dim=3),
     "AutoencoderKLLTXVideo": VaeClass(row_dim=3),
+    "AutoencoderDC": VaeClass(),  # Sana's DC-AE: its own Encoder / Decoder (dc.py)
+    "AutoencoderKLCogVideoX": VaeClass(row_dim=3),  # its encoder / decoder run once per frame batch (cogvideox.py)
+    "AutoencoderKLMagvit": VaeClass(row_dim=3),  # EasyAnimate's: its decoder runs once per latent frame (magvit.py)
 }
 SUPPORTED = tuple(VAE_CLASSES)
 VIDEO_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.row_dim == 3)
 FRAME_LOOP_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.frame_loop)
 
 # The family modules' rules before the generic ones: WanCausalConv3d is an nn.Conv3d, LTX's norms are leaves.
-STRIP_RULES: tuple[StripRule, ...] = wan_qwen.RULES + hunyuan.RULES + ltx.RULES + image.RULES
+STRIP_RULES: tuple[StripRule, ...] = (
+    wan_qwen.RULES + hunyuan.RULES + ltx.RULES + dc.RULES + cogvideox.RULES + magvit.RULES + image.RULES
+)
 
 
 def rule_for(module: nn.Module) -> StripRule | None:

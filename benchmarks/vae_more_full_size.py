@@ -1,0 +1,105 @@
+"""Parallel VAE, full size, issue 35's VAEs: activation peak per rank of the decode of Sana's DC-AE, CogVideoX's VAE and
+EasyAnimate's Magvit VAE, whole and split over N ranks.
+
+Released configurations: AutoencoderDC as dc-ae-f32c32-sana-1.0 (6 levels of 128 .. 1024 channels, 32 latent
+channels, stride-2 conv downsampling, interpolation upsampling, 5 x 5 multiscale linear attention in the 3 deepest
+levels); AutoencoderKLCogVideoX and AutoencoderKLMagvit with diffusers' defaults (CogVideoX's: 128 .. 512 channels, 16
+latent channels, 4x in time; EasyAnimate's: 128 .. 512 channels, 16 latent channels, spatial GroupNorm). On the meta
+device, run under FakeTensorMode on torch's fake process group (no compute, no memory): one process plays rank 0 of N
+(rank 0 holds the most rows). Peak: live bytes of every storage an op creates (`dtp.analysis.trace.PhaseTrace`),
+parameters, buffers and the latent not counted. The output is gathered on every rank (the default).
+
+    python benchmarks/vae_more_full_size.py [--vaes dc cogvideox magvit] [--ranks 1 2 4 8] [--dtype bf16]
+
+Writes benchmarks/results/vae_more_full_size.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from dtp.analysis.trace import PhaseTrace
+from dtp.vae import parallelize_vae
+
+RESULT = Path(__file__).resolve().parent / "results" / "vae_more_full_size.md"
+SANA_DC_AE = dict(
+    latent_channels=32,
+    encoder_block_types=("ResBlock",) * 3 + ("EfficientViTBlock",) * 3,
+    decoder_block_types=("ResBlock",) * 3 + ("EfficientViTBlock",) * 3,
+    encoder_block_out_channels=(128, 256, 512, 512, 1024, 1024),
+    decoder_block_out_channels=(128, 256, 512, 512, 1024, 1024),
+    encoder_qkv_multiscales=((), (), (), (5,), (5,), (5,)),
+    decoder_qkv_multiscales=((), (), (), (5,), (5,), (5,)),
+    encoder_layers_per_block=(2, 2, 2, 3, 3, 3),
+    decoder_layers_per_block=(3, 3, 3, 3, 3, 3),
+    downsample_block_type="conv",
+    upsample_block_type="interpolate",
+    scaling_factor=0.41407,
+)
+# name -> (diffusers class, config, latent (C, frames or None, rows, columns), what it decodes)
+CASES = {
+    "dc": ("AutoencoderDC", SANA_DC_AE, (32, None, 64, 64), "Sana's DC-AE, 2048 x 2048"),
+    "cogvideox": ("AutoencoderKLCogVideoX", {}, (16, 13, 60, 90), "CogVideoX, 49 frames at 480 x 720"),
+    "magvit": ("AutoencoderKLMagvit", {}, (16, 13, 64, 64), "EasyAnimate (Magvit), 49 frames at 512 x 512"),
+}
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def fake_peak(case: str, world: int, dtype: torch.dtype) -> tuple[int, tuple]:
+    """(activation peak bytes of rank 0's decode among `world` ranks, output shape) under FakeTensorMode."""
+    import diffusers
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    class_name, config, latent, _ = CASES[case]
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        with torch.device("meta"):
+            vae = getattr(diffusers, class_name)(**config).eval().to(dtype)
+        if world > 1:
+            parallelize_vae(vae, dist.group.WORLD)
+        shape = (1, latent[0]) + tuple(s for s in latent[1:] if s is not None)
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+            vae.to_empty(device="cpu")
+            z = torch.empty(shape, dtype=dtype)
+            with PhaseTrace(resident=[*vae.parameters(), *vae.buffers(), z]) as trace:
+                out = vae.decode(z).sample
+            return trace.trace.peak_bytes, tuple(out.shape)
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vaes", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    args = parser.parse_args()
+    rows = ["| VAE | decodes | N | rank 0 peak (MB) | x whole |", "|---|---|--:|--:|--:|"]
+    for case in args.vaes:
+        whole = None
+        for n in args.ranks:
+            start = time.perf_counter()
+            peak, shape = fake_peak(case, n, DTYPES[args.dtype])
+            whole = whole or peak
+            rows.append(f"| {CASES[case][0]} | {CASES[case][3]} | {n} | {peak / 1e6:.0f} | {peak / whole:.3f} |")
+            print(rows[-1], shape, f"({time.perf_counter() - start:.0f} s)", flush=True)
+    text = (
+        f"# Parallel VAE, full size: decode activation peak per rank, {args.dtype}\n\n"
+        "FakeTensorMode + torch's fake process group + a dispatch-mode live-bytes counter "
+        "(`dtp.analysis.trace.PhaseTrace`; no compute); the first N's peak is the `x whole` base. Command: "
+        f"`python benchmarks/vae_more_full_size.py --vaes {' '.join(args.vaes)} "
+        f"--ranks {' '.join(map(str, args.ranks))} --dtype {args.dtype}`\n\n" + "\n".join(rows) + "\n"
+    )
+    print(text)
+    RESULT.parent.mkdir(exist_ok=True)
+    RESULT.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Parallel VAE parity on gloo for issue 35's VAEs: strip-split decode / encode against diffusers' untiled one-process
+VAE, one 4-process group for every check (subgroups of 2 and 3 ranks, and all 4).
+
+AutoencoderDC (Sana's DC-AE: pixel (un)shuffle blocks, BatchNorm2d with perturbed running statistics, multiscale
+ReLU linear attention at the latent grid) decodes a 7 x 6 latent (batch 2) and encodes 28 x 24 at N = 2, 3, 4; at
+N = 4 the last strip holds 6 latent tokens, fewer than the head dim 8, so the linear / quadratic switch must read the
+whole image's size. Its other layout (stride-2 conv and interpolation blocks, DC blocks as conv_in / conv_out, the
+quadratic attention form: 42 tokens <= head dim 64) at N = 3.
+AutoencoderKLCogVideoX decodes 5 latent frames (7 x 6) to 17 frames and encodes 17 frames of 28 x 24 at N = 2, 3, 4:
+two frame batches each way, so the conv caches of the first batch (each rank's rows) feed the second.
+AutoencoderKLMagvit (EasyAnimate) decodes 3 latent frames to 5 (three decoder calls) and encodes 5 frames (two
+encoder calls) at N = 2, 3, 4: its causal convs keep each rank's rows of the last frames between calls.
+Tolerance: max |parallel - untiled| <= 1e-5 * max |untiled| (the existing VAE tests' bound). Negative controls: a
+halo one row short, the linear attention without its all-reduce, the quadratic form on the strip's own keys, and
+the video VAEs' GroupNorms with each strip's own statistics.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import dtp.vae.conv as conv_module
+import dtp.vae.linear_attention as linear_attention
+import dtp.vae.norm as norm_module
+from dtp.testing.launch import spawn
+from dtp.testing.tiny_vae import tiny_vae
+from dtp.vae import parallelize_vae, remove_vae_parallel
+from dtp.vae.strips import bounds, split_rows
+
+TOL = 1e-5
+DC, DC_CONV, COG, MAGVIT = "AutoencoderDC", "AutoencoderDCConv", "AutoencoderKLCogVideoX", "AutoencoderKLMagvit"
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    return float((out - ref).abs().max() / ref.abs().max())
+
+
+def _perturbed_running_stats(vae) -> None:
+    """BatchNorm2d's running mean / variance away from (0, 1), so that eval-mode BatchNorm is not the identity."""
+    generator = torch.Generator().manual_seed(5)
+    for module in vae.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.normal_(0, 0.5, generator=generator)
+            module.running_var.uniform_(0.5, 2.0, generator=generator)
+
+
+@torch.no_grad()
+def _dc(cls: str, group) -> dict:
+    """Decode 7 x 6 latents and encode 28 x 24 images (batch 2); the negative controls on the decode."""
+    vae = tiny_vae(cls)
+    _perturbed_running_stats(vae)
+    z = torch.randn(2, 4, 7, 6, generator=torch.Generator().manual_seed(1))
+    image = torch.randn(2, 3, 28, 24, generator=torch.Generator().manual_seed(2))
+    ref_dec, ref_enc = vae.decode(z).sample, vae.encode(image).latent
+    parallelize_vae(vae, group)
+    result = dict(decode=_rel(vae.decode(z).sample, ref_dec), encode=_rel(vae.encode(image).latent, ref_enc))
+    with _patched(conv_module, "halo_counts", _one_short):
+        result["halo_short"] = _rel(vae.decode(z).sample, ref_dec)
+    with _patched(linear_attention, "reduce_sums", lambda scores, split: scores):
+        result["no_all_reduce"] = _rel(vae.decode(z).sample, ref_dec)
+    with _patched(linear_attention, "gather_rows", lambda x, dim, counts, group: x):
+        result["local_keys"] = _rel(vae.decode(z).sample, ref_dec)
+    remove_vae_parallel(vae)
+    return result
+
+
+@torch.no_grad()
+def _video(cls: str, group, latent_frames: int, frames: int) -> dict:
+    """Decode `latent_frames` latent frames to `frames` and encode `frames` frames of 28 x 24 (batch 2); controls on
+    the decode."""
+    vae = tiny_vae(cls)
+    z = torch.randn(2, 4, latent_frames, 7, 6, generator=torch.Generator().manual_seed(1))
+    video = torch.randn(2, 3, frames, 28, 24, generator=torch.Generator().manual_seed(2))
+    ref_dec, ref_enc = vae.decode(z).sample, vae.encode(video).latent_dist.mean
+    assert ref_dec.shape[2] == frames and ref_enc.shape[2] == latent_frames
+    parallelize_vae(vae, group)
+    result = dict(decode=_rel(vae.decode(z).sample, ref_dec), encode=_rel(vae.encode(video).latent_dist.mean, ref_enc))
+    with _patched(conv_module, "halo_counts", _one_short):
+        result["halo_short"] = _rel(vae.decode(z).sample, ref_dec)
+    with _patched(norm_module, "combine", lambda stats, split: (stats[1], stats[2])):
+        result["strip_stats"] = _rel(vae.decode(z).sample, ref_dec)
+    remove_vae_parallel(vae)
+    if cls == COG:  # gather_output=False: the (sample, cache) entry leaves every frame batch as this rank's rows
+        parallelize_vae(vae, group, gather_output=False)
+        rank, n = dist.get_rank(group), dist.get_world_size(group)
+        rows = [4 * r for r in bounds(split_rows(7, n))]
+        result["strip"] = _rel(vae.decode(z).sample, ref_dec[:, :, :, rows[rank] : rows[rank + 1]])
+        remove_vae_parallel(vae)
+    return result
+
+
+_halo_counts = conv_module.halo_counts
+
+
+def _one_short(rows):
+    """Negative control: one halo row fewer from each neighbour (zero padding in its place)."""
+    top, bottom = _halo_counts(rows)
+    return max(0, top - 1), max(0, bottom - 1)
+
+
+class _patched:
+    def __init__(self, module, name, value):
+        self.module, self.name, self.value = module, name, value
+
+    def __enter__(self):
+        self.original = getattr(self.module, self.name)
+        setattr(self.module, self.name, self.value)
+
+    def __exit__(self, *exc):
+        setattr(self.module, self.name, self.original)
+
+
+def _four_proc(rank: int, world: int) -> dict:
+    results = {}
+    groups = {n: dist.new_group(list(range(n))) for n in (2, 3)}  # every rank creates every group
+    for n, group in groups.items():
+        if rank < n:
+            results[n] = dict(
+                dc=_dc(DC, group), cogvideox=_video(COG, group, 5, 17), magvit=_video(MAGVIT, group, 3, 5)
+            )
+            if n == 3:
+                results[n]["dc_conv"] = _dc(DC_CONV, group)
+        dist.barrier()
+    world = dist.group.WORLD
+    results[4] = dict(dc=_dc(DC, world), cogvideox=_video(COG, world, 5, 17), magvit=_video(MAGVIT, world, 3, 5))
+    return results
+
+
+@pytest.fixture(scope="module")
+def four():
+    return spawn(_four_proc, 4)
+
+
+CASES = [(2, "dc"), (3, "dc"), (4, "dc"), (3, "dc_conv")]
+CASES += [(n, vae) for vae in ("cogvideox", "magvit") for n in (2, 3, 4)]
+EXACT = ("decode", "encode")
+
+
+@pytest.mark.parametrize("n, vae", CASES)
+def test_vae_parity(four, n, vae):
+    """AutoencoderDC (both layouts), AutoencoderKLCogVideoX (5 latent frames) and AutoencoderKLMagvit (3), latent 7 x 6,
+    batch 2, on n ranks: decode and encode within max |parallel - untiled| <= 1e-5 * max |untiled|; CogVideoX's decode
+    left distributed (gather_output=False) is the rank's rows of the untiled video, as close."""
+    exact = EXACT + (("strip",) if vae == "cogvideox" else ())
+    for rank in range(n):
+        got = four[rank][n][vae]
+        assert all(got[k] <= TOL for k in exact), (rank, got)
+
+
+@pytest.mark.parametrize("n, vae", CASES)
+def test_halo_one_row_short_fails(four, n, vae):
+    """A halo one row short breaks the bound on some rank."""
+    assert max(four[rank][n][vae]["halo_short"] for rank in range(n)) > 100 * TOL
+
+
+@pytest.mark.parametrize("n", (2, 3, 4))
+def test_linear_attention_without_all_reduce_fails(four, n):
+    """DC-AE's linear attention with each strip's own token sum (the all-reduce skipped) breaks the bound."""
+    assert max(four[rank][n]["dc"]["no_all_reduce"] for rank in range(n)) > 100 * TOL
+
+
+def test_quadratic_attention_on_local_keys_fails(four):
+    """The quadratic form (H W <= head dim) against the strip's own keys and values only breaks the bound; the
+    linear form does not gather (the control changes nothing there)."""
+    assert max(four[rank][3]["dc_conv"]["local_keys"] for rank in range(3)) > 100 * TOL
+    assert max(four[rank][3]["dc"]["local_keys"] for rank in range(3)) <= TOL
+
+
+@pytest.mark.parametrize("n", (2, 3, 4))
+@pytest.mark.parametrize("vae", ("cogvideox", "magvit"))
+def test_group_norm_with_strip_statistics_fails(four, n, vae):
+    """CogVideoX's GroupNorms (resnets and spatial norms) and Magvit's per-frame ones, normalised by each strip's own
+    statistics, break the bound."""
+    assert max(four[rank][n][vae]["strip_stats"] for rank in range(n)) > 100 * TOL
