@@ -29,7 +29,7 @@ from __future__ import annotations
 import shlex
 import time
 
-from ..errors import PlanError
+from ..errors import ForwardError, PlanError
 from ..policy import check_degree, parse_dtype
 from ..runtime.cfg.cost import exchange
 from . import cost
@@ -120,8 +120,8 @@ def _estimate_all(found, spec, measurer, shape, memory, hw, only, cache=None) ->
             continue
         try:
             rows.append(estimate(candidate, spec, measurer, shape, memory, hw, state))
-        except PlanError as exc:
-            rejected.append({**options, "reason": str(exc)})
+        except (PlanError, ForwardError) as exc:  # ForwardError: the traced forward refused the input (a sequence
+            rejected.append({**options, "reason": str(exc)})  # length this cp degree does not divide)
             continue
         runs.add(_key(options))
         if rows[-1]["fits"] and not candidate.quant:

@@ -9,11 +9,12 @@ FREE_COLOR = "#EEEEEE"
 
 
 def label(row: dict) -> str:
-    """e.g. "cp2 ulysses tp2, te sharded, pad"."""
+    """e.g. "cp2 ulysses tp2, fsdp, te sharded, pad"."""
     mesh = f"cp{row['cp']} {row['cp_mode']} tp{row['tp']}" if row["cp"] > 1 else f"tp{row['tp']}"
     if row["cfg"] > 1:
         mesh = f"cfg{row['cfg']} {mesh}"
-    extras = [f"te {row['text_encoders']}"] + (["pad"] if row["pad"] else []) + ([row["quant"]] if row["quant"] else [])
+    extras = (["fsdp"] if row.get("fsdp") else []) + [f"te {row['text_encoders']}"]
+    extras += (["pad"] if row["pad"] else []) + ([row["quant"]] if row["quant"] else [])
     return ", ".join([mesh, *extras])
 
 

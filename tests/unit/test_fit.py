@@ -291,3 +291,35 @@ def test_a_video_pipeline_s_vae_decodes_5d_latents_even_when_the_parallel_vae_do
     shape = Shape(1, 480, 720, frames=49)
     assert decode_inputs(vae, torch.bfloat16, shape, video=True)["z"].shape == (1, 16, 13, 60, 90)
     assert decode_inputs(vae, torch.bfloat16, shape)["z"].shape == (1, 16, 60, 90)
+
+
+def test_a_candidate_whose_forward_refuses_its_input_is_rejected_not_fatal(monkeypatch):
+    """A traced forward that raises ForwardError (a cp degree that does not divide the sequence: CogVideoX-5B's 17550
+    tokens at cp=4 stopped the whole `dtp fit`) rejects that candidate with the reason; the others are rows."""
+    from dtp.errors import ForwardError
+    from dtp.families.pipelines import tiny_checkpoint
+    from dtp.fit.measure import Measurer
+
+    directory = str(tiny_checkpoint("flux"))
+    measurer = Measurer(fit_pipeline(directory), torch.float32)
+    phase = measurer.phase
+
+    def refusing(name, setup, shape):
+        if name == "transformer" and setup.cp > 1:
+            raise ForwardError("sequence length 9 (dim 1) is not divisible by the cp degree 2")
+        return phase(name, setup, shape)
+
+    monkeypatch.setattr(measurer, "phase", refusing)
+    report = dtp.fit(directory, 2, "1GB", height=64, width=64, dtype="fp32", only={"quant": None}, measurer=measurer)
+    assert report["rows"] and all(r["cp"] == 1 for r in report["rows"])
+    refused = [r for r in report["rejected"] if r["cp"] > 1]
+    assert refused and all("not divisible by the cp degree 2" in r["reason"] for r in refused)
+
+
+def test_a_fsdp_row_says_so_in_the_table():
+    """Two rows differing only in fsdp printed the same candidate label (their commands differed by `--fsdp`)."""
+    from dtp.fit.report import label
+
+    row = dict(cfg=1, cp=2, cp_mode="ulysses", tp=2, text_encoders="whole", pad=True, quant=None)
+    assert label({**row, "fsdp": True}) == "cp2 ulysses tp2, fsdp, te whole, pad"
+    assert label({**row, "fsdp": False}) == "cp2 ulysses tp2, te whole, pad"
