@@ -283,14 +283,23 @@ def test_fit_of_a_pipeline_directory_sorts_and_explains():
 
 
 def test_a_video_pipeline_s_vae_decodes_5d_latents_even_when_the_parallel_vae_does_not_know_it():
-    """CogVideoX's VAE is no class of the parallel VAE (so fit traces it whole), but a video pipeline's VAE decodes
-    [B, C, F, h, w] (49 frames -> 13 latent frames, 480 x 720 / 8); an image pipeline's [B, C, h, w]."""
+    """Mochi's VAE is no class of the parallel VAE (so fit traces it whole), but a video pipeline's VAE decodes
+    [B, C, F, h, w] (480 x 848 / 8); an image VAE [B, C, h, w]; a class the parallel VAE knows as a video one
+    (CogVideoX's: 49 frames -> 13 latent frames) 5-D in any pipeline."""
     from dtp.fit.pipelines import Shape, decode_inputs
+    from dtp.vae.strip_rules import VIDEO_VAES
 
-    vae = fakepg.meta_model("AutoencoderKLCogVideoX", {}, dtype=torch.bfloat16)
-    shape = Shape(1, 480, 720, frames=49)
-    assert decode_inputs(vae, torch.bfloat16, shape, video=True)["z"].shape == (1, 16, 13, 60, 90)
-    assert decode_inputs(vae, torch.bfloat16, shape)["z"].shape == (1, 16, 60, 90)
+    mochi = fakepg.meta_model("AutoencoderKLMochi", {}, dtype=torch.bfloat16)
+    assert "AutoencoderKLMochi" not in VIDEO_VAES
+    shape = Shape(1, 480, 848, frames=49)
+    assert decode_inputs(mochi, torch.bfloat16, shape, video=True)["z"].ndim == 5
+    assert decode_inputs(mochi, torch.bfloat16, shape)["z"].shape == (1, 12, 60, 106)
+    from dtp.families.released_pipelines import FLUX_VAE
+
+    image = fakepg.meta_model("AutoencoderKL", FLUX_VAE, dtype=torch.bfloat16)
+    assert decode_inputs(image, torch.bfloat16, Shape(1, 1024, 1024))["z"].shape == (1, 16, 128, 128)
+    cog = fakepg.meta_model("AutoencoderKLCogVideoX", {}, dtype=torch.bfloat16)
+    assert decode_inputs(cog, torch.bfloat16, Shape(1, 480, 720, frames=49))["z"].shape == (1, 16, 13, 60, 90)
 
 
 def test_a_candidate_whose_forward_refuses_its_input_is_rejected_not_fatal(monkeypatch):
