@@ -101,6 +101,51 @@ TINY_VAE_CONFIGS = {
         upsample_factor=(2,) * 3,
         patch_size=2,
     ),
+    # LTX-2: patch 2, encoder space-to-depth downsamplers (spatial, temporal, spatiotemporal: 8 in H, 4 in time),
+    # decoder residual depth-to-space upsamplers (spatiotemporal, temporal, spatial): 7 x 6 <-> 56 x 48, 5 frames
+    # <-> 2, 9 <-> 3; zero-padded encoder convs, reflect-padded decoder convs (LTX-2's defaults), per-position RMS
+    # norms, timestep conditioning (decode(z, temb)). Decoder widths halve per block: diffusers 0.42 up blocks with
+    # a conv_in lose temb.
+    "AutoencoderKLLTX2Video": dict(
+        latent_channels=4,
+        block_out_channels=(8, 16, 16),
+        down_block_types=("LTX2VideoDownBlock3D",) * 3,
+        layers_per_block=(1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, True),
+        downsample_type=("spatial", "temporal", "spatiotemporal"),
+        decoder_block_out_channels=(8, 16, 32),
+        decoder_layers_per_block=(1, 1, 1, 1),
+        decoder_spatio_temporal_scaling=(True, True, True),
+        upsample_type=("spatiotemporal", "temporal", "spatial"),
+        decoder_inject_noise=(False,) * 4,
+        upsample_residual=(True,) * 3,
+        upsample_factor=(2, 2, 2),
+        timestep_conditioning=True,
+        patch_size=2,
+    ),
+    # HunyuanVideo 1.5: 3 levels, 2 space-to-depth / depth-to-space (x2 in H, W and time; 5 frames <-> 2, 9 <-> 3),
+    # replicate-padded causal convs, RMS norms, a causal-over-frames mid-block attention.
+    "AutoencoderKLHunyuanVideo15": dict(
+        latent_channels=4,
+        block_out_channels=(8, 16, 16),
+        layers_per_block=1,
+        spatial_compression_ratio=4,
+        temporal_compression_ratio=4,
+    ),
+    # Qwen-Image 2.1 (an image VAE: one frame): Wan 2.2's residual layout with 2-D causal convs, factor 4.
+    "AutoencoderKLQwenImage21": dict(
+        base_dim=8,
+        decoder_base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False, True],
+        in_channels=3,
+        out_channels=3,
+        scale_factor_spatial=4,
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    ),
 }
 # Qwen-Image's VAE is Wan 2.1's architecture under its own class: the same tiny configuration.
 TINY_VAE_CONFIGS["AutoencoderKLQwenImage"] = dict(TINY_VAE_CONFIGS["AutoencoderKLWan"])

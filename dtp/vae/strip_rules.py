@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import PlanError
-from . import hunyuan, image, ltx, wan_qwen
+from . import hunyuan, hunyuan15, image, ltx, ltx2, wan_qwen
 from .strip_rule import StripRule
 
 
@@ -36,6 +36,9 @@ VAE_CLASSES = {
     "AutoencoderKLQwenImage": VaeClass(row_dim=3, frame_loop=True),
     "AutoencoderKLHunyuanVideo": VaeClass(row_dim=3),
     "AutoencoderKLLTXVideo": VaeClass(row_dim=3),
+    "AutoencoderKLLTX2Video": VaeClass(row_dim=3),
+    "AutoencoderKLHunyuanVideo15": VaeClass(row_dim=3),
+    "AutoencoderKLQwenImage21": VaeClass(row_dim=3, frame_loop=True),
 }
 SUPPORTED = tuple(VAE_CLASSES)
 VIDEO_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.row_dim == 3)
@@ -43,6 +46,8 @@ FRAME_LOOP_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.frame_l
 
 # The family modules' rules before the generic ones: WanCausalConv3d is an nn.Conv3d, LTX's norms are leaves.
 STRIP_RULES: tuple[StripRule, ...] = wan_qwen.RULES + hunyuan.RULES + ltx.RULES + image.RULES
+# Families matched by class name only (no generic rule matches their layers, so their place in the order is free).
+STRIP_RULES += ltx2.RULES + hunyuan15.RULES
 
 
 def rule_for(module: nn.Module) -> StripRule | None:
@@ -76,7 +81,7 @@ def checked_layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module, S
 def height_factor(part: nn.Module) -> int:
     """Input rows per latent row of an encoder (1 for a decoder): the product of its layers' height strides, times
     LTX's patchify factor. The encoder's input is split in multiples of it."""
-    factor = ltx.patch_factor(part) if type(part).__name__ == "LTXVideoEncoder3d" else 1
+    factor = ltx.patch_factor(part) if type(part).__name__ in ltx.PATCHIFY_ENCODERS else 1
     for layer in part.modules():
         rule = rule_for(layer)
         factor *= rule.height_stride(layer) if rule is not None else 1
