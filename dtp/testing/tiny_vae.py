@@ -146,6 +146,25 @@ TINY_VAE_CONFIGS = {
         latents_mean=[0.0] * 4,
         latents_std=[1.0] * 4,
     ),
+    # MiniMax-H3: a causal CNN encoder (reflect-padded convs, per-frame GroupNorm, 4x in space, 2x in time) and a
+    # 2-block ViT decoder (2 heads of 16, RoPE over 12 of them, 2 register tokens); clip_length 5 with token_drop 1:
+    # 5 latent frames decode to 8 frames (one clip), 5 frames encode to 2 latent frames.
+    "AutoencoderKLMiniMaxH3": dict(
+        latent_channels=4,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        spatial_downsample_factors=(2, 2),
+        temporal_downsample_factors=(2, 1),
+        norm_num_groups=4,
+        decoder_num_layers=2,
+        decoder_num_attention_heads=2,
+        decoder_attention_head_dim=16,
+        decoder_num_register_tokens=2,
+        clip_length=5,
+        token_drop=1,
+        latents_mean=(0.0,) * 4,
+        latents_std=(1.0,) * 4,
+    ),
 }
 # Qwen-Image's VAE is Wan 2.1's architecture under its own class: the same tiny configuration.
 TINY_VAE_CONFIGS["AutoencoderKLQwenImage"] = dict(TINY_VAE_CONFIGS["AutoencoderKLWan"])

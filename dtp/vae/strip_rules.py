@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import PlanError
-from . import hunyuan, hunyuan15, image, ltx, ltx2, wan_qwen
+from . import hunyuan, hunyuan15, image, ltx, ltx2, minimax, wan_qwen
 from .strip_rule import StripRule
 
 
@@ -39,6 +39,7 @@ VAE_CLASSES = {
     "AutoencoderKLLTX2Video": VaeClass(row_dim=3),
     "AutoencoderKLHunyuanVideo15": VaeClass(row_dim=3),
     "AutoencoderKLQwenImage21": VaeClass(row_dim=3, frame_loop=True),
+    "AutoencoderKLMiniMaxH3": VaeClass(row_dim=3),
 }
 SUPPORTED = tuple(VAE_CLASSES)
 VIDEO_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.row_dim == 3)
@@ -46,8 +47,8 @@ FRAME_LOOP_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.frame_l
 
 # The family modules' rules before the generic ones: WanCausalConv3d is an nn.Conv3d, LTX's norms are leaves.
 STRIP_RULES: tuple[StripRule, ...] = wan_qwen.RULES + hunyuan.RULES + ltx.RULES + image.RULES
-# Families matched by class name only (no generic rule matches their layers, so their place in the order is free).
-STRIP_RULES += ltx2.RULES + hunyuan15.RULES
+# Round 9's families, matched by class name, first: MiniMaxH3VideoCausalConv3d is an nn.Conv3d.
+STRIP_RULES = ltx2.RULES + hunyuan15.RULES + minimax.RULES + STRIP_RULES
 
 
 def rule_for(module: nn.Module) -> StripRule | None:
@@ -61,7 +62,7 @@ def checked_layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module, S
     A layer below a path some rule `owns` is not visited: that rule runs it."""
     found, inside = [], set()
     for path, module in root.named_modules():
-        if any(path.startswith(owned + ".") for owned in inside):
+        if any(path.startswith(owned + ".") if owned else path for owned in inside):  # "": the root owns all
             continue
         full = f"{prefix}.{path}" if path else prefix
         rule = rule_for(module)

@@ -8,7 +8,8 @@ N = 2, 3, 4 with a latent height none of them divides (7), batch 2; the video VA
 AutoencoderKLQwenImage (Wan's layers under other names) at N = 4. At N = 4 HunyuanVideo and LTX run on a
 ("cfg", "tp") = (2, 2) mesh: the VAE flattens every axis and equals one process on every rank.
 The 2026 pipelines' VAEs (AutoencoderKLLTX2Video, AutoencoderKLHunyuanVideo15: 5 frames; AutoencoderKLQwenImage21: an
-image) decode and encode at N = 2 and 4 (the ("cp", "tp") mesh), N = 3 with DTP_FULL=1.
+image; AutoencoderKLMiniMaxH3: 5 latent frames to 8, its ViT decoder on gathered K / V) decode and encode at N = 2 and
+4 (the ("cp", "tp") mesh), N = 3 with DTP_FULL=1.
 Tolerance: max |parallel - untiled| <= 1e-5 * max |untiled|. Negative controls: per-strip GroupNorm
 statistics, a halo one row short and (LTX-2's reflect-padded decoder) zero rows at the image's edges each exceed it.
 """
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 import dtp.vae.conv as conv_module
+import dtp.vae.minimax as minimax_module
 import dtp.vae.norm as norm_module
 from dtp.testing.launch import spawn
 from dtp.testing.scope import full_run
@@ -32,6 +34,7 @@ WAN, QWEN, FLUX2 = "AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLF
 HUNYUAN, LTX, WAN22 = "AutoencoderKLHunyuanVideo", "AutoencoderKLLTXVideo", "AutoencoderKLWan22"
 LTX095 = "AutoencoderKLLTXVideo095"
 LTX2, HUNYUAN15, QWEN21 = "AutoencoderKLLTX2Video", "AutoencoderKLHunyuanVideo15", "AutoencoderKLQwenImage21"
+MINIMAX = "AutoencoderKLMiniMaxH3"
 PIXELS = {LTX: 8, WAN22: 8}  # image rows per latent row (4 for the others)
 LATENT = (2, 4, 7, 6)  # batch 2, 4 channels, 7 x 6 latent rows x columns: 2, 3, 4 ranks all leave a remainder
 
@@ -123,26 +126,47 @@ def _new_video(cls: str, group) -> dict:
     control pads the image's edge rows with zeros instead. HunyuanVideo 1.5 at batch 1: diffusers' own mid-block
     attention builds a (B, S, S) mask that does not broadcast against its (B, 1, S, S) scores at batch 2."""
     vae = tiny_vae(cls)
-    frames, batch = (1, 2) if cls == QWEN21 else (2, 1 if cls == HUNYUAN15 else 2)
+    frames, batch = {QWEN21: (1, 2), HUNYUAN15: (2, 1), MINIMAX: (5, 2)}.get(cls, (2, 2))
     kwargs = dict(temb=torch.tensor([0.05, 0.3])) if cls == LTX2 else {}
     z = torch.randn(batch, 4, frames, 7, 6, generator=torch.Generator().manual_seed(4))
     ref_dec = vae.decode(z, **kwargs).sample
     pixels = ref_dec.shape[3] // 7
     video = torch.randn(*ref_dec.shape, generator=torch.Generator().manual_seed(5))
+    video = video[:, :, :5] if cls == MINIMAX else video  # one clip of clip_length 5 (8 decoded frames pad to 2)
     ref_enc = vae.encode(video).latent_dist.mean
-    assert ref_enc.shape[2:] == z.shape[2:] and pixels == (8 if cls == LTX2 else 4), (ref_enc.shape, pixels)
+    assert ref_enc.shape[3:] == z.shape[3:] and pixels == (8 if cls == LTX2 else 4), (ref_enc.shape, pixels)
     parallelize_vae(vae, group)
     result = dict(decode=_rel(vae.decode(z, **kwargs).sample, ref_dec))
     result["encode"] = _rel(vae.encode(video).latent_dist.mean, ref_enc)
-    with _patched(conv_module, "halo_counts", _one_short):
-        result["halo_short"] = _rel(vae.decode(z, **kwargs).sample, ref_dec)
+    with _patched(conv_module, "halo_counts", _one_short):  # MiniMax-H3's decoder is a ViT: its encoder's convs
+        short = vae.encode(video).latent_dist.mean if cls == MINIMAX else vae.decode(z, **kwargs).sample
+        result["halo_short"] = _rel(short, ref_enc if cls == MINIMAX else ref_dec)
     if cls == LTX2:
         with _patched(conv_module, "rows_for_conv", _zero_edges):
             result["edges_zero"] = _rel(vae.decode(z, **kwargs).sample, ref_dec)
+    if cls == MINIMAX:
+        result |= _vit_controls(vae, z, ref_dec)
+    return result
+
+
+def _vit_controls(vae, z, ref_dec) -> dict:
+    """MiniMax-H3's ViT decoder, negative controls: RoPE positions of the strip's own grid instead of the image's,
+    and attention over the rank's own tokens only (K and V not gathered)."""
+
+    def local_grid(frames, rows, width, device):
+        start, stop, _ = rows
+        return _grid_positions(frames, (0, stop - start, stop - start), width, device)
+
+    result = {}
+    with _patched(minimax_module, "grid_positions", local_grid):
+        result["local_positions"] = _rel(vae.decode(z).sample, ref_dec)
+    with _patched(minimax_module, "gather_rows", lambda t, dim, counts, group: t):
+        result["keys_local"] = _rel(vae.decode(z).sample, ref_dec)
     return result
 
 
 _rows_for_conv = conv_module.rows_for_conv
+_grid_positions = minimax_module.grid_positions
 
 
 def _zero_edges(*args, **kwargs):
@@ -272,15 +296,16 @@ def test_frame_loop_split_at_decode(four, n, vae):
         assert got["chunks_are_strips"] and got["gathered"] <= TOL and got["strip"] <= TOL, (rank, got)
 
 
-NEW_VAES = (LTX2, HUNYUAN15, QWEN21)
+NEW_VAES = (LTX2, HUNYUAN15, QWEN21, MINIMAX)
 NEW_CASES = [pytest.param(n, cls, marks=[pytest.mark.full] if n == 3 else []) for cls in NEW_VAES for n in (2, 3, 4)]
 
 
 @pytest.mark.parametrize("n, cls", NEW_CASES)
 def test_2026_video_vae_parity(four, n, cls):
-    """AutoencoderKLLTX2Video / HunyuanVideo15 (5 frames) and AutoencoderKLQwenImage21 (an image), latent 7 x 6, on n
-    ranks: decode and encode within 1e-5 x max |untiled| (measured at N = 2, 4: decode <= 1.4e-6 (LTX-2 at N = 4),
-    encode <= 2.0e-7); a halo one row short breaks it (measured 0.85 .. 1.32)."""
+    """AutoencoderKLLTX2Video / HunyuanVideo15 (5 frames), AutoencoderKLQwenImage21 (an image) and MiniMaxH3 (8 frames),
+    latent 7 x 6, on n ranks: decode and encode within 1e-5 x max |untiled| (measured at N = 2, 4: decode
+    <= 1.4e-6 (LTX-2 at N = 4), encode <= 4.1e-7); a halo one row short breaks it (measured 0.54 .. 1.32; MiniMax-H3:
+    its encoder's)."""
     for rank in range(n):
         got = four[rank][n][cls]
         assert got["decode"] <= TOL and got["encode"] <= TOL, (rank, got)
@@ -292,3 +317,11 @@ def test_ltx2_reflect_edges_matter(four, n):
     """LTX-2's reflect-padded decoder convs: zeros at the image's top and bottom instead of its mirrored rows break
     the bound (the strips reproduce the reflection, not zero padding; measured 0.85 at N = 2 and 4)."""
     assert max(four[rank][n][LTX2]["edges_zero"] for rank in range(n)) > 100 * TOL
+
+
+@pytest.mark.parametrize("n", (2, pytest.param(3, marks=pytest.mark.full), 4))
+def test_minimax_vit_decoder_controls(four, n):
+    """MiniMax-H3's ViT decoder: RoPE positions of each strip's own grid (measured 4.0e-3 / 4.7e-3 at N = 2 / 4), or
+    attention over the rank's own tokens without gathered K and V (6.2e-3 / 2.0e-2), break the bound."""
+    for control in ("local_positions", "keys_local"):
+        assert max(four[rank][n][MINIMAX][control] for rank in range(n)) > 100 * TOL, control

@@ -191,3 +191,13 @@ def test_ltx2_circular_padding_and_noise_injection_are_refused_untouched():
     with pytest.raises(dtp.PlanError, match=r"decoder\.mid_block\.resnets\.0 .*inject_noise"):
         parallelize_vae(vae, object())
     assert not any("forward" in m.__dict__ for m in vae.modules())
+
+
+def test_minimax_circular_padding_is_refused_untouched():
+    """MiniMax-H3's encoder convs with a circular spatial padding (the image's last row wrapped onto its first): a
+    PlanError naming the conv and the mode, before anything changes."""
+    vae = tiny_vae("AutoencoderKLMiniMaxH3")
+    vae.encoder.conv_in.spatial_padding_mode = "circular"
+    with pytest.raises(dtp.PlanError, match=r"encoder\.conv_in \(MiniMaxH3VideoCausalConv3d\) .*'circular'"):
+        parallelize_vae(vae, object())
+    assert not any("forward" in m.__dict__ for m in vae.modules())
