@@ -17,6 +17,7 @@ The three phases of a generation and the call each one makes (shapes for an H x 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +165,8 @@ def vae_scale(vae_config) -> int:
         return vae_config["patch_size"] * 2 ** sum(vae_config["spatio_temporal_scaling"])
     if "temperal_downsample" in vae_config:  # Qwen-Image / Wan 3-D VAEs
         return 2 ** len(vae_config["temperal_downsample"])
+    if "spatial_downsample_factors" in vae_config:  # MiniMax-H3: one factor per level
+        return math.prod(vae_config["spatial_downsample_factors"])
     return 2 ** (len(vae_config["block_out_channels"]) - 1)
 
 
@@ -176,6 +179,8 @@ def vae_time_scale(vae_config) -> int:
         return vae_config["patch_size_t"] * 2 ** sum(vae_config["spatio_temporal_scaling"])
     if "temperal_downsample" in vae_config:
         return 2 ** sum(vae_config["temperal_downsample"])
+    if "temporal_downsample_factors" in vae_config:  # MiniMax-H3
+        return math.prod(vae_config["temporal_downsample_factors"])
     return 4
 
 
