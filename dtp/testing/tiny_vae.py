@@ -165,6 +165,17 @@ TINY_VAE_CONFIGS = {
         latents_mean=(0.0,) * 4,
         latents_std=(1.0,) * 4,
     ),
+    # HunyuanImage 2.1: 2-D, 3 levels (factor 4, space-to-depth / depth-to-space), GroupNorm of 32 groups (fixed by
+    # diffusers: widths are multiples of 32), single-head mid-block attention over all positions.
+    "AutoencoderKLHunyuanImage": dict(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(32, 64, 64),
+        layers_per_block=1,
+        spatial_compression_ratio=4,
+        sample_size=32,
+    ),
 }
 # Qwen-Image's VAE is Wan 2.1's architecture under its own class: the same tiny configuration.
 TINY_VAE_CONFIGS["AutoencoderKLQwenImage"] = dict(TINY_VAE_CONFIGS["AutoencoderKLWan"])

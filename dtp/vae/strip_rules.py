@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import PlanError
-from . import hunyuan, hunyuan15, image, ltx, ltx2, minimax, wan_qwen
+from . import hunyuan, hunyuan15, hunyuan_image, image, ltx, ltx2, minimax, wan_qwen
 from .strip_rule import StripRule
 
 
@@ -40,6 +40,7 @@ VAE_CLASSES = {
     "AutoencoderKLHunyuanVideo15": VaeClass(row_dim=3),
     "AutoencoderKLQwenImage21": VaeClass(row_dim=3, frame_loop=True),
     "AutoencoderKLMiniMaxH3": VaeClass(row_dim=3),
+    "AutoencoderKLHunyuanImage": VaeClass(),
 }
 SUPPORTED = tuple(VAE_CLASSES)
 VIDEO_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.row_dim == 3)
@@ -48,7 +49,7 @@ FRAME_LOOP_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.frame_l
 # The family modules' rules before the generic ones: WanCausalConv3d is an nn.Conv3d, LTX's norms are leaves.
 STRIP_RULES: tuple[StripRule, ...] = wan_qwen.RULES + hunyuan.RULES + ltx.RULES + image.RULES
 # Round 9's families, matched by class name, first: MiniMaxH3VideoCausalConv3d is an nn.Conv3d.
-STRIP_RULES = ltx2.RULES + hunyuan15.RULES + minimax.RULES + STRIP_RULES
+STRIP_RULES = ltx2.RULES + hunyuan15.RULES + minimax.RULES + hunyuan_image.RULES + STRIP_RULES
 
 
 def rule_for(module: nn.Module) -> StripRule | None:

@@ -8,8 +8,8 @@ N = 2, 3, 4 with a latent height none of them divides (7), batch 2; the video VA
 AutoencoderKLQwenImage (Wan's layers under other names) at N = 4. At N = 4 HunyuanVideo and LTX run on a
 ("cfg", "tp") = (2, 2) mesh: the VAE flattens every axis and equals one process on every rank.
 The 2026 pipelines' VAEs (AutoencoderKLLTX2Video, AutoencoderKLHunyuanVideo15: 5 frames; AutoencoderKLQwenImage21: an
-image; AutoencoderKLMiniMaxH3: 5 latent frames to 8, its ViT decoder on gathered K / V) decode and encode at N = 2 and
-4 (the ("cp", "tp") mesh), N = 3 with DTP_FULL=1.
+image; AutoencoderKLMiniMaxH3: 5 latent frames to 8, its ViT decoder on gathered K / V; AutoencoderKLHunyuanImage: a
+2-D image VAE) decode and encode at N = 2 and 4 (the ("cp", "tp") mesh), N = 3 with DTP_FULL=1.
 Tolerance: max |parallel - untiled| <= 1e-5 * max |untiled|. Negative controls: per-strip GroupNorm
 statistics, a halo one row short and (LTX-2's reflect-padded decoder) zero rows at the image's edges each exceed it.
 """
@@ -34,7 +34,7 @@ WAN, QWEN, FLUX2 = "AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLF
 HUNYUAN, LTX, WAN22 = "AutoencoderKLHunyuanVideo", "AutoencoderKLLTXVideo", "AutoencoderKLWan22"
 LTX095 = "AutoencoderKLLTXVideo095"
 LTX2, HUNYUAN15, QWEN21 = "AutoencoderKLLTX2Video", "AutoencoderKLHunyuanVideo15", "AutoencoderKLQwenImage21"
-MINIMAX = "AutoencoderKLMiniMaxH3"
+MINIMAX, HUNYUAN_IMAGE = "AutoencoderKLMiniMaxH3", "AutoencoderKLHunyuanImage"
 PIXELS = {LTX: 8, WAN22: 8}  # image rows per latent row (4 for the others)
 LATENT = (2, 4, 7, 6)  # batch 2, 4 channels, 7 x 6 latent rows x columns: 2, 3, 4 ranks all leave a remainder
 
@@ -128,13 +128,14 @@ def _new_video(cls: str, group) -> dict:
     vae = tiny_vae(cls)
     frames, batch = {QWEN21: (1, 2), HUNYUAN15: (2, 1), MINIMAX: (5, 2)}.get(cls, (2, 2))
     kwargs = dict(temb=torch.tensor([0.05, 0.3])) if cls == LTX2 else {}
-    z = torch.randn(batch, 4, frames, 7, 6, generator=torch.Generator().manual_seed(4))
+    shape = (2, 4, 7, 6) if cls == HUNYUAN_IMAGE else (batch, 4, frames, 7, 6)  # HunyuanImage's is a 2-D VAE
+    z = torch.randn(shape, generator=torch.Generator().manual_seed(4))
     ref_dec = vae.decode(z, **kwargs).sample
-    pixels = ref_dec.shape[3] // 7
+    pixels = ref_dec.shape[-2] // 7
     video = torch.randn(*ref_dec.shape, generator=torch.Generator().manual_seed(5))
     video = video[:, :, :5] if cls == MINIMAX else video  # one clip of clip_length 5 (8 decoded frames pad to 2)
     ref_enc = vae.encode(video).latent_dist.mean
-    assert ref_enc.shape[3:] == z.shape[3:] and pixels == (8 if cls == LTX2 else 4), (ref_enc.shape, pixels)
+    assert ref_enc.shape[-2:] == z.shape[-2:] and pixels == (8 if cls == LTX2 else 4), (ref_enc.shape, pixels)
     parallelize_vae(vae, group)
     result = dict(decode=_rel(vae.decode(z, **kwargs).sample, ref_dec))
     result["encode"] = _rel(vae.encode(video).latent_dist.mean, ref_enc)
@@ -314,14 +315,14 @@ def test_frame_loop_split_at_decode(four, n, vae):
         assert got["chunks_are_strips"] and got["gathered"] <= TOL and got["strip"] <= TOL, (rank, got)
 
 
-NEW_VAES = (LTX2, HUNYUAN15, QWEN21, MINIMAX)
+NEW_VAES = (LTX2, HUNYUAN15, QWEN21, MINIMAX, HUNYUAN_IMAGE)
 NEW_CASES = [pytest.param(n, cls, marks=[pytest.mark.full] if n == 3 else []) for cls in NEW_VAES for n in (2, 3, 4)]
 
 
 @pytest.mark.parametrize("n, cls", NEW_CASES)
 def test_2026_video_vae_parity(four, n, cls):
-    """AutoencoderKLLTX2Video / HunyuanVideo15 (5 frames), AutoencoderKLQwenImage21 (an image) and MiniMaxH3 (8 frames),
-    latent 7 x 6, on n ranks: decode and encode within 1e-5 x max |untiled| (measured at N = 2, 4: decode
+    """AutoencoderKLLTX2Video / HunyuanVideo15 (5 frames), AutoencoderKLQwenImage21 / HunyuanImage (images), MiniMaxH3
+    (8 frames), latent 7 x 6, on n ranks: decode and encode within 1e-5 x max |untiled| (measured at N = 2, 4: decode
     <= 1.4e-6 (LTX-2 at N = 4), encode <= 4.1e-7); a halo one row short breaks it (measured 0.54 .. 1.32; MiniMax-H3:
     its encoder's)."""
     for rank in range(n):
