@@ -177,6 +177,8 @@ TINY_VAE_CONFIGS = {
         sample_size=32,
     ),
 }
+# HunyuanImage 2.1's refiner VAE: HunyuanVideo 1.5's layout (an attention without the causal mask): the same config.
+TINY_VAE_CONFIGS["AutoencoderKLHunyuanImageRefiner"] = dict(TINY_VAE_CONFIGS["AutoencoderKLHunyuanVideo15"])
 # Qwen-Image's VAE is Wan 2.1's architecture under its own class: the same tiny configuration.
 TINY_VAE_CONFIGS["AutoencoderKLQwenImage"] = dict(TINY_VAE_CONFIGS["AutoencoderKLWan"])
 # Configs of one class under another name (a model version): key -> diffusers class.

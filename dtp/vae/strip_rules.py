@@ -41,6 +41,7 @@ VAE_CLASSES = {
     "AutoencoderKLQwenImage21": VaeClass(row_dim=3, frame_loop=True),
     "AutoencoderKLMiniMaxH3": VaeClass(row_dim=3),
     "AutoencoderKLHunyuanImage": VaeClass(),
+    "AutoencoderKLHunyuanImageRefiner": VaeClass(row_dim=3),
 }
 SUPPORTED = tuple(VAE_CLASSES)
 VIDEO_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.row_dim == 3)

@@ -9,7 +9,8 @@ AutoencoderKLQwenImage (Wan's layers under other names) at N = 4. At N = 4 Hunyu
 ("cfg", "tp") = (2, 2) mesh: the VAE flattens every axis and equals one process on every rank.
 The 2026 pipelines' VAEs (AutoencoderKLLTX2Video, AutoencoderKLHunyuanVideo15: 5 frames; AutoencoderKLQwenImage21: an
 image; AutoencoderKLMiniMaxH3: 5 latent frames to 8, its ViT decoder on gathered K / V; AutoencoderKLHunyuanImage: a
-2-D image VAE) decode and encode at N = 2 and 4 (the ("cp", "tp") mesh), N = 3 with DTP_FULL=1.
+2-D image VAE; AutoencoderKLHunyuanImageRefiner: HunyuanVideo 1.5's layout, 2 frames) decode and encode at N = 2 and
+4 (the ("cp", "tp") mesh), N = 3 with DTP_FULL=1.
 Tolerance: max |parallel - untiled| <= 1e-5 * max |untiled|. Negative controls: per-strip GroupNorm
 statistics, a halo one row short and (LTX-2's reflect-padded decoder) zero rows at the image's edges each exceed it.
 """
@@ -35,6 +36,7 @@ HUNYUAN, LTX, WAN22 = "AutoencoderKLHunyuanVideo", "AutoencoderKLLTXVideo", "Aut
 LTX095 = "AutoencoderKLLTXVideo095"
 LTX2, HUNYUAN15, QWEN21 = "AutoencoderKLLTX2Video", "AutoencoderKLHunyuanVideo15", "AutoencoderKLQwenImage21"
 MINIMAX, HUNYUAN_IMAGE = "AutoencoderKLMiniMaxH3", "AutoencoderKLHunyuanImage"
+REFINER = "AutoencoderKLHunyuanImageRefiner"
 PIXELS = {LTX: 8, WAN22: 8}  # image rows per latent row (4 for the others)
 LATENT = (2, 4, 7, 6)  # batch 2, 4 channels, 7 x 6 latent rows x columns: 2, 3, 4 ranks all leave a remainder
 
@@ -315,16 +317,16 @@ def test_frame_loop_split_at_decode(four, n, vae):
         assert got["chunks_are_strips"] and got["gathered"] <= TOL and got["strip"] <= TOL, (rank, got)
 
 
-NEW_VAES = (LTX2, HUNYUAN15, QWEN21, MINIMAX, HUNYUAN_IMAGE)
+NEW_VAES = (LTX2, HUNYUAN15, QWEN21, MINIMAX, HUNYUAN_IMAGE, REFINER)
 NEW_CASES = [pytest.param(n, cls, marks=[pytest.mark.full] if n == 3 else []) for cls in NEW_VAES for n in (2, 3, 4)]
 
 
 @pytest.mark.parametrize("n, cls", NEW_CASES)
 def test_2026_video_vae_parity(four, n, cls):
     """AutoencoderKLLTX2Video / HunyuanVideo15 (5 frames), AutoencoderKLQwenImage21 / HunyuanImage (images), MiniMaxH3
-    (8 frames), latent 7 x 6, on n ranks: decode and encode within 1e-5 x max |untiled| (measured at N = 2, 4: decode
-    <= 1.4e-6 (LTX-2 at N = 4), encode <= 4.1e-7); a halo one row short breaks it (measured 0.54 .. 1.32; MiniMax-H3:
-    its encoder's)."""
+    (8 frames), HunyuanImageRefiner (2 frames), latent 7 x 6, on n ranks: decode and encode within 1e-5 x max |untiled|
+    (measured at N = 2, 4: decode <= 1.4e-6 (LTX-2 at N = 4), encode <= 4.1e-7); a halo one row short breaks it
+    (measured 0.54 .. 1.32; MiniMax-H3: its encoder's)."""
     for rank in range(n):
         got = four[rank][n][cls]
         assert got["decode"] <= TOL and got["encode"] <= TOL, (rank, got)
