@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 
 import dtp.vae.conv as conv_module
+import dtp.vae.hunyuan15 as hunyuan15_module
+import dtp.vae.hunyuan_image as hunyuan_image_module
 import dtp.vae.minimax as minimax_module
 import dtp.vae.norm as norm_module
 from dtp.testing.launch import spawn
@@ -149,6 +151,12 @@ def _new_video(cls: str, group) -> dict:
             result["edges_zero"] = _rel(vae.decode(z, **kwargs).sample, ref_dec)
     if cls == MINIMAX:
         result |= _vit_controls(vae, z, ref_dec)
+    if cls == HUNYUAN15:  # its mid-block attention is causal over frames: the mask left out
+        with _patched(hunyuan15_module, "causal_frame_mask", lambda *args: None):
+            result["attention_control"] = _rel(vae.decode(z).sample, ref_dec)
+    if cls == HUNYUAN_IMAGE:  # its mid-block attention over the rank's own keys only
+        with _patched(hunyuan_image_module, "gather_rows", lambda t, dim, counts, group: t):
+            result["attention_control"] = _rel(vae.decode(z).sample, ref_dec)
     return result
 
 
@@ -356,3 +364,11 @@ def test_minimax_tiled_decode_parity(four, n):
     for rank in range(n):
         got = four[rank][n]["tiled"]
         assert got["decode"] <= TOL and got["encode"] <= TOL and got["tiling_matters"] > 100 * TOL, (rank, got)
+
+
+@pytest.mark.parametrize("n", (2, pytest.param(3, marks=pytest.mark.full), 4))
+@pytest.mark.parametrize("cls", (HUNYUAN15, HUNYUAN_IMAGE))
+def test_mid_block_attention_controls(four, n, cls):
+    """The mid-block attentions on strips: HunyuanVideo 1.5's without its causal frame mask, HunyuanImage's over the
+    rank's own keys (K and V not gathered), each break the bound (measured 2.8e-3 at N = 2 and 4; 2.6e-2 / 4.1e-2)."""
+    assert max(four[rank][n][cls]["attention_control"] for rank in range(n)) > 100 * TOL
