@@ -17,6 +17,7 @@ The three phases of a generation and the call each one makes (shapes for an H x 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +167,8 @@ def vae_scale(vae_config) -> int:
         return 2 ** len(vae_config["temperal_downsample"])
     if "encoder_block_out_channels" in vae_config:  # AutoencoderDC (Sana's DC-AE: 32), as SanaPipeline computes it
         return 2 ** (len(vae_config["encoder_block_out_channels"]) - 1)
+    if "spatial_downsample_factors" in vae_config:  # MiniMax-H3: one factor per level
+        return math.prod(vae_config["spatial_downsample_factors"])
     return 2 ** (len(vae_config["block_out_channels"]) - 1)
 
 
@@ -180,6 +183,8 @@ def vae_time_scale(vae_config) -> int:
         return 2 ** sum(vae_config["temperal_downsample"])
     if "spatial_group_norm" in vae_config:  # AutoencoderKLMagvit (EasyAnimate: 4), as diffusers computes it
         return 2 ** (len(vae_config["block_out_channels"]) - 2)
+    if "temporal_downsample_factors" in vae_config:  # MiniMax-H3
+        return math.prod(vae_config["temporal_downsample_factors"])
     return 4
 
 

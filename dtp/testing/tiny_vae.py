@@ -101,7 +101,84 @@ TINY_VAE_CONFIGS = {
         upsample_factor=(2,) * 3,
         patch_size=2,
     ),
+    # LTX-2: patch 2, encoder space-to-depth downsamplers (spatial, temporal, spatiotemporal: 8 in H, 4 in time),
+    # decoder residual depth-to-space upsamplers (spatiotemporal, temporal, spatial): 7 x 6 <-> 56 x 48, 5 frames
+    # <-> 2, 9 <-> 3; zero-padded encoder convs, reflect-padded decoder convs (LTX-2's defaults), per-position RMS
+    # norms, timestep conditioning (decode(z, temb)). Decoder widths halve per block: diffusers 0.42 up blocks with
+    # a conv_in lose temb.
+    "AutoencoderKLLTX2Video": dict(
+        latent_channels=4,
+        block_out_channels=(8, 16, 16),
+        down_block_types=("LTX2VideoDownBlock3D",) * 3,
+        layers_per_block=(1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, True),
+        downsample_type=("spatial", "temporal", "spatiotemporal"),
+        decoder_block_out_channels=(8, 16, 32),
+        decoder_layers_per_block=(1, 1, 1, 1),
+        decoder_spatio_temporal_scaling=(True, True, True),
+        upsample_type=("spatiotemporal", "temporal", "spatial"),
+        decoder_inject_noise=(False,) * 4,
+        upsample_residual=(True,) * 3,
+        upsample_factor=(2, 2, 2),
+        timestep_conditioning=True,
+        patch_size=2,
+    ),
+    # HunyuanVideo 1.5: 3 levels, 2 space-to-depth / depth-to-space (x2 in H, W and time; 5 frames <-> 2, 9 <-> 3),
+    # replicate-padded causal convs, RMS norms, a causal-over-frames mid-block attention.
+    "AutoencoderKLHunyuanVideo15": dict(
+        latent_channels=4,
+        block_out_channels=(8, 16, 16),
+        layers_per_block=1,
+        spatial_compression_ratio=4,
+        temporal_compression_ratio=4,
+    ),
+    # Qwen-Image 2.1 (an image VAE: one frame): Wan 2.2's residual layout with 2-D causal convs, factor 4.
+    "AutoencoderKLQwenImage21": dict(
+        base_dim=8,
+        decoder_base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False, True],
+        in_channels=3,
+        out_channels=3,
+        scale_factor_spatial=4,
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    ),
+    # MiniMax-H3: a causal CNN encoder (reflect-padded convs, per-frame GroupNorm, 4x in space, 2x in time) and a
+    # 2-block ViT decoder (2 heads of 16, RoPE over 12 of them, 2 register tokens); clip_length 5 with token_drop 1:
+    # 5 latent frames decode to 8 frames (one clip), 5 frames encode to 2 latent frames.
+    "AutoencoderKLMiniMaxH3": dict(
+        latent_channels=4,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        spatial_downsample_factors=(2, 2),
+        temporal_downsample_factors=(2, 1),
+        norm_num_groups=4,
+        decoder_num_layers=2,
+        decoder_num_attention_heads=2,
+        decoder_attention_head_dim=16,
+        decoder_num_register_tokens=2,
+        clip_length=5,
+        token_drop=1,
+        latents_mean=(0.0,) * 4,
+        latents_std=(1.0,) * 4,
+    ),
+    # HunyuanImage 2.1: 2-D, 3 levels (factor 4, space-to-depth / depth-to-space), GroupNorm of 32 groups (fixed by
+    # diffusers: widths are multiples of 32), single-head mid-block attention over all positions.
+    "AutoencoderKLHunyuanImage": dict(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(32, 64, 64),
+        layers_per_block=1,
+        spatial_compression_ratio=4,
+        sample_size=32,
+    ),
 }
+# HunyuanImage 2.1's refiner VAE: HunyuanVideo 1.5's layout (an attention without the causal mask): the same config.
+TINY_VAE_CONFIGS["AutoencoderKLHunyuanImageRefiner"] = dict(TINY_VAE_CONFIGS["AutoencoderKLHunyuanVideo15"])
 # Qwen-Image's VAE is Wan 2.1's architecture under its own class: the same tiny configuration.
 TINY_VAE_CONFIGS["AutoencoderKLQwenImage"] = dict(TINY_VAE_CONFIGS["AutoencoderKLWan"])
 # Configs of one class under another name (a model version): key -> diffusers class.

@@ -53,28 +53,34 @@ def rows_for_conv(
     untiled conv. Convolve the result with no padding along `dim`.
 
     edge: "zeros" (zero padding) or "replicate" (the image's first / last row repeated, as
-    F.pad(mode="replicate") does; HunyuanVideo's causal convs). Replicate padding is a clamp of the row
-    index, independent per dim, so padding the rows here and the other dims afterwards equals one F.pad.
+    F.pad(mode="replicate") does; HunyuanVideo's causal convs), or "reflect" (rows mirrored about the image's
+    first / last row; LTX-2's decoder convs). Replicate and reflect padding are a map of the row index,
+    independent per dim, so padding the rows here and the other dims afterwards equals one F.pad.
     """
     mine, above, below = _halo(x, dim, split, kernel, stride, dilation, pads)
     # A negative halo: the window starts (ends) inside this rank's own strip; drop those rows.
     start, stop = max(0, -mine.top), x.shape[dim] - max(0, -mine.bottom)
     x = x.narrow(dim, start, stop - start)
+    if edge == "reflect":
+        return _reflect_rows(x, above, below, mine, dim)
     top = _zeros_then(above, max(0, mine.top), x, dim, edge)
     bottom = _then_zeros(below, max(0, mine.bottom), x, dim, edge)
     return torch.cat([t for t in (top, x, bottom) if t is not None], dim=dim)
 
 
 def conv3d_rows(x: torch.Tensor, conv: nn.Conv3d, split: Split) -> torch.Tensor:
-    """`conv(x)` for a (B, C, T, h, W) strip of an nn.Conv3d with zero padding: this rank's output rows.
+    """`conv(x)` for a (B, C, T, h, W) strip of an nn.Conv3d: this rank's output rows.
 
-    Rows are dim 3; time and width are padded as the conv pads them (padding (p_t, p_h, p_w)).
+    Rows are dim 3; time and width are padded as the conv pads them (padding (p_t, p_h, p_w), its padding_mode).
     """
     pad_t, pad_h, pad_w = conv.padding
-    x = rows_for_conv(
-        x, 3, split, kernel=conv.kernel_size[1], stride=conv.stride[1], dilation=conv.dilation[1], pads=(pad_h, pad_h)
-    )
-    return F.conv3d(x, conv.weight, conv.bias, conv.stride, (pad_t, 0, pad_w), conv.dilation, conv.groups)
+    mode = conv.padding_mode  # "zeros", or "reflect" / "replicate" (LTX-2's convs): rows padded alike at the edges
+    geometry = dict(kernel=conv.kernel_size[1], stride=conv.stride[1], dilation=conv.dilation[1])
+    x = rows_for_conv(x, 3, split, **geometry, pads=(pad_h, pad_h), edge=mode)
+    if mode == "zeros":
+        return F.conv3d(x, conv.weight, conv.bias, conv.stride, (pad_t, 0, pad_w), conv.dilation, conv.groups)
+    x = F.pad(x, (pad_w, pad_w, 0, 0, pad_t, pad_t), mode=mode)  # what nn.Conv3d does for a non-zeros padding_mode
+    return F.conv3d(x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
 
 
 def self_padded_conv3d_rows(
@@ -168,6 +174,23 @@ def _same_conv(x: torch.Tensor, conv: nn.Conv2d, above, below) -> torch.Tensor:
 def _valid_rows(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
     """The conv with no height padding (its own width padding)."""
     return F.conv2d(x, conv.weight, conv.bias, conv.stride, (0, conv.padding[1]), conv.dilation, conv.groups)
+
+
+def _reflect_rows(x: torch.Tensor, above, below, mine, dim: int) -> torch.Tensor:
+    """[above | x | below] with the image's own edge rows mirrored on (F.pad mode="reflect" along `dim`).
+
+    Padded row -k is image row k, and row H - 1 + k is row H - 1 - k: at the top / bottom strip these are rows of
+    the window itself, which starts (ends) at the image's edge there. A halo row a neighbour did not send (only
+    under a negative control) is zeros, as in the zeros path.
+    """
+    top = _zeros_then(above, max(0, mine.top) - mine.zeros_top, x, dim)
+    bottom = _then_zeros(below, max(0, mine.bottom) - mine.zeros_bottom, x, dim)
+    core = torch.cat([t for t in (top, x, bottom) if t is not None], dim=dim)
+    rows = core.shape[dim]
+    assert rows > max(mine.zeros_top, mine.zeros_bottom), f"{rows} rows cannot reflect {mine}"
+    parts = [core.narrow(dim, 1, mine.zeros_top).flip(dim), core]
+    parts.append(core.narrow(dim, rows - 1 - mine.zeros_bottom, mine.zeros_bottom).flip(dim))
+    return torch.cat(parts, dim=dim)
 
 
 def _zeros_then(rows, wanted: int, like: torch.Tensor, dim: int, edge: str = "zeros"):

@@ -91,7 +91,7 @@ def attention_rows(attn: nn.Module, x: torch.Tensor, split: Split) -> torch.Tens
     counts = tuple(frames * r * width for r in rows)
     key = gather_rows(key.contiguous(), 1, counts, split.group)
     value = gather_rows(value.contiguous(), 1, counts, split.group)
-    mask = _causal_mask(frames, height * width, [r * width for r in rows], x)
+    mask = causal_frame_mask(frames, height * width, [r * width for r in rows], x)
     heads = attn.heads
     query, key, value = (t.unflatten(-1, (heads, -1)).transpose(1, 2) for t in (query, key, value))
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=attn.scale)
@@ -103,7 +103,7 @@ def attention_rows(attn: nn.Module, x: torch.Tensor, split: Split) -> torch.Tens
     return out.unflatten(1, (frames, height, width)).permute(0, 4, 1, 2, 3)
 
 
-def _causal_mask(frames: int, local: int, per_rank: list[int], like: torch.Tensor) -> torch.Tensor:
+def causal_frame_mask(frames: int, local: int, per_rank: list[int], like: torch.Tensor) -> torch.Tensor:
     """(T local, T sum(per_rank)) additive mask: key frame <= query frame -> 0, else -inf."""
     query_frame = torch.arange(frames, device=like.device).repeat_interleave(local)
     key_frame = torch.cat([torch.arange(frames, device=like.device).repeat_interleave(n) for n in per_rank])

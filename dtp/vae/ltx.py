@@ -26,7 +26,12 @@ KINDS = {
     "LTXVideoDownsampler3d": "downsampler",
     "LTXVideoUpsampler3d": "upsampler",
     "PixArtAlphaCombinedTimestepSizeEmbeddings": "timestep",
+    # LTX-2's (autoencoder_kl_ltx2.py): the same math under new names; its causal conv has its own rule (ltx2.py).
+    "LTX2VideoResnetBlock3d": "resnet",
+    "LTX2VideoDownsampler3d": "downsampler",
+    "LTX2VideoUpsampler3d": "upsampler",
 }
+PATCHIFY_ENCODERS = ("LTXVideoEncoder3d", "LTX2VideoEncoder3d")  # encoders that patchify their input (patch_factor)
 # Channel-last norms inside LTX blocks (normalized over the channels of one position).
 CHANNEL_NORMS = ("RMSNorm", "LayerNorm")
 

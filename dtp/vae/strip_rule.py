@@ -10,7 +10,8 @@ A rule answers five questions about a layer, each a small function (the defaults
     height_stride(module) -> int     the factor by which it divides the height (the encoder's input is split in
                                      multiples of the product over every layer)
 
-The family modules (`image.py`, `wan_qwen.py`, `hunyuan.py`, `ltx.py`) each hold a tuple of rules; `strip_rules.py` puts
+The family modules (`image.py`, `wan_qwen.py`, `hunyuan.py`, `ltx.py`, `ltx2.py`, `hunyuan15.py`, `hunyuan_image.py`,
+`minimax.py`) each hold a tuple of rules; `strip_rules.py` puts
 them in one table, first match wins.
 """
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import PlanError
-from . import cogvideox, dc, hunyuan, image, ltx, magvit, wan_qwen
+from . import cogvideox, dc, hunyuan, hunyuan15, hunyuan_image, image, ltx, ltx2, magvit, minimax, wan_qwen
 from .strip_rule import StripRule
 
 
@@ -39,14 +39,31 @@ VAE_CLASSES = {
     "AutoencoderDC": VaeClass(),  # Sana's DC-AE: its own Encoder / Decoder (dc.py)
     "AutoencoderKLCogVideoX": VaeClass(row_dim=3),  # its encoder / decoder run once per frame batch (cogvideox.py)
     "AutoencoderKLMagvit": VaeClass(row_dim=3),  # EasyAnimate's: its decoder runs once per latent frame (magvit.py)
+    "AutoencoderKLLTX2Video": VaeClass(row_dim=3),
+    "AutoencoderKLHunyuanVideo15": VaeClass(row_dim=3),
+    "AutoencoderKLQwenImage21": VaeClass(row_dim=3, frame_loop=True),
+    "AutoencoderKLMiniMaxH3": VaeClass(row_dim=3),
+    "AutoencoderKLHunyuanImage": VaeClass(),
+    "AutoencoderKLHunyuanImageRefiner": VaeClass(row_dim=3),
 }
 SUPPORTED = tuple(VAE_CLASSES)
 VIDEO_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.row_dim == 3)
 FRAME_LOOP_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.frame_loop)
 
 # The family modules' rules before the generic ones: WanCausalConv3d is an nn.Conv3d, LTX's norms are leaves.
+# Round 9's families first, matched by class name (MiniMaxH3VideoCausalConv3d is an nn.Conv3d); then the others.
 STRIP_RULES: tuple[StripRule, ...] = (
-    wan_qwen.RULES + hunyuan.RULES + ltx.RULES + dc.RULES + cogvideox.RULES + magvit.RULES + image.RULES
+    ltx2.RULES
+    + hunyuan15.RULES
+    + minimax.RULES
+    + hunyuan_image.RULES
+    + wan_qwen.RULES
+    + hunyuan.RULES
+    + ltx.RULES
+    + dc.RULES
+    + cogvideox.RULES
+    + magvit.RULES
+    + image.RULES
 )
 
 
@@ -61,7 +78,7 @@ def checked_layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module, S
     A layer below a path some rule `owns` is not visited: that rule runs it."""
     found, inside = [], set()
     for path, module in root.named_modules():
-        if any(path.startswith(owned + ".") for owned in inside):
+        if any(path.startswith(owned + ".") if owned else path for owned in inside):  # "": the root owns all
             continue
         full = f"{prefix}.{path}" if path else prefix
         rule = rule_for(module)
@@ -81,7 +98,7 @@ def checked_layers(root: nn.Module, prefix: str) -> list[tuple[str, nn.Module, S
 def height_factor(part: nn.Module) -> int:
     """Input rows per latent row of an encoder (1 for a decoder): the product of its layers' height strides, times
     LTX's patchify factor. The encoder's input is split in multiples of it."""
-    factor = ltx.patch_factor(part) if type(part).__name__ == "LTXVideoEncoder3d" else 1
+    factor = ltx.patch_factor(part) if type(part).__name__ in ltx.PATCHIFY_ENCODERS else 1
     for layer in part.modules():
         rule = rule_for(layer)
         factor *= rule.height_stride(layer) if rule is not None else 1

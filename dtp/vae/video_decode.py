@@ -54,12 +54,13 @@ def strip_decode(vae: nn.Module, split: Split, gather_output: bool):
 
 
 def check_post_quant_conv(vae: nn.Module) -> str | None:
-    """Why `vae.post_quant_conv` cannot run on a strip as is (None: it is 1 x 1 x 1 without padding, row-local)."""
+    """Why `vae.post_quant_conv` cannot run on a strip as is (None: it is 1 x 1 (x 1) without padding, row-local)."""
     conv = getattr(vae, "post_quant_conv", None)
     if conv is None:
         return None
     padding = tuple(getattr(conv, "_padding", conv.padding))
-    if tuple(conv.kernel_size) != (1, 1, 1) or any(padding) or tuple(conv.stride) != (1, 1, 1):
+    ones = (1,) * len(conv.kernel_size)  # 3-D, or 2-D for Qwen-Image 2.1's image conv
+    if tuple(conv.kernel_size) != ones or any(padding) or tuple(conv.stride) != ones:
         return f"post_quant_conv with kernel {tuple(conv.kernel_size)}, padding {padding}, stride {conv.stride}"
     return None
 

@@ -1,5 +1,5 @@
-"""The causal video VAEs' layers (AutoencoderKLWan, AutoencoderKLQwenImage) on row strips: height split, time
-untouched. Their `_decode` loop is split one level up (`video_decode.py`).
+"""The causal video VAEs' layers (AutoencoderKLWan, AutoencoderKLQwenImage, AutoencoderKLQwenImage21) on row strips:
+height split, time untouched. Their `_decode` loop is split one level up (`video_decode.py`).
 
 Their activations are (B, C, T, H, W); the strips split H (dim 3). Each diffusers class family has the
 same layers under its own prefix (`WanCausalConv3d`, `QwenImageCausalConv3d`, ...):
@@ -12,6 +12,8 @@ same layers under its own prefix (`WanCausalConv3d`, `QwenImageCausalConv3d`, ..
   downsampling by ZeroPad2d((0, 1, 0, 1)) + a stride-2 conv, run as one strip conv with row padding (0, 1).
 - AttentionBlock: single-head attention per frame over all H x W positions: local queries, K and V
   gathered over ranks (`attention.py`'s rule, here written out for the block's fused to_qkv).
+- Qwen-Image 2.1's VAE (AutoencoderKLQwenImage21): Wan 2.2's layout for one frame; its CausalConv3d is an
+  nn.Conv2d on that frame (squeeze(2), F.pad (w, w, h, h), conv): the same strip conv in 2-D (`causal_conv2d_rows`).
 - Wan 2.2's residual shortcuts (is_residual=True): space-to-depth (AvgDown3D: mean over channel groups of
   f_t x f_s x f_s blocks) and depth-to-space (DupUp3D) by f_s in H. Strip bounds are multiples of f_s at
   every grid (strips.py), so each strip maps to whole rows: row-local.
@@ -29,7 +31,8 @@ from .halo import gather_rows
 from .split import Split
 from .strip_rule import StripRule, VaeParallel, by_class_name
 
-FAMILIES = ("Wan", "QwenImage")  # class-name prefixes of the causal video VAEs' layers
+# Class-name prefixes of the causal video VAEs' layers (the longest first: QwenImage21Resample is no QwenImage one).
+FAMILIES = ("Wan", "QwenImage21", "QwenImage")
 
 
 def layer_kind(module: nn.Module) -> str | None:
@@ -56,6 +59,19 @@ def causal_conv3d_rows(x: torch.Tensor, conv: nn.Conv3d, split: Split, cache_x=N
     padding = list(conv._padding)
     cache = cache_x.to(x.device) if cache_x is not None and padding[4] > 0 else None
     return self_padded_conv3d_rows(x, conv, split, padding, cache=cache)
+
+
+def causal_conv2d_rows(x: torch.Tensor, conv: nn.Conv2d, split: Split, cache_x=None) -> torch.Tensor:
+    """Qwen-Image 2.1's CausalConv3d, an nn.Conv2d on its one frame, on a (B, C, 1, h, W) strip: this rank's rows.
+
+    conv._padding = (w, w, h, h) as F.pad takes it; conv.padding is (0, 0). Like diffusers' forward, it refuses a
+    temporal cache (there is no time to pad).
+    """
+    if cache_x is not None:
+        raise ValueError(f"{type(conv).__name__} is an image convolution: it takes no feature cache.")
+    w_left, w_right, h_top, h_bottom = conv._padding
+    out = conv2d_rows(x.squeeze(2), conv, split, row_pad=(h_top, h_bottom), width_pad=(w_left, w_right))
+    return out.unsqueeze(2)
 
 
 def downsample_rows(x: torch.Tensor, conv: nn.Conv2d, split: Split) -> torch.Tensor:
@@ -131,7 +147,8 @@ def _check_causal_conv(conv: nn.Module, path: str) -> None:
 
 
 def _install_causal_conv(conv: nn.Module, state: VaeParallel) -> None:
-    state.replace(conv, lambda x, cache_x=None: causal_conv3d_rows(x, conv, state.split, cache_x))
+    rows = causal_conv2d_rows if isinstance(conv, nn.Conv2d) else causal_conv3d_rows  # Qwen-Image 2.1's is 2-D
+    state.replace(conv, lambda x, cache_x=None: rows(x, conv, state.split, cache_x))
 
 
 def _install_attention(block: nn.Module, state: VaeParallel) -> None:
@@ -155,5 +172,8 @@ RULES = (
         height_stride=lambda m: 2 if _is_downsampling(m) else 1,
     ),
     StripRule("attention block", _kind("attention"), install=_install_attention, owns=lambda m: ("",)),
-    StripRule("space-to-depth / depth-to-space", by_class_name("AvgDown3D", "DupUp3D")),
+    StripRule(
+        "space-to-depth / depth-to-space",
+        by_class_name("AvgDown3D", "DupUp3D", "QwenImage21AvgDown3D", "QwenImage21DupUp3D"),
+    ),
 )

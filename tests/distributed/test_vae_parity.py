@@ -7,8 +7,12 @@ N = 2, 3, 4 with a latent height none of them divides (7), batch 2; the video VA
 (space-to-depth Downsampler3d, residual depth-to-space Upsampler3d; 9 frames <-> 2 latent frames) at N = 3,
 AutoencoderKLQwenImage (Wan's layers under other names) at N = 4. At N = 4 HunyuanVideo and LTX run on a
 ("cfg", "tp") = (2, 2) mesh: the VAE flattens every axis and equals one process on every rank.
+The 2026 pipelines' VAEs (AutoencoderKLLTX2Video, AutoencoderKLHunyuanVideo15: 5 frames; AutoencoderKLQwenImage21: an
+image; AutoencoderKLMiniMaxH3: 5 latent frames to 8, its ViT decoder on gathered K / V; AutoencoderKLHunyuanImage: a
+2-D image VAE; AutoencoderKLHunyuanImageRefiner: HunyuanVideo 1.5's layout, 2 frames) decode and encode at N = 2 and
+4 (the ("cp", "tp") mesh), N = 3 with DTP_FULL=1.
 Tolerance: max |parallel - untiled| <= 1e-5 * max |untiled|. Negative controls: per-strip GroupNorm
-statistics and a halo one row short each exceed it.
+statistics, a halo one row short and (LTX-2's reflect-padded decoder) zero rows at the image's edges each exceed it.
 """
 
 from __future__ import annotations
@@ -18,8 +22,12 @@ import torch
 import torch.distributed as dist
 
 import dtp.vae.conv as conv_module
+import dtp.vae.hunyuan15 as hunyuan15_module
+import dtp.vae.hunyuan_image as hunyuan_image_module
+import dtp.vae.minimax as minimax_module
 import dtp.vae.norm as norm_module
 from dtp.testing.launch import spawn
+from dtp.testing.scope import full_run
 from dtp.testing.tiny_vae import tiny_vae
 from dtp.vae import parallelize_vae, remove_vae_parallel
 from dtp.vae.strips import bounds, split_rows
@@ -28,6 +36,9 @@ TOL = 1e-5
 WAN, QWEN, FLUX2 = "AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLFlux2"
 HUNYUAN, LTX, WAN22 = "AutoencoderKLHunyuanVideo", "AutoencoderKLLTXVideo", "AutoencoderKLWan22"
 LTX095 = "AutoencoderKLLTXVideo095"
+LTX2, HUNYUAN15, QWEN21 = "AutoencoderKLLTX2Video", "AutoencoderKLHunyuanVideo15", "AutoencoderKLQwenImage21"
+MINIMAX, HUNYUAN_IMAGE = "AutoencoderKLMiniMaxH3", "AutoencoderKLHunyuanImage"
+REFINER = "AutoencoderKLHunyuanImageRefiner"
 PIXELS = {LTX: 8, WAN22: 8}  # image rows per latent row (4 for the others)
 LATENT = (2, 4, 7, 6)  # batch 2, 4 channels, 7 x 6 latent rows x columns: 2, 3, 4 ranks all leave a remainder
 
@@ -112,6 +123,86 @@ def _frame_loop(cls: str, group) -> dict:
     return result
 
 
+@torch.no_grad()
+def _new_video(cls: str, group) -> dict:
+    """The 2026 pipelines' VAEs: decode 2 latent frames (5 video frames; Qwen-Image 2.1: 1 frame, an image) and encode
+    them back, latent 7 x 6; halo one row short. LTX-2's decoder is timestep-conditioned and reflect-padded: its
+    control pads the image's edge rows with zeros instead. HunyuanVideo 1.5 at batch 1: diffusers' own mid-block
+    attention builds a (B, S, S) mask that does not broadcast against its (B, 1, S, S) scores at batch 2."""
+    vae = tiny_vae(cls)
+    frames, batch = {QWEN21: (1, 2), HUNYUAN15: (2, 1), MINIMAX: (5, 2)}.get(cls, (2, 2))
+    kwargs = dict(temb=torch.tensor([0.05, 0.3])) if cls == LTX2 else {}
+    shape = (2, 4, 7, 6) if cls == HUNYUAN_IMAGE else (batch, 4, frames, 7, 6)  # HunyuanImage's is a 2-D VAE
+    z = torch.randn(shape, generator=torch.Generator().manual_seed(4))
+    ref_dec = vae.decode(z, **kwargs).sample
+    pixels = ref_dec.shape[-2] // 7
+    video = torch.randn(*ref_dec.shape, generator=torch.Generator().manual_seed(5))
+    video = video[:, :, :5] if cls == MINIMAX else video  # one clip of clip_length 5 (8 decoded frames pad to 2)
+    ref_enc = vae.encode(video).latent_dist.mean
+    assert ref_enc.shape[-2:] == z.shape[-2:] and pixels == (8 if cls == LTX2 else 4), (ref_enc.shape, pixels)
+    parallelize_vae(vae, group)
+    result = dict(decode=_rel(vae.decode(z, **kwargs).sample, ref_dec))
+    result["encode"] = _rel(vae.encode(video).latent_dist.mean, ref_enc)
+    with _patched(conv_module, "halo_counts", _one_short):  # MiniMax-H3's decoder is a ViT: its encoder's convs
+        short = vae.encode(video).latent_dist.mean if cls == MINIMAX else vae.decode(z, **kwargs).sample
+        result["halo_short"] = _rel(short, ref_enc if cls == MINIMAX else ref_dec)
+    if cls == LTX2:
+        with _patched(conv_module, "rows_for_conv", _zero_edges):
+            result["edges_zero"] = _rel(vae.decode(z, **kwargs).sample, ref_dec)
+    if cls == MINIMAX:
+        result |= _vit_controls(vae, z, ref_dec)
+    if cls == HUNYUAN15:  # its mid-block attention is causal over frames: the mask left out
+        with _patched(hunyuan15_module, "causal_frame_mask", lambda *args: None):
+            result["attention_control"] = _rel(vae.decode(z).sample, ref_dec)
+    if cls == HUNYUAN_IMAGE:  # its mid-block attention over the rank's own keys only
+        with _patched(hunyuan_image_module, "gather_rows", lambda t, dim, counts, group: t):
+            result["attention_control"] = _rel(vae.decode(z).sample, ref_dec)
+    return result
+
+
+@torch.no_grad()
+def _minimax_tiled(group) -> dict:
+    """MiniMax-H3 as released, with diffusers' spatial tiling on (tiles of 16 pixels = 4 latent rows, overlap 4):
+    each tile's decoder / encoder call is split over the ranks; the result is the one-process tiled output."""
+    vae = tiny_vae(MINIMAX)
+    vae.enable_tiling(16, 16, 4, 4)
+    z = torch.randn(1, 4, 5, 7, 6, generator=torch.Generator().manual_seed(6))
+    video = torch.randn(1, 3, 5, 28, 24, generator=torch.Generator().manual_seed(7))
+    ref_dec, ref_enc = vae.decode(z).sample, vae.encode(video).latent_dist.mean
+    vae.disable_tiling()
+    result = dict(tiling_matters=_rel(vae.decode(z).sample, ref_dec))
+    vae.enable_tiling()
+    parallelize_vae(vae, group)
+    return result | dict(
+        decode=_rel(vae.decode(z).sample, ref_dec), encode=_rel(vae.encode(video).latent_dist.mean, ref_enc)
+    )
+
+
+def _vit_controls(vae, z, ref_dec) -> dict:
+    """MiniMax-H3's ViT decoder, negative controls: RoPE positions of the strip's own grid instead of the image's,
+    and attention over the rank's own tokens only (K and V not gathered)."""
+
+    def local_grid(frames, rows, width, device):
+        start, stop, _ = rows
+        return _grid_positions(frames, (0, stop - start, stop - start), width, device)
+
+    result = {}
+    with _patched(minimax_module, "grid_positions", local_grid):
+        result["local_positions"] = _rel(vae.decode(z).sample, ref_dec)
+    with _patched(minimax_module, "gather_rows", lambda t, dim, counts, group: t):
+        result["keys_local"] = _rel(vae.decode(z).sample, ref_dec)
+    return result
+
+
+_rows_for_conv = conv_module.rows_for_conv
+_grid_positions = minimax_module.grid_positions
+
+
+def _zero_edges(*args, **kwargs):
+    """Negative control: a reflect-padded conv's rows padded with zeros at the image's top and bottom."""
+    return _rows_for_conv(*args, **{**kwargs, "edge": "zeros"})
+
+
 def _strip_stats(stats, split):
     """Negative control: each strip normalized with its own statistics."""
     return stats[1], stats[2]
@@ -150,11 +241,14 @@ def _four_proc(rank: int, world: int) -> dict:
             if n == 3:
                 results[n] |= dict(flux2=_kl(group, FLUX2), wan22=_video(WAN22, group), ltx095=_ltx095(group))
                 results[n]["wan_frames"] = _frame_loop(WAN, group)
+            if n == 2 or full_run():  # the 2026 pipelines' VAEs: N = 2 and 4 by default, N = 3 with DTP_FULL=1
+                results[n] |= {cls: _new_video(cls, group) for cls in NEW_VAES} | dict(tiled=_minimax_tiled(group))
         dist.barrier()
     mesh = dtp.make_mesh(tp=2, cp=2)  # a 2-D mesh, flattened: all 4 ranks
     results[4] = dict(kl=_kl(mesh), wan=_video(WAN, mesh), qwen=_video(QWEN, mesh), qwen_frames=_frame_loop(QWEN, mesh))
     cfg_mesh = dtp.make_mesh(cfg=2, tp=2)  # the cfg axis too is flattened: one split over all 4 ranks
     results[4] |= dict(hunyuan=_video(HUNYUAN, cfg_mesh), ltx=_video(LTX, cfg_mesh))
+    results[4] |= {cls: _new_video(cls, mesh) for cls in NEW_VAES} | dict(tiled=_minimax_tiled(mesh))
     return results
 
 
@@ -229,3 +323,52 @@ def test_frame_loop_split_at_decode(four, n, vae):
     for rank in range(n):
         got = four[rank][n][vae]
         assert got["chunks_are_strips"] and got["gathered"] <= TOL and got["strip"] <= TOL, (rank, got)
+
+
+NEW_VAES = (LTX2, HUNYUAN15, QWEN21, MINIMAX, HUNYUAN_IMAGE, REFINER)
+NEW_CASES = [pytest.param(n, cls, marks=[pytest.mark.full] if n == 3 else []) for cls in NEW_VAES for n in (2, 3, 4)]
+
+
+@pytest.mark.parametrize("n, cls", NEW_CASES)
+def test_2026_video_vae_parity(four, n, cls):
+    """AutoencoderKLLTX2Video / HunyuanVideo15 (5 frames), AutoencoderKLQwenImage21 / HunyuanImage (images), MiniMaxH3
+    (8 frames), HunyuanImageRefiner (2 frames), latent 7 x 6, on n ranks: decode and encode within 1e-5 x max |untiled|
+    (measured at N = 2, 4: decode <= 1.4e-6 (LTX-2 at N = 4), encode <= 4.1e-7); a halo one row short breaks it
+    (measured 0.54 .. 1.32; MiniMax-H3: its encoder's)."""
+    for rank in range(n):
+        got = four[rank][n][cls]
+        assert got["decode"] <= TOL and got["encode"] <= TOL, (rank, got)
+    assert max(four[rank][n][cls]["halo_short"] for rank in range(n)) > 100 * TOL
+
+
+@pytest.mark.parametrize("n", (2, pytest.param(3, marks=pytest.mark.full), 4))
+def test_ltx2_reflect_edges_matter(four, n):
+    """LTX-2's reflect-padded decoder convs: zeros at the image's top and bottom instead of its mirrored rows break
+    the bound (the strips reproduce the reflection, not zero padding; measured 0.85 at N = 2 and 4)."""
+    assert max(four[rank][n][LTX2]["edges_zero"] for rank in range(n)) > 100 * TOL
+
+
+@pytest.mark.parametrize("n", (2, pytest.param(3, marks=pytest.mark.full), 4))
+def test_minimax_vit_decoder_controls(four, n):
+    """MiniMax-H3's ViT decoder: RoPE positions of each strip's own grid (measured 4.0e-3 / 4.7e-3 at N = 2 / 4), or
+    attention over the rank's own tokens without gathered K and V (6.2e-3 / 2.0e-2), break the bound."""
+    for control in ("local_positions", "keys_local"):
+        assert max(four[rank][n][MINIMAX][control] for rank in range(n)) > 100 * TOL, control
+
+
+@pytest.mark.parametrize("n", (2, pytest.param(3, marks=pytest.mark.full), 4))
+def test_minimax_tiled_decode_parity(four, n):
+    """MiniMax-H3 with its default spatial tiling (released frames are the blended-tile ones; 16-pixel tiles here):
+    the split decode / encode equals the one-process tiled one (measured 2.1e-7 / 2.5e-7 at N = 2 and 4), which differs
+    from the untiled decode (1.0e-2): the split keeps diffusers' tiles, each split over the ranks."""
+    for rank in range(n):
+        got = four[rank][n]["tiled"]
+        assert got["decode"] <= TOL and got["encode"] <= TOL and got["tiling_matters"] > 100 * TOL, (rank, got)
+
+
+@pytest.mark.parametrize("n", (2, pytest.param(3, marks=pytest.mark.full), 4))
+@pytest.mark.parametrize("cls", (HUNYUAN15, HUNYUAN_IMAGE))
+def test_mid_block_attention_controls(four, n, cls):
+    """The mid-block attentions on strips: HunyuanVideo 1.5's without its causal frame mask, HunyuanImage's over the
+    rank's own keys (K and V not gathered), each break the bound (measured 2.8e-3 at N = 2 and 4; 2.6e-2 / 4.1e-2)."""
+    assert max(four[rank][n][cls]["attention_control"] for rank in range(n)) > 100 * TOL

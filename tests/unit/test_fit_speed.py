@@ -60,6 +60,11 @@ def test_text_encoders_see_the_prompt_and_vaes_the_latents(tiny_flux):
         ("AutoencoderKLWan", (5, 32, 32)),
         # LTX-Video: 8x in time, 32x in space (patch 4 x three 2x stages), from its config, not the others' 4x / 8x
         ("AutoencoderKLLTXVideo", (3, 8, 8)),
+        # LTX-2's default config: patch 4 x four 2x stages in space (64x) and four in time (16x), from its config
+        ("AutoencoderKLLTX2Video", (2, 4, 4)),
+        pytest.param("AutoencoderKLHunyuanVideo15", (5, 16, 16), marks=pytest.mark.full),  # 16x in space, 4x in time
+        # MiniMax-H3: per-level factors (16x in space, 4x in time), not 2 per level of its 6 block widths (32x)
+        ("AutoencoderKLMiniMaxH3", (5, 16, 16)),
     ],
 )
 def test_video_vaes_decode_5d_latents_compressed_as_their_configs_say(class_name, latents):

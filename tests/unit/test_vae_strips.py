@@ -68,6 +68,41 @@ def test_strips_compute_the_untiled_conv_rows(latent, world, factor, conv):
     torch.testing.assert_close(torch.cat(pieces, -1), whole, rtol=0, atol=1e-12)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 12),
+    st.integers(1, 5),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([(3, 1, 1, 1, 1), (3, 2, 1, 1, 1), (5, 1, 1, 2, 2), (5, 1, 2, 4, 4), (3, 2, 1, 0, 1)]),
+)
+def test_reflect_padded_strip_windows_are_the_untiled_ones(latent, world, factor, conv):
+    """LTX-2's reflect-padded convs: each rank's window (its strip, the halo rows its neighbours send, the image's
+    own rows mirrored at its top / bottom edge) is exactly that rank's window of F.pad(mode="reflect") of the whole
+    signal, uneven strips and stride 2 included. Independent of the formula: torch's own reflect padding."""
+    from dtp.vae.conv import _reflect_rows
+    from dtp.vae.halo import halo_counts
+
+    assume(latent >= world)
+    kernel, stride, dilation, pad_top, pad_bottom = conv
+    assume(factor % stride == 0)
+    in_bounds = scaled_bounds(split_rows(latent, world), 0, split_rows(latent, world)[0] * factor)
+    assume(in_bounds[-1] > max(pad_top, pad_bottom))  # torch's reflect padding needs as much
+    signal = torch.randn(1, 1, in_bounds[-1], dtype=torch.float64)
+    padded = F.pad(signal, (pad_top, pad_bottom), mode="reflect")
+    for rank in range(world):
+        rows = conv_rows(
+            in_bounds, rank, kernel=kernel, stride=stride, dilation=dilation, pad_top=pad_top, pad_bottom=pad_bottom
+        )
+        i0, i1 = in_bounds[rank], in_bounds[rank + 1]
+        from_above, from_below = halo_counts(rows)
+        above = signal[..., i0 - from_above : i0] if from_above else None
+        below = signal[..., i1 : i1 + from_below] if from_below else None
+        own = signal[..., i0 + max(0, -rows.top) : i1 - max(0, -rows.bottom)]
+        window = _reflect_rows(own, above, below, rows, 2)
+        expected = padded[..., i0 - rows.top + pad_top : i1 + rows.bottom + pad_top]
+        assert torch.equal(window, expected), (rank, rows)
+
+
 def test_unknown_vae_class_is_refused_untouched():
     """An unsupported class: PlanError naming it, before anything changes."""
     vae = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3, padding=1))
@@ -140,3 +175,29 @@ def test_every_rule_of_the_table_covers_a_layer_of_a_tiny_vae():
         for part in ("encoder", "decoder"):
             used |= {rule.name for _, _, rule in checked_layers(getattr(vae, part), part)}
     assert [rule.name for rule in STRIP_RULES if rule.name not in used] == []
+
+
+def test_ltx2_circular_padding_and_noise_injection_are_refused_untouched():
+    """LTX-2's VAE: a circular spatial padding wraps the image's last row onto its first (a whole-height op), and
+    decoder_inject_noise draws torch.randn(H, W) over the whole image: each is refused with a PlanError naming the
+    layer and the reason, before anything changes."""
+    vae = tiny_vae("AutoencoderKLLTX2Video")
+    vae.decoder.conv_out.conv.padding_mode = "circular"
+    with pytest.raises(dtp.PlanError, match=r"decoder\.conv_out \(LTX2VideoCausalConv3d\) .*'circular'"):
+        parallelize_vae(vae, object())
+    assert not any("forward" in m.__dict__ for m in vae.modules())
+    config = dict(TINY_VAE_CONFIGS["AutoencoderKLLTX2Video"], decoder_inject_noise=(True,) * 4)
+    vae = diffusers.AutoencoderKLLTX2Video(**config).eval()
+    with pytest.raises(dtp.PlanError, match=r"decoder\.mid_block\.resnets\.0 .*inject_noise"):
+        parallelize_vae(vae, object())
+    assert not any("forward" in m.__dict__ for m in vae.modules())
+
+
+def test_minimax_circular_padding_is_refused_untouched():
+    """MiniMax-H3's encoder convs with a circular spatial padding (the image's last row wrapped onto its first): a
+    PlanError naming the conv and the mode, before anything changes."""
+    vae = tiny_vae("AutoencoderKLMiniMaxH3")
+    vae.encoder.conv_in.spatial_padding_mode = "circular"
+    with pytest.raises(dtp.PlanError, match=r"encoder\.conv_in \(MiniMaxH3VideoCausalConv3d\) .*'circular'"):
+        parallelize_vae(vae, object())
+    assert not any("forward" in m.__dict__ for m in vae.modules())
