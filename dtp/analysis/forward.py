@@ -116,6 +116,8 @@ class ForwardPeak:
     """Image / video tokens of the whole sequence (before the cp split)."""
     input: str
     """The input in the model's terms (`1024x1024 px, ...`, `81 frames of 480x832 px = latent video ...`)."""
+    guessed: int = 0
+    """Data-dependent values the fake forward guessed (`trace.Trace.guessed_branches`)."""
 
 
 def forward_peak(
@@ -145,7 +147,7 @@ def forward_peak(
     trace = traces[0]
     if isinstance(trace, Exception):
         raise trace
-    return ForwardPeak(peak_bytes=trace.peak_bytes, tokens=inputs.tokens, input=inputs.described)
+    return ForwardPeak(trace.peak_bytes, inputs.tokens, inputs.described, trace.guessed_branches)
 
 
 def peak_report(
@@ -179,9 +181,10 @@ def peak_report(
         "per_rank_bytes": sharded.peak_bytes,
         "ideal_bytes": int(ideal),
         "ratio": sharded.peak_bytes / ideal,
+        "guessed": max(one.guessed, sharded.guessed),
     }
 
 
 def trace_peak(trace: Trace, inputs) -> ForwardPeak:
     """A `ForwardPeak` from a trace of `inputs` (`inputs.FullInputs`) traced elsewhere (`dtp check`'s one trace)."""
-    return ForwardPeak(peak_bytes=trace.peak_bytes, tokens=inputs.tokens, input=inputs.described)
+    return ForwardPeak(trace.peak_bytes, inputs.tokens, inputs.described, trace.guessed_branches)

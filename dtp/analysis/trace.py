@@ -37,6 +37,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_leaves, tree_map
@@ -88,6 +89,9 @@ class Trace:
     """A `CollectiveRecord` for every collective: bytes of its result (of its input for a send)."""
     output_bytes: int = 0
     """Bytes of the call's output (its tensors' full sizes)."""
+    guessed_branches: int = 0
+    """Data-dependent values the fake forward could not know and guessed (`PhaseTrace`): boolean tests taken as
+    False, masks taken as selecting every element."""
 
     def total_flops(self) -> int:
         return sum(self.flops.values())
@@ -109,7 +113,12 @@ class PhaseTrace(ScopedDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except DataDependentOutputException:
+            return self._guess(func, args)
+        except DynamicOutputShapeException:
+            out = self._all_selected(func, args)
         scope = self.scope
         packet = func._overloadpacket
         if packet in FLOP_FORMULAS:
@@ -123,6 +132,35 @@ class PhaseTrace(ScopedDispatchMode):
             self._track(tensor)
         self.trace.peak_bytes = max(self.trace.peak_bytes, self._current)
         return out
+
+    def _guess(self, func, args) -> bool:
+        """A fake tensor has no values, so `if torch.all(image_embeds == 0):` (HunyuanVideo 1.5's text-to-video test)
+        cannot be decided: a boolean one is taken as False and counted (`Trace.guessed_branches`, which the reports
+        print). Both sides of such a test build tensors of the same shapes in the models seen so far; anything else
+        (an integer `.item()` that sizes a tensor: MoE routing counts) still raises."""
+        if func is not torch.ops.aten._local_scalar_dense.default or args[0].dtype is not torch.bool:
+            raise DataDependentOutputException(func)
+        self.trace.guessed_branches += 1
+        return False
+
+    def _all_selected(self, func, args):
+        """`aten.nonzero` of a fake mask, and `x[mask]`, have no known length: taken as every element selected (numel
+        rows), the largest the selection can be, and counted with the guessed branches (HunyuanVideo 1.5 gathers its
+        prompt's tokens by mask). Any other op of data-dependent size still raises."""
+        if func is torch.ops.aten.nonzero.default:
+            self.trace.guessed_branches += 1
+            return torch.empty((args[0].numel(), args[0].dim()), dtype=torch.long, device=args[0].device)
+        if func is torch.ops.aten.index.Tensor:  # x[mask]: the mask's k dims become k index vectors of numel each
+            indices = []
+            for index in args[1]:
+                if index is not None and index.dtype is torch.bool:
+                    self.trace.guessed_branches += 1
+                    shape = (index.dim(), index.numel())
+                    indices += list(torch.empty(shape, dtype=torch.long, device=index.device).unbind())
+                else:
+                    indices.append(index)
+            return func(args[0], indices)
+        raise DynamicOutputShapeException(func)
 
     @property
     def live_bytes(self) -> int:

@@ -191,7 +191,9 @@ def format_peak(p: dict, dtype: str) -> list[str]:
         ("ratio per-rank/ideal", f"{p['ratio']:10.3f}"),
     )
     head = f"activation peak of one forward (batch 1, {dtype}, fake tensors, the whole model): {p['input']}"
-    return [head] + [f"  {label:<32} {value}" for label, value in rows]
+    guessed = p.get("guessed", 0)
+    note = [f"  ({guessed} data-dependent values guessed: tests as False, masks selecting all)"] if guessed else []
+    return [head] + [f"  {label:<32} {value}" for label, value in rows] + note
 
 
 def _degrees(degrees: list[int]) -> str:

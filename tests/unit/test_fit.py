@@ -332,3 +332,24 @@ def test_a_fsdp_row_says_so_in_the_table():
     row = dict(cfg=1, cp=2, cp_mode="ulysses", tp=2, text_encoders="whole", pad=True, quant=None)
     assert label({**row, "fsdp": True}) == "cp2 ulysses tp2, fsdp, te whole, pad"
     assert label({**row, "fsdp": False}) == "cp2 ulysses tp2, te whole, pad"
+
+
+def test_data_dependent_values_are_guessed_as_the_largest_and_counted():
+    """Fake tensors have no values: a boolean test is taken as False, a mask as selecting every element (the
+    largest selection: its bytes are counted), each counted in `guessed_branches` (HunyuanVideo 1.5's forward has 13);
+    an integer `.item()` that would size a tensor still raises."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    seen = {}
+
+    def forward(x):
+        selected = x[x > 0]  # [numel]
+        seen["selected"], seen["nonzero"] = tuple(selected.shape), tuple(torch.nonzero(x).shape)
+        seen["test"] = bool(torch.all(x == 0))
+        return selected * 2
+
+    trace = _trace(forward, torch.randn(4, 8))
+    assert seen == {"selected": (32,), "nonzero": (32, 2), "test": False}
+    assert trace.guessed_branches == 3 and trace.peak_bytes >= 2 * 32 * 4
+    with pytest.raises(DataDependentOutputException):
+        _trace(lambda x: torch.zeros(int(x.sum().long().item())), torch.ones(3))
