@@ -20,6 +20,7 @@ RELEASED_PIPELINES = (
     "wan-pipeline",
     "wan-vace-pipeline",
     "ltx2-pipeline",
+    "hunyuanvideo15-pipeline",
     "flux3-pipeline",
 )  # full-size component configs
 DEMO_MODELS = ("flux", "qwenimage")  # the tiny pipeline checkpoints `dtp demo` writes

@@ -12,6 +12,7 @@ components on the meta device. Parameter counts (checked by the unit tests):
     wan-vace-pipeline   Wan2.1-VACE-14B transformer 17.34 B, UMT5-XXL encoder 5.68 B, VAE 127 M
     ltx2-pipeline       LTX-2           transformer 18.88 B, Gemma 3 12B (12.19 B), video VAE 1.22 B
     flux3-pipeline      FLUX.3          transformer 5.54 B, Qwen3-VL-4B (4.44 B), VAE 84 M
+    hunyuanvideo15-pipeline  HunyuanVideo-1.5  transformer 8.33 B, Qwen2.5-VL-7B text (7.07 B), byT5 218 M, VAE 1.26 B
 """
 
 from __future__ import annotations
@@ -55,6 +56,17 @@ FLUX_VAE = dict(
     latent_channels=16,
     use_quant_conv=False,
     use_post_quant_conv=False,
+)
+# google/byt5-small's encoder (HunyuanVideo 1.5's glyph text_encoder_2; its byte vocabulary of 384).
+BYT5_SMALL = dict(
+    vocab_size=384,
+    d_model=1472,
+    d_kv=64,
+    d_ff=3584,
+    num_layers=12,
+    num_heads=6,
+    feed_forward_proj="gated-gelu",
+    tie_word_embeddings=False,
 )
 # Qwen/Qwen2.5-VL-7B-Instruct (Qwen-Image text_encoder): 28 heads, 4 kv heads.
 QWEN25_VL_7B = dict(
@@ -255,6 +267,20 @@ RELEASED_PIPELINES = {
             ),
         },
         model_dir="./LTX-2",
+    ),
+    # HunyuanVideo 1.5 (480p text-to-video): the family's released transformer, Qwen2.5-VL-7B's language model alone
+    # (`Qwen2_5_VLTextModel`: the pipeline takes its hidden states), the glyph byT5 encoder (google/byt5-small's
+    # encoder shape: assumed, its config is not written out here) and AutoencoderKLHunyuanVideo15's class defaults
+    # (assumed to be the released ones).
+    "hunyuanvideo15-pipeline": ReleasedPipeline(
+        title="HunyuanVideo-1.5",
+        components={
+            "transformer": Component(class_name="HunyuanVideo15Transformer3DModel"),
+            "text_encoder": _transformers("Qwen2_5_VLTextModel", "Qwen2_5_VLTextConfig", QWEN25_VL_7B["text_config"]),
+            "text_encoder_2": _transformers("T5EncoderModel", "T5Config", BYT5_SMALL),
+            "vae": Component(class_name="AutoencoderKLHunyuanVideo15", config={}),
+        },
+        model_dir="./HunyuanVideo-1.5-Diffusers-480p_t2v",
     ),
     # FLUX.3: Flux3Transformer2DModel's class defaults, Qwen3-VL-4B (its 8 stacked hidden states are the
     # transformer's 20480-wide text input) and FLUX.2's VAE (diffusers' modular FLUX.3 pipeline).

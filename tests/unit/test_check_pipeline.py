@@ -96,6 +96,7 @@ def test_unknown_pipeline_names_the_known_ones():
         "wan-pipeline",
         "wan-vace-pipeline",
         "ltx2-pipeline",
+        "hunyuanvideo15-pipeline",
         "flux3-pipeline",
     }
 
@@ -144,6 +145,13 @@ NEW_PIPELINE_PARAMS = {
     "wan-vace-pipeline": {"transformer": 17.338e9, "text_encoder": 5.681e9, "vae": 126.89e6},
     "ltx2-pipeline": {"transformer": 18.876e9, "text_encoder": 12.187e9, "vae": 1222.5e6},
     "flux3-pipeline": {"transformer": 5.538e9, "text_encoder": 4.438e9, "vae": 84.05e6},
+    # HunyuanVideo 1.5: "8.3 B" published; Qwen2.5-VL-7B's language model without its lm_head; byT5-small's encoder.
+    "hunyuanvideo15-pipeline": {
+        "transformer": 8.3266e9,
+        "text_encoder": 7.0706e9,
+        "text_encoder_2": 217.66e6,
+        "vae": 1260.6e6,
+    },
 }
 
 
