@@ -9,6 +9,8 @@ one process: max |sharded - ref| / max |ref|, the larger of the two ranks.
 
     python benchmarks/coverage_table.py              # prints the table, writes benchmarks/results/coverage.md
     python benchmarks/coverage_table.py --no-parity  # full-size figures only (no processes spawned)
+    python benchmarks/coverage_table.py --only Kandinsky6Transformer3DModel   # these rows anew, the rest kept from
+                                                                              # the results file (a full run: ~15 min)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from functools import partial
 
 import diffusers
-from report import write_report
+from report import RESULTS, write_report
 
 import dtp
 from dtp.analysis.check import check
@@ -66,8 +68,9 @@ def planned_row(class_name: str, parity: dict) -> list[str]:
     ]
 
 
-def parity_worker(rank, world_size):
-    """This rank's relative error for every family's tiny model under its bundled plan at tp = world_size."""
+def parity_worker(rank, world_size, classes=None):
+    """This rank's relative error for every family's tiny model (or those of `classes`) under its bundled plan at
+    tp = world_size."""
     from dtp.testing.parity import forward_parity
     from dtp.testing.tiny import tiny_inputs, tiny_model
 
@@ -75,26 +78,40 @@ def parity_worker(rank, world_size):
     return {
         cls: forward_parity(partial(tiny_model, cls), tiny_inputs(cls, batch=2), mesh, load_plan(f.plan)).relative
         for cls, f in FAMILIES.items()
+        if classes is None or cls in classes
     }
 
 
-def measured_parity() -> dict[str, float]:
+def measured_parity(classes=None) -> dict[str, float]:
     from dtp.testing.launch import spawn
 
-    ranks = spawn(parity_worker, 2)
+    ranks = spawn(parity_worker, 2, classes)
     return {cls: max(r[cls] for r in ranks) for cls in ranks[0]}
+
+
+def kept_rows() -> tuple[dict[str, str], list[str]]:
+    """The rows of the last results file by class, and its closing notes (the wall times of the runs that made
+    them): `--only` writes the other rows back as they were, and says which rows it recomputed."""
+    lines = (RESULTS / "coverage.md").read_text().splitlines()
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ") and " | " in line}
+    last_row = max(i for i, line in enumerate(lines) if line.startswith("|"))
+    return rows, lines[last_row + 1 :]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-parity", action="store_true", help="skip the tp=2 parity runs")
+    parser.add_argument("--only", nargs="+", metavar="CLASS", help="recompute these rows, keep the others")
     args = parser.parse_args()
     start = time.perf_counter()
-    parity = {} if args.no_parity else measured_parity()
+    parity = {} if args.no_parity else measured_parity(args.only)
     classes = transformer_classes()
+    kept, notes = kept_rows() if args.only else ({}, [])
     rows = []
     for cls in classes:
-        if cls in FAMILIES:
+        if cls in kept and cls not in args.only:
+            rows.append(kept[cls])
+        elif cls in FAMILIES:
             rows.append("| " + " | ".join(planned_row(cls, parity)) + " |")
         else:
             rows.append(f"| {cls} | no bundled plan | | | | | |")
@@ -113,6 +130,8 @@ def main() -> None:
             "| class | plan | params | valid TP (full size) | per-rank / ideal | CP modes | parity tp=2 |",
             "|---|---|---|---|---|---|---|",
             *rows,
+            *notes,
+            *([f"Rows recomputed with `--only {' '.join(args.only)}`:"] if args.only else []),
         ],
         start,
     )

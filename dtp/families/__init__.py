@@ -53,6 +53,7 @@ from . import (
     joyimage_edit,
     joyimage_edit_plus,
     kandinsky5,
+    kandinsky6,
     krea2,
     latte,
     longcat_image,
@@ -137,6 +138,8 @@ _MODULES = (
     joyimage_edit,
     joyimage_edit_plus,
     kandinsky5,
+    # round 9: the DiTs not attempted before
+    kandinsky6,
 )
 
 

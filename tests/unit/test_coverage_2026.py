@@ -27,6 +27,8 @@ FULL_SIZE += ("nucleusmoe",)
 # Round 8's other video families repeat covered kinds: their full-size checks run with DTP_FULL=1.
 FULL_SIZE_FULL = ("minimax_h3", "allegro", "easyanimate", "motif_video", "joyimage_edit", "joyimage_edit_plus")
 FULL_SIZE_FULL += ("kandinsky5", *FULL_SIZE_ROUND8)
+# Round 9, measured: Kandinsky 6 1.006.
+FULL_SIZE_FULL += ("kandinsky6",)
 
 
 @pytest.mark.parametrize("name", [*FULL_SIZE, *(pytest.param(name, marks=pytest.mark.full) for name in FULL_SIZE_FULL)])
@@ -125,13 +127,19 @@ CP_REFUSED = {
     "joyimage_edit": "one nested argument",
     "kandinsky5": "flattens the channels-last grid",
 }
+# Round 9's refusals repeat a covered kind of check: run with DTP_FULL=1.
+CP_REFUSED_FULL = {
+    "kandinsky6": "audio stream attends to all video tokens",
+}
 
 
-@pytest.mark.parametrize("name", sorted(CP_REFUSED))
+@pytest.mark.parametrize(
+    "name", [*sorted(CP_REFUSED), *(pytest.param(name, marks=pytest.mark.full) for name in sorted(CP_REFUSED_FULL))]
+)
 def test_cp_refusal_names_the_reason(fake_world, name):
     """prepare at cp=4 raises the plan header's reason before anything is sharded."""
     model = tiny_model(PLAN_CLASSES[name])
-    with pytest.raises(dtp.PlanError, match=CP_REFUSED[name]):
+    with pytest.raises(dtp.PlanError, match={**CP_REFUSED, **CP_REFUSED_FULL}[name]):
         dtp.prepare(model, dtp.make_mesh(cp=4, tp=1, device_type="cpu"), dtp.load_plan(name))
 
 
