@@ -54,6 +54,7 @@ from . import (
     joyimage_edit_plus,
     kandinsky5,
     kandinsky6,
+    kandinsky6_sr,
     krea2,
     latte,
     longcat_image,
@@ -140,6 +141,7 @@ _MODULES = (
     kandinsky5,
     # round 9: the DiTs not attempted before
     kandinsky6,
+    kandinsky6_sr,
 )
 
 

@@ -23,8 +23,9 @@ RELEASED = dict(
     fix_modulation=True,
     visual_token_type_num_embeddings=2,
 )
-# Kandinsky 5's tiny widths (video 4 heads of 16); the audio stream at the same width (ca_rope rotates audio keys with the video head size, so
-# the audio head size must match) with its own MLP width; the released flags on. tp 1, 2, 4.
+# Kandinsky 5's tiny widths (video 4 heads of 16); the audio stream at the same width (ca_rope rotates audio keys
+# with the video head size, so the audio head size must match) with its own MLP width; the released flags on.
+# tp 1, 2, 4.
 TINY = dict(
     kandinsky5.TINY,
     num_text_blocks=1,

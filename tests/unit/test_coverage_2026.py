@@ -27,7 +27,7 @@ FULL_SIZE += ("nucleusmoe",)
 # Round 8's other video families repeat covered kinds: their full-size checks run with DTP_FULL=1.
 FULL_SIZE_FULL = ("minimax_h3", "allegro", "easyanimate", "motif_video", "joyimage_edit", "joyimage_edit_plus")
 FULL_SIZE_FULL += ("kandinsky5", *FULL_SIZE_ROUND8)
-# Round 9, measured: Kandinsky 6 1.006.
+# Round 9, measured: Kandinsky 6 1.006 (Kandinsky 6 SR: 28 heads, tp=7 1.011, tp=8 only with pad 1.055).
 FULL_SIZE_FULL += ("kandinsky6",)
 
 
@@ -130,6 +130,7 @@ CP_REFUSED = {
 # Round 9's refusals repeat a covered kind of check: run with DTP_FULL=1.
 CP_REFUSED_FULL = {
     "kandinsky6": "audio stream attends to all video tokens",
+    "kandinsky6_sr": "NABLA's block mask",
 }
 
 
