@@ -35,6 +35,7 @@ from . import (
     cogview4,
     consisid,
     cosmos,
+    cosmos3_omni,
     dit,
     easyanimate,
     ernie_image,
@@ -142,6 +143,7 @@ _MODULES = (
     # round 9: the DiTs not attempted before
     kandinsky6,
     kandinsky6_sr,
+    cosmos3_omni,
 )
 
 
