@@ -24,6 +24,7 @@ import torch
 from ..errors import PlanError
 from . import (
     allegro,
+    anyflow,
     auraflow,
     bria,
     bria_fibo,
@@ -144,6 +145,7 @@ _MODULES = (
     kandinsky6,
     kandinsky6_sr,
     cosmos3_omni,
+    anyflow,
 )
 
 
