@@ -9,7 +9,8 @@ one process: max |sharded - ref| / max |ref|, the larger of the two ranks.
 
     python benchmarks/coverage_table.py              # prints the table, writes benchmarks/results/coverage.md
     python benchmarks/coverage_table.py --no-parity  # full-size figures only (no processes spawned)
-    python benchmarks/coverage_table.py --only Flux3Transformer2DModel ...  # re-measure these rows in place
+    python benchmarks/coverage_table.py --only Kandinsky6Transformer3DModel   # these rows anew, the rest kept from
+                                                                              # the results file (a full run: ~15 min)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from functools import partial
 
 import diffusers
-from report import write_report
+from report import RESULTS, write_report
 
 import dtp
 from dtp.analysis.check import check
@@ -67,8 +68,8 @@ def planned_row(class_name: str, parity: dict) -> list[str]:
     ]
 
 
-def parity_worker(rank, world_size, only=None):
-    """This rank's relative error for every family's tiny model (or those in `only`) under its bundled plan at
+def parity_worker(rank, world_size, classes=None):
+    """This rank's relative error for every family's tiny model (or those of `classes`) under its bundled plan at
     tp = world_size."""
     from dtp.testing.parity import forward_parity
     from dtp.testing.tiny import tiny_inputs, tiny_model
@@ -77,75 +78,63 @@ def parity_worker(rank, world_size, only=None):
     return {
         cls: forward_parity(partial(tiny_model, cls), tiny_inputs(cls, batch=2), mesh, load_plan(f.plan)).relative
         for cls, f in FAMILIES.items()
-        if only is None or cls in only
+        if classes is None or cls in classes
     }
 
 
-def measured_parity(only=None) -> dict[str, float]:
+def measured_parity(classes=None) -> dict[str, float]:
     from dtp.testing.launch import spawn
 
-    ranks = spawn(parity_worker, 2, only)
+    ranks = spawn(parity_worker, 2, classes)
     return {cls: max(r[cls] for r in ranks) for cls in ranks[0]}
 
 
-def row(cls: str, parity: dict) -> str:
-    if cls in FAMILIES:
-        return "| " + " | ".join(planned_row(cls, parity)) + " |"
-    return f"| {cls} | no bundled plan | | | | | |"
-
-
-def header(planned: int, total: int) -> list[str]:
-    return [
-        f"# Coverage: {planned} of {total} transformer classes of diffusers {diffusers.__version__}",
-        "",
-        "Command: `python benchmarks/coverage_table.py` (full-size figures: `dtp check NAME --tp N --no-forward`).",
-        "Valid TP: every degree that divides all widths, packed blocks, heads and kv heads at full size.",
-        "Per-rank / ideal: per-rank weight bytes / (total / tp); 1.000 is the limit.",
-        "Parity: tiny model, batch 2, bundled plan, tp=2 on 2 gloo processes: max |sharded - ref| / max |ref|.",
-        "The list holds every model class under diffusers.models.transformers, audio and non-DiT ones included.",
-        "",
-        "| class | plan | params | valid TP (full size) | per-rank / ideal | CP modes | parity tp=2 |",
-        "|---|---|---|---|---|---|---|",
-    ]
-
-
-def rows_in_place(only: list[str], parity: dict, classes: list[str]) -> list[str]:
-    """The existing table with the rows of `only` re-measured (the others kept as the last full run wrote them)."""
-    from report import RESULTS
-
-    kept = {}
-    for line in (RESULTS / "coverage.md").read_text().splitlines():
-        cells = line.split(" | ")
-        if line.startswith("| ") and len(cells) == 7 and cells[0][2:] in classes:
-            kept[cells[0][2:]] = line
-    fresh = {cls: row(cls, parity) for cls in classes if cls in only or cls not in kept}
-    for cls, line in fresh.items():  # --no-parity: a re-measured row keeps its last measured parity
-        if cls in kept and line.endswith("| not run |"):
-            fresh[cls] = line.rsplit(" | ", 1)[0] + " | " + kept[cls].rsplit(" | ", 1)[1]
-    return [fresh.get(cls, kept.get(cls)) for cls in classes]
-
-
-def earlier_notes() -> list[str]:
-    """The lines below the table of the last written file (its run's wall time and earlier `--only` notes)."""
-    from report import RESULTS
-
+def kept_rows() -> tuple[dict[str, str], list[str]]:
+    """The rows of the last results file by class, and its closing notes (the wall times of the runs that made
+    them): `--only` writes the other rows back as they were, and says which rows it recomputed."""
     lines = (RESULTS / "coverage.md").read_text().splitlines()
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ") and " | " in line}
     last_row = max(i for i, line in enumerate(lines) if line.startswith("|"))
-    return [line for line in lines[last_row + 1 :] if line]
+    return rows, lines[last_row + 1 :]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-parity", action="store_true", help="skip the tp=2 parity runs")
-    parser.add_argument("--only", nargs="+", metavar="CLASS", help="re-measure these rows, keep the others")
+    parser.add_argument("--only", nargs="+", metavar="CLASS", help="recompute these rows, keep the others")
     args = parser.parse_args()
     start = time.perf_counter()
     parity = {} if args.no_parity else measured_parity(args.only)
     classes = transformer_classes()
-    rows = rows_in_place(args.only, parity, classes) if args.only else [row(cls, parity) for cls in classes]
+    kept, notes = kept_rows() if args.only else ({}, [])
+    rows = []
+    for cls in classes:
+        if cls in kept and cls not in args.only:
+            rows.append(kept[cls])
+        elif cls in FAMILIES:
+            rows.append("| " + " | ".join(planned_row(cls, parity)) + " |")
+        else:
+            rows.append(f"| {cls} | no bundled plan | | | | | |")
     planned = sum(cls in FAMILIES for cls in classes)
-    note = [*earlier_notes(), f"Rows re-measured by `--only`: {', '.join(args.only)}."] if args.only else []
-    write_report("coverage", [*header(planned, len(classes)), *rows, "", *note], start)
+    write_report(
+        "coverage",
+        [
+            f"# Coverage: {planned} of {len(classes)} transformer classes of diffusers {diffusers.__version__}",
+            "",
+            "Command: `python benchmarks/coverage_table.py` (full-size figures: `dtp check NAME --tp N --no-forward`).",
+            "Valid TP: every degree that divides all widths, packed blocks, heads and kv heads at full size.",
+            "Per-rank / ideal: per-rank weight bytes / (total / tp); 1.000 is the limit.",
+            "Parity: tiny model, batch 2, bundled plan, tp=2 on 2 gloo processes: max |sharded - ref| / max |ref|.",
+            "The list holds every model class under diffusers.models.transformers, audio and non-DiT ones included.",
+            "",
+            "| class | plan | params | valid TP (full size) | per-rank / ideal | CP modes | parity tp=2 |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+            *notes,
+            *([f"Rows recomputed with `--only {' '.join(args.only)}`:"] if args.only else []),
+        ],
+        start,
+    )
 
 
 if __name__ == "__main__":

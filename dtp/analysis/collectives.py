@@ -14,12 +14,15 @@ the plan implies for it.
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from .tracing import eager_flex_attention
 
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
 # Bookkeeping ops of those namespaces (names without the trailing in-place `_`).
@@ -76,6 +79,16 @@ class CollectiveCounter(ScopedDispatchMode):
     def __init__(self, model: nn.Module | None = None):
         super().__init__(model)
         self.records: list[Collective] = []
+        self._flex = ExitStack()
+
+    def __enter__(self):
+        _let_flex_attention_through(type(self))
+        self._flex.enter_context(eager_flex_attention())
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._flex.close()
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -90,6 +103,16 @@ class CollectiveCounter(ScopedDispatchMode):
 
     def total_bytes(self) -> int:
         return sum(r.bytes for r in self.records)
+
+
+def _let_flex_attention_through(mode_type: type) -> None:
+    """Run flex attention (a higher-order op) under a `mode_type` dispatch mode as without it: the op issues no
+    collective, and without a rule for the mode's class it raises NotImplementedError. The dispatcher pops the mode
+    before calling the rule, so calling the op again runs its dense math uncounted."""
+    from torch._higher_order_ops.flex_attention import flex_attention
+
+    if mode_type not in flex_attention.python_key_table:
+        flex_attention.py_impl(mode_type)(lambda mode, *args, **kwargs: flex_attention(*args, **kwargs))
 
 
 def _result_bytes(out) -> int:

@@ -8,6 +8,8 @@ every torch function inside. Tags are dicts stored on tensors under `TAG` ({sour
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -25,13 +27,31 @@ def traced_forward(model: nn.Module, inputs: dict, tracer):
         handles.append(module.register_forward_pre_hook(lambda m, a, p=path: tracer.enter(p, m, a)))
         handles.append(module.register_forward_hook(lambda m, a, o, p=path: tracer.leave(p, m, o)))
     try:
-        with TagMode(tracer):
+        with eager_flex_attention(), TagMode(tracer):
             return model(**inputs)
     finally:
         for handle in handles:
             handle.remove()
         for tensor in [*model.parameters(), *model.buffers()]:  # a tag must not outlive the trace
             tensor.__dict__.pop(TAG, None)
+
+
+@contextmanager
+def eager_flex_attention():
+    """Flex attention called as its plain higher-order op for the duration, not through torch.compile.
+
+    torch 2.13 runs flex attention outside a compiled region (Kandinsky 6 SR's NABLA attention) as
+    torch.compile(fullgraph=True) of its op: dynamo then traces the tracer's `TagMode` and fails, and it refuses a
+    Python dispatch mode (the collective counter) outright. torch's debug switch calls the op directly: the same
+    dense math, no compile (its note on wrong results concerns the backward and the lse statistics, not the output)."""
+    import torch.nn.attention.flex_attention as flex
+
+    before = flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    try:
+        yield
+    finally:
+        flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = before
 
 
 def tag_of(tensor) -> dict:

@@ -24,6 +24,7 @@ import torch
 from ..errors import PlanError
 from . import (
     allegro,
+    anyflow,
     auraflow,
     bria,
     bria_fibo,
@@ -35,6 +36,7 @@ from . import (
     cogview4,
     consisid,
     cosmos,
+    cosmos3_omni,
     dit,
     easyanimate,
     ernie_image,
@@ -53,6 +55,8 @@ from . import (
     joyimage_edit,
     joyimage_edit_plus,
     kandinsky5,
+    kandinsky6,
+    kandinsky6_sr,
     krea2,
     latte,
     longcat_image,
@@ -137,6 +141,11 @@ _MODULES = (
     joyimage_edit,
     joyimage_edit_plus,
     kandinsky5,
+    # round 9: the DiTs not attempted before
+    kandinsky6,
+    kandinsky6_sr,
+    cosmos3_omni,
+    anyflow,
 )
 
 

@@ -27,6 +27,9 @@ FULL_SIZE += ("nucleusmoe",)
 # Round 8's other video families repeat covered kinds: their full-size checks run with DTP_FULL=1.
 FULL_SIZE_FULL = ("minimax_h3", "allegro", "easyanimate", "motif_video", "joyimage_edit", "joyimage_edit_plus")
 FULL_SIZE_FULL += ("kandinsky5", *FULL_SIZE_ROUND8)
+# Round 9, measured: Kandinsky 6 1.006, Cosmos 3 Omni 1.009, AnyFlow 1.025 (Kandinsky 6 SR: 28 heads, tp=7 1.011,
+# tp=8 only with pad 1.055).
+FULL_SIZE_FULL += ("kandinsky6", "cosmos3_omni", "anyflow")
 
 
 @pytest.mark.parametrize("name", [*FULL_SIZE, *(pytest.param(name, marks=pytest.mark.full) for name in FULL_SIZE_FULL)])
@@ -125,13 +128,22 @@ CP_REFUSED = {
     "joyimage_edit": "one nested argument",
     "kandinsky5": "flattens the channels-last grid",
 }
+# Round 9's refusals repeat a covered kind of check: run with DTP_FULL=1.
+CP_REFUSED_FULL = {
+    "kandinsky6": "audio stream attends to all video tokens",
+    "kandinsky6_sr": "NABLA's block mask",
+    "cosmos3_omni": "one packed, unbatched sequence",
+    "anyflow": "not written yet",
+}
 
 
-@pytest.mark.parametrize("name", sorted(CP_REFUSED))
+@pytest.mark.parametrize(
+    "name", [*sorted(CP_REFUSED), *(pytest.param(name, marks=pytest.mark.full) for name in sorted(CP_REFUSED_FULL))]
+)
 def test_cp_refusal_names_the_reason(fake_world, name):
     """prepare at cp=4 raises the plan header's reason before anything is sharded."""
     model = tiny_model(PLAN_CLASSES[name])
-    with pytest.raises(dtp.PlanError, match=CP_REFUSED[name]):
+    with pytest.raises(dtp.PlanError, match={**CP_REFUSED, **CP_REFUSED_FULL}[name]):
         dtp.prepare(model, dtp.make_mesh(cp=4, tp=1, device_type="cpu"), dtp.load_plan(name))
 
 
@@ -146,6 +158,15 @@ def test_num_heads_attention_gets_per_rank_counts():
     pool = nn.Module()
     pool.num_heads = 8  # HunyuanDiT's T5 pooler keeps num_heads and calls F.multi_head_attention_forward itself
     assert query_heads(pool) is None and query_heads(model.transformer_blocks[0].attn) == 8
+
+
+def test_num_attention_heads_attention_gets_per_rank_counts():
+    """Cosmos3PackedMoTAttention keeps `num_attention_heads` / `num_key_value_heads` (GQA, no `heads`): resolved at
+    tp=4 its 8 q / 4 kv heads become 2 / 1 per rank (tiny), both rewritten; `num_key_value_groups` (their ratio)
+    stays."""
+    model = tiny_model("Cosmos3OmniTransformer")
+    spec = next(s for s in resolve(dtp.load_plan("cosmos3_omni"), model).attention if s.path == "layers.0.self_attn")
+    assert spec.local_values(4) == {"num_attention_heads": 2, "num_key_value_heads": 1}
 
 
 def test_easyanimate_shared_blocks_are_refused_naming_the_text_projection():

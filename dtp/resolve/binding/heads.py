@@ -30,12 +30,17 @@ from .linears import LinearSpec
 from .text_attention import transformers_attention_counts
 
 # Head counts (must divide by tp) and the widths derived from them, when the module has them.
-HEAD_ATTRS = ("heads", "kv_heads", "num_heads", "num_kv_heads")
+HEAD_ATTRS = ("heads", "kv_heads", "num_heads", "num_kv_heads", "num_attention_heads", "num_key_value_heads")
 WIDTH_ATTRS = ("inner_dim", "inner_kv_dim", "kv_inner_dim", "mlp_hidden_dim")
 KV_WIDTH_ATTRS = ("inner_kv_dim", "kv_inner_dim")  # k/v projection width, where the module stores it
 
 
-HEAD_COUNTS = ("heads", "num_heads", "n_heads")  # query head counts, as modules (or `checked`) name them
+HEAD_COUNTS = (
+    "heads",
+    "num_heads",
+    "n_heads",
+    "num_attention_heads",
+)  # query head counts, as modules (or `checked`) name them
 KV_COUNTS = ("kv_heads", "num_kv_heads", "num_key_value_heads")
 GROUPS_ATTR = "num_key_value_groups"  # transformers: query heads per kv head, for repeat_kv / enable_gqa
 
@@ -96,12 +101,15 @@ class AttentionSpec:
 
 def query_heads(module: nn.Module) -> int | None:
     """The query head count of a diffusers attention module: its integer `heads`, or `num_heads` on a module with
-    a processor (Krea2Attention names it so, beside `num_kv_heads`); None otherwise."""
+    a processor (Krea2Attention names it so, beside `num_kv_heads`; Cosmos3PackedMoTAttention `num_attention_heads`,
+    beside `num_key_value_heads`); None otherwise."""
     if is_int(getattr(module, "heads", None)):
         return module.heads
-    if getattr(module, "processor", None) is not None and is_int(getattr(module, "num_heads", None)):
-        return module.num_heads
-    return None
+    if getattr(module, "processor", None) is None:
+        return None
+    return next(
+        (getattr(module, a) for a in ("num_heads", "num_attention_heads") if is_int(getattr(module, a, None))), None
+    )
 
 
 def attention_spec(path: str, module: nn.Module, key: str) -> AttentionSpec | None:

@@ -34,7 +34,8 @@ class TableWatch:
             if where(spec.path) is not None:  # after shard_meta's cut hook: sees the cut output
                 clone.get_submodule(where(spec.path)).register_forward_hook(self._record(spec.path))
         for path, module in clone.named_modules():
-            if any(isinstance(getattr(module, attr, None), int) for attr in HEAD_COUNTS):
+            # instance attributes only: a diffusers model answers `num_attention_heads` from its config (deprecated)
+            if any(isinstance(vars(module).get(attr), int) for attr in HEAD_COUNTS):
                 module.register_forward_pre_hook(self._consumer(path_in_model(path)), with_kwargs=True)
 
     def _record(self, table_path: str):
