@@ -30,3 +30,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "full" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent without it
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (the README's command) hands out tests/distributed's modules first (tests/xdist_order.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist_order import DistributedFirst
+
+    return DistributedFirst(config, log)

@@ -10,8 +10,10 @@ what ran per rank).
 The default run keeps one case per (cache, mesh kind) that test_cache_parity.py does not already cover; further
 pipelines of a covered kind (Qwen-Image and Wan with FirstBlockCache / TaylorSeer / PAB, FLUX.1's two-call
 FasterCache at cp, ring and fsdp, MagCache inference at cfg and ring; Qwen-Image and Wan with MagCache's calibration
-and inference, two-call FasterCache, FirstBlockCache / TaylorSeer / PAB at tp=2 and ring) are marked `full`
-(DTP_FULL=1) and are not spawned without it.
+and inference, two-call FasterCache, FirstBlockCache / TaylorSeer / PAB at tp=2 and ring), the ring cases of
+MagCache's calibration and CogVideoX's FasterCache (ring cuts the sequence as Ulysses does) and PAB and FasterCache
+with fsdp=True (attention-skipping like TaylorSeer's fsdp case) are marked `full` (DTP_FULL=1) and are not spawned
+without it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ COUNTED = {
 FULL_RUN = os.environ.get("DTP_FULL") == "1"
 DEFAULT = [
     ("flux", "mag", "cp=2", CAL),
-    ("flux", "mag", "ring", CAL),
     ("flux", "mag", "cfg=2", CAL),
     ("flux", "mag", "cp=2", ()),
     ("qwenimage_batch", "fbc", "cfg=2", T),
@@ -53,9 +54,6 @@ DEFAULT = [
     ("cogvideox", "faster", "cp=2", DOUBLED),
     ("flux", "taylorseer", "cp=2", FSDP),
     ("flux", "mag", "cp=2", FSDP),
-    ("flux", "pab", "cp=2", FSDP),
-    ("cogvideox", "faster", "ring", DOUBLED),
-    ("cogvideox", "faster", "cp=2", DOUBLED + FSDP),
     ("ltx", "mag", "cfg=2", CAL),
     ("ltx", "mag", "cfg=2", ()),
     ("wan", "sea", "cp=2", S),
@@ -63,6 +61,14 @@ DEFAULT = [
     ("wan_batch", "sea", "cfg=2", S),
 ]
 FULL = [
+    # ring cuts the sequence as Ulysses does (it differs inside attention only, where no cache decides): a cache's
+    # ring case repeats its cp=2 one (test_cache_parity.py keeps ring by default for FirstBlockCache, TaylorSeer, PAB)
+    ("flux", "mag", "ring", CAL),
+    ("cogvideox", "faster", "ring", DOUBLED),
+    # fsdp=True: one block-skipping cache (MagCache; FirstBlockCache in test_fsdp_more.py) and one attention-skipping
+    # cache (TaylorSeer) by default; PAB and FasterCache skip attentions the same way inside FSDP-managed blocks
+    ("flux", "pab", "cp=2", FSDP),
+    ("cogvideox", "faster", "cp=2", DOUBLED + FSDP),
     ("flux", "mag", "cfg=2", ()),
     ("flux", "mag", "ring", ()),
     ("flux", "faster", "cp=2", ()),
@@ -145,7 +151,7 @@ def test_caches_skip_on_these_runs(refs):
 
 @pytest.mark.parametrize(
     "pipeline, mesh",
-    [("flux", "cp=2"), ("flux", "ring"), ("flux", "cfg=2"), ("ltx", "cfg=2")]
+    [("flux", "cp=2"), pytest.param("flux", "ring", marks=pytest.mark.full), ("flux", "cfg=2"), ("ltx", "cfg=2")]
     + [pytest.param(p, m, marks=pytest.mark.full) for p in ("qwenimage", "wan") for m in ("cp=2", "ring", "cfg=2")],
 )
 def test_magcache_calibration_measures_the_one_process_ratios(results, refs, pipeline, mesh):

@@ -4,8 +4,8 @@ Three pipelines, each loaded by `dtp.load_pipeline` as `dtp run` loads it (trans
 sharded, the VAE split by rows over every rank) and run for one whole generation (text encoding, one
 denoising step, VAE decode): the tiny FLUX.1 and Qwen-Image pipelines at 128^2, and the medium FLUX.1
 (`dtp.testing.medium`: width 512, VAE of 64-256 channels) at 256^2. Meshes (cfg, cp, tp) in
-{(1, 1, 2), (1, 2, 1), (1, 2, 2), (2, 1, 2)}, all in one group of 4 ranks: a 2-rank mesh runs twice
-side by side (ranks {0, 1} and {2, 3}). cfg = 2 takes both of its paths: Qwen-Image with a negative
+{(1, 1, 2), (1, 2, 1), (1, 2, 2), (2, 1, 2)}, all in one group of 4 ranks: two 2-rank meshes run side by
+side, one on ranks {0, 1} and one on {2, 3}. cfg = 2 takes both of its paths: Qwen-Image with a negative
 prompt calls the transformer twice per step (one call per cfg group), FLUX.1 with two prompts splits
 the batch. Every rank's MemTracker peak (parameters + activations) is compared with the row of
 `dtp.fit` for the same candidate: within 10 %. The medium pipeline runs with DTP_FIT_MEDIUM=1 (suite time); by
@@ -14,6 +14,7 @@ default 5 of the 8 (model, mesh) pairs (`DEFAULT`), all with DTP_FULL=1.
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -62,12 +63,11 @@ def _options(model: str, cfg: int) -> dict:
     return {"prompt": [PROMPT] * (2 if cfg > 1 else 1), "max_sequence_length": 512}
 
 
-def _generate(directory: str, model: str, mesh_shape) -> dict:
-    """This rank's MemTracker peak over one generation, and the prompt length the transformer saw."""
+def _generate(directory: str, model: str, mesh_shape, mesh) -> dict:
+    """This rank's MemTracker peak over one generation on `mesh`, and the prompt length the transformer saw."""
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.nn.modules.module import register_module_forward_pre_hook
 
-    mesh = _mesh(*mesh_shape)
     pipe = dtp.load_pipeline(directory, mesh, torch_dtype=torch.float32, device=torch.device("cpu"))
     pipe.set_progress_bar_config(disable=True)
     seen = {}
@@ -96,7 +96,21 @@ def _generate(directory: str, model: str, mesh_shape) -> dict:
 
 
 def _worker(rank: int, world: int, directories: dict) -> dict:
-    return {(model, mesh): _generate(directories[model], model, mesh) for model, mesh in RUN}
+    """Each run of RUN this rank takes part in: a 4-rank mesh on the whole group; the 2-rank meshes two at a time, a
+    different one on each copy (ranks {0, 1} and {2, 3}), so no copy repeats another's work. Every rank builds both
+    copies' meshes (building one is a collective call)."""
+    whole = [run for run in RUN if math.prod(run[1]) == world]
+    halves = [run for run in RUN if math.prod(run[1]) < world]
+    assert all(math.prod(mesh) == world // 2 for _, mesh in halves), halves
+    out = {(model, mesh): _generate(directories[model], model, mesh, _mesh(*mesh)) for model, mesh in whole}
+    copy = rank // (world // 2)
+    for start in range(0, len(halves), 2):
+        pair = halves[start : start + 2]
+        meshes = [_mesh(*mesh) for _, mesh in pair]
+        if copy < len(pair):
+            model, mesh = pair[copy]
+            out[(model, mesh)] = _generate(directories[model], model, mesh, meshes[copy])
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +122,7 @@ def directories(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def measured(directories) -> dict:
     ranks = spawn(_worker, WORLD, directories)
-    return {key: [rank[key] for rank in ranks] for key in ranks[0]}
+    return {key: [rank[key] for rank in ranks if key in rank] for key in RUN}  # 2 ranks' results for a 2-rank mesh
 
 
 def _row(directory: str, model: str, cfg: int, cp: int, tp: int, text_tokens: int) -> dict:
@@ -137,6 +151,7 @@ CASES = [
 def test_fit_peak_within_10_percent_of_memtracker(directories, measured, model, mesh):
     """One generation: |fit peak - MemTracker peak| <= 10 % of MemTracker's on every rank."""
     ranks = measured[(model, mesh)]
+    assert len(ranks) == math.prod(mesh), (model, mesh, len(ranks))  # every rank of the mesh reported
     row = _row(directories[model], model, *mesh, ranks[0]["text_tokens"])
     for rank, result in enumerate(ranks):
         error = abs(row["peak_bytes"] - result["peak"]) / result["peak"]

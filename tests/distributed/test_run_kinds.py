@@ -2,14 +2,14 @@
 FLUX.1 Kontext and FLUX.2 (with a reference image) pipelines, one process (the reference, in this process) vs
 torchrun with 2 gloo ranks.
 
-One launch per case (CPU is scarce): Wan T2V at tp=2 reading a JSONL file of two generations and one bad line, Wan
-I2V at tp=2 (the image enters as latent channels), FLUX.2 at cp=2 (the reference image's tokens join the sequence
-that cp cuts); with DTP_FULL=1 also Wan T2V and FLUX.1 Kontext at cp=2. Every frame's fp32 pixels: mean |diff|
-<= 1e-6 and max <= 1e-4 (measured: Wan T2V tp=2 ~2e-7 / 1e-6, I2V tp=2 1.8e-7 / 1.1e-6, FLUX.2 cp=2 1.5e-7 /
-9.8e-7); each mp4 decodes to the frames asked. Negative control: a seed offset by the rank in `run_request` fails
-the cases (seen on Wan T2V, mean 0.050, and FLUX.2). A different reference image moves FLUX.2's pixels by mean
-0.004, so a rank that dropped the image would fail too. Qwen-Image-Edit has no case: see
-`dtp.testing.conditioned_pipelines`.
+Two launches by default (each torchrun pays 2 ranks' imports; CPU is scarce): Wan I2V at tp=2 reading a JSONL file
+of two generations and one bad line (the image, `--image`, enters every line's latents as channels), and FLUX.2 at
+cp=2 (the reference image's tokens join the sequence that cp cuts); with DTP_FULL=1 also Wan I2V alone at tp=2, Wan
+T2V and FLUX.1 Kontext at cp=2. Every frame's fp32 pixels: mean |diff| <= 1e-6 and max <= 1e-4 (measured: Wan T2V
+tp=2 ~2e-7 / 1e-6, I2V tp=2 1.8e-7 / 1.1e-6, FLUX.2 cp=2 1.5e-7 / 9.8e-7); each mp4 decodes to the frames asked.
+Negative control: a seed offset by the rank in `run_request` fails the cases (seen on Wan T2V, mean 0.050, and
+FLUX.2). A different reference image moves FLUX.2's pixels by mean 0.004, so a rank that dropped the image would fail
+too. Qwen-Image-Edit has no case: see `dtp.testing.conditioned_pipelines`.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def _assert_close(pixels: np.ndarray, reference: np.ndarray) -> None:
     "kind, mesh",
     [
         pytest.param("wan", ["--cp", "2"], id="wan-t2v-cp2", marks=pytest.mark.full),  # video at cp: test_serve_video
-        pytest.param("wan_i2v", [], id="wan-i2v-tp2"),
+        pytest.param("wan_i2v", [], id="wan-i2v-tp2", marks=pytest.mark.full),  # the --prompts launch is I2V at tp=2
         pytest.param("kontext", ["--cp", "2"], id="kontext-cp2", marks=pytest.mark.full),  # reference image at cp
         pytest.param("flux2", ["--cp", "2"], id="flux2-cp2"),
     ],
@@ -130,15 +130,16 @@ def test_two_ranks_draw_the_one_process_pixels(saved, tmp_path, kind, mesh):
 
 
 def test_prompts_file_loads_once_and_skips_a_bad_line(saved, tmp_path):
-    """--prompts at tp=2: lines 1 and 3 generate (equal to one process), line 2 is named and skipped, exit 1."""
+    """--prompts at tp=2 on Wan I2V: lines 1 and 3 generate (equal to one process), line 2 is named and skipped,
+    exit 1."""
     for run in ("ref", "two"):
         (tmp_path / run).mkdir()
         lines = [json.dumps({k: v.format(out=tmp_path / run) if k == "output" else v for k, v in line.items()})
                  for line in LINES]  # fmt: skip
         (tmp_path / run / "batch.jsonl").write_text("\n".join(lines) + "\n")
-    _generate(saved, "wan", tmp_path / "ref", mesh=None, extra=["--prompts", str(tmp_path / "ref" / "batch.jsonl")])
+    _generate(saved, "wan_i2v", tmp_path / "ref", mesh=None, extra=["--prompts", str(tmp_path / "ref" / "batch.jsonl")])
     stderr = _generate(
-        saved, "wan", tmp_path / "two", mesh=[], extra=["--prompts", str(tmp_path / "two" / "batch.jsonl")]
+        saved, "wan_i2v", tmp_path / "two", mesh=[], extra=["--prompts", str(tmp_path / "two" / "batch.jsonl")]
     )
     assert "line 2: frames 4 is not 2k + 1" in stderr, stderr[-2000:]
     for run in ("ref", "two"):
