@@ -17,6 +17,7 @@ size), fp32, CPU, 2 or 4 gloo processes:
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -39,7 +40,7 @@ CONFIG = dict(
     axes_dims_rope=(8, 28, 28),
 )
 MESHES = {"cp=2": (2, dict(cp=2)), "cp=2 x tp=2": (4, dict(cp=2, tp=2)), "cfg=2": (2, dict(cfg=2))}
-REPEATS, FORWARD_REPEATS = 5, 7
+REPEATS, FORWARD_REPEATS = 5, 21
 # Image tokens of the cp=2 step-time rows. Per rank, 2 T / (F b) FLOP per gathered byte: 2048 -> ~530 (FLUX.1-dev bf16
 # at cp=8, 1024²: ~580), 4096 -> ~1,040 (at 2048²: ~2,100). docs/fsdp.md, "What it costs".
 TOKENS = (256, 1024, 2048, 4096)
@@ -119,15 +120,17 @@ def memory_job(rank, world, dims) -> dict:
 
 
 def alternated(models: dict, kwargs, repeats: int) -> dict:
-    """Median wall time per call of each model, the models called in turn (a loaded machine slows them alike)."""
+    """Median wall time per call of each model, the models called in turn (a loaded machine slows them alike);
+    `kwargs` one input for all, or a dict of inputs by model name."""
+    inputs = kwargs if set(kwargs) == set(models) else dict.fromkeys(models, kwargs)
     times = {name: [] for name in models}
     with torch.no_grad():
-        for m in models.values():
-            m(**kwargs)  # warm-up (FSDP2's lazy init, first gathers)
+        for name, m in models.items():
+            m(**inputs[name])  # warm-up (FSDP2's lazy init, first gathers)
         for _ in range(repeats):
             for name, m in models.items():
                 start = time.perf_counter()
-                m(**kwargs)
+                m(**inputs[name])
                 times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
@@ -135,14 +138,20 @@ def alternated(models: dict, kwargs, repeats: int) -> dict:
 def speed_job(rank, world, parts=("step", "forward")) -> dict:
     import dtp
 
+    # One core per rank, as each rank has its own accelerator: two ranks of two threads each on the 2-core machine
+    # oversubscribe it, and the ranks' waits on each other then swing the ratios by +-40 % from run to run.
+    torch.set_num_threads(1)
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= world:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})  # and its own core
+
     mesh, out = dtp.make_mesh(cp=2), {}
     for tokens in TOKENS if "step" in parts else ():  # the gathers are the same at every length; the compute grows
         models = {fsdp: dtp.parallelize(model(), mesh, fsdp=fsdp) for fsdp in (False, True)}
         out[tokens] = alternated(models, inputs(tokens=tokens), REPEATS)
     if "forward" in parts:
-        cfg = dtp.make_mesh(cfg=2)
-        out["cfg_dtp"] = timed(dtp.parallelize(model(), cfg), inputs(batch=2), FORWARD_REPEATS)
-        out["cfg_diffusers"] = timed(model(), inputs(batch=1), FORWARD_REPEATS)  # the same half, unsharded
+        models = {"cfg_dtp": dtp.parallelize(model(), dtp.make_mesh(cfg=2)), "cfg_diffusers": model()}
+        halves = {"cfg_dtp": inputs(batch=2), "cfg_diffusers": inputs(batch=1)}  # the same half, unsharded
+        out.update(alternated(models, halves, FORWARD_REPEATS))
     return out
 
 
