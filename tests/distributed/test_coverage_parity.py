@@ -12,6 +12,8 @@ EXTRA_PER_BLOCK = {"cogview4": {"all_reduce": 1}}  # one `ff` for both streams: 
 # ... and outside the blocks: Helios runs its condition embedder twice (timestep 0 for the history tokens, then t),
 # so the time embedder pair's all-reduce and time_proj's all-gather twice.
 EXTRA_AT_ROOT = {"helios": {"all_reduce": 1, "all_gather_into_tensor": 1}}
+# DiT's final layer re-runs block 0's norm1.emb (timestep MLP: linear_2 rowwise) for its conditioning.
+EXTRA_AT_ROOT["dit"] = {"all_reduce": 1}
 # ... and one fewer: Cosmos 3 Omni's lm_head is planned (colwise_gathered, for memory) but forward never calls it.
 EXTRA_AT_ROOT["cosmos3_omni"] = {"all_gather_into_tensor": -1}
 DATA_DEPENDENT = {"hidream"}  # moe_infer skips routed experts that got no token: measured <= implied

@@ -17,9 +17,12 @@ statistics, a halo one row short and (LTX-2's reflect-padded decoder) zero rows 
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pytest
 import torch
 import torch.distributed as dist
+from vae_cases import one_short
 
 import dtp.vae.conv as conv_module
 import dtp.vae.hunyuan15 as hunyuan15_module
@@ -57,9 +60,9 @@ def _kl(group, cls: str = "AutoencoderKL") -> dict:
     ref_enc = vae.encode(image).latent_dist.mean
     parallelize_vae(vae, group)
     result = dict(decode=_rel(vae.decode(z).sample, ref_dec), encode=_rel(vae.encode(image).latent_dist.mean, ref_enc))
-    with _patched(norm_module, "combine", _strip_stats):
+    with patch.object(norm_module, "combine", _strip_stats):
         result["strip_stats"] = _rel(vae.decode(z).sample, ref_dec)
-    with _patched(conv_module, "halo_counts", _one_short):
+    with patch.object(conv_module, "halo_counts", one_short):
         result["halo_short"] = _rel(vae.decode(z).sample, ref_dec)
     remove_vae_parallel(vae)
     result["removed"] = _rel(vae.decode(z).sample, ref_dec)
@@ -86,7 +89,7 @@ def _video(cls: str, group) -> dict:
     parallelize_vae(vae, group)
     result = {f"decode_{r.shape[2]}": _rel(vae.decode(latents[f], **kwargs).sample, r) for f, r in ref_dec.items()}
     result |= {f"encode_{f}": _rel(vae.encode(videos[f]).latent_dist.mean, r) for f, r in ref_enc.items()}
-    with _patched(conv_module, "halo_counts", _one_short):
+    with patch.object(conv_module, "halo_counts", one_short):
         result["halo_short"] = _rel(vae.decode(latents[2], **kwargs).sample, ref_dec[2])
     return result
 
@@ -143,19 +146,19 @@ def _new_video(cls: str, group) -> dict:
     parallelize_vae(vae, group)
     result = dict(decode=_rel(vae.decode(z, **kwargs).sample, ref_dec))
     result["encode"] = _rel(vae.encode(video).latent_dist.mean, ref_enc)
-    with _patched(conv_module, "halo_counts", _one_short):  # MiniMax-H3's decoder is a ViT: its encoder's convs
+    with patch.object(conv_module, "halo_counts", one_short):  # MiniMax-H3's decoder is a ViT: its encoder's convs
         short = vae.encode(video).latent_dist.mean if cls == MINIMAX else vae.decode(z, **kwargs).sample
         result["halo_short"] = _rel(short, ref_enc if cls == MINIMAX else ref_dec)
     if cls == LTX2:
-        with _patched(conv_module, "rows_for_conv", _zero_edges):
+        with patch.object(conv_module, "rows_for_conv", _zero_edges):
             result["edges_zero"] = _rel(vae.decode(z, **kwargs).sample, ref_dec)
     if cls == MINIMAX:
         result |= _vit_controls(vae, z, ref_dec)
     if cls == HUNYUAN15:  # its mid-block attention is causal over frames: the mask left out
-        with _patched(hunyuan15_module, "causal_frame_mask", lambda *args: None):
+        with patch.object(hunyuan15_module, "causal_frame_mask", lambda *args: None):
             result["attention_control"] = _rel(vae.decode(z).sample, ref_dec)
     if cls == HUNYUAN_IMAGE:  # its mid-block attention over the rank's own keys only
-        with _patched(hunyuan_image_module, "gather_rows", lambda t, dim, counts, group: t):
+        with patch.object(hunyuan_image_module, "gather_rows", lambda t, dim, counts, group: t):
             result["attention_control"] = _rel(vae.decode(z).sample, ref_dec)
     return result
 
@@ -187,9 +190,9 @@ def _vit_controls(vae, z, ref_dec) -> dict:
         return _grid_positions(frames, (0, stop - start, stop - start), width, device)
 
     result = {}
-    with _patched(minimax_module, "grid_positions", local_grid):
+    with patch.object(minimax_module, "grid_positions", local_grid):
         result["local_positions"] = _rel(vae.decode(z).sample, ref_dec)
-    with _patched(minimax_module, "gather_rows", lambda t, dim, counts, group: t):
+    with patch.object(minimax_module, "gather_rows", lambda t, dim, counts, group: t):
         result["keys_local"] = _rel(vae.decode(z).sample, ref_dec)
     return result
 
@@ -206,27 +209,6 @@ def _zero_edges(*args, **kwargs):
 def _strip_stats(stats, split):
     """Negative control: each strip normalized with its own statistics."""
     return stats[1], stats[2]
-
-
-_halo_counts = conv_module.halo_counts
-
-
-def _one_short(rows):
-    """Negative control: one halo row fewer from each neighbour (zero padding in its place)."""
-    top, bottom = _halo_counts(rows)
-    return max(0, top - 1), max(0, bottom - 1)
-
-
-class _patched:
-    def __init__(self, module, name, value):
-        self.module, self.name, self.value = module, name, value
-
-    def __enter__(self):
-        self.original = getattr(self.module, self.name)
-        setattr(self.module, self.name, self.value)
-
-    def __exit__(self, *exc):
-        setattr(self.module, self.name, self.original)
 
 
 def _four_proc(rank: int, world: int) -> dict:

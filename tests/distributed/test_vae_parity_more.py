@@ -17,9 +17,12 @@ the video VAEs' GroupNorms with each strip's own statistics.
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pytest
 import torch
 import torch.distributed as dist
+from vae_cases import one_short
 
 import dtp.vae.conv as conv_module
 import dtp.vae.linear_attention as linear_attention
@@ -57,11 +60,11 @@ def _dc(cls: str, group) -> dict:
     ref_dec, ref_enc = vae.decode(z).sample, vae.encode(image).latent
     parallelize_vae(vae, group)
     result = dict(decode=_rel(vae.decode(z).sample, ref_dec), encode=_rel(vae.encode(image).latent, ref_enc))
-    with _patched(conv_module, "halo_counts", _one_short):
+    with patch.object(conv_module, "halo_counts", one_short):
         result["halo_short"] = _rel(vae.decode(z).sample, ref_dec)
-    with _patched(linear_attention, "reduce_sums", lambda scores, split: scores):
+    with patch.object(linear_attention, "reduce_sums", lambda scores, split: scores):
         result["no_all_reduce"] = _rel(vae.decode(z).sample, ref_dec)
-    with _patched(linear_attention, "gather_rows", lambda x, dim, counts, group: x):
+    with patch.object(linear_attention, "gather_rows", lambda x, dim, counts, group: x):
         result["local_keys"] = _rel(vae.decode(z).sample, ref_dec)
     remove_vae_parallel(vae)
     return result
@@ -78,9 +81,9 @@ def _video(cls: str, group, latent_frames: int, frames: int) -> dict:
     assert ref_dec.shape[2] == frames and ref_enc.shape[2] == latent_frames
     parallelize_vae(vae, group)
     result = dict(decode=_rel(vae.decode(z).sample, ref_dec), encode=_rel(vae.encode(video).latent_dist.mean, ref_enc))
-    with _patched(conv_module, "halo_counts", _one_short):
+    with patch.object(conv_module, "halo_counts", one_short):
         result["halo_short"] = _rel(vae.decode(z).sample, ref_dec)
-    with _patched(norm_module, "combine", lambda stats, split: (stats[1], stats[2])):
+    with patch.object(norm_module, "combine", lambda stats, split: (stats[1], stats[2])):
         result["strip_stats"] = _rel(vae.decode(z).sample, ref_dec)
     remove_vae_parallel(vae)
     if cls == COG:  # gather_output=False: the (sample, cache) entry leaves every frame batch as this rank's rows
@@ -90,27 +93,6 @@ def _video(cls: str, group, latent_frames: int, frames: int) -> dict:
         result["strip"] = _rel(vae.decode(z).sample, ref_dec[:, :, :, rows[rank] : rows[rank + 1]])
         remove_vae_parallel(vae)
     return result
-
-
-_halo_counts = conv_module.halo_counts
-
-
-def _one_short(rows):
-    """Negative control: one halo row fewer from each neighbour (zero padding in its place)."""
-    top, bottom = _halo_counts(rows)
-    return max(0, top - 1), max(0, bottom - 1)
-
-
-class _patched:
-    def __init__(self, module, name, value):
-        self.module, self.name, self.value = module, name, value
-
-    def __enter__(self):
-        self.original = getattr(self.module, self.name)
-        setattr(self.module, self.name, self.value)
-
-    def __exit__(self, *exc):
-        setattr(self.module, self.name, self.original)
 
 
 def _four_proc(rank: int, world: int) -> dict:
