@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 import torch
+from vae_peak import decode_peak
 
-from dtp.analysis.trace import PhaseTrace
-from dtp.vae import parallelize_vae
+from dtp.analysis.fakepg import meta_model
 
 RESULT = Path(__file__).resolve().parent / "results" / "vae_2026_full_size.md"
 LATENTS = {
@@ -38,27 +38,14 @@ LATENTS = {
 
 def fake_peak(name: str, world: int, untiled: bool = False) -> tuple[int, tuple[int, ...]]:
     """(activation peak bytes of rank 0's decode among `world` ranks, the decoded shape) under FakeTensorMode."""
-    import diffusers
-    import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    try:
-        with torch.device("meta"):
-            vae = getattr(diffusers, name)().to(torch.bfloat16).eval()
+    def build():
+        vae = meta_model(name, {}, torch.bfloat16)
         if untiled:
             vae.disable_tiling()
-        if world > 1:
-            parallelize_vae(vae, dist.group.WORLD)
-        with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
-            vae.to_empty(device="cpu")
-            z = torch.empty(LATENTS[name], dtype=torch.bfloat16)
-            with PhaseTrace(resident=[*vae.parameters(), *vae.buffers(), z]) as trace:
-                video = vae.decode(z).sample
-            return trace.trace.peak_bytes, tuple(video.shape)
-    finally:
-        dist.destroy_process_group()
+        return vae
+
+    return decode_peak(build, world, LATENTS[name])
 
 
 def main() -> None:

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import torch
+from vae_peak import decode_peak
 
-from dtp.analysis.trace import PhaseTrace
-from dtp.vae import parallelize_vae
+from dtp.analysis.fakepg import meta_model
 
 RESULT = Path(__file__).resolve().parent / "results" / "vae_more_full_size.md"
 SANA_DC_AE = dict(
@@ -51,27 +51,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 def fake_peak(case: str, world: int, dtype: torch.dtype) -> tuple[int, tuple]:
     """(activation peak bytes of rank 0's decode among `world` ranks, output shape) under FakeTensorMode."""
-    import diffusers
-    import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     class_name, config, latent, _ = CASES[case]
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    try:
-        with torch.device("meta"):
-            vae = getattr(diffusers, class_name)(**config).eval().to(dtype)
-        if world > 1:
-            parallelize_vae(vae, dist.group.WORLD)
-        shape = (1, latent[0]) + tuple(s for s in latent[1:] if s is not None)
-        with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
-            vae.to_empty(device="cpu")
-            z = torch.empty(shape, dtype=dtype)
-            with PhaseTrace(resident=[*vae.parameters(), *vae.buffers(), z]) as trace:
-                out = vae.decode(z).sample
-            return trace.trace.peak_bytes, tuple(out.shape)
-    finally:
-        dist.destroy_process_group()
+    shape = (1, latent[0]) + tuple(s for s in latent[1:] if s is not None)
+    return decode_peak(lambda: meta_model(class_name, config, dtype), world, shape, dtype)
 
 
 def main() -> None:
