@@ -139,7 +139,7 @@ class PhaseTrace(ScopedDispatchMode):
         print). Both sides of such a test build tensors of the same shapes in the models seen so far; anything else
         (an integer `.item()` that sizes a tensor: MoE routing counts) still raises."""
         if func is not torch.ops.aten._local_scalar_dense.default or args[0].dtype is not torch.bool:
-            raise DataDependentOutputException(func)
+            raise  # the exception being handled, as the fake mode raised it
         self.trace.guessed_branches += 1
         return False
 
@@ -160,7 +160,7 @@ class PhaseTrace(ScopedDispatchMode):
                 else:
                     indices.append(index)
             return func(args[0], indices)
-        raise DynamicOutputShapeException(func)
+        raise  # the exception being handled, as the fake mode raised it
 
     @property
     def live_bytes(self) -> int:

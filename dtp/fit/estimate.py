@@ -120,8 +120,9 @@ def _estimate_all(found, spec, measurer, shape, memory, hw, only, cache=None) ->
             continue
         try:
             rows.append(estimate(candidate, spec, measurer, shape, memory, hw, state))
-        except (PlanError, ForwardError) as exc:  # ForwardError: the traced forward refused the input (a sequence
-            rejected.append({**options, "reason": str(exc)})  # length this cp degree does not divide)
+        # ForwardError: the traced forward refused its input (a sequence length this cp degree does not divide).
+        except (PlanError, ForwardError) as exc:
+            rejected.append({**options, "reason": str(exc)})
             continue
         runs.add(_key(options))
         if rows[-1]["fits"] and not candidate.quant:
