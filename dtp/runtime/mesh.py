@@ -13,19 +13,25 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..errors import PlanError
 from ..policy import check_degree, default_device_type
+from .nodes import INTRA_NODE_AXES, check_mesh_nodes
 
 CFG_AXIS = "cfg"
 CP_AXIS = "cp"
 TP_AXIS = "tp"
 
 
-def make_mesh(tp: int = 1, cp: int = 1, cfg: int = 1, device_type: str | None = None) -> DeviceMesh:
+def make_mesh(
+    tp: int = 1, cp: int = 1, cfg: int = 1, device_type: str | None = None, *, allow_cross_node=()
+) -> DeviceMesh:
     """A ("cp", "tp") mesh, or ("cfg", "cp", "tp") when cfg > 1, over the initialized process group;
     world size must equal cfg * cp * tp.
 
     Ranks are laid out row-major: with cp=2, tp=2 ranks {0, 1} and {2, 3} form the tp groups, so
     tensor-parallel traffic stays between neighbouring ranks (usually the same node); with cfg=2, tp=2
     ranks {0, 1} are cfg group 0 and {2, 3} cfg group 1 (the cfg exchange pairs rank 0 with 2, 1 with 3).
+
+    Launched on several nodes, a tp group spanning two nodes is a PlanError (`runtime/nodes.py`) unless
+    `allow_cross_node` names the axis (a tuple of axis names, or True for every axis).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
@@ -42,8 +48,11 @@ def make_mesh(tp: int = 1, cp: int = 1, cfg: int = 1, device_type: str | None = 
         )
     device_type = device_type or default_device_type()
     if cfg == 1:
-        return init_device_mesh(device_type, (cp, tp), mesh_dim_names=(CP_AXIS, TP_AXIS))
-    return init_device_mesh(device_type, (cfg, cp, tp), mesh_dim_names=(CFG_AXIS, CP_AXIS, TP_AXIS))
+        mesh = init_device_mesh(device_type, (cp, tp), mesh_dim_names=(CP_AXIS, TP_AXIS))
+    else:
+        mesh = init_device_mesh(device_type, (cfg, cp, tp), mesh_dim_names=(CFG_AXIS, CP_AXIS, TP_AXIS))
+    check_mesh_nodes(mesh, INTRA_NODE_AXES if allow_cross_node is True else tuple(allow_cross_node or ()))
+    return mesh
 
 
 def tp_submesh(mesh: DeviceMesh) -> DeviceMesh:

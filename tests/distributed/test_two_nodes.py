@@ -1,7 +1,8 @@
-"""`dtp run` launched as two nodes (two torchrun agents on this machine, `--nnodes 2 --rdzv-backend c10d`, one
-process each, tp=2 over gloo) draws the one-process image: fp32 pixels within mean 1e-6 / max 1e-4, the bound of
-every sharded run against one process. The reference runs in this process: cheaper than the one-node torchrun
-launch this test compared with before (within 1e-6 of the two-node one, as the same ranks and plan should be)."""
+"""`dtp run` launched as two nodes (two torchrun agents on this machine, `--nnodes 2 --rdzv-backend c10d`, two
+processes each, gloo): ring cp=2 across the nodes x tp=2 inside each draws the one-process image (fp32 pixels
+within mean 1e-6 / max 1e-4, the bound of every sharded run against one process; the reference runs in this
+process), and tp=4, whose one group would span both nodes, is refused by `make_mesh` with the axis named
+(`runtime/nodes.py`) before anything loads."""
 
 from __future__ import annotations
 
@@ -17,22 +18,38 @@ RUN = ["run", "--prompt", "a cat", "--steps", "2", "--height", "32", "--width", 
 RUN += ["--dtype", "fp32"]
 
 
-def test_two_agents_draw_the_one_process_image(tmp_path):
-    model_dir = tiny_checkpoint("flux", root=tmp_path)
-    common = [*RUN, "--model-dir", str(model_dir)]
+def two_agents(args: list[str]) -> tuple[list[int], list[str]]:
+    """Run `python -m dtp ARGS` under two torchrun agents of two processes each; (return codes, logs)."""
     port = free_port()
     nodes = [
-        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "dtp-two-nodes",
+        "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-id", "dtp-two-nodes",
         "--rdzv-endpoint", f"127.0.0.1:{port}",
     ]  # fmt: skip
-    out = ["-m", "dtp", *common, "--output", str(tmp_path / "two.png"), "--save-pixels", str(tmp_path / "two.npy")]
     agents = [
-        subprocess.Popen([*LAUNCHER, *nodes, *out], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        subprocess.Popen(
+            [*LAUNCHER, *nodes, "-m", "dtp", *args], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         for _ in range(2)
     ]
     logs = [agent.communicate(timeout=600)[0].decode(errors="replace") for agent in agents]
-    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    return [agent.returncode for agent in agents], logs
+
+
+def test_two_agents_draw_the_one_process_image(tmp_path):
+    model_dir = tiny_checkpoint("flux", root=tmp_path)
+    common = [*RUN, "--model-dir", str(model_dir)]
+    out = [*common, "--output", str(tmp_path / "two.png"), "--save-pixels", str(tmp_path / "two.npy")]
+    codes, logs = two_agents([*out, "--cp", "2", "--cp-mode", "ring"])
+    assert codes == [0, 0], "\n".join(log[-2000:] for log in logs)
     one = [*common, "--output", str(tmp_path / "one.png"), "--save-pixels", str(tmp_path / "one.npy")]
     assert main(one) == 0
     diff = np.abs(np.load(tmp_path / "two.npy").astype(np.float64) - np.load(tmp_path / "one.npy"))
     assert diff.mean() <= 1e-6 and diff.max() <= 1e-4, (diff.mean(), diff.max())
+
+
+def test_tp_across_the_two_agents_is_refused(tmp_path):
+    """tp=4 on 2 nodes x 2 ranks: the one tp group spans both nodes; every rank fails with the axis named."""
+    model_dir = tiny_checkpoint("flux", root=tmp_path)
+    codes, logs = two_agents([*RUN, "--model-dir", str(model_dir), "--output", str(tmp_path / "x.png")])
+    assert all(code != 0 for code in codes), codes
+    assert any("the tp group of ranks [0, 1, 2, 3] spans 2 nodes" in log for log in logs), logs[0][-3000:]
