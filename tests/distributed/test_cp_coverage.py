@@ -114,7 +114,7 @@ class _Counter:
 def _run(model, mesh, mode: str, inputs: dict, ref: torch.Tensor, plan=None) -> dict:
     model = dtp.parallelize(model, mesh, plan, cp_mode=mode)
     with (
-        _Counter(ulysses_module, "seq_to_heads") as a2a,
+        _Counter(ulysses_module, "to_heads") as a2a,
         _Counter(ring_module, "block_attention") as blocks,
         _Counter(linear_module, "reduce_sums") as sums,
     ):
