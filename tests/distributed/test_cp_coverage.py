@@ -3,7 +3,7 @@
 ONE 4-process group for the whole module: for each plan, a tiny model with batch 2 (text + image or
 video tokens, padded prompts where the model takes a mask) at (cp, tp) in {(2, 2), (4, 1)} x
 {ulysses, ring}, against the single-process reference. Every CP attention module must really route
-(Ulysses: 3 all-to-alls per module call; ring: cp key blocks per module call), whichever way its
+(Ulysses: one `to_heads` (q, k, v in one all-to-all) per module call; ring: cp key blocks per module call), whichever way its
 processor calls attention (diffusers' dispatcher, torch SDPA, or a dtp adapter). Negative control:
 CogVideoX with its attention marked `local` (so it attends over local tokens only) must fail parity.
 Also Lumina2 with 4 query / 2 kv heads at tp=4, no pad (kv heads shared by 2 ranks, as transformers
@@ -207,7 +207,7 @@ def test_parity(four, name, cp, tp, mode):
         assert r["rel"] <= TOL, (rank, name, cp, tp, mode, r)
         assert r["sums"] == linear, (rank, name, r, linear)
         if mode == "ulysses":
-            assert (r["a2a"], r["blocks"]) == (3 * modules, 0), (rank, name, r, modules)
+            assert (r["a2a"], r["blocks"]) == (modules, 0), (rank, name, r, modules)  # one `to_heads` per call
         else:
             assert (r["a2a"], r["blocks"]) == (0, cp * modules), (rank, name, r, modules)
 

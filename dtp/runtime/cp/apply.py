@@ -11,8 +11,8 @@ from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, install_attention
 from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
-from .masks import ForwardMasks
 from .local_embed import install_local_embed, local_embed_for
+from .masks import ForwardMasks
 
 HANDLES_ATTR = "_dtp_cp_handles"
 

@@ -179,7 +179,10 @@ class _Scope:
         finally:
             self.busy = False
 
-    def enter(self, module, args):
+    def enter(self, module, args, kwargs):
+        masks = getattr(self.attention, "masks", None)
+        if masks is not None:  # CpAttention's per-forward mask cache: the mask arguments of this call
+            masks.note_inputs(kwargs)
         self.calls = 0
         self.runs = body_runs(module)
         _ACTIVE.append(self)
@@ -224,6 +227,6 @@ def install_attention(path: str, attn: nn.Module, attention) -> list:
         patch_dispatch(module)
     scope = _Scope(path, attention, sdpa=SDPA_ROUTE in attention_routes(attn))
     return handles + [
-        attn.register_forward_pre_hook(scope.enter),
+        attn.register_forward_pre_hook(scope.enter, with_kwargs=True),
         attn.register_forward_hook(scope.exit, always_call=True),
     ]

@@ -71,7 +71,8 @@ def block_kernel(device_type: str, dtype: torch.dtype, masked: bool, backend: st
 
 def _flash(q, k, v, mask, scale: float):
     assert mask is None, "flash takes no mask: block_kernel gives masked blocks to the efficient kernel"
-    out, lse, *_ = aten._scaled_dot_product_flash_attention(_bhsd(q), _bhsd(k), _bhsd(v), 0.0, False, False, scale=scale)
+    q, k, v = _bhsd(q), _bhsd(k), _bhsd(v)
+    out, lse, *_ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
     return _bhsd(out), lse
 
 

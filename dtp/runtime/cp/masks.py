@@ -77,18 +77,22 @@ def gather_key_mask(mask: torch.Tensor | None, group) -> torch.Tensor | None:
 class ForwardMasks:
     """The masks of one model forward, split and gathered once and reused by every attention layer of it.
 
-    Layers of one forward are handed the same mask object (Qwen-Image's joint mask, a padded split's key
-    validity), so re-checking (`split_mask`) and re-gathering it in every layer costs a host read and an
-    all-gather per layer. Entries are keyed by the mask object (identity and `_version`: a mask changed in place
-    is a miss) and the shapes, and live only while the model's forward runs (`open` / `close`: a forward pre-hook
-    and an always-called forward hook on the model), so every rank, running the same code, hits and misses alike
-    and issues the same collectives. Under torch.compile nothing is cached (each layer gathers; no identity
-    guards in the graph).
+    Every layer of a forward sees the same key mask, but re-checking (`split_mask`) and re-gathering it in each
+    layer costs a host read and an all-gather per layer. An entry is reused when the mask is the same object as
+    before (identity and `_version`: a mask changed in place is a miss), or when the processor built it anew from
+    the same mask inputs of its attention module (Qwen-Image concatenates the `encoder_hidden_states_mask` every
+    block is given with ones for the image: `note_inputs` records the module call's tensor arguments named
+    `*mask*`), with the same shapes. So a processor's mask must be a function of those inputs and the shapes, as in
+    every diffusers processor; a mask built from anything else is only reused as the same object.
+    Entries live only while the model's forward runs (`open` / `close`: a forward pre-hook and an always-called
+    forward hook on the model), so every rank, running the same code, hits and misses alike and issues the same
+    collectives. Under torch.compile nothing is cached (each layer gathers; no identity guards in the graph).
     """
 
     def __init__(self):
         self.active = False
-        self._entries: list = []  # (source, version, key, value)
+        self.inputs: tuple = ()  # the running attention module's mask arguments, with their versions
+        self._entries: list = []  # (source's _identity, inputs, key, value)
 
     def open(self, *unused) -> None:
         self._entries.clear()
@@ -98,17 +102,42 @@ class ForwardMasks:
         self._entries.clear()
         self.active = False
 
+    def note_inputs(self, kwargs: dict) -> None:
+        """Record the tensor arguments named `*mask*` of the attention module call starting now."""
+        if not self.active or torch.compiler.is_compiling():
+            return
+        masks = sorted((n, t) for n, t in kwargs.items() if "mask" in n and isinstance(t, torch.Tensor))
+        self.inputs = tuple(_identity(t) for _, t in masks)
+
     def get(self, source, key: tuple, compute):
-        """`compute()`, or its value from earlier in this forward for the same `source` object and `key`."""
+        """`compute()`, or its value from earlier in this forward for the same `source` (or the same mask inputs)
+        and `key`."""
         if not self.active or torch.compiler.is_compiling():
             return compute()
-        version = getattr(source, "_version", None)
-        for seen, seen_version, seen_key, value in self._entries:
-            if seen is source and seen_version == version and seen_key == key:
+        ident = _identity(source)
+        for seen, inputs, seen_key, value in self._entries:
+            if seen_key == key and (_same((seen,), (ident,)) or _same(inputs, self.inputs)):
                 return value
         value = compute()
-        self._entries.append((source, version, key, value))
+        self._entries.append((ident, self.inputs, key, value))
         return value
+
+
+def _identity(t) -> tuple | None:
+    """What makes two tensors the same data without reading it: one storage owner (a view's base), offset, shape,
+    strides and version (shared by a base and its views). The cut of one mask by two blocks' split hooks is two view
+    objects with one identity."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    base = t if t._base is None else t._base
+    return (base, t.storage_offset(), tuple(t.shape), t.stride(), t._version)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Two non-empty tuples of `_identity` records of the same data."""
+    if not a or len(a) != len(b) or any(x is None or y is None for x, y in zip(a, b)):
+        return False
+    return all(x[0] is y[0] and x[1:] == y[1:] for x, y in zip(a, b))
 
 
 def whole_mask(attn_mask, query: torch.Tensor, key: torch.Tensor, group) -> torch.Tensor | None:
