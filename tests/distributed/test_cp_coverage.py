@@ -3,8 +3,8 @@
 ONE 4-process group for the whole module: for each plan, a tiny model with batch 2 (text + image or
 video tokens, padded prompts where the model takes a mask) at (cp, tp) in {(2, 2), (4, 1)} x
 {ulysses, ring}, against the single-process reference. Every CP attention module must really route
-(Ulysses: one `to_heads` (q, k, v in one all-to-all) per module call; ring: cp key blocks per module call), whichever way its
-processor calls attention (diffusers' dispatcher, torch SDPA, or a dtp adapter). Negative control:
+(Ulysses: one `to_heads`, q, k, v in one all-to-all, per module call; ring: cp key blocks per module call),
+whichever way its processor calls attention (diffusers' dispatcher, torch SDPA, or a dtp adapter). Negative control:
 CogVideoX with its attention marked `local` (so it attends over local tokens only) must fail parity.
 Also Lumina2 with 4 query / 2 kv heads at tp=4, no pad (kv heads shared by 2 ranks, as transformers
 attention does); per-token timesteps (Wan 2.2 ti2v / LTX [B, S], Cosmos per-frame [B, 1, T, 1, 1]);
