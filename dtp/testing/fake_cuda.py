@@ -1,8 +1,9 @@
 """Fake CUDA tensors on a CPU-only torch: FakeTensorMode makes `device="cuda"` tensors and torch's CUDA ops run on
-them, but two Python paths raise "PyTorch is not linked with support for cuda devices": `Tensor.__getitem__` and
-`~` (`__invert__`). `AtenIndexing` routes both through their aten forms (`select` / `narrow` / `slice` /
-`unsqueeze` / `index`, `bitwise_not`), so a diffusers model's forward runs on fake CUDA; dtp's own CP code needs
-no routing (it is written in those forms). Values are never computed: only ops, shapes and dtypes.
+them, but three Python paths raise "PyTorch is not linked with support for cuda devices": `Tensor.__getitem__`,
+`~` (`__invert__`) and `Tensor.contiguous`. `AtenIndexing` routes them through their aten forms (`select` /
+`slice` / `unsqueeze` / `index`, `bitwise_not`, `clone(memory_format=contiguous_format)`), so a diffusers
+model's forward runs on fake CUDA; dtp's own CP code needs no routing (it is written in those forms). Values are
+never computed: only ops, shapes and dtypes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ def fake_cuda_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.T
 
 
 class AtenIndexing(TorchFunctionMode):
-    """While active, `x[index]` and `~x` on any tensor run through aten ops (module docstring)."""
+    """While active, `x[index]`, `~x` and `x.contiguous()` on any tensor run through aten ops (module docstring)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -26,6 +27,9 @@ class AtenIndexing(TorchFunctionMode):
             return basic_index(*args)
         if func is torch.Tensor.__invert__:
             return torch.bitwise_not(args[0])
+        if func is torch.Tensor.contiguous:
+            x = args[0]
+            return x if x.is_contiguous() else x.clone(memory_format=torch.contiguous_format)
         return func(*args, **kwargs)
 
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from ...errors import ForwardError
+from .sequence import dense
 
 
 def split_mask(attn_mask: torch.Tensor | None, batch: int, keys: int):
@@ -70,7 +71,7 @@ def gather_key_mask(mask: torch.Tensor | None, group) -> torch.Tensor | None:
     if mask is None:
         return None
     wire = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
-    full = funcol.all_gather_single(wire.contiguous(), 1, group)
+    full = funcol.all_gather_single(dense(wire), 1, group)
     return full.bool() if mask.dtype == torch.bool else full
 
 

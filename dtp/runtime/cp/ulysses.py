@@ -26,6 +26,7 @@ import torch.distributed._functional_collectives as funcol
 
 from ...errors import ForwardError
 from .masks import gather_key_mask
+from .sequence import dense
 
 
 def _check_heads(heads: int, cp: int) -> None:
@@ -42,7 +43,7 @@ def stacked_to_heads(x: torch.Tensor, group) -> torch.Tensor:
     cp = dist.get_world_size(group)
     n, b, s, h, d = x.shape
     _check_heads(h, cp)
-    send = x.reshape(n, b, s, cp, h // cp, d).permute(3, 0, 1, 2, 4, 5).contiguous()
+    send = dense(x.reshape(n, b, s, cp, h // cp, d).permute(3, 0, 1, 2, 4, 5))
     recv = funcol.all_to_all_single(send.flatten(), None, None, group).view(send.shape)  # [cp (source), N, ...]
     return recv.permute(1, 2, 0, 3, 4, 5).reshape(n, b, cp * s, h // cp, d)
 
@@ -59,7 +60,7 @@ def heads_to_seq(x: torch.Tensor, group) -> torch.Tensor:
     cp = dist.get_world_size(group)
     b, s_full, h_local, d = x.shape
     s = s_full // cp
-    send = x.reshape(b, cp, s, h_local, d).permute(1, 0, 2, 3, 4).contiguous()  # [cp (dest), B, s, h/cp, D]
+    send = dense(x.reshape(b, cp, s, h_local, d).permute(1, 0, 2, 3, 4))  # [cp (dest), B, s, h/cp, D]
     recv = funcol.all_to_all_single(send.flatten(), None, None, group).view(send.shape)  # [cp (head group), ...]
     return recv.permute(1, 2, 0, 3, 4).reshape(b, s, cp * h_local, d)
 
@@ -73,4 +74,4 @@ def ulysses_attention(query, key, value, mask, *, group, attend, full_mask=None)
     q, k, v = to_heads(query, key, value, group)
     full = gather_key_mask(mask, group) if full_mask is None else full_mask
     out = attend(q, k, v, None if full is None else full.unsqueeze(1).unsqueeze(1))
-    return heads_to_seq(out.contiguous(), group)
+    return heads_to_seq(out, group)
