@@ -72,9 +72,7 @@ def check_attention_backend(name, cp_mode: str | None = None) -> str | None:
     if name is None:
         return None
     if not isinstance(name, str) or name.lower() not in ATTENTION_BACKENDS:
-        raise PlanError(
-            f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)} (or None), got {name!r}."
-        )
+        raise PlanError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)} (or None), got {name!r}.")
     backend = _TO_DIFFUSERS.get(name.lower(), name.lower())
     if cp_mode == "ring" and backend not in RING_FAMILIES:
         raise PlanError(
