@@ -117,6 +117,8 @@ def test_kernel_table():
     assert block_kernel("cuda", bf16, False, "math") is REFERENCE
     assert block_kernel("cpu", bf16, True) is CPU_FLASH_KERNEL
     assert block_kernel("xla", bf16, False) is REFERENCE
+    assert block_kernel("cuda", bf16, False, None, (72, 72)).name == "flash"
+    assert block_kernel("cuda", bf16, False, None, (36, 36)) is REFERENCE  # the aten ops need head dims % 8
 
 
 def _blocks(seed: int = 0):

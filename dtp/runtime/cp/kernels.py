@@ -13,6 +13,8 @@ cuDNN are not specified there; the CPU kernel reports lse = 0), so it carries ze
     cuda    bf16 / fp16  any    efficient               aten._scaled_dot_product_efficient_attention
     cuda    bf16 / fp16  any    cudnn                   aten._scaled_dot_product_cudnn_attention
     cuda    fp32         any    auto, flash, efficient, cudnn   efficient (flash and cuDNN take no fp32)
+    cuda    head dims not multiples of 8                    `reference_block` (torch's SDPA pads them for the
+                                                            fused ops; the aten ops themselves refuse them)
     cpu     any          any    all but math            aten._scaled_dot_product_flash_attention_for_cpu (fp32)
     any     any          any    math                    `reference_block` (portable fp32 math)
     other devices / dtypes                              `reference_block`
@@ -33,6 +35,7 @@ aten = torch.ops.aten
 HALF = (torch.bfloat16, torch.float16)
 FUSED_DEVICES = ("cuda",)  # device types whose SDPA aten ops below are registered (ROCm builds report "cuda" too)
 MAX_SCORES = 1 << 24  # reference_block: fp32 score elements computed at once (64 MiB); query rows are chunked
+HEAD_DIM_ALIGN = 8  # the CUDA flash / efficient / cuDNN aten ops take head dims that are multiples of 8
 BIAS_ALIGN = 16  # the efficient kernel wants its bias rows aligned (torch's SDPA pads them: `preprocess_mask`)
 CPU_FLASH = hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu")
 
@@ -52,13 +55,16 @@ class BlockKernel:
         return self.name != "reference"
 
 
-def block_kernel(device_type: str, dtype: torch.dtype, masked: bool, backend: str | None = None) -> BlockKernel:
-    """The kernel for a ring block (module docstring's table); `backend` is a ring family or None (auto)."""
+def block_kernel(
+    device_type: str, dtype: torch.dtype, masked: bool, backend: str | None = None, head_dims: tuple = ()
+) -> BlockKernel:
+    """The kernel for a ring block (module docstring's table); `backend` is a ring family or None (auto);
+    `head_dims` the q/k and v head dims (checked for the CUDA ops' alignment of 8)."""
     if backend == "math":
         return REFERENCE
     if device_type == "cpu":
         return CPU_FLASH_KERNEL if CPU_FLASH else REFERENCE
-    if device_type not in FUSED_DEVICES:
+    if device_type not in FUSED_DEVICES or any(d % HEAD_DIM_ALIGN for d in head_dims):
         return REFERENCE
     if dtype not in HALF:
         return EFFICIENT if dtype == torch.float32 else REFERENCE

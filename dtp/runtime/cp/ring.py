@@ -34,7 +34,7 @@ def block_attention(q, k, v, mask, scale: float, backend: str | None = None, ker
     one `kernels.block_kernel` chooses for these tensors. mask: `[B, Sk]` bool (True = attend) or additive float,
     or None. Rows with no visible key give out = 0 and lse = -inf, so that they carry zero weight in `merge`."""
     if kernel is None:
-        kernel = block_kernel(q.device.type, q.dtype, mask is not None, backend)
+        kernel = block_kernel(q.device.type, q.dtype, mask is not None, backend, (q.shape[-1], v.shape[-1]))
     return kernel(q, k, v, mask, scale)
 
 
@@ -68,8 +68,8 @@ def ring_attention(
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     masks = gather_key_mask(mask, group) if full_mask is None else full_mask
     masks = None if masks is None else masks.chunk(cp, dim=1)
-    kernel = block_kernel(query.device.type, query.dtype, masks is not None, backend)
     d_k, d_v = key.shape[-1], value.shape[-1]
+    kernel = block_kernel(query.device.type, query.dtype, masks is not None, backend, (d_k, d_v))
     kv = torch.cat([key, value], dim=-1)  # one message per step: [B, S/cp, H, Dk + Dv], contiguous
     shape, shift = kv.shape, ring_shift(cp)
     out = lse = None
