@@ -94,3 +94,16 @@ class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+def test_the_sdpa_route_pins_torchs_own_kernels():
+    """Ulysses on a processor that calls SDPA itself: torch's kernels are pinned (cuDNN on CPU: no kernel, so it
+    raises; math runs), other backend names leave SDPA's own choice."""
+    from dtp.runtime.cp.sdpa import sdpa_bshd
+
+    q = torch.randn(1, 5, 2, 8)
+    reference = sdpa_bshd(q, q, q)
+    assert torch.allclose(sdpa_bshd(q, q, q, backend=AttentionBackendName._NATIVE_MATH), reference, atol=1e-6)
+    assert torch.equal(sdpa_bshd(q, q, q, backend="sage"), reference)
+    with pytest.raises(RuntimeError, match="No viable backend"):
+        sdpa_bshd(q, q, q, backend="_native_cudnn")
