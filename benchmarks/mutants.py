@@ -114,8 +114,8 @@ MUTANTS = (
         "mask-gather-order",
         "masks",
         "dtp/runtime/cp/masks.py",
-        "full = torch.cat(chunks, dim=1)",
-        "full = torch.cat(chunks[::-1], dim=1)",
+        "full = funcol.all_gather_single(dense(wire), 1, group)",
+        "full = funcol.all_gather_single(dense(wire), 1, group).roll(wire.shape[1], 1)",
         (f"{DIST}/test_cp_parity.py",),
     ),
     Mutant(
@@ -130,8 +130,8 @@ MUTANTS = (
         "ulysses-chunk-order",
         "collectives",
         "dtp/runtime/cp/ulysses.py",
-        "return recv.permute(1, 0, 2, 3, 4).reshape(b, cp * s, h // cp, d)",
-        "return recv.flip(0).permute(1, 0, 2, 3, 4).reshape(b, cp * s, h // cp, d)",
+        "return recv.permute(1, 2, 0, 3, 4, 5).reshape(n, b, cp * s, h // cp, d)",
+        "return recv.flip(0).permute(1, 2, 0, 3, 4, 5).reshape(n, b, cp * s, h // cp, d)",
         (f"{UNIT}/test_cp_math.py", f"{DIST}/test_cp_parity.py"),
     ),
     Mutant(

@@ -40,3 +40,37 @@ RUN_QUANT_SCHEMES = ("fp8", "fp8wo", "int8wo")  # every torchao scheme `dtp run 
 FIT_TABLE_ROWS = 20  # `dtp fit` rows printed without --all
 HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090")  # `dtp fit --hardware` presets
 DEFAULT_TEXT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL prompt length the pipelines pad or cap to
+SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")  # torch SDPA's kernels: dtp's short backend names
+DIFFUSERS_BACKENDS = (
+    "flash",
+    "flash_hub",
+    "flash_varlen",
+    "flash_varlen_hub",
+    "flash_4_hub",
+    "_flash_3",
+    "_flash_varlen_3",
+    "_flash_3_hub",
+    "_flash_3_varlen_hub",
+    "aiter_fa2_hub",
+    "flex",
+    "native",
+    "_native_cudnn",
+    "_native_efficient",
+    "_native_flash",
+    "_native_math",
+    "_native_npu",
+    "_native_xla",
+    "sage",
+    "sage_hub",
+    "sage_blackwell_hub",
+    "sage_varlen",
+    "_sage_qk_int8_pv_fp8_cuda",
+    "_sage_qk_int8_pv_fp8_cuda_sm90",
+    "_sage_qk_int8_pv_fp16_cuda",
+    "_sage_qk_int8_pv_fp16_triton",
+    "xformers",
+)  # diffusers 0.42.1's `AttentionBackendName` values (a unit test keeps this equal to the installed diffusers')
+# `attention_backend=` / `--attention-backend`: the short names first (torch's SDPA kernels: "flash" is torch's
+# built-in flash kernel, i.e. diffusers' "_native_flash"), then diffusers' own names; diffusers' "flash" (the
+# flash-attn package) is shadowed by the short name (its hub build is "flash_hub").
+ATTENTION_BACKENDS = SDPA_BACKENDS + tuple(name for name in DIFFUSERS_BACKENDS if name not in SDPA_BACKENDS)

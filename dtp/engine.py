@@ -8,7 +8,8 @@ The mesh and the options travel as one `runtime.parallelism.Parallelism` (built 
 module's style for its torch ParallelStyle.
 
 `prepare` checks, in this order (the first failure raises PlanError, the model untouched):
-  1. options: `cp_mode` is a known mode;
+  1. options: `cp_mode` is a known mode; `attention_backend` a known backend that ring can run when cp > 1
+     (`policy.check_attention_backend`: its package found, its kernel returning the log-sum-exp for ring);
   2. the mesh: it has a `tp` axis (and maybe `cp`, `cfg`); the degrees are read from it;
   3. the plan: given, or `plan_for(model)`;
   4. the plan against the model (`resolve`): paths, globs (optional members), Linear and Embedding
@@ -58,6 +59,7 @@ from .resolve.exactness.exact import check_exact
 from .resolve.transforms.kv_share import share_kv
 from .resolve.transforms.padding import Padding, check_unpadded, pad_candidates, pad_cp, pad_resolved
 from .runtime.agree import check_agree, failed, fingerprint
+from .runtime.attention_backend import set_attention_backend
 from .runtime.cfg import check_cfg, install_cfg
 from .runtime.cp import apply_cp
 from .runtime.fsdp import apply_fsdp, check_fsdp
@@ -116,6 +118,7 @@ def prepare(
     device=None,
     pad: bool = False,
     fsdp: bool = False,
+    attention_backend: str | None = None,
 ) -> Prepared:
     """Run every check (see the module docstring for the order); mutate nothing; return what `apply` needs.
 
@@ -123,7 +126,9 @@ def prepare(
     """
     tp_submesh(mesh)  # step 2 first: without a usable mesh there is no one to agree with
     try:
-        parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp)
+        parallelism = Parallelism.build(
+            mesh, cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp, attention_backend=attention_backend
+        )
     except Exception as error:  # step 1: a rank with bad options still joins the exchange (step 8)
         check_agree(mesh, failed(error))
         raise
@@ -140,6 +145,8 @@ def prepare_with(model: nn.Module, parallelism: Parallelism, plan: Plan | None =
         raise
     cp_mode = parallelism.cp_mode if prepared.cp_resolved is not None else "unused (cp=1)"
     options = {"cp_mode": cp_mode, "pad": parallelism.pad, "fsdp": parallelism.fsdp}
+    if parallelism.attention_backend is not None:  # absent when unset: fingerprints of earlier setups unchanged
+        options["attention_backend"] = parallelism.attention_backend
     check_agree(mesh, fingerprint(model, prepared.resolved, prepared.cp_resolved, mesh, options))
     return prepared
 
@@ -205,8 +212,10 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
         _apply_tp(model, prepared, device, weights_local)
     if device is not None:
         move_unsharded(model, device)
+    set_attention_backend(model, prepared.parallelism.attention_backend)
     if prepared.cp_resolved is not None:
-        apply_cp(model, prepared.cp_resolved, prepared.parallelism.cp_mesh, prepared.cp_mode)
+        backend = prepared.parallelism.attention_backend
+        apply_cp(model, prepared.cp_resolved, prepared.parallelism.cp_mesh, prepared.cp_mode, backend)
     if prepared.parallelism.cfg > 1:
         install_cfg(model, prepared.mesh)  # each call's branches over the cfg groups (runtime/cfg)
     attach_cache(model, prepared.mesh)  # enable_cache through dtp: checked, rank-consistent (dtp/cache)

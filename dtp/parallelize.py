@@ -19,6 +19,7 @@ def parallelize(
     device=None,
     pad: bool = False,
     fsdp: bool = False,
+    attention_backend: str | None = None,
 ) -> nn.Module:
     """Shard `model` in place with `plan` (default: `plan_for(model)`) on `mesh`'s `tp` axis; returns it.
 
@@ -37,8 +38,13 @@ def parallelize(
 
     `fsdp=True` also shards every weight over the mesh's non-tp axes (cfg x cp) with torch's FSDP2: one unit per
     transformer block plus the root, each gathered just before it runs and freed after (`runtime/fsdp.py`).
+
+    `attention_backend` (`dtp.choices.ATTENTION_BACKENDS`: auto, flash, efficient, cudnn, math, or a diffusers
+    backend name such as "_flash_3_hub" or "sage") is set on the model and used by Ulysses and ring attention; ring
+    takes the ones whose kernel returns the log-sum-exp (`runtime/attention_backend.py`).
     """
-    return apply(model, prepare(model, mesh, plan, cp_mode=cp_mode, device=device, pad=pad, fsdp=fsdp))
+    options = dict(cp_mode=cp_mode, device=device, pad=pad, fsdp=fsdp, attention_backend=attention_backend)
+    return apply(model, prepare(model, mesh, plan, **options))
 
 
 def tp_candidates(

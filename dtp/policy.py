@@ -10,7 +10,7 @@ import importlib.util
 
 import torch
 
-from .choices import CP_MODES, DTYPE_NAMES
+from .choices import ATTENTION_BACKENDS, CP_MODES, DTYPE_NAMES
 from .errors import PlanError
 
 # Dtype names accepted anywhere a dtype is spelled out (CLI flags, configs). Short and long forms.
@@ -43,6 +43,62 @@ def check_cp_mode(mode) -> str:
     if mode not in CP_MODES:
         raise PlanError(f"cp_mode must be one of {', '.join(CP_MODES)}, got {mode!r}.")
     return mode
+
+
+# `attention_backend=` short names -> diffusers' `AttentionBackendName` value (None: the model's default, "native").
+_TO_DIFFUSERS = {
+    "auto": None,
+    "flash": "_native_flash",
+    "efficient": "_native_efficient",
+    "cudnn": "_native_cudnn",
+    "math": "_native_math",
+}
+# diffusers' name -> the kernel family ring attention runs its blocks in (`runtime/cp/kernels.block_kernel`): the
+# backends whose kernel dtp calls with the log-sum-exp. Others run under Ulysses only.
+RING_FAMILIES = {
+    None: None,
+    "native": None,
+    "_native_flash": "flash",
+    "_native_efficient": "efficient",
+    "_native_cudnn": "cudnn",
+    "_native_math": "math",
+}
+
+
+def check_attention_backend(name, cp_mode: str | None = None) -> str | None:
+    """diffusers' backend name for `attention_backend=name` (None for None / "auto"): PlanError for a name outside
+    `choices.ATTENTION_BACKENDS`, for a backend ring attention cannot run (`cp_mode="ring"`: its key blocks need a
+    kernel that returns the log-sum-exp) and for one whose package diffusers cannot find."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or name.lower() not in ATTENTION_BACKENDS:
+        raise PlanError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)} (or None), got {name!r}.")
+    backend = _TO_DIFFUSERS.get(name.lower(), name.lower())
+    if cp_mode == "ring" and backend not in RING_FAMILIES:
+        raise PlanError(
+            f"attention_backend={name!r} cannot run ring attention: ring merges each key block by its log-sum-exp, "
+            f"which dtp takes from torch's fused kernels; use attention_backend='cudnn' or 'flash' ('efficient'; "
+            f"'math' is the fp32 reference), or cp_mode='ulysses' to keep {name!r}."
+        )
+    if backend is not None:
+        _check_backend_installed(backend, name)
+    return backend
+
+
+def _check_backend_installed(backend: str, name: str) -> None:
+    """PlanError when diffusers says `backend`'s package is missing (flash-attn, sageattention, kernels, ...)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _check_attention_backend_requirements
+
+    try:
+        _check_attention_backend_requirements(AttentionBackendName(backend))
+    except (RuntimeError, ImportError) as error:
+        raise PlanError(f"attention_backend={name!r}: {error}") from None
+
+
+def ring_kernel_family(backend: str | None) -> str | None:
+    """The ring kernel family of a checked backend (`check_attention_backend`'s value): flash, efficient, cudnn,
+    math, or None (auto)."""
+    return RING_FAMILIES.get(backend)
 
 
 def parse_dtype(name: str) -> torch.dtype:

@@ -87,6 +87,7 @@ def from_pretrained(
     pad: bool = False,
     quantization_config=None,
     fsdp: bool = False,
+    attention_backend: str | None = None,
 ) -> nn.Module:
     """Build `model_class` from a diffusers or transformers folder, sharded on `mesh`'s `tp` axis, reading only
     this rank's slices.
@@ -107,6 +108,7 @@ def from_pretrained(
     rank quantizes its slice of every Linear weight as it is read, with the whole row's scales (`dtp/quant/load.py`).
     `fsdp=True`: the weights are sharded over the mesh's non-tp axes too (FSDP2, as `dtp.parallelize(fsdp=True)`),
     and each rank reads only its FSDP shard of its TP slice of every tensor (`loading/fsdp.py`).
+    `attention_backend`: as in `dtp.parallelize` (set on the model; Ulysses and ring use it).
     """
     model, _ = load(
         model_class,
@@ -120,6 +122,7 @@ def from_pretrained(
         pad=pad,
         quantization_config=quantization_config,
         fsdp=fsdp,
+        attention_backend=attention_backend,
     )
     return model
 
@@ -137,10 +140,12 @@ def load(
     pad=False,
     quantization_config=None,
     fsdp=False,
+    attention_backend=None,
 ):
     """`from_pretrained`, also returning this rank's `LoadStats`."""
     target = local_device(device if device is not None else tp_submesh(mesh).device_type)
-    parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=target, fsdp=fsdp)
+    options = dict(cp_mode=cp_mode, pad=pad, device=target, fsdp=fsdp, attention_backend=attention_backend)
+    parallelism = Parallelism.build(mesh, **options)
     directory = os.path.join(path, subfolder) if subfolder else path
     return load_with(model_class, directory, parallelism, plan, torch_dtype, quantization_config)
 

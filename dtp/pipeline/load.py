@@ -28,7 +28,9 @@ from ..loading.checkpoint import CheckpointError
 from ..loading.load import load_with
 from ..loading.precheck import check_files
 from ..plan import Plan, load_plan
+from ..policy import check_attention_backend
 from ..quant.load import diffusers_config
+from ..runtime.attention_backend import set_attention_backend
 from ..runtime.parallelism import Parallelism
 from ..runtime.placement import local_device
 from .parallelize import WHOLE, parallelize_with, prepare_component
@@ -47,6 +49,7 @@ def load_pipeline(
     device=None,
     quantization_config=None,
     fsdp: bool = False,
+    attention_backend: str | None = None,
 ):
     """The pipeline in `model_dir` with every component that has a plan loaded shard-on-load on `mesh`.
 
@@ -61,19 +64,23 @@ def load_pipeline(
         a mesh, diffusers' own quantized load. The text encoders, VAE and a WHOLE transformer are not quantized.
     fsdp: every sharded component's weights also divided over the mesh's non-tp axes (FSDP2), each rank reading only
         its FSDP shard of its TP slice (`dtp.from_pretrained(fsdp=True)`).
+    attention_backend: as in `dtp.parallelize`, set on the transformer (also without a mesh).
     """
     plans = {name: _plan(value) for name, value in (plans or {}).items()}
     device = local_device(device or (mesh.device_type if mesh is not None else "cpu"))
     loaded = {}
     if mesh is None:
+        backend = check_attention_backend(attention_backend)
         quantized = (
             {} if quantization_config is None else {"quantization_config": diffusers_config(quantization_config)}
         )
         loaded[TRANSFORMER] = transformer_class(model_dir).from_pretrained(
             model_dir, subfolder=TRANSFORMER, torch_dtype=torch_dtype, **quantized
         )
+        set_attention_backend(loaded[TRANSFORMER], backend)
     else:
-        parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp)
+        options = dict(cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp, attention_backend=attention_backend)
+        parallelism = Parallelism.build(mesh, **options)
         whole = {name for name, plan in plans.items() if plan is WHOLE}
         encoders = prepare_text_encoders(model_dir, parallelism, torch_dtype, skip=whole)
         if TRANSFORMER not in whole:

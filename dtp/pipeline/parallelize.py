@@ -90,6 +90,7 @@ def parallelize_pipeline(
     device=None,
     pad: bool = False,
     fsdp: bool = False,
+    attention_backend: str | None = None,
 ) -> PipelineReport:
     """Shard every component of `pipe` that has a plan, in place; returns what was sharded, with bytes.
 
@@ -101,9 +102,11 @@ def parallelize_pipeline(
     pad: as in `dtp.parallelize`, for every component: heads and widths tp does not divide are
         zero-padded (exact), e.g. Qwen-Image's Qwen2.5-VL (28 heads) at tp=8.
     fsdp: every planned component's weights also divided over the mesh's non-tp axes (FSDP2, `runtime/fsdp.py`).
+    attention_backend: as in `dtp.parallelize`, set on every sharded diffusers component (the transformer).
     Every component is prepared before any is applied: a PlanError leaves the whole pipeline as it was.
     """
-    parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp)
+    options = dict(cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp, attention_backend=attention_backend)
+    parallelism = Parallelism.build(mesh, **options)
     return parallelize_with(pipe, parallelism, plans, exclude=exclude)
 
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from ..errors import PlanError
 from ..plan.transformers import is_transformers_model
-from ..policy import check_cp_mode, check_degree
+from ..policy import check_attention_backend, check_cp_mode, check_degree
 from .mesh import CP_AXIS, TP_AXIS, cfg_degree, cp_degree, make_mesh, non_tp_submesh, tp_submesh
 
 
@@ -46,6 +46,9 @@ class Parallelism:
     cp_mode: context-parallel attention, "ulysses" or "ring" (used when the `cp` axis is > 1).
     pad: zero-pad heads and widths the TP degree does not divide (exact).
     device: where slices (and then everything else) go; None leaves parameters where they are.
+    attention_backend: the attention kernel (`choices.ATTENTION_BACKENDS`; None or "auto": the model's default),
+        kept as diffusers' name ("cudnn" -> "_native_cudnn"); checked against `cp_mode` when cp > 1 (ring takes
+        the backends whose kernel returns the log-sum-exp: `policy.check_attention_backend`).
     root: the whole mesh (default: `mesh`); a text encoder runs on its `tp` axis (`for_model`) but FSDP shards it
         over the whole mesh's other axes.
     """
@@ -59,6 +62,7 @@ class Parallelism:
     cp_mode: str = "ulysses"
     pad: bool = False
     device: torch.device | None = None
+    attention_backend: str | None = None
     root: object = None
 
     def __post_init__(self):
@@ -72,6 +76,8 @@ class Parallelism:
             built = make_mesh(tp=self.tp or 1, cp=self.cp or 1, cfg=self.cfg or 1)
             object.__setattr__(self, "mesh", built)
         self._adopt(self.mesh)
+        ring = self.cp_mode if self.cp > 1 else None
+        object.__setattr__(self, "attention_backend", check_attention_backend(self.attention_backend, ring))
         if self.root is None:
             object.__setattr__(self, "root", self.mesh)
         if self.fsdp and self.fsdp_degree == 1:
@@ -95,9 +101,18 @@ class Parallelism:
             object.__setattr__(self, name, size)
 
     @classmethod
-    def build(cls, mesh, *, cp_mode: str = "ulysses", pad: bool = False, device=None, fsdp: bool = False):
+    def build(
+        cls,
+        mesh,
+        *,
+        cp_mode: str = "ulysses",
+        pad: bool = False,
+        device=None,
+        fsdp: bool = False,
+        attention_backend: str | None = None,
+    ):
         """Adopt `mesh` with these options (the entry points' keyword arguments); PlanError when they are wrong."""
-        return cls(mesh, cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp)
+        return cls(mesh, cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp, attention_backend=attention_backend)
 
     @property
     def tp_mesh(self):

@@ -5,8 +5,8 @@ recompilation without AOT or C++ compilation; DTP_COMPILE_MATRIX=full adds the o
 case. Forms: `torch.compile(model)` and diffusers' regional `compile_repeated_blocks(fullgraph=True)`
 (fullgraph: a break would raise).
 Every case: 0 graph breaks, no recompilation over 3 timesteps, max |compiled - eager| <= 1e-5 * max |eager|
-(ring attention and the VAE's halo exchange with dynamo's `enable_p2p_compilation`, i.e.
-TORCHDYNAMO_ENABLE_P2P_COMPILATION=1).
+(the VAE's halo exchange with dynamo's `enable_p2p_compilation`, i.e. TORCHDYNAMO_ENABLE_P2P_COMPILATION=1; ring
+attention without it: its K/V rotation is a functional collective).
 The whole matrix with inductor and its cold-compile times: benchmarks/compile.py.
 """
 
@@ -21,7 +21,7 @@ from dtp.testing.scope import full_run
 
 TOL = 1e-5
 # The whole matrix costs ~100 s of CPU per rank (each case a cold trace; dynamo through DTensor is slow), too
-# much for the suite: by default regional cases cover TP + LoRA, CP (Ulysses and ring: p2p ops under dynamo), padded
+# much for the suite: by default regional cases cover TP + LoRA, CP (Ulysses and ring: functional collectives), padded
 # heads with int8 weights (torchao's Int8Tensor holding DTensor data and scales; one compile for both kinds, 5.6 CPU s
 # a rank against 8.3 + 9.2 apart), and the parallel VAE's decode compiled whole; DTP_COMPILE_MATRIX=full runs all
 # (pad and int8wo apart, inductor, fp8wo, the Wan VAE and CogVideoX's SDPA among them).

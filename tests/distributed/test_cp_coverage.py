@@ -3,8 +3,8 @@
 ONE 4-process group for the whole module: for each plan, a tiny model with batch 2 (text + image or
 video tokens, padded prompts where the model takes a mask) at (cp, tp) in {(2, 2), (4, 1)} x
 {ulysses, ring}, against the single-process reference. Every CP attention module must really route
-(Ulysses: 3 all-to-alls per module call; ring: cp key blocks per module call), whichever way its
-processor calls attention (diffusers' dispatcher, torch SDPA, or a dtp adapter). Negative control:
+(Ulysses: one `to_heads`, q, k, v in one all-to-all, per module call; ring: cp key blocks per module call),
+whichever way its processor calls attention (diffusers' dispatcher, torch SDPA, or a dtp adapter). Negative control:
 CogVideoX with its attention marked `local` (so it attends over local tokens only) must fail parity.
 Also Lumina2 with 4 query / 2 kv heads at tp=4, no pad (kv heads shared by 2 ranks, as transformers
 attention does); per-token timesteps (Wan 2.2 ti2v / LTX [B, S], Cosmos per-frame [B, 1, T, 1, 1]);
@@ -114,7 +114,7 @@ class _Counter:
 def _run(model, mesh, mode: str, inputs: dict, ref: torch.Tensor, plan=None) -> dict:
     model = dtp.parallelize(model, mesh, plan, cp_mode=mode)
     with (
-        _Counter(ulysses_module, "seq_to_heads") as a2a,
+        _Counter(ulysses_module, "to_heads") as a2a,
         _Counter(ring_module, "block_attention") as blocks,
         _Counter(linear_module, "reduce_sums") as sums,
     ):
@@ -207,7 +207,7 @@ def test_parity(four, name, cp, tp, mode):
         assert r["rel"] <= TOL, (rank, name, cp, tp, mode, r)
         assert r["sums"] == linear, (rank, name, r, linear)
         if mode == "ulysses":
-            assert (r["a2a"], r["blocks"]) == (3 * modules, 0), (rank, name, r, modules)
+            assert (r["a2a"], r["blocks"]) == (modules, 0), (rank, name, r, modules)  # one `to_heads` per call
         else:
             assert (r["a2a"], r["blocks"]) == (0, cp * modules), (rank, name, r, modules)
 
@@ -324,11 +324,11 @@ def _qwenimage21(meshes) -> dict:
 @pytest.mark.parametrize("cp,tp", [(2, 2), pytest.param(4, 1, marks=pytest.mark.full)])
 def test_qwenimage21_block_causal_under_ulysses(four, cp, tp):
     """Qwen-Image 2.1 tiny, condition image + padded prompt, Ulysses at (cp, tp): max |out - ref| <= 1e-5 *
-    max |ref| (measured 5.3e-7 at (2, 2), 4.3e-7 at (4, 1)), 3 all-to-alls per attention call."""
+    max |ref| (measured 5.3e-7 at (2, 2), 4.3e-7 at (4, 1)), one stacked q/k/v all-to-all per attention call."""
     for results in four:
         r = results["qwenimage21", cp, tp]
         assert r["shape_ok"] and r["rel"] <= TOL, (cp, tp, r)
-        assert (r["a2a"], r["blocks"]) == (3 * 2, 0), r  # 2 blocks in the tiny config
+        assert (r["a2a"], r["blocks"]) == (2, 0), r  # 2 blocks in the tiny config
 
 
 def test_qwenimage21_without_block_causality_fails_parity(four):

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import dtp
+import dtp.runtime.cp.attention as attention_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.runtime.cp import remove_cp
@@ -69,7 +70,7 @@ class _Counter:
 @torch.no_grad()
 def _parity(cls: str, mesh, mode: str, ref: torch.Tensor, inputs: dict) -> dict:
     model = dtp.parallelize(tiny_model(cls), mesh, cp_mode=mode)
-    with _Counter(ulysses_module, "seq_to_heads") as a2a, _Counter(ring_module, "block_attention") as blocks:
+    with _Counter(ulysses_module, "to_heads") as a2a, _Counter(ring_module, "block_attention") as blocks:
         out = output_tensor(model(**inputs)).float()
     return dict(
         diff=float((out - ref).abs().max()),
@@ -131,8 +132,8 @@ def _local_keys(out_a, lse_a, out_b, lse_b):
 
 
 CONTROLS = {  # name: (cp mode, module, attribute, replacement)
-    "local_mask_ulysses": ("ulysses", ulysses_module, "gather_key_mask", _local_mask),
-    "local_mask_ring": ("ring", ring_module, "gather_key_mask", _local_mask),
+    "local_mask_ulysses": ("ulysses", attention_module, "gather_key_mask", _local_mask),
+    "local_mask_ring": ("ring", attention_module, "gather_key_mask", _local_mask),
     "ring_local_keys": ("ring", ring_module, "merge", _local_keys),
 }
 

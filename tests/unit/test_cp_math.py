@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dtp
-import dtp.runtime.cp.ring as ring_module
+import dtp.runtime.cp.kernels as kernels_module
 from dtp.runtime.cp.masks import key_mask
 from dtp.runtime.cp.ring import block_attention, merge
 from dtp.runtime.cp.sequence import flat_chunk, local_chunk
@@ -26,7 +26,7 @@ def _sdpa(q, k, v, mask):
 @pytest.fixture(params=["fused_cpu", "portable"])
 def block_path(request, monkeypatch):
     """Run a test through the CPU flash kernel and through the portable fp32 math."""
-    monkeypatch.setattr(ring_module, "USE_FUSED_CPU", request.param == "fused_cpu")
+    monkeypatch.setattr(kernels_module, "CPU_FLASH", request.param == "fused_cpu")
     return request.param
 
 
@@ -64,11 +64,11 @@ def test_blockwise_merge_equals_full_attention(block_path, blocks, block_len, q_
 
 def test_query_chunking_matches_one_block(monkeypatch):
     """Portable path: scores in query-row chunks (tiny MAX_SCORES) give the same out and lse as one block."""
-    monkeypatch.setattr(ring_module, "USE_FUSED_CPU", False)
+    monkeypatch.setattr(kernels_module, "CPU_FLASH", False)
     q, k, v = torch.randn(2, 9, 2, 4), torch.randn(2, 5, 2, 4), torch.randn(2, 5, 2, 4)
     mask = torch.rand(2, 5) > 0.3
     whole = block_attention(q, k, v, mask, 0.5)
-    monkeypatch.setattr(ring_module, "MAX_SCORES", 2 * 2 * 5 * 2)  # 2 query rows at a time
+    monkeypatch.setattr(kernels_module, "MAX_SCORES", 2 * 2 * 5 * 2)  # 2 query rows at a time
     chunked = block_attention(q, k, v, mask, 0.5)
     torch.testing.assert_close(chunked[0], whole[0])
     torch.testing.assert_close(chunked[1], whole[1])

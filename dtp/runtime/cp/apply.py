@@ -12,12 +12,14 @@ from .attention import CpAttention, install_attention
 from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
 from .local_embed import install_local_embed, local_embed_for
+from .masks import ForwardMasks
 
 HANDLES_ATTR = "_dtp_cp_handles"
 
 
-def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str) -> None:
-    """Hook `model` for CP on the 1-D `cp_mesh`; `remove_cp(model)` undoes it."""
+def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str, backend: str | None = None) -> None:
+    """Hook `model` for CP on the 1-D `cp_mesh`; `remove_cp(model)` undoes it. backend: the attention backend
+    (a diffusers `AttentionBackendName` value, None = auto) Ulysses and ring attention use (`CpAttention`)."""
     group = cp_mesh.get_group()
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     handles, pads = [], PadState()
@@ -37,8 +39,11 @@ def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str) -> None
             handles.append(module.register_forward_hook(SplitOutputs(path, rules, rank, cp)))
     for path, rule in resolved.gathers:
         handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group)))
-    attention = CpAttention(mode=mode, group=group)
-    padded = CpAttention(mode=mode, group=group, pads=pads)  # masks the pad keys of the padded split
+    masks = ForwardMasks()  # each mask split and gathered once per forward, reused by every layer
+    handles.append(model.register_forward_pre_hook(masks.open))
+    handles.append(model.register_forward_hook(masks.close, always_call=True))
+    attention = CpAttention(mode=mode, group=group, backend=backend, masks=masks)
+    padded = CpAttention(mode=mode, group=group, pads=pads, backend=backend, masks=masks)  # masks the pad keys
     for spec in resolved.attention:
         chosen = padded if spec.path in resolved.padded_attention else attention
         handles += install_attention(spec.path, model.get_submodule(spec.path), chosen)

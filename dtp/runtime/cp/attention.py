@@ -25,16 +25,17 @@ Why not wrap the processor object: diffusers filters processor kwargs by
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from ...errors import ForwardError
+from ...policy import ring_kernel_family
 from ...resolve.binding.cp import DISPATCH_NAME, LINEAR_ROUTE, attention_routes, processor_module
 from ..probe import body_runs
 from .adapters import install_adapter
-from .masks import split_mask, whole_mask
+from .masks import ForwardMasks, gather_key_mask, split_mask, whole_mask
 from .ring import ring_attention
 from .sdpa import SdpaRoute
 from .ulysses import ulysses_attention
@@ -45,11 +46,19 @@ _ACTIVE: list = []  # the scopes of the attention modules running now, innermost
 
 @dataclass(frozen=True)
 class CpAttention:
-    """Attention over the `cp` process group in one mode; called by the patched dispatcher."""
+    """Attention over the `cp` process group in one mode; called by the patched dispatcher.
+
+    backend: the attention backend chosen for the model (a diffusers `AttentionBackendName` value, None = auto):
+    Ulysses passes it to attention on whole sequences where the processor names none (the SDPA route), ring runs
+    its blocks in that backend's kernel family (`policy.ring_kernel_family`, `kernels.block_kernel`).
+    masks: the per-forward mask cache shared by the model's attention layers (`masks.ForwardMasks`).
+    """
 
     mode: str
     group: object  # the process group of this rank's `cp` axis
     pads: object = None  # hooks.PadState for a module whose keys hold a padded split's tokens, else None
+    backend: str | None = None
+    masks: ForwardMasks = field(default_factory=ForwardMasks)
 
     def __call__(self, original, args: dict):
         query, key, value = args["query"], args["key"], args["value"]
@@ -62,17 +71,39 @@ class CpAttention:
         whole = whole_mask(args.get("attn_mask"), query, key, self.group)
         if whole is not None:
             return self._whole_mask_attention(original, args, whole)
-        mask, blind_rows = split_mask(args.get("attn_mask"), query.shape[0], key.shape[1])
-        mask = self._mask_pad_keys(mask, query.shape[0], key)
+        full_mask, blind_rows = self._key_mask(args.get("attn_mask"), query, key)
         if self.mode == "ring":
-            out = ring_attention(query, key, value, mask, group=self.group, scale=args.get("scale"))
+            ring_backend = ring_kernel_family(self.backend)
+            out = ring_attention(
+                query, key, value, None, group=self.group, scale=args.get("scale"), backend=ring_backend,
+                full_mask=full_mask,
+            )  # fmt: skip
         else:
+            backend = args.get("backend") or self.backend
 
             def attend(q, k, v, attn_mask):
-                return original(q, k, v, attn_mask=attn_mask, scale=args.get("scale"), backend=args.get("backend"))
+                return original(q, k, v, attn_mask=attn_mask, scale=args.get("scale"), backend=backend)
 
-            out = ulysses_attention(query, key, value, mask, group=self.group, attend=attend)
-        return out if blind_rows is None else out.masked_fill(blind_rows[:, :, None, None], 0.0)
+            out = ulysses_attention(query, key, value, None, group=self.group, attend=attend, full_mask=full_mask)
+        if blind_rows is None:
+            return out
+        return out.masked_fill(blind_rows.unsqueeze(-1).unsqueeze(-1), 0.0)
+
+    def _key_mask(self, attn_mask, query, key):
+        """`(every rank's key mask [B, S] or None, blind query rows or None)`: split, pad keys masked and gathered
+        once per forward for each mask object (`ForwardMasks`)."""
+        batch, keys = query.shape[0], key.shape[1]
+        if attn_mask is None:
+            mask, blind_rows = None, None
+        else:
+            mask, blind_rows = self.masks.get(
+                attn_mask, ("split", batch, keys), lambda: split_mask(attn_mask, batch, keys)
+            )
+        mask = self._mask_pad_keys(mask, batch, key)
+        if mask is None:
+            return None, blind_rows
+        where = ("gather", self.pads is not None, batch, keys, mask.dtype)
+        return self.masks.get(attn_mask, where, lambda: gather_key_mask(mask, self.group)), blind_rows
 
     def _whole_mask_attention(self, original, args: dict, mask):
         """Ulysses with a mask over the whole sequence (`masks.whole_mask`): each rank attends every token for its
@@ -82,9 +113,10 @@ class CpAttention:
                 f"context-parallel attention: a {tuple(mask.shape)} mask over the whole sequence (a per-query mask, "
                 f"e.g. block-causal) runs under Ulysses without padded keys only; use cp_mode='ulysses'."
             )
+        backend = args.get("backend") or self.backend
 
         def attend(q, k, v, attn_mask):
-            return original(q, k, v, attn_mask=mask, scale=args.get("scale"), backend=args.get("backend"))
+            return original(q, k, v, attn_mask=mask, scale=args.get("scale"), backend=backend)
 
         return ulysses_attention(args["query"], args["key"], args["value"], None, group=self.group, attend=attend)
 
@@ -97,7 +129,7 @@ class CpAttention:
             return valid
         if mask.dtype == torch.bool:
             return mask & valid
-        return mask.masked_fill(~valid, float("-inf"))
+        return mask.masked_fill(torch.logical_not(valid), float("-inf"))
 
 
 def patch_dispatch(module) -> None:
@@ -147,7 +179,10 @@ class _Scope:
         finally:
             self.busy = False
 
-    def enter(self, module, args):
+    def enter(self, module, args, kwargs):
+        masks = getattr(self.attention, "masks", None)
+        if masks is not None:  # CpAttention's per-forward mask cache: the mask arguments of this call
+            masks.note_inputs(kwargs)
         self.calls = 0
         self.runs = body_runs(module)
         _ACTIVE.append(self)
@@ -192,6 +227,6 @@ def install_attention(path: str, attn: nn.Module, attention) -> list:
         patch_dispatch(module)
     scope = _Scope(path, attention, sdpa=SDPA_ROUTE in attention_routes(attn))
     return handles + [
-        attn.register_forward_pre_hook(scope.enter),
+        attn.register_forward_pre_hook(scope.enter, with_kwargs=True),
         attn.register_forward_hook(scope.exit, always_call=True),
     ]

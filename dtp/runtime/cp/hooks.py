@@ -34,10 +34,10 @@ class PadState:
             return None
         if keys < self.local:
             raise ForwardError(f"cp padding: {keys} local keys cannot hold the {self.local} padded-segment tokens.")
-        valid = torch.ones(batch, keys, dtype=torch.bool, device=device)
         start = 0 if self.at == "first" else keys - self.local
-        valid[:, start + self.valid : start + self.local] = False
-        return valid
+        position = torch.arange(keys, device=device)
+        pad = (position >= start + self.valid) & (position < start + self.local)
+        return torch.logical_not(pad).expand(batch, keys)
 
 
 class SplitInputs:

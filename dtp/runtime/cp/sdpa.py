@@ -14,8 +14,18 @@ Layouts: torch's SDPA takes `[B, H, S, D]`; dtp's CP attention (like `dispatch_a
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
+
+SDPA_KERNELS = {
+    "_native_flash": SDPBackend.FLASH_ATTENTION,
+    "_native_efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "_native_cudnn": SDPBackend.CUDNN_ATTENTION,
+    "_native_math": SDPBackend.MATH,
+}
 
 
 def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -26,10 +36,15 @@ def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
 
 
 def sdpa_bshd(query, key, value, attn_mask=None, scale=None, backend=None, **unused):
-    """torch SDPA on `[B, S, H, D]` tensors (the layout CP attention works in); `backend` is ignored."""
-    out = F.scaled_dot_product_attention(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=attn_mask, scale=scale
-    )
+    """torch SDPA on `[B, S, H, D]` tensors (the layout CP attention works in). `backend`: a diffusers backend name
+    (or `AttentionBackendName`); torch's own (`_native_flash`, `_native_efficient`, `_native_cudnn`, `_native_math`)
+    pin SDPA to that kernel, any other runs SDPA's default choice (a processor that calls SDPA itself never ran
+    diffusers' backends)."""
+    kernel = SDPA_KERNELS.get(getattr(backend, "value", backend))
+    with sdpa_kernel(kernel) if kernel is not None else nullcontext():
+        out = F.scaled_dot_product_attention(
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=attn_mask, scale=scale
+        )
     return out.transpose(1, 2)
 
 

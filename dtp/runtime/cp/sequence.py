@@ -54,11 +54,17 @@ def flat_chunk(x: torch.Tensor, dim: int, rank: int, cp: int, what: str, expecte
     return chunk.reshape(*x.shape[:dim], *([1] * (x.ndim - dim - 1)), chunk.shape[dim])
 
 
+def dense(x: torch.Tensor) -> torch.Tensor:
+    """`x.contiguous()` in a form that also runs on fake CUDA tensors (where `Tensor.contiguous` raises on a CPU-only
+    torch): `x` itself when it is contiguous, else a contiguous copy."""
+    return x if x.is_contiguous() else x.clone(memory_format=torch.contiguous_format)
+
+
 def gather_chunks(x: torch.Tensor, dim: int, group, what: str, expected_dims: int | None = None) -> torch.Tensor:
     """All-gather every rank's chunk of `x` on `group` and concatenate them along `dim`, in rank order."""
     if expected_dims is not None and x.ndim != expected_dims:
         raise ForwardError(f"cp gather of {what}: expected a {expected_dims}-D tensor, got shape {tuple(x.shape)}.")
-    x = x.contiguous()
+    x = dense(x)
     chunks = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
     dist.all_gather(chunks, x, group=group)
     return torch.cat(chunks, dim=dim)
