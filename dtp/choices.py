@@ -40,3 +40,39 @@ RUN_QUANT_SCHEMES = ("fp8", "fp8wo", "int8wo")  # every torchao scheme `dtp run 
 FIT_TABLE_ROWS = 20  # `dtp fit` rows printed without --all
 HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090")  # `dtp fit --hardware` presets
 DEFAULT_TEXT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL prompt length the pipelines pad or cap to
+COMPILE_BACKENDS = ("inductor", "eager", "aot_eager")  # `compile=` / `dtp run --compile [BACKEND]` (dynamo backends)
+# `dtp run --attention-backend`: torch's SDPA kernels by short name (auto: torch's own choice), then diffusers 0.42's
+# dispatcher names (`AttentionBackendName`); the library's own list and check arrive with attention_backend=.
+ATTENTION_BACKENDS = (
+    "auto",
+    "flash",
+    "efficient",
+    "cudnn",
+    "math",
+    "flash_hub",
+    "flash_varlen",
+    "flash_varlen_hub",
+    "flash_4_hub",
+    "_flash_3",
+    "_flash_varlen_3",
+    "_flash_3_hub",
+    "_flash_3_varlen_hub",
+    "aiter_fa2_hub",
+    "flex",
+    "native",
+    "_native_cudnn",
+    "_native_efficient",
+    "_native_flash",
+    "_native_math",
+    "_native_npu",
+    "_native_xla",
+    "sage",
+    "sage_hub",
+    "sage_blackwell_hub",
+    "sage_varlen",
+    "_sage_qk_int8_pv_fp8_cuda",
+    "_sage_qk_int8_pv_fp8_cuda_sm90",
+    "_sage_qk_int8_pv_fp16_cuda",
+    "_sage_qk_int8_pv_fp16_triton",
+    "xformers",
+)

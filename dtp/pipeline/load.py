@@ -29,9 +29,10 @@ from ..loading.load import load_with
 from ..loading.precheck import check_files
 from ..plan import Plan, load_plan
 from ..quant.load import diffusers_config
+from ..runtime.compile import compile_backend
 from ..runtime.parallelism import Parallelism
 from ..runtime.placement import local_device
-from .parallelize import WHOLE, parallelize_with, prepare_component
+from .parallelize import WHOLE, compile_denoisers, parallelize_with, prepare_component
 
 TRANSFORMER = "transformer"  # diffusers' component name of the denoiser
 
@@ -47,6 +48,7 @@ def load_pipeline(
     device=None,
     quantization_config=None,
     fsdp: bool = False,
+    compile: bool | str = False,
 ):
     """The pipeline in `model_dir` with every component that has a plan loaded shard-on-load on `mesh`.
 
@@ -61,7 +63,10 @@ def load_pipeline(
         a mesh, diffusers' own quantized load. The text encoders, VAE and a WHOLE transformer are not quantized.
     fsdp: every sharded component's weights also divided over the mesh's non-tp axes (FSDP2), each rank reading only
         its FSDP shard of its TP slice (`dtp.from_pretrained(fsdp=True)`).
+    compile: regional compile of the denoisers once loaded, sharded or whole (`parallelize_pipeline`'s `compile`:
+        True is inductor, "eager" traces only; each repeated block with `fullgraph=True`, traced at its first call).
     """
+    backend = compile_backend(compile)  # a wrong value fails before anything is read
     plans = {name: _plan(value) for name, value in (plans or {}).items()}
     device = local_device(device or (mesh.device_type if mesh is not None else "cpu"))
     loaded = {}
@@ -87,7 +92,10 @@ def load_pipeline(
     if mesh is not None:
         rest = {name: plan for name, plan in plans.items() if name not in loaded and name in pipe.components}
         parallelize_with(pipe, parallelism, rest, exclude=tuple(loaded))
-    return pipe.to(device)  # moves the whole components; the sharded ones are already there
+    pipe = pipe.to(device)  # moves the whole components; the sharded ones are already there
+    if backend is not None:
+        compile_denoisers(pipe, backend, parallelism if mesh is not None else None)
+    return pipe
 
 
 def _plan(value):

@@ -29,6 +29,7 @@ from ..errors import PlanError
 from ..plan import Plan, bundled_plans_for, find_plan
 from ..plan.transformers import is_transformers_model
 from ..runtime.cfg import check_cfg, install_cfg
+from ..runtime.compile import compile_backend, compile_blocks, repeated_blocks
 from ..runtime.fsdp import is_fsdp, release
 from ..runtime.memory import local_param_bytes
 from ..runtime.parallelism import Parallelism
@@ -90,6 +91,7 @@ def parallelize_pipeline(
     device=None,
     pad: bool = False,
     fsdp: bool = False,
+    compile: bool | str = False,
 ) -> PipelineReport:
     """Shard every component of `pipe` that has a plan, in place; returns what was sharded, with bytes.
 
@@ -101,14 +103,22 @@ def parallelize_pipeline(
     pad: as in `dtp.parallelize`, for every component: heads and widths tp does not divide are
         zero-padded (exact), e.g. Qwen-Image's Qwen2.5-VL (28 heads) at tp=8.
     fsdp: every planned component's weights also divided over the mesh's non-tp axes (FSDP2, `runtime/fsdp.py`).
+    compile: regional compile of every denoiser (`transformer*`, `unet`) once sharded: each repeated block
+        compiled with `fullgraph=True` (`runtime/compile.py`); True is inductor, a string names the dynamo backend
+        ("eager": traced, run eagerly). Lazy: the first call traces.
     Every component is prepared before any is applied: a PlanError leaves the whole pipeline as it was.
     """
     parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp)
-    return parallelize_with(pipe, parallelism, plans, exclude=exclude)
+    return parallelize_with(pipe, parallelism, plans, exclude=exclude, compile=compile)
 
 
-def parallelize_with(pipe, parallelism: Parallelism, plans=None, *, exclude: Iterable[str] = ()) -> PipelineReport:
+def parallelize_with(
+    pipe, parallelism: Parallelism, plans=None, *, exclude: Iterable[str] = (), compile: bool | str = False
+) -> PipelineReport:
     """`parallelize_pipeline` for callers that hold the parallel setup (`load_pipeline`)."""
+    backend = compile_backend(compile)
+    if backend is not None:
+        check_compilable(pipe)
     mesh = parallelism.mesh
     plans = dict(plans or {})
     modules = {n: m for n, m in pipe.components.items() if isinstance(m, nn.Module) and n not in set(exclude)}
@@ -137,6 +147,8 @@ def parallelize_with(pipe, parallelism: Parallelism, plans=None, *, exclude: Ite
             install_vae(modules[name], checked, mesh)
     if parallelism.fsdp:
         release_before_decode(pipe)
+    if backend is not None:
+        compile_denoisers(pipe, backend, parallelism)
     reports = []
     for name, module in modules.items():
         report = _report(name, module, prepared.get(name), whole[name])
@@ -146,6 +158,24 @@ def parallelize_with(pipe, parallelism: Parallelism, plans=None, *, exclude: Ite
             report = ComponentReport(name, report.class_name, plan, report.whole_bytes, report.local_bytes, note)
         reports.append(report)
     return PipelineReport(parallelism.tp, tuple(reports))
+
+
+def denoisers(pipe) -> dict:
+    """{name: module} of the pipeline's denoisers (`transformer`, `transformer_2`, `unet`, ...)."""
+    return {n: m for n, m in pipe.components.items() if isinstance(m, nn.Module) and n.startswith(DENOISERS)}
+
+
+def check_compilable(pipe) -> None:
+    """PlanError (nothing changed) when a denoiser has no blocks for regional compile (`repeated_blocks`)."""
+    for module in denoisers(pipe).values():
+        repeated_blocks(module)
+
+
+def compile_denoisers(pipe, backend: str, parallelism: Parallelism | None = None) -> int:
+    """Regional compile (`runtime.compile.compile_blocks`) of every denoiser of `pipe`, sharded or whole; how many
+    blocks. Ring attention's P2P K/V rotation needs dynamo's P2P switch (`parallelism` says whether it runs)."""
+    ring = parallelism is not None and parallelism.cp > 1 and parallelism.cp_mode == "ring"
+    return sum(compile_blocks(module, backend=backend, ring=ring) for module in denoisers(pipe).values())
 
 
 RELEASING = "_dtp_releases_fsdp"  # on a VAE decoder that frees the pipeline's FSDP gathers before it runs
