@@ -64,11 +64,14 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     return list(largest)
 
 
-def compile_blocks(model: nn.Module, *, backend: str = DEFAULT_BACKEND, fullgraph: bool = True, ring=False) -> int:
-    """Compile each of `repeated_blocks(model)` in place (`nn.Module.compile`: lazy, traced at its first call);
-    returns how many. Compiling a model twice is a no-op. `ring`: the model runs ring attention, whose K/V
-    rotation is P2P (`batch_isend_irecv`), which dynamo traces only with `enable_p2p_compilation` (set here,
-    process-wide: it is read when a block is first traced).
+def compile_blocks(
+    model: nn.Module, *, backend: str = DEFAULT_BACKEND, fullgraph: bool = True, ring: bool = False
+) -> int:
+    """Compile the `forward` of each of `repeated_blocks(model)` in place (lazy: traced at its first call, one graph
+    per block class reused by every instance); returns how many. Compiling a model twice is a no-op.
+
+    ring: the model runs ring attention, whose K/V rotation is P2P (`batch_isend_irecv`), which dynamo traces only
+    with `enable_p2p_compilation` (set here, process-wide: it is read when a block is first traced).
     """
     if getattr(model, COMPILED_ATTR, None) is not None:
         return 0
@@ -77,7 +80,11 @@ def compile_blocks(model: nn.Module, *, backend: str = DEFAULT_BACKEND, fullgrap
         # runtime/cp/ring.py rotates K/V with P2P ops; dynamo refuses them unless told (a fullgraph block would raise)
         torch._dynamo.config.enable_p2p_compilation = True
     for block in blocks:
-        block.compile(backend=backend, fullgraph=fullgraph)
+        # The block's `forward`, not its whole call (diffusers' `compile_repeated_blocks` compiles `_call_impl`):
+        # hooks on the block itself then run eagerly around the compiled region. FSDP2's units carry their
+        # unshard / reshard hooks and dtp's first-call order hook (`fsdp.follow_first_call`, a list it appends
+        # to), which inside the region were traced and guarded on that list's length: a recompile per unit.
+        block.forward = torch.compile(block.forward, backend=backend, fullgraph=fullgraph)
     setattr(model, COMPILED_ATTR, backend)
     return len(blocks)
 
