@@ -165,6 +165,10 @@ def measure(setup: Setup, model, inputs: dict, *, ring_mode: bool, backend: str)
     )
 
 
+def mesh_label(axis: str, degree: int) -> str:
+    return f"tp={degree}" if axis == "tp" else f"cp={degree} {axis}"
+
+
 def mesh_of(axis: str, degree: int, device: str):
     return dtp.make_mesh(tp=degree if axis == "tp" else 1, cp=1 if axis == "tp" else degree, device_type=device)
 
@@ -178,14 +182,14 @@ def rank_rows(setup: Setup, name: str, meshes) -> None:
     table.append(dict(model=name, mesh="1 GPU (diffusers)", degree=1, **one))
     for axis, degree in meshes:
         if setup.over():
-            table.append(dict(model=name, mesh=f"{axis}={degree}", degree=degree, skipped="time budget"))
+            table.append(dict(model=name, mesh=mesh_label(axis, degree), degree=degree, skipped="time budget"))
             continue
         table.append(_rank_row(setup, name, base, inputs, axis, degree, one))
     del base
 
 
 def _rank_row(setup: Setup, name: str, base, inputs: dict, axis: str, degree: int, one: dict) -> dict:
-    row = dict(model=name, mesh=f"{axis}={degree}" if axis == "tp" else f"cp={degree} {axis}", degree=degree)
+    row = dict(model=name, mesh=mesh_label(axis, degree), degree=degree)
     try:
         with fake_world(degree):
             mesh = mesh_of(axis, degree, setup.device)
