@@ -347,8 +347,8 @@ def rank_work(setup) -> None:
     """One rank's work on fake process groups: the ring block kernel, the tp / cp grid, the attention backends."""
     ranks.ring_kernel_rows(setup, ranks.SMOKE_RING_SHAPES if setup.smoke else ranks.RING_SHAPES)
     for name in (ranks.FLUX, ranks.WAN):
-        ranks.rank_rows(setup, name, ranks.SMOKE_MESHES if setup.smoke else ranks.MESHES)
-    for name in (ranks.FLUX, ranks.WAN):
+        ranks.rank_rows(setup, name, ranks.SMOKE_MESHES[name] if setup.smoke else ranks.MESHES)
+    for name in (ranks.FLUX,) if setup.smoke else (ranks.FLUX, ranks.WAN):
         ranks.backend_rows(setup, name, ranks.SMOKE_BACKENDS if setup.smoke else ranks.BACKENDS)
 
 
