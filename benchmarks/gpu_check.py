@@ -299,7 +299,7 @@ def main() -> None:
     global DEVICE
     DEVICE = "cpu" if args.cpu_smoke else "cuda"
     begin = time.perf_counter()
-    budget = args.budget_s or (110.0 if args.cpu_smoke else 450.0)
+    budget = args.budget_s or (110.0 if args.cpu_smoke else 420.0)
     setup = ranks.Setup(
         device=DEVICE,
         smoke=args.cpu_smoke,
@@ -346,8 +346,7 @@ def one_rank_checks(root: str) -> None:
 def rank_work(setup) -> None:
     """One rank's work on fake process groups: the ring block kernel, the tp / cp grid, the attention backends."""
     ranks.ring_kernel_rows(setup, ranks.SMOKE_RING_SHAPES if setup.smoke else ranks.RING_SHAPES)
-    for name in (ranks.FLUX, ranks.WAN):
-        ranks.rank_rows(setup, name, ranks.SMOKE_MESHES[name] if setup.smoke else ranks.MESHES)
+    ranks.rank_rows(setup, ranks.SMOKE_MESHES if setup.smoke else {ranks.FLUX: ranks.MESHES, ranks.WAN: ranks.MESHES})
     for name in (ranks.FLUX,) if setup.smoke else (ranks.FLUX, ranks.WAN):
         ranks.backend_rows(setup, name, ranks.SMOKE_BACKENDS if setup.smoke else ranks.BACKENDS)
 
