@@ -1,8 +1,8 @@
 """`dtp run --compile` as a user runs it: torchrun, 2 gloo ranks, the tiny FLUX.1 checkpoint in fp32, 3 steps.
 
 The compiled run (`--compile eager`: regional, fullgraph, dynamo's eager backend, which traces what inductor
-traces without generating code) draws the one-process eager run's pixels within 1e-5 (max |diff|; measured at
-tp=2: ~1e-7), and every rank's `--report` says 0 graph breaks and 0 recompiles after step 1. One launch by default
+traces without generating code) draws the one-process eager run's pixels within 1e-5 (max |diff|) at
+tp=2, and every rank's `--report` says 0 graph breaks and 0 recompiles after step 1. One launch by default
 (tp=2); with DTP_FULL=1 also ring cp=2 and cfg=2 with true CFG (the other meshes: test_compile_pipeline.py).
 A run that did not compile has no "compile" entry in its report (`rank_report` adds it only for a compiled
 transformer), so the first check cannot pass on an eager run; a recompile or a break is seen by the same counters
