@@ -168,8 +168,8 @@ def medium_flux():
     from dtp.families.tiny import random_model
 
     config = {"guidance_embeds": True, "num_layers": 2, "num_single_layers": 4}
-    if DEVICE != "cuda":  # the smoke run: width 128 instead of 3072, one block of each kind
-        config |= {"num_attention_heads": 1, "num_layers": 1, "num_single_layers": 1}
+    if DEVICE != "cuda":  # the smoke run: width 256 instead of 3072, one block of each kind
+        config |= {"num_attention_heads": 2, "num_layers": 1, "num_single_layers": 1}
     return random_model(FLUX, config, seed=0).to(device=DEVICE, dtype=torch.bfloat16), config
 
 
