@@ -11,7 +11,7 @@ hook's id (`___dict_contains(<id>, attn._forward_hooks_always_called)`), a diffe
 module, so every block recompiles, and a model with more than 8 blocks of a class fails under fullgraph. Marked
 xfail (strict) until the hook is registered without `always_call` (the scope popped on an exception another way);
 the pipeline tests at tiny depth (2 + 2 blocks) stay under the limit and pass.
-All cases `full`: each is a cold trace of 10 blocks (~30-60 CPU s here).
+All cases `full`: each is a cold trace of 10 blocks (the four: 653 s wall on the shared 2-core machine).
 """
 
 from __future__ import annotations

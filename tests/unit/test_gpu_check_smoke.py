@@ -1,7 +1,8 @@
 """`python benchmarks/gpu_check.py --cpu-smoke`: the device script's own code on the CPU at tiny sizes, so it does not
 rot between the rare runs on a GPU. Every row must run (none failed, none skipped past its budget) and the report
 must hold each section: the tp=1 checks, one rank's work per mesh (tp, Ulysses, ring at degree 2 on a fake process
-group), the attention backends and the ring block against its fp32 reference."""
+group), the attention backends and the ring block against its fp32 reference. Measured: 118 CPU s (+6 system),
+535 s wall on the shared 2-core machine at load ~15."""
 
 from __future__ import annotations
 
