@@ -6,7 +6,8 @@ Every case: 0 graph breaks (`fullgraph=True` would raise at one), the graphs all
 (0 recompiles in steps 2-3), pixels within 1e-5 of the same pipeline loaded without `compile` (measured: equal, 0).
 Dynamo's "eager" backend traces exactly what inductor would, without generating code. Ring compiles through
 dynamo's P2P switch today (`compile_blocks(ring=True)`), until its K/V rotation moves to functional collectives.
-Each case costs ~20-40 CPU s a rank on this machine (a cold trace of two block classes), so all are `full`; the
+Each case is an eager and a compiled generation with a cold trace (the five: ~10 min wall on the shared 2-core
+machine, in three launches), so all are `full`; the
 default run compiles through `dtp run --compile` at tp=2 (test_compile_run.py). The counters' negative control:
 tests/unit/test_compile_regions.py (a recompile and a break are seen).
 """
