@@ -1,10 +1,15 @@
-"""dtp on one CUDA GPU at tp=1: placement, bf16 numerics, step time, activation peak vs the fake-tensor trace.
+"""dtp on one CUDA GPU, one command: the tp=1 checks, then one rank's work of tp / cp = 2, 4, 8 at full widths,
+eager and compiled, per attention backend, and ring attention's block kernel.
 
-Run under torchrun with one process (the mesh needs an initialized NCCL group of one rank):
+    python benchmarks/gpu_check.py                 # on the GPU machine (<= 8 min on one H200)
+    python benchmarks/gpu_check.py --cpu-smoke     # the same code on the CPU at tiny sizes (< 2 min; in the suite)
 
-    torchrun --nproc-per-node 1 benchmarks/gpu_check.py [--out DIR]
+No torchrun: the tp=1 checks run on a 1-rank process group this script starts (NCCL on the GPU, gloo for the
+smoke), the sharded rows on torch's fake process group of tp / cp ranks (`gpu_rank_work.py`: rank 0's compute and
+host time, no communication). Each check is a row; a failing one prints its error and the others still run (the
+exit status is 1 when any row failed). Rows past the time budget (--budget-s) are listed as skipped.
 
-Checks, each reported as a row (a failing check prints its error and the others still run):
+tp=1 checks:
 1. shard-on-load to CUDA (tiny FLUX.1 checkpoint, `dtp.from_pretrained`): every parameter and buffer on the
    GPU, output equal to diffusers' own `from_pretrained` on the GPU (fp32 and bf16);
 2. the whole tiny FLUX.1 pipeline through `dtp.load_pipeline` on the GPU (bf16) vs diffusers' pipeline;
@@ -14,7 +19,7 @@ Checks, each reported as a row (a failing check prints its error and the others 
    the resident bytes) vs what `dtp.analysis.trace` predicts on fake tensors for the same forward;
 4. torchao weight-only int8 / float8 on the GPU: `dtp.parallelize` then `dtp.quantize` vs torchao's
    `quantize_` on diffusers' model (the same quantization, so equal), and the time per forward.
-Writes gpu_check.md (and .json) to --out (default benchmarks/results).
+Writes gpu_check.md (and .json) to --out (default benchmarks/results; the smoke run: a temporary folder).
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ import argparse
 import copy
 import json
 import statistics
+import tempfile
 import time
 import traceback
 from pathlib import Path
 
+import gpu_rank_work as ranks
 import torch
 import torch.distributed as dist
 
@@ -34,9 +41,11 @@ import dtp
 
 FLUX = "FluxTransformer2DModel"
 ROWS: list[list] = []
-DEVICE = "cuda"  # --device cpu: a smoke run of the script itself on a machine without a GPU (small sizes)
+DEVICE = "cuda"  # --cpu-smoke: the script itself on a machine without a GPU (small sizes)
 SIZES = {"cuda": (4096, 512), "cpu": (64, 16)}
 FACTS: dict = {}
+RESULTS = Path(__file__).resolve().parent / "results"
+COMPILE = {"cuda": "inductor", "cpu": "eager"}  # the smoke traces with dynamo only (no C++ compile of the CPU's)
 
 
 def check(name):
@@ -84,7 +93,8 @@ def sync() -> None:
 
 
 def gpu_timed(fn, repeats: int = 10, warmup: int = 3) -> float:
-    """Median seconds of `fn()` (synchronized before and after each call)."""
+    """Median seconds of `fn()` (synchronized before and after each call); once, unwarmed, in the smoke run."""
+    repeats, warmup = (repeats, warmup) if DEVICE == "cuda" else (1, 0)
     for _ in range(warmup):
         fn()
     times = []
@@ -158,8 +168,8 @@ def medium_flux():
     from dtp.families.tiny import random_model
 
     config = {"guidance_embeds": True, "num_layers": 2, "num_single_layers": 4}
-    if DEVICE != "cuda":
-        config["num_attention_heads"] = 2  # the smoke run: width 256 instead of 3072
+    if DEVICE != "cuda":  # the smoke run: width 256 instead of 3072, one block of each kind
+        config |= {"num_attention_heads": 2, "num_layers": 1, "num_single_layers": 1}
     return random_model(FLUX, config, seed=0).to(device=DEVICE, dtype=torch.bfloat16), config
 
 
@@ -228,7 +238,7 @@ def medium(mesh):
     )
     # bf16 kernels fused by inductor round differently from eager ones (diffusers' own model compiled differs
     # from its eager forward too), so the compiled dtp model is held against the compiled diffusers model.
-    compiled, compiled_ref = torch.compile(ours), torch.compile(ref)
+    compiled, compiled_ref = (torch.compile(m, backend=COMPILE[DEVICE]) for m in (ours, ref))
     with torch.no_grad():
         start = time.perf_counter()
         first = output_tensor(compiled(**inputs))
@@ -255,7 +265,7 @@ def quantized(mesh):
     from dtp.families.tiny import output_tensor
 
     base, _ = medium_flux()
-    inputs = medium_inputs(base, img=1024, txt=256)
+    inputs = medium_inputs(base, img=1024, txt=256) if DEVICE == "cuda" else medium_inputs(base)
     with torch.no_grad():
         full = output_tensor(base(**inputs))
     for name, make in (("int8wo", Int8WeightOnlyConfig), ("fp8wo", Float8WeightOnlyConfig)):
@@ -279,40 +289,89 @@ def quantized(mesh):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--out", default=None, help="folder for gpu_check.md / .json (default benchmarks/results)")
+    parser.add_argument("--cpu-smoke", action="store_true", help="the same code on the CPU at tiny sizes")
+    parser.add_argument("--budget-s", type=float, default=None, help="rows after this many seconds are skipped")
+    parser.add_argument(
+        "--part", choices=("all", "tp1", "ranks"), default="all", help="only the tp=1 checks, or only the rank rows"
+    )
     args = parser.parse_args()
     global DEVICE
-    DEVICE = args.device
-    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
+    DEVICE = "cpu" if args.cpu_smoke else "cuda"
+    begin = time.perf_counter()
+    budget = args.budget_s or (110.0 if args.cpu_smoke else 420.0)
+    setup = ranks.Setup(
+        device=DEVICE,
+        smoke=args.cpu_smoke,
+        compile_backend=COMPILE[DEVICE],
+        repeats=1 if args.cpu_smoke else 10,
+        warmup=0 if args.cpu_smoke else 3,
+        deadline=begin + budget,
+    )
     if DEVICE == "cuda":
         torch.cuda.set_device(0)
-    mesh = dtp.make_mesh(tp=1, device_type=DEVICE)
-    from dtp.families.pipelines import tiny_checkpoint
-
-    ckpt = tiny_checkpoint("flux", root="/tmp/dtp-gpu-check")
     gpu = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (smoke run)"
-    FACTS["env"] = dict(torch=torch.__version__, gpu=gpu)
-    shard_on_load(mesh, ckpt)
-    pipeline(mesh, ckpt)
-    medium(mesh)
-    quantized(mesh)
+    FACTS["env"] = dict(torch=torch.__version__, gpu=gpu, compile_backend=COMPILE[DEVICE])
+    if args.out:
+        out = Path(args.out)
+    else:  # the smoke run never writes into the repository
+        out = Path(tempfile.mkdtemp(prefix="dtp-gpu-check-")) if args.cpu_smoke else RESULTS
+    if args.part in ("all", "tp1"):
+        one_rank_checks(str(out / "checkpoints") if args.cpu_smoke else "/tmp/dtp-gpu-check")
+    if args.part in ("all", "ranks"):
+        rank_work(setup)
+    FACTS["seconds"] = time.perf_counter() - begin
+    write(out, setup)
+    failed = [r for r in ROWS if r[1] in ("FAILED", "WRONG")]
+    failed += [r for table in setup.rows.values() for r in table if "error" in r]
+    raise SystemExit(1 if failed else 0)
+
+
+def one_rank_checks(root: str) -> None:
+    """The tp=1 checks on a 1-rank process group started here (NCCL on the GPU, gloo on the CPU)."""
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = dtp.make_mesh(tp=1, device_type=DEVICE)
+        from dtp.families.pipelines import tiny_checkpoint
+
+        ckpt = tiny_checkpoint("flux", root=root)
+        shard_on_load(mesh, ckpt)
+        pipeline(mesh, ckpt)
+        medium(mesh)
+        quantized(mesh)
+    finally:
+        dist.destroy_process_group()
+
+
+def rank_work(setup) -> None:
+    """One rank's work on fake process groups: the ring block kernel, the tp / cp grid, the attention backends."""
+    ranks.ring_kernel_rows(setup, ranks.SMOKE_RING_SHAPES if setup.smoke else ranks.RING_SHAPES)
+    ranks.rank_rows(setup, ranks.SMOKE_MESHES if setup.smoke else {ranks.FLUX: ranks.MESHES, ranks.WAN: ranks.MESHES})
+    for name in (ranks.FLUX,) if setup.smoke else (ranks.FLUX, ranks.WAN):
+        ranks.backend_rows(setup, name, ranks.SMOKE_BACKENDS if setup.smoke else ranks.BACKENDS)
+
+
+def write(out: Path, setup) -> None:
     lines = [
-        "# dtp on one CUDA GPU (tp=1)",
+        "# dtp on one CUDA GPU",
         "",
-        f"`torchrun --nproc-per-node 1 benchmarks/gpu_check.py` on {FACTS['env']['gpu']}, torch {torch.__version__}.",
+        f"`python benchmarks/gpu_check.py` on {FACTS['env']['gpu']}, torch {torch.__version__}, compiled with "
+        f"`{COMPILE[DEVICE]}`; {FACTS['seconds']:.0f} s in all.",
+        "",
+        "## tp=1",
         "",
         "| check | result | figures |",
         "|---|---|---|",
         *("| " + " | ".join(str(c) for c in row) + " |" for row in ROWS),
+        *ranks.tables(setup),
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.md").write_text(text)
-    (out / "gpu_check.json").write_text(json.dumps({"rows": ROWS, "facts": FACTS}, indent=1, default=str))
-    dist.destroy_process_group()
+    payload = {"rows": ROWS, "facts": FACTS, **setup.rows}
+    (out / "gpu_check.json").write_text(json.dumps(payload, indent=1, default=str))
+    print(f"wrote {out / 'gpu_check.md'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..runtime.cfg import CFG_ATTR
+from ..runtime.compile import CompileWatch, is_compiled
 from ..runtime.memory import local_param_bytes
 from .request import Request, check_request, pipe_kwargs
 
@@ -27,6 +28,7 @@ class Generation:
     outputs: list  # float32 arrays in [0, 1]: H x W x 3 (image) or F x H x W x 3 (video)
     video: bool
     step_seconds: list
+    compile: dict | None = None  # a compiled transformer's CompileWatch report (graphs, recompiles, graph_breaks)
 
 
 @torch.no_grad()
@@ -36,7 +38,8 @@ def run_request(pipe, request: Request, *, on_step=None) -> Generation:
     check_request(pipe, request)
     if request.lora is not None:
         pipe.transformer.set_adapters(list(request.lora), weights=list(request.lora.values()))
-    timer = StepTimer(pipe, on_step=on_step)
+    watch = CompileWatch() if is_compiled(pipe.transformer) else None
+    timer = StepTimer(pipe, on_step=on_step if watch is None else _chain(watch.step_ended, on_step))
     with timer:
         out = pipe(
             prompt=request.prompt,
@@ -46,7 +49,19 @@ def run_request(pipe, request: Request, *, on_step=None) -> Generation:
             **pipe_kwargs(pipe, request),
         )
     outputs, video = pixels_of(out)
-    return Generation(outputs=outputs, video=video, step_seconds=timer.seconds)
+    report = None if watch is None else watch.report()
+    return Generation(outputs=outputs, video=video, step_seconds=timer.seconds, compile=report)
+
+
+def _chain(first, then):
+    """A step callback calling `first()` and then `then(n)` (when given)."""
+
+    def call(n: int) -> None:
+        first()
+        if then is not None:
+            then(n)
+
+    return call
 
 
 def pixels_of(out) -> tuple[list, bool]:
@@ -112,8 +127,9 @@ class StepTimer:
         return callback_kwargs
 
 
-def rank_report(pipe, step_seconds: list[float]) -> dict:
-    """This rank's weight bytes (transformer, text encoders, every module component) and step times."""
+def rank_report(pipe, step_seconds: list[float], compile_stats: dict | None = None) -> dict:
+    """This rank's weight bytes (transformer, text encoders, every module component) and step times; with a
+    compiled transformer, what dynamo compiled (`Generation.compile`)."""
     modules = {name: c for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
     return {
         "transformer_bytes": local_param_bytes(pipe.transformer),
@@ -122,6 +138,7 @@ def rank_report(pipe, step_seconds: list[float]) -> dict:
         "step_s": statistics.median(step_seconds),
         "steps": len(step_seconds),
         **_cfg_report(pipe.transformer),
+        **({} if compile_stats is None else {"compile": compile_stats}),
     }
 
 

@@ -31,9 +31,10 @@ from ..plan import Plan, load_plan
 from ..policy import check_attention_backend
 from ..quant.load import diffusers_config
 from ..runtime.attention_backend import set_attention_backend
+from ..runtime.compile import compile_backend
 from ..runtime.parallelism import Parallelism
 from ..runtime.placement import local_device
-from .parallelize import WHOLE, parallelize_with, prepare_component
+from .parallelize import WHOLE, compile_denoisers, parallelize_with, prepare_component
 
 TRANSFORMER = "transformer"  # diffusers' component name of the denoiser
 
@@ -50,6 +51,7 @@ def load_pipeline(
     quantization_config=None,
     fsdp: bool = False,
     attention_backend: str | None = None,
+    compile: bool | str = False,
 ):
     """The pipeline in `model_dir` with every component that has a plan loaded shard-on-load on `mesh`.
 
@@ -65,19 +67,22 @@ def load_pipeline(
     fsdp: every sharded component's weights also divided over the mesh's non-tp axes (FSDP2), each rank reading only
         its FSDP shard of its TP slice (`dtp.from_pretrained(fsdp=True)`).
     attention_backend: as in `dtp.parallelize`, set on the transformer (also without a mesh).
+    compile: regional compile of the denoisers once loaded, sharded or whole (`parallelize_pipeline`'s `compile`:
+        True is inductor, "eager" traces only; each repeated block with `fullgraph=True`, traced at its first call).
     """
+    compiler = compile_backend(compile)  # a wrong value fails before anything is read
     plans = {name: _plan(value) for name, value in (plans or {}).items()}
     device = local_device(device or (mesh.device_type if mesh is not None else "cpu"))
     loaded = {}
     if mesh is None:
-        backend = check_attention_backend(attention_backend)
+        kernel = check_attention_backend(attention_backend)
         quantized = (
             {} if quantization_config is None else {"quantization_config": diffusers_config(quantization_config)}
         )
         loaded[TRANSFORMER] = transformer_class(model_dir).from_pretrained(
             model_dir, subfolder=TRANSFORMER, torch_dtype=torch_dtype, **quantized
         )
-        set_attention_backend(loaded[TRANSFORMER], backend)
+        set_attention_backend(loaded[TRANSFORMER], kernel)
     else:
         options = dict(cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp, attention_backend=attention_backend)
         parallelism = Parallelism.build(mesh, **options)
@@ -94,7 +99,10 @@ def load_pipeline(
     if mesh is not None:
         rest = {name: plan for name, plan in plans.items() if name not in loaded and name in pipe.components}
         parallelize_with(pipe, parallelism, rest, exclude=tuple(loaded))
-    return pipe.to(device)  # moves the whole components; the sharded ones are already there
+    pipe = pipe.to(device)  # moves the whole components; the sharded ones are already there
+    if compiler is not None:
+        compile_denoisers(pipe, compiler)
+    return pipe
 
 
 def _plan(value):

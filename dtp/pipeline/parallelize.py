@@ -29,6 +29,7 @@ from ..errors import PlanError
 from ..plan import Plan, bundled_plans_for, find_plan
 from ..plan.transformers import is_transformers_model
 from ..runtime.cfg import check_cfg, install_cfg
+from ..runtime.compile import compile_backend, compile_blocks, repeated_blocks
 from ..runtime.fsdp import is_fsdp, release
 from ..runtime.memory import local_param_bytes
 from ..runtime.parallelism import Parallelism
@@ -91,6 +92,7 @@ def parallelize_pipeline(
     pad: bool = False,
     fsdp: bool = False,
     attention_backend: str | None = None,
+    compile: bool | str = False,
 ) -> PipelineReport:
     """Shard every component of `pipe` that has a plan, in place; returns what was sharded, with bytes.
 
@@ -103,15 +105,23 @@ def parallelize_pipeline(
         zero-padded (exact), e.g. Qwen-Image's Qwen2.5-VL (28 heads) at tp=8.
     fsdp: every planned component's weights also divided over the mesh's non-tp axes (FSDP2, `runtime/fsdp.py`).
     attention_backend: as in `dtp.parallelize`, set on every sharded diffusers component (the transformer).
+    compile: regional compile of every denoiser (`transformer*`, `unet`) once sharded: each repeated block
+        compiled with `fullgraph=True` (`runtime/compile.py`); True is inductor, a string names the dynamo backend
+        ("eager": traced, run eagerly). Lazy: the first call traces.
     Every component is prepared before any is applied: a PlanError leaves the whole pipeline as it was.
     """
     options = dict(cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp, attention_backend=attention_backend)
     parallelism = Parallelism.build(mesh, **options)
-    return parallelize_with(pipe, parallelism, plans, exclude=exclude)
+    return parallelize_with(pipe, parallelism, plans, exclude=exclude, compile=compile)
 
 
-def parallelize_with(pipe, parallelism: Parallelism, plans=None, *, exclude: Iterable[str] = ()) -> PipelineReport:
+def parallelize_with(
+    pipe, parallelism: Parallelism, plans=None, *, exclude: Iterable[str] = (), compile: bool | str = False
+) -> PipelineReport:
     """`parallelize_pipeline` for callers that hold the parallel setup (`load_pipeline`)."""
+    backend = compile_backend(compile)
+    if backend is not None:
+        check_compilable(pipe)
     mesh = parallelism.mesh
     plans = dict(plans or {})
     modules = {n: m for n, m in pipe.components.items() if isinstance(m, nn.Module) and n not in set(exclude)}
@@ -140,6 +150,8 @@ def parallelize_with(pipe, parallelism: Parallelism, plans=None, *, exclude: Ite
             install_vae(modules[name], checked, mesh)
     if parallelism.fsdp:
         release_before_decode(pipe)
+    if backend is not None:
+        compile_denoisers(pipe, backend)
     reports = []
     for name, module in modules.items():
         report = _report(name, module, prepared.get(name), whole[name])
@@ -149,6 +161,23 @@ def parallelize_with(pipe, parallelism: Parallelism, plans=None, *, exclude: Ite
             report = ComponentReport(name, report.class_name, plan, report.whole_bytes, report.local_bytes, note)
         reports.append(report)
     return PipelineReport(parallelism.tp, tuple(reports))
+
+
+def denoisers(pipe) -> dict:
+    """{name: module} of the pipeline's denoisers (`transformer`, `transformer_2`, `unet`, ...)."""
+    return {n: m for n, m in pipe.components.items() if isinstance(m, nn.Module) and n.startswith(DENOISERS)}
+
+
+def check_compilable(pipe) -> None:
+    """PlanError (nothing changed) when a denoiser has no blocks for regional compile (`repeated_blocks`)."""
+    for module in denoisers(pipe).values():
+        repeated_blocks(module)
+
+
+def compile_denoisers(pipe, backend: str) -> int:
+    """Regional compile (`runtime.compile.compile_blocks`) of every denoiser of `pipe`, sharded or whole; how many
+    blocks."""
+    return sum(compile_blocks(module, backend=backend) for module in denoisers(pipe).values())
 
 
 RELEASING = "_dtp_releases_fsdp"  # on a VAE decoder that frees the pipeline's FSDP gathers before it runs

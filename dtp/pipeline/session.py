@@ -48,6 +48,8 @@ class LoadOptions:
     cache_threshold: float | None = None
     cache_steps: int | None = None  # MagCache's ratios are per step: `dtp run --steps`
     timeout: float = DEFAULT_TIMEOUT_S
+    compile: str | None = None  # a dynamo backend: regional compile of the denoisers' blocks (runtime/compile.py)
+    attention_backend: str | None = None  # the attention kernel (None: the library's default)
 
 
 def parse_loras(values: list[str] | None) -> dict:
@@ -73,17 +75,17 @@ def torch_dtype(name: str, device: torch.device) -> torch.dtype:
 def open_pipeline(options: LoadOptions, device: torch.device, *, distributed: bool):
     """The pipeline of `options.model_dir`, sharded over the process group (`distributed`) or whole."""
     dtype = torch_dtype(options.dtype, device)
-    quant = quant_config(options)
+    common = dict(torch_dtype=dtype, device=device, quantization_config=quant_config(options), **_kernels(options))
     if distributed:
         tp = tp_degree(dist.get_world_size(), options.cp, options.cfg)
         mesh = make_mesh(tp=tp, cp=options.cp, cfg=options.cfg, device_type=device.type)
         pipe = load_pipeline(
-            options.model_dir, mesh, torch_dtype=dtype, plans=_plans(options), cp_mode=options.cp_mode,
-            pad=options.pad, device=device, quantization_config=quant, fsdp=options.fsdp,
+            options.model_dir, mesh, plans=_plans(options), cp_mode=options.cp_mode, pad=options.pad,
+            fsdp=options.fsdp, **common,
         )  # fmt: skip
     else:
         check_pipeline_files(options.model_dir, dtype)
-        pipe = load_pipeline(options.model_dir, torch_dtype=dtype, device=device, quantization_config=quant)
+        pipe = load_pipeline(options.model_dir, **common)
     add_loras(pipe, options.loras, options.lora_scale, sharded=distributed)
     if options.offload_text_encoders:
         offload_text_encoders(pipe)
@@ -92,6 +94,14 @@ def open_pipeline(options: LoadOptions, device: torch.device, *, distributed: bo
 
         apply_cache(pipe, options.cache, options.cache_threshold, steps=options.cache_steps)
     return pipe
+
+
+def _kernels(options: LoadOptions) -> dict:
+    """`load_pipeline`'s compile and attention keywords, each only when asked (a default load passes neither)."""
+    found = {} if options.compile is None else {"compile": options.compile}
+    if options.attention_backend is not None:
+        found["attention_backend"] = options.attention_backend
+    return found
 
 
 def quant_config(options: LoadOptions):

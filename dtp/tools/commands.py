@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..choices import (
+    ATTENTION_BACKENDS,
     CACHE_NAMES,
     CHECK_DTYPES,
+    COMPILE_BACKENDS,
     CP_MODES,
     DEFAULT_TEXT_TOKENS,
     DEFAULT_TIMEOUT_S,
@@ -111,7 +113,32 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
         "tp * cp ranks; tp = world size / (cfg * cp) (default 1)",
     )
     p.add_argument("--pad", action="store_true", help="zero-pad heads and widths tp does not divide (exact)")
+    _add_kernel_options(p)
     _add_weight_options(p)
+
+
+def _add_kernel_options(p: argparse.ArgumentParser) -> None:
+    """How the denoiser runs on the device: compiled or eager, and which attention kernel."""
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const=COMPILE_BACKENDS[0],
+        choices=COMPILE_BACKENDS,
+        default=None,
+        metavar="BACKEND",
+        help="regional torch.compile of the transformer's repeated blocks (fullgraph; the first step compiles, the "
+        f"next reuse it): the GPU path. BACKEND: {', '.join(COMPILE_BACKENDS)} (default {COMPILE_BACKENDS[0]}; "
+        "eager traces without generating code)",
+    )
+    p.add_argument(
+        "--attention-backend",
+        choices=ATTENTION_BACKENDS,
+        default=None,
+        metavar="NAME",
+        help="attention kernel for every attention call, Ulysses and ring included: auto, flash, efficient, cudnn, "
+        "math (torch's SDPA kernels), or a diffusers dispatcher backend (e.g. _flash_3_hub, sage; default: the "
+        "library's choice)",
+    )
 
 
 def _add_weight_options(p: argparse.ArgumentParser) -> None:

@@ -93,6 +93,8 @@ def load_options(args) -> LoadOptions:
         cache_threshold=args.cache_threshold,
         cache_steps=getattr(args, "steps", None),
         timeout=args.timeout,
+        compile=args.compile,
+        attention_backend=args.attention_backend,
     )
 
 
@@ -114,7 +116,7 @@ def _run_jobs(pipe, args, *, rank: int, world: int) -> int:
             if rank == 0:
                 print(f"dtp run: {args.prompts} {job.where}: {error}", file=sys.stderr, flush=True)
             continue
-        reports = _gather_reports(rank_report(pipe, generation.step_seconds), world)
+        reports = _gather_reports(rank_report(pipe, generation.step_seconds, generation.compile), world)
         if rank == 0:
             _write(generation, job, args, reports)
     return 1 if failed else 0

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ...resolve.binding.cp import CpResolved
-from .attention import CpAttention, install_attention
+from .attention import CpAttention, ScopeGuard, install_attention
 from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
 from .local_embed import install_local_embed, local_embed_for
@@ -39,6 +39,9 @@ def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str, backend
             handles.append(module.register_forward_hook(SplitOutputs(path, rules, rank, cp)))
     for path, rule in resolved.gathers:
         handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group)))
+    guard = ScopeGuard()  # pops the attention scopes a raised forward left open
+    handles.append(model.register_forward_pre_hook(guard.open))
+    handles.append(model.register_forward_hook(guard.close, always_call=True))
     masks = ForwardMasks()  # each mask split and gathered once per forward, reused by every layer
     handles.append(model.register_forward_pre_hook(masks.open))
     handles.append(model.register_forward_hook(masks.close, always_call=True))

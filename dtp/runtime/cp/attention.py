@@ -9,8 +9,11 @@ module-level name, once per processor module, with a thin dispatcher that reads 
 scopes: empty, it calls the original function with the original arguments (so models that were never
 parallelized, in the same process, are untouched); else it runs Ulysses or ring attention on the `cp`
 group of the innermost scope. A scope is pushed only while a CP-enabled attention module runs: a forward
-pre-hook on that module pushes it, a forward hook registered with `always_call=True` pops it even when
-the forward raises. A plain list rather than a ContextVar because torch.compile traces list pushes and
+pre-hook on that module pushes it, a forward hook pops it. When a forward raises, that hook does not run: the
+root model's `ScopeGuard` (a hook with `always_call=True`) pops whatever its forward left. Not `always_call` on
+the attention modules themselves: dynamo guards on each such hook's id, so every block instance would compile its
+own graph and a model deeper than dynamo's recompile limit (8; FLUX.1-dev has 19 + 38 blocks) fails under
+`fullgraph=True`; the root's hook runs outside the compiled blocks. A plain list rather than a ContextVar because torch.compile traces list pushes and
 pops but breaks its graph at `ContextVar.set` (with `fullgraph=True`, as diffusers'
 `compile_repeated_blocks` uses it, that is an error); the cost is that two threads running CP attention
 in one process at once would share the stack. So the effect is contained to the attention modules of
@@ -196,12 +199,30 @@ class _Scope:
             self.modes.pop().__exit__(None, None, None)
         _ACTIVE.pop()
         skipped = self.runs is not None and body_runs(module) == self.runs  # a cache answered the call
-        if self.calls == 0 and output is not None and not skipped:  # output None: the forward raised
+        if self.calls == 0 and output is not None and not skipped:
             raise ForwardError(
                 f"attention '{self.path}' ({type(module.processor).__name__}) ran without calling "
                 f"dispatch_attention_fn or F.scaled_dot_product_attention, so it attended over this rank's "
                 f"tokens only; use a processor that calls one of them, or cp=1."
             )
+
+
+class ScopeGuard:
+    """Hooks on the root model: after its forward (also one that raised), pop the scopes and SDPA modes its
+    attention modules left open, so a failed call cannot route the next model's SDPA calls to CP attention."""
+
+    def __init__(self):
+        self.depth = []  # len(_ACTIVE) when each running forward of the root began (a stack: re-entrant)
+
+    def open(self, module, args):
+        self.depth.append(len(_ACTIVE))
+
+    def close(self, module, args, output):
+        depth = self.depth.pop() if self.depth else 0
+        while len(_ACTIVE) > depth:
+            scope = _ACTIVE.pop()
+            while scope.modes:
+                scope.modes.pop().__exit__(None, None, None)
 
 
 def active_attention():
@@ -228,5 +249,5 @@ def install_attention(path: str, attn: nn.Module, attention) -> list:
     scope = _Scope(path, attention, sdpa=SDPA_ROUTE in attention_routes(attn))
     return handles + [
         attn.register_forward_pre_hook(scope.enter, with_kwargs=True),
-        attn.register_forward_hook(scope.exit, always_call=True),
+        attn.register_forward_hook(scope.exit),  # a raised forward: the root's ScopeGuard pops (module docstring)
     ]

@@ -3,8 +3,8 @@
 Many diffusers processors (CogVideoX, Mochi, SD3's and AuraFlow's joint processors, the token
 refiners' `AttnProcessor2_0`, ...) call torch's SDPA directly instead of `dispatch_attention_fn`, so
 the dispatcher patch never sees them. For those, a `TorchFunctionMode` is entered by the attention
-module's forward pre-hook and left by its forward hook (`always_call=True`); while it is active,
-every SDPA call of that forward goes to the module's CP attention, and every other torch call passes
+module's forward pre-hook and left by its forward hook (or by the root model's `ScopeGuard` when the forward
+raised); while it is active, every SDPA call of that forward goes to the module's CP attention, and every other torch call passes
 through untouched. Nothing outside the hooked module's forward is affected, and diffusers is not edited.
 
 Layouts: torch's SDPA takes `[B, H, S, D]`; dtp's CP attention (like `dispatch_attention_fn`) takes
