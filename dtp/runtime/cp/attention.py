@@ -1,23 +1,22 @@
 """Plugging CP attention into diffusers' processors without editing diffusers.
 
-Two routes, both active only while a CP-enabled attention module runs. (1) Most newer processors
-(Flux, Flux2, Qwen-Image, Z-Image, Wan, LTX, HunyuanVideo, Cosmos, ...) compute attention through the
-name `dispatch_attention_fn` imported into their own module (`transformer_flux.dispatch_attention_fn`,
-...). (2) Processors that call `F.scaled_dot_product_attention` directly are reached by a
-TorchFunctionMode entered for the module's forward (`sdpa.py`). For route (1) we replace that
-module-level name, once per processor module, with a thin dispatcher that reads a stack of active
-scopes: empty, it calls the original function with the original arguments (so models that were never
-parallelized, in the same process, are untouched); else it runs Ulysses or ring attention on the `cp`
-group of the innermost scope. A scope is pushed only while a CP-enabled attention module runs: a forward
-pre-hook on that module pushes it, a forward hook pops it. When a forward raises, that hook does not run: the
-root model's `ScopeGuard` (a hook with `always_call=True`) pops whatever its forward left. Not `always_call` on
-the attention modules themselves: dynamo guards on each such hook's id, so every block instance would compile its
-own graph and a model deeper than dynamo's recompile limit (8; FLUX.1-dev has 19 + 38 blocks) fails under
-`fullgraph=True`; the root's hook runs outside the compiled blocks. A plain list rather than a ContextVar because torch.compile traces list pushes and
-pops but breaks its graph at `ContextVar.set` (with `fullgraph=True`, as diffusers'
-`compile_repeated_blocks` uses it, that is an error); the cost is that two threads running CP attention
-in one process at once would share the stack. So the effect is contained to the attention modules of
-the model that `parallelize` was called on, and `remove_cp` (removing the hooks) undoes it.
+Two routes, both active only while a CP-enabled attention module runs. (1) Most newer processors (Flux, Flux2, Qwen-
+Image, Z-Image, Wan, LTX, HunyuanVideo, Cosmos, ...) compute attention through the name `dispatch_attention_fn`
+imported into their own module (`transformer_flux.dispatch_attention_fn`, ...). (2) Processors that call
+`F.scaled_dot_product_attention` directly are reached by a TorchFunctionMode entered for the module's forward
+(`sdpa.py`). For route (1) we replace that module-level name, once per processor module, with a thin dispatcher that
+reads a stack of active scopes: empty, it calls the original function with the original arguments (so models that
+were never parallelized, in the same process, are untouched); else it runs Ulysses or ring attention on the `cp`
+group of the innermost scope. A scope is pushed only while a CP-enabled attention module runs: a forward pre-hook on
+that module pushes it, a forward hook pops it. When a forward raises, that hook does not run: the root model's
+`ScopeGuard` (a hook with `always_call=True`) pops whatever its forward left. Not `always_call` on the attention
+modules themselves: dynamo guards on each such hook's id, so every block instance would compile its own graph and a
+model deeper than dynamo's recompile limit (8; FLUX.1-dev has 19 + 38 blocks) fails under `fullgraph=True`; the
+root's hook runs outside the compiled blocks. A plain list rather than a ContextVar because torch.compile traces
+list pushes and pops but breaks its graph at `ContextVar.set` (with `fullgraph=True`, as diffusers'
+`compile_repeated_blocks` uses it, that is an error); the cost is that two threads running CP attention in one
+process at once would share the stack. So the effect is contained to the attention modules of the model that
+`parallelize` was called on, and `remove_cp` (removing the hooks) undoes it.
 
 Why not diffusers' own `_parallel_config` route: its ring/Ulysses templates need a backend that
 returns the log-sum-exp (none on CPU), build their own 1-D mesh, and diffusers refuses CP with TP.

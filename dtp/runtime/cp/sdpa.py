@@ -1,11 +1,11 @@
 """Routing `F.scaled_dot_product_attention` to CP attention, scoped to one attention module's forward.
 
-Many diffusers processors (CogVideoX, Mochi, SD3's and AuraFlow's joint processors, the token
-refiners' `AttnProcessor2_0`, ...) call torch's SDPA directly instead of `dispatch_attention_fn`, so
-the dispatcher patch never sees them. For those, a `TorchFunctionMode` is entered by the attention
-module's forward pre-hook and left by its forward hook (or by the root model's `ScopeGuard` when the forward
-raised); while it is active, every SDPA call of that forward goes to the module's CP attention, and every other torch call passes
-through untouched. Nothing outside the hooked module's forward is affected, and diffusers is not edited.
+Many diffusers processors (CogVideoX, Mochi, SD3's and AuraFlow's joint processors, the token refiners'
+`AttnProcessor2_0`, ...) call torch's SDPA directly instead of `dispatch_attention_fn`, so the dispatcher patch
+never sees them. For those, a `TorchFunctionMode` is entered by the attention module's forward pre-hook and left by
+its forward hook (or by the root model's `ScopeGuard` when the forward raised); while it is active, every SDPA call
+of that forward goes to the module's CP attention, and every other torch call passes through untouched. Nothing
+outside the hooked module's forward is affected, and diffusers is not edited.
 
 Layouts: torch's SDPA takes `[B, H, S, D]`; dtp's CP attention (like `dispatch_attention_fn`) takes
 `[B, S, H, D]`, so q, k, v are transposed in and the output back out. The mask goes on as given
