@@ -21,9 +21,8 @@ from dataclasses import replace
 import torch.distributed as dist
 
 from ..pipeline.generate import run_request
-from ..pipeline.outputs import encode
 from ..runtime.launch import exit_now
-from .jobs import Job, JobFailed, JobQueue, Progress, Result
+from .jobs import Job, JobFailed, JobQueue, Progress, Result, encode_as
 
 HEARTBEAT_S = 2.0
 STOP = "stop"
@@ -59,6 +58,8 @@ class Lockstep:
             if self.rank == 0:
                 job = None if self.stopping.is_set() else jobs.get(timeout=HEARTBEAT_S)
                 message = STOP if self.stopping.is_set() else (HEARTBEAT if job is None else job.request)
+                if job is not None and job.on_start is not None and message != STOP:
+                    job.on_start()  # the store marks it in progress (one attempt more) before any rank starts
             message = self._broadcast(message if self.rank == 0 else None)
             if message == STOP:
                 return
@@ -99,14 +100,16 @@ class Lockstep:
         status = "failed" if failures else "ok"
         steps = result.steps if result is not None else "-"
         print(f"dtp serve: request {job.id}: {steps} steps, {seconds:.2f} s, {status}", file=sys.stderr, flush=True)
-        self.progress.job = None
+        self.progress.job = self.progress.record = None
 
     def _generate(self, request, job: Job | None) -> tuple[str | None, Result | None]:
         if job is not None:
-            self.progress.job, self.progress.step, self.progress.steps = job.id, 0, request.steps
+            self.progress.job, self.progress.record = job.id, job.record
+            self.progress.step, self.progress.steps = 0, request.steps
         try:
             generation = run_request(self.pipe, request, on_step=self._on_step)
-            encoded = [encode(p, video=generation.video, fps=request.fps) for p in generation.outputs] if job else []
+            video, fps = generation.video, request.fps
+            encoded = [encode_as(p, video=video, fps=fps, output=job.output) for p in generation.outputs] if job else []
         except Exception as error:  # noqa: BLE001 - any failure of this rank's generation is the request's
             return f"{type(error).__name__}: {error}", None
         return None, Result(encoded, generation.video, len(generation.step_seconds), 0.0)
@@ -116,7 +119,9 @@ class Lockstep:
         ends; the others wait `PEER_EXIT_S` so that torchrun does not end rank 0 before its answer is sent."""
         if self.rank == 0:
             job = self._job
-            if job is not None:
+            if job is not None and job.record is not None and job.on_interrupt is not None:
+                job.on_interrupt(message)  # a stored job is re-queued after the restart (up to --max-attempts)
+            elif job is not None:
                 with contextlib.suppress(InvalidStateError):  # the loop answered it a moment ago
                     job.future.set_exception(JobFailed(message))
             if self._jobs is not None:
@@ -128,6 +133,8 @@ class Lockstep:
 
     def _on_step(self, step: int) -> None:
         self.progress.step = step
+        if self.progress.steps is None:  # the pipeline's default step count, known once it runs
+            self.progress.steps = getattr(self.pipe, "_num_timesteps", None)
 
     def _agree(self, outcome: str | None) -> list:
         if self.world == 1:

@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from ..runtime.launch import exit_now, init_distributed, torchrun_store, under_t
 from ..runtime.placement import local_device
 from ..serve.jobs import JobQueue, Progress
 from ..serve.peers import PeerFailures
+from ..serve.store import JobStore
 from ..serve.worker import Lockstep, fail_waiting
 from .run import load_options, quiet_libraries
 
@@ -44,13 +46,16 @@ def run(args) -> int:
         _check_serving(args.host, args.port)  # before minutes of loading
     stopping = _on_sigterm()
     progress, jobs, loaded = Progress(), JobQueue(args.queue), {}
-    server = _start_http(loaded, jobs, progress, args, options.loras) if rank == 0 else None  # /health: 503
+    store = _open_store(args) if rank == 0 else None
+    server = _start_http(loaded, jobs, progress, args, options.loras, store) if rank == 0 else None  # /health: 503
     device = init_distributed(args.timeout) if distributed else local_device(default_device_type())
     pipe = open_pipeline(options, device, distributed=distributed)
     group = dist.new_group(backend="gloo") if distributed else None  # objects travel over gloo, also beside NCCL
     if distributed:
         pipe.set_progress_bar_config(disable=True)
         dist.barrier(group=group)  # every rank has loaded
+    if store is not None:  # the jobs accepted before a restart run first
+        _resume(store, jobs, pipe, args, options.loras)
     loaded["pipe"], progress.loaded = pipe, True
     print(f"dtp serve: rank {rank} ready", file=sys.stderr, flush=True)
     default = {name: options.lora_scale for name in options.loras}
@@ -107,13 +112,27 @@ def _on_sigterm() -> threading.Event:
     return stopping
 
 
-def _start_http(loaded: dict, jobs: JobQueue, progress: Progress, args, loras: dict):
+def _open_store(args) -> JobStore:
+    """The video jobs' store: under --state-dir (kept across restarts), else in a temporary folder of this run."""
+    folder = args.state_dir or tempfile.mkdtemp(prefix="dtp-serve-")
+    return JobStore(folder, keep_hours=args.keep_hours, max_attempts=args.max_attempts)
+
+
+def _resume(store: JobStore, jobs: JobQueue, pipe, args, loras: dict) -> None:
+    from ..serve.http import resume_stored
+
+    queued = resume_stored(store, jobs, pipe, model_id=Path(args.model_dir).name, loras=set(loras))
+    if queued:
+        print(f"dtp serve: {queued} job(s) from {args.state_dir} queued again", file=sys.stderr, flush=True)
+
+
+def _start_http(loaded: dict, jobs: JobQueue, progress: Progress, args, loras: dict, store: JobStore):
     """uvicorn serving the app in a thread of rank 0 (the main thread runs the lockstep loop)."""
     import uvicorn
 
     from ..serve.http import build_app
 
-    app = build_app(loaded, jobs, progress, model_id=Path(args.model_dir).name, loras=set(loras))
+    app = build_app(loaded, jobs, progress, model_id=Path(args.model_dir).name, loras=set(loras), store=store)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
     threading.Thread(target=server.run, name="dtp-serve-http", daemon=True).start()
     print(f"dtp serve: http://{args.host}:{args.port} (loading)", file=sys.stderr, flush=True)
