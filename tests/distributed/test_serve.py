@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import openai
 import pytest
 from lora_cases import random_lora
 from PIL import Image
@@ -131,6 +132,82 @@ def test_bad_requests_get_4xx_with_a_json_error_and_the_server_goes_on(server):
         assert 400 <= answer.status_code < 500, (name, answer.status_code, answer.text)
         assert isinstance(answer.json()["error"]["message"], str), name
     assert client.post("/v1/images/generations", json=REQUESTS[1]).status_code == 200
+
+
+# OpenAI's images.generate parameters (openai 3.57): each one the client sends, with a value dtp takes (200, the
+# same image: none of them changes the generation) or one it cannot honour (400 naming the value).
+ACCEPTED = {
+    "background": ["auto", "opaque"],
+    "moderation": ["low", "auto"],
+    "quality": ["low", "medium", "high", "xhigh", "max", "auto", "standard", "hd"],
+    "complexity": ["low", "high"],
+    "partial_images": [0],
+    "user": ["someone"],
+    "safety_identifier": ["abc"],
+    "response_format": ["b64_json"],
+    "n": [1],
+    "output_format": ["png"],
+}
+REFUSED = {
+    "style": ("vivid", "'vivid'"),
+    "background": ("transparent", "'transparent'"),
+    "response_format": ("url", "'url'"),
+    "output_format": ("gif", "'gif'"),
+    "svg": ({"model": "x"}, "svg"),
+    "frame_count": (4, "frame_count 4"),
+    "frame_duration_ms": (100, "frame_duration_ms 100"),
+    "stream": (True, "stream"),
+    "quality": ("ultra", "'ultra'"),
+    "model": ("dall-e-3", "'dall-e-3'"),
+}
+
+
+def _openai(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+PLAIN = {"prompt": REQUESTS[0]["prompt"], "size": REQUESTS[0]["size"]}
+EXTRA = {"seed": REQUESTS[0]["seed"], "num_inference_steps": STEPS}
+
+
+def test_openai_client_every_image_parameter(server):
+    """The official `openai` client unchanged: every accepted parameter at once gives the plain image, each refused
+    one a 400 naming the value; jpeg / webp answered as such; images.edit on a text-to-image pipeline a 400."""
+    client = _openai(server)
+    reference = _pixels(client.images.generate(**PLAIN, extra_body=EXTRA).data[0].b64_json)
+    every = {name: values[-1] for name, values in ACCEPTED.items()}
+    answer = client.images.generate(**PLAIN, **every, extra_body=EXTRA)
+    assert np.abs(_pixels(answer.data[0].b64_json) - reference).max() == 0
+    for name, (value, named) in REFUSED.items():
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.images.generate(**PLAIN, **{name: value}, extra_body=EXTRA)
+        assert named in refused.value.body["message"], (name, refused.value.body)
+    for fmt, magic in (("jpeg", b"\xff\xd8\xff"), ("webp", b"RIFF")):
+        answer = client.images.generate(**PLAIN, output_format=fmt, output_compression=10, extra_body=EXTRA)
+        data = base64.b64decode(answer.data[0].b64_json)
+        assert answer.output_format == fmt and data.startswith(magic), (fmt, data[:8])
+        decoded = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float64) / 255
+        assert np.abs(decoded - reference).mean() < 0.1  # lossy, but the same picture
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.images.edit(image=("cat.png", io.BytesIO(base64.b64decode(_png(reference))), "image/png"), prompt="x")
+    assert "FluxPipeline takes no input image" in refused.value.body["message"]
+
+
+@pytest.mark.full
+def test_openai_client_each_accepted_value(server):
+    """Each accepted value alone (the default run sends them all in one request)."""
+    client = _openai(server)
+    reference = _pixels(client.images.generate(**PLAIN, extra_body=EXTRA).data[0].b64_json)
+    for name, values in ACCEPTED.items():
+        for value in values:
+            answer = client.images.generate(**PLAIN, **{name: value}, extra_body=EXTRA)
+            assert np.abs(_pixels(answer.data[0].b64_json) - reference).max() == 0, (name, value)
+
+
+def _png(pixels: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray((pixels * 255).round().astype(np.uint8)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
 
 
 def test_a_client_that_leaves_does_not_stall_the_ranks(server):
