@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from dataclasses import dataclass, field, replace
 from email.parser import BytesParser
 from email.policy import HTTP
 
@@ -151,17 +152,31 @@ def _output(taken: dict, video: bool) -> Output:
     return Output(fmt or "png", compression if fmt in ("jpeg", "webp") else None)
 
 
-def _check_model(taken: dict, model_id: str) -> None:
+@dataclass(frozen=True)
+class Served:
+    """What the server runs: the model's name (a request's `model` must match), the LoRA names loaded, and the
+    `--pipeline-arg` keywords every request gets (a request's own extra keywords win)."""
+
+    model_id: str
+    loras: set = field(default_factory=set)
+    defaults: dict = field(default_factory=dict)
+
+
+def _check_model(taken: dict, served: Served) -> None:
     model = taken.get("model")
-    if model is not None and model != model_id:
-        raise PlanError(f"model {model!r}: this server runs {model_id!r}.")
+    if model is not None and model != served.model_id:
+        raise PlanError(f"model {model!r}: this server runs {served.model_id!r}.")
 
 
-def _check_loras(request, loras: set[str]) -> None:
-    unknown = sorted(set(request.lora or {}) - loras)
+def _finish(request, pipe, served: Served):
+    """The request with the server's default keywords, checked against the LoRAs loaded and the pipeline."""
+    unknown = sorted(set(request.lora or {}) - served.loras)
     if unknown:
-        known = ", ".join(sorted(loras)) or "none (start the server with --lora NAME=PATH)"
+        known = ", ".join(sorted(served.loras)) or "none (start the server with --lora NAME=PATH)"
         raise PlanError(f"lora {', '.join(map(repr, unknown))} is not loaded; loaded: {known}.")
+    request = replace(request, extra={**served.defaults, **request.extra})
+    check_request(pipe, request)
+    return request
 
 
 def _as_base64_image(value, name: str) -> str:
@@ -177,10 +192,10 @@ def _as_base64_image(value, name: str) -> str:
     raise PlanError(f"{name}: expected an image file or base64 text, got {type(value).__name__}.")
 
 
-def image_request(body: dict, pipe, *, model_id: str, loras: set[str], edit: bool = False):
+def image_request(body: dict, pipe, served: Served, *, edit: bool = False):
     """(the checked Request, its Output) of an images body; PlanError (a 400) for anything wrong with it."""
     body, taken = _openai_fields(body)
-    _check_model(taken, model_id)
+    _check_model(taken, served)
     if edit:
         if "image" not in body:
             raise PlanError("image: /v1/images/edits needs the image to edit (a file part named 'image').")
@@ -192,12 +207,11 @@ def image_request(body: dict, pipe, *, model_id: str, loras: set[str], edit: boo
     if "image" in body:
         body["image"] = _as_base64_image(body["image"], "image")
     request, _ = request_from_json(body, HTTP_FIELDS, load_image=decode_image_base64)
-    _check_loras(request, loras)
-    check_request(pipe, request)
+    request = _finish(request, pipe, served)
     return request, _output(taken, makes_video(pipe))
 
 
-def video_request(body: dict, pipe, *, model_id: str, loras: set[str]):
+def video_request(body: dict, pipe, served: Served):
     """(the checked Request, the seconds it lasts as text) of a /v1/videos body: OpenAI's prompt, model, seconds,
     size, input_reference, plus dtp's fields (seed, num_frames, fps, num_inference_steps, ...)."""
     if not makes_video(pipe):
@@ -210,7 +224,7 @@ def video_request(body: dict, pipe, *, model_id: str, loras: set[str]):
             raise PlanError("input_reference and image: give the conditioning image once.")
         body["image"] = _as_base64_image(reference, "input_reference")
     body, taken = _openai_fields(body)
-    _check_model(taken, model_id)
+    _check_model(taken, served)
     if taken.get("output_format") not in (None, "mp4"):
         raise PlanError(f"output_format {taken['output_format']!r}: a video job answers an mp4.")
     if seconds is not None:
@@ -222,8 +236,7 @@ def video_request(body: dict, pipe, *, model_id: str, loras: set[str]):
     request, _ = request_from_json(body, HTTP_FIELDS, load_image=decode_image_base64)
     if request.n != 1:
         raise PlanError(f"n {request.n}: a video job makes one video; create one job per video.")
-    _check_loras(request, loras)
-    check_request(pipe, request)
+    request = _finish(request, pipe, served)
     shown = str(seconds) if seconds is not None else (f"{request.frames / request.fps:g}" if request.frames else "")
     return request, shown
 

@@ -34,7 +34,7 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from ..errors import PlanError
 from ..pipeline.request import makes_video
-from .api import image_request, read_body, video_request
+from .api import Served, image_request, read_body, video_request
 from .jobs import JobFailed, JobQueue, Output, Progress
 from .store import JobStore
 
@@ -45,11 +45,10 @@ def error(status: int, message: str):
     return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
 
 
-def build_app(
-    loaded: dict, jobs: JobQueue, progress: Progress, *, model_id: str, loras: set[str], store: JobStore
-) -> FastAPI:
+def build_app(loaded: dict, jobs: JobQueue, progress: Progress, served: Served, *, store: JobStore) -> FastAPI:
     """The routes; `loaded["pipe"]` is rank 0's pipeline once every rank has loaded (until then: 503s)."""
     app = FastAPI(title="dtp serve")
+    model_id, loras = served.model_id, served.loras
 
     @app.get("/health")
     def health():
@@ -69,7 +68,7 @@ def build_app(
             return error(503, LOADING)
         try:
             body = read_body(await http.body(), http.headers.get("content-type", ""))
-            request, output = image_request(body, loaded["pipe"], model_id=model_id, loras=loras, edit=edit)
+            request, output = image_request(body, loaded["pipe"], served, edit=edit)
         except PlanError as exc:
             return error(400, str(exc))
         job = jobs.put(request, output=output)
@@ -97,7 +96,7 @@ def build_app(
         try:
             body = read_body(await http.body(), http.headers.get("content-type", ""))
             body = {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in body.items()}
-            request, seconds = video_request(body, loaded["pipe"], model_id=model_id, loras=loras)
+            request, seconds = video_request(body, loaded["pipe"], served)
         except PlanError as exc:
             return error(400, str(exc))
         if jobs.waiting() >= jobs.size:
@@ -187,14 +186,14 @@ def queue_stored(store: JobStore, jobs: JobQueue, video_id: str, request):
     return job
 
 
-def resume_stored(store: JobStore, jobs: JobQueue, pipe, *, model_id: str, loras: set[str]) -> int:
+def resume_stored(store: JobStore, jobs: JobQueue, pipe, served: Served) -> int:
     """At start, before the first request: queue again every job accepted before and not finished (oldest first);
     one whose body this server cannot run any more (another pipeline) fails with the reason. How many queued."""
     store.expire()
     queued = 0
     for row in store.resume():
         try:
-            request, _ = video_request(json.loads(row["body"]), pipe, model_id=model_id, loras=loras)
+            request, _ = video_request(json.loads(row["body"]), pipe, served)
         except PlanError as exc:
             store.fail(row["id"], f"this server cannot run it after the restart: {exc}")
             continue

@@ -217,6 +217,12 @@ def _serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     p.add_argument("--queue", type=int, default=64, help="requests waiting beyond the running one (default 64)")
     p.add_argument(
+        "--pipeline-arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a keyword of the pipeline's __call__ every request gets, its value as JSON (e.g. max_area=1024)",
+    )
+    p.add_argument(
         "--state-dir",
         default=None,
         help="keep video jobs (SQLite) and their mp4s here: a job accepted before a restart runs after it "

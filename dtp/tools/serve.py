@@ -31,7 +31,7 @@ from ..serve.jobs import JobQueue, Progress
 from ..serve.peers import PeerFailures
 from ..serve.store import JobStore
 from ..serve.worker import Lockstep, fail_waiting
-from .run import load_options, quiet_libraries
+from .run import load_options, pipeline_args, quiet_libraries
 
 STOP_GRACE_S = 10.0
 
@@ -40,6 +40,7 @@ def run(args) -> int:
     quiet_libraries()
     transformer_class(args.model_dir)  # a missing or foreign folder: one CheckpointError, before any process group
     options = load_options(args)
+    defaults = pipeline_args(args.pipeline_arg)  # a PlanError before loading
     distributed = under_torchrun()
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
@@ -47,7 +48,9 @@ def run(args) -> int:
     stopping = _on_sigterm()
     progress, jobs, loaded = Progress(), JobQueue(args.queue), {}
     store = _open_store(args) if rank == 0 else None
-    server = _start_http(loaded, jobs, progress, args, options.loras, store) if rank == 0 else None  # /health: 503
+    server = (
+        _start_http(loaded, jobs, progress, args, options.loras, store, defaults) if rank == 0 else None
+    )  # /health: 503
     device = init_distributed(args.timeout) if distributed else local_device(default_device_type())
     pipe = open_pipeline(options, device, distributed=distributed)
     group = dist.new_group(backend="gloo") if distributed else None  # objects travel over gloo, also beside NCCL
@@ -55,7 +58,7 @@ def run(args) -> int:
         pipe.set_progress_bar_config(disable=True)
         dist.barrier(group=group)  # every rank has loaded
     if store is not None:  # the jobs accepted before a restart run first
-        _resume(store, jobs, pipe, args, options.loras)
+        _resume(store, jobs, pipe, args, options.loras, defaults)
     loaded["pipe"], progress.loaded = pipe, True
     print(f"dtp serve: rank {rank} ready", file=sys.stderr, flush=True)
     default = {name: options.lora_scale for name in options.loras}
@@ -118,21 +121,23 @@ def _open_store(args) -> JobStore:
     return JobStore(folder, keep_hours=args.keep_hours, max_attempts=args.max_attempts)
 
 
-def _resume(store: JobStore, jobs: JobQueue, pipe, args, loras: dict) -> None:
+def _resume(store: JobStore, jobs: JobQueue, pipe, args, loras: dict, defaults: dict) -> None:
+    from ..serve.api import Served
     from ..serve.http import resume_stored
 
-    queued = resume_stored(store, jobs, pipe, model_id=Path(args.model_dir).name, loras=set(loras))
+    queued = resume_stored(store, jobs, pipe, Served(Path(args.model_dir).name, set(loras), defaults))
     if queued:
         print(f"dtp serve: {queued} job(s) from {args.state_dir} queued again", file=sys.stderr, flush=True)
 
 
-def _start_http(loaded: dict, jobs: JobQueue, progress: Progress, args, loras: dict, store: JobStore):
+def _start_http(loaded: dict, jobs: JobQueue, progress: Progress, args, loras: dict, store: JobStore, defaults: dict):
     """uvicorn serving the app in a thread of rank 0 (the main thread runs the lockstep loop)."""
     import uvicorn
 
+    from ..serve.api import Served
     from ..serve.http import build_app
 
-    app = build_app(loaded, jobs, progress, model_id=Path(args.model_dir).name, loras=set(loras), store=store)
+    app = build_app(loaded, jobs, progress, Served(Path(args.model_dir).name, set(loras), defaults), store=store)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
     threading.Thread(target=server.run, name="dtp-serve-http", daemon=True).start()
     print(f"dtp serve: http://{args.host}:{args.port} (loading)", file=sys.stderr, flush=True)
