@@ -8,9 +8,9 @@ store) can be cancelled while it waits: `get` skips it, no rank ever sees it.
 
 from __future__ import annotations
 
+import collections
 import io
 import itertools
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -77,48 +77,79 @@ class Progress:
     steps: int | None = None
     done: int = 0
     failed: int = 0
+    batches: int = 0  # pipeline calls (one per batch)
 
 
 class JobQueue:
-    """A bounded FIFO of jobs; `put` refuses beyond `size` waiting (the HTTP answer is then 503)."""
+    """A bounded FIFO of jobs; `put` refuses beyond `size` waiting (the HTTP answer is then 503). `get_batch` takes
+    the first job and the waiting jobs of its batch key (the others keep their order)."""
 
     def __init__(self, size: int):
-        self._queue: queue.Queue[Job] = queue.Queue()
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._ready = threading.Condition()
         self.size = size
         self.records: dict[str, Job] = {}  # store id -> its job, while it waits (a DELETE cancels it here)
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
 
     def put(self, request: Request, *, force: bool = False, **options) -> Job | None:
         """A new job (`options`: Job's output, record, on_start), or None when `size` jobs wait already; `force`
         queues it anyway (a job the store accepted before a restart)."""
-        with self._lock:
-            if not force and self._queue.qsize() >= self.size:
+        with self._ready:
+            if not force and len(self._waiting) >= self.size:
                 return None
             job = Job(request, next(self._ids), **options)
-            self._queue.put_nowait(job)
+            self._waiting.append(job)
+            self._ready.notify_all()
         return job
 
     def get(self, timeout: float) -> Job | None:
         """The next job not cancelled, or None after `timeout` seconds without one."""
+        batch = self.get_batch(timeout)
+        return batch[0] if batch else None
+
+    def get_batch(self, timeout: float, *, size: int = 1, wait_s: float = 0.0, key=None) -> list[Job]:
+        """The next job not cancelled (none after `timeout` seconds) and, up to `size` in all, the waiting jobs whose
+        `key(request)` equals its key (not None), waiting up to `wait_s` for more."""
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                return None
-            if not job.cancelled:
+        with self._ready:
+            first = self._pop(lambda job: True)
+            while first is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self._ready.wait(remaining)
+                first = self._pop(lambda job: True)
+            batch = [first]
+            shape = key(first.request) if key is not None and size > 1 else None
+            if shape is None:
+                return batch
+            deadline = time.monotonic() + wait_s
+            while len(batch) < size:
+                same = self._pop(lambda job: key(job.request) == shape)
+                if same is not None:
+                    batch.append(same)
+                elif not self._ready.wait(max(0.0, deadline - time.monotonic())):
+                    break
+            return batch
+
+    def _pop(self, wanted) -> Job | None:
+        """The first waiting job not cancelled for which `wanted(job)`, removed from the queue (cancelled ones are
+        dropped on the way)."""
+        for job in list(self._waiting):
+            if job.cancelled:
+                self._waiting.remove(job)
+            elif wanted(job):
+                self._waiting.remove(job)
                 return job
+        return None
 
     def waiting(self) -> int:
-        return self._queue.qsize()
+        return len(self._waiting)
 
     def fail_all(self, message: str) -> None:
         """Answer every waiting job (the server is stopping)."""
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return
+        with self._ready:
+            jobs, self._waiting = list(self._waiting), collections.deque()
+        for job in jobs:
             if job.record is None:  # a stored job stays queued in the store: it runs after the restart
                 job.future.set_exception(JobFailed(message))

@@ -223,6 +223,19 @@ def _serve(p: argparse.ArgumentParser) -> None:
         help="a keyword of the pipeline's __call__ every request gets, its value as JSON (e.g. max_area=1024)",
     )
     p.add_argument(
+        "--max-batch",
+        type=int,
+        default=1,
+        help="waiting requests of one shape (size, frames, steps, scales, LoRA weights) run as one pipeline call, "
+        "up to this many (default 1: one at a time)",
+    )
+    p.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help="how long to wait for more requests of the first one's shape before a batch starts (default 0)",
+    )
+    p.add_argument(
         "--state-dir",
         default=None,
         help="keep video jobs (SQLite) and their mp4s here: a job accepted before a restart runs after it "

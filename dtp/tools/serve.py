@@ -41,6 +41,8 @@ def run(args) -> int:
     transformer_class(args.model_dir)  # a missing or foreign folder: one CheckpointError, before any process group
     options = load_options(args)
     defaults = pipeline_args(args.pipeline_arg)  # a PlanError before loading
+    if args.max_batch < 1 or args.batch_wait_ms < 0:
+        raise PlanError(f"--max-batch {args.max_batch} / --batch-wait-ms {args.batch_wait_ms}: at least 1 / 0.")
     distributed = under_torchrun()
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
@@ -62,7 +64,8 @@ def run(args) -> int:
     loaded["pipe"], progress.loaded = pipe, True
     print(f"dtp serve: rank {rank} ready", file=sys.stderr, flush=True)
     default = {name: options.lora_scale for name in options.loras}
-    lockstep = Lockstep(pipe, group, default_lora=default, progress=progress, stopping=stopping)
+    batching = {"max_batch": args.max_batch, "batch_wait_s": args.batch_wait_ms / 1000}
+    lockstep = Lockstep(pipe, group, default_lora=default, progress=progress, stopping=stopping, **batching)
     try:
         with _peers(lockstep, distributed) as lockstep.peers:
             lockstep.run(jobs)
