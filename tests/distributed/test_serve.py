@@ -12,6 +12,7 @@ import base64
 import io
 import json
 import os
+import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,8 +33,10 @@ from dtp.tools.cli import main
 
 FAULT = Path(__file__).resolve().parent / "serve_fault.py"
 SIZE, FAIL_SIZE, STEPS = 32, 48, 2
-REQUESTS = [{"prompt": f"a cat number {i % 3}", "seed": i, "size": f"{SIZE}x{SIZE}", "num_inference_steps": STEPS}
-            for i in range(10)]  # fmt: skip
+SIZES = (SIZE, 16)  # mixed sizes: two batch keys
+REQUESTS = [{"prompt": f"a cat number {i % 3}", "seed": i, "size": f"{SIZES[i % 2]}x{SIZES[i % 2]}",
+             "num_inference_steps": STEPS} for i in range(10)]  # fmt: skip
+BATCH = ("--max-batch", "4", "--batch-wait-ms", "300")
 ONE_LEVEL = 1 / 255
 
 
@@ -50,7 +53,7 @@ def server(checkpoint):
     """The module's server: 2 ranks through `serve_fault.py` (rank 1 fails 48 x 48 requests), the LoRA as "style"."""
     model_dir, lora, root = checkpoint
     env = quiet_env(DTP_TEST_FAIL_RANK="1", DTP_TEST_FAIL_SIZE=str(FAIL_SIZE))
-    with serving(model_dir, root / "server.log", "--lora", f"style={lora}", script=FAULT, env=env) as server:
+    with serving(model_dir, root / "server.log", "--lora", f"style={lora}", *BATCH, script=FAULT, env=env) as server:
         yield server
 
 
@@ -81,10 +84,11 @@ def test_health_and_models(server):
     assert [(m["kind"], m["loras"]) for m in models] == [("image", ["style"])]
 
 
-def test_ten_requests_from_four_threads_equal_dtp_run(server, checkpoint):
-    """All 200; each PNG equals the one-process `dtp run` of its prompt and seed (the LoRA at its loaded weight)."""
+def test_ten_requests_from_eight_threads_batched_equal_dtp_run(server, checkpoint):
+    """All 200; each PNG equals the one-process `dtp run` of its prompt and seed (the LoRA at its loaded weight),
+    though the server (--max-batch 4) ran them in batches of one size, as its log shows."""
     client = server.client
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda body: client.post("/v1/images/generations", json=body), REQUESTS))
     assert [a.status_code for a in answers] == [200] * len(REQUESTS), [a.text[:200] for a in answers]
     _, lora, _ = checkpoint
@@ -93,6 +97,8 @@ def test_ten_requests_from_four_threads_equal_dtp_run(server, checkpoint):
         data = answer.json()
         assert data["output_format"] == "png" and len(data["data"]) == 1
         assert np.abs(_pixels(data["data"][0]["b64_json"]) - reference).max() <= ONE_LEVEL + 1e-9
+    batches = [int(n) for n in re.findall(r"batch of (\d+)", server.log.read_text())]
+    assert batches and max(batches) > 1, server.log.read_text()[-2000:]
 
 
 def test_a_request_chooses_its_lora_weight(server, checkpoint):
@@ -217,15 +223,19 @@ def test_a_client_that_leaves_does_not_stall_the_ranks(server):
     assert client.post("/v1/images/generations", json=REQUESTS[3]).status_code == 200
 
 
-def test_a_failure_on_one_rank_is_one_500_and_the_next_request_runs(server):
+def test_a_failure_on_one_rank_fails_only_its_batch_and_the_next_request_runs(server):
+    """Two 48 x 48 requests (rank 1 fails them) sent with two good ones: the 48s get a 500 naming rank 1's error
+    (they may share a batch), the others a 200; then a request runs normally."""
     client, log = server.client, server.log
-    failing = {**REQUESTS[0], "size": f"{FAIL_SIZE}x{FAIL_SIZE}"}
-    answer = client.post("/v1/images/generations", json=failing)
-    assert answer.status_code == 500, answer.text
-    assert "rank 1: RuntimeError: planted failure" in answer.json()["error"]["message"]
-    assert "rank 0" not in answer.json()["error"]["message"]  # rank 0 generated; only rank 1 failed
+    failing = [{**REQUESTS[i], "size": f"{FAIL_SIZE}x{FAIL_SIZE}"} for i in (0, 2)]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda b: client.post("/v1/images/generations", json=b), [*failing, *REQUESTS[4:6]]))
+    assert [a.status_code for a in answers] == [500, 500, 200, 200], [a.text[:200] for a in answers]
+    for answer in answers[:2]:
+        assert "rank 1: RuntimeError: planted failure" in answer.json()["error"]["message"]
+        assert "rank 0" not in answer.json()["error"]["message"]  # rank 0 generated; only rank 1 failed
     assert client.post("/v1/images/generations", json=REQUESTS[4]).status_code == 200
-    assert "failed" in log.read_text() and client.get("/health").json()["failed"] >= 1
+    assert "failed" in log.read_text() and client.get("/health").json()["failed"] >= 2
 
 
 def test_sigterm_ends_every_rank(server):
