@@ -1,5 +1,6 @@
 """The HTTP face of `dtp serve`, on rank 0: FastAPI routes over the job queue (the `serve` extra).
 
+    GET    /metrics                    Prometheus' text format (`metrics`; 501 without prometheus_client)
     GET    /health                     200 {"status": "ok", ...progress} once every rank has loaded, 503 while loading
     GET    /v1/models                  the loaded pipeline (OpenAI's list form), its kind and LoRA names
     POST   /v1/images/generations      OpenAI's body (every field its client sends; `api`) plus seed,
@@ -30,12 +31,13 @@ import uuid
 from dataclasses import asdict
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 
 from ..errors import PlanError
 from ..pipeline.request import makes_video
 from .api import Served, image_request, read_body, video_request
 from .jobs import JobFailed, JobQueue, Output, Progress
+from .metrics import Metrics
 from .store import JobStore
 
 LOADING = "the model is still loading; GET /health says when it is ready."
@@ -45,10 +47,29 @@ def error(status: int, message: str):
     return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
 
 
-def build_app(loaded: dict, jobs: JobQueue, progress: Progress, served: Served, *, store: JobStore) -> FastAPI:
-    """The routes; `loaded["pipe"]` is rank 0's pipeline once every rank has loaded (until then: 503s)."""
+def build_app(
+    loaded: dict, jobs: JobQueue, progress: Progress, served: Served, *, store: JobStore, metrics: Metrics | None = None
+) -> FastAPI:
+    """The routes; `loaded["pipe"]` is rank 0's pipeline once every rank has loaded (until then: 503s). `metrics`:
+    None when prometheus_client is missing (/metrics answers 501)."""
     app = FastAPI(title="dtp serve")
     model_id, loras = served.model_id, served.loras
+
+    @app.middleware("http")
+    async def count(http: Request, call_next):
+        start = time.perf_counter()
+        response = await call_next(http)
+        if metrics is not None:
+            endpoint = getattr(http.scope.get("route"), "path", "unmatched")
+            metrics.answered(endpoint, response.status_code, time.perf_counter() - start)
+        return response
+
+    @app.get("/metrics")
+    def prometheus():
+        if metrics is None:
+            return error(501, "/metrics needs prometheus_client: pip install 'dtp[metrics]'.")
+        body, content_type = metrics.text()
+        return Response(body, media_type=content_type)
 
     @app.get("/health")
     def health():

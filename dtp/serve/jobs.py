@@ -64,6 +64,7 @@ class Job:
     on_start: Callable[[], None] | None = None  # rank 0 calls it as the ranks start the job (the store: in progress)
     on_interrupt: Callable[[str], None] | None = None  # rank 0 calls it when a rank died in the job: the reason
     cancelled: bool = False
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass

@@ -48,6 +48,7 @@ class Lockstep:
         peers=None,
         max_batch: int = 1,
         batch_wait_s: float = 0.0,
+        metrics=None,
     ):
         self.pipe = pipe
         self.group = group  # a gloo group of every rank
@@ -60,6 +61,7 @@ class Lockstep:
         self._jobs: JobQueue | None = None
         self.max_batch = max_batch  # requests of one batch key run as one pipeline call (`batch`)
         self.batch_wait_s = batch_wait_s  # how long rank 0 waits for more of the first job's key
+        self.metrics = metrics  # rank 0: a metrics.Metrics (None: no prometheus_client, or another rank)
         self._batch: list[Job] = []  # rank 0: the jobs running now
         self._number = 0  # requests run so far: the same count on every rank (rank 0's order)
 
@@ -72,6 +74,8 @@ class Lockstep:
                 if not self.stopping.is_set():
                     batch = jobs.get_batch(HEARTBEAT_S, size=self.max_batch, wait_s=self.batch_wait_s, key=batch_key)
                 message = STOP if self.stopping.is_set() else ([job.request for job in batch] or HEARTBEAT)
+                if batch and message != STOP and self.metrics is not None:
+                    self.metrics.started([time.monotonic() - job.queued_at for job in batch])
                 for job in batch if message != STOP else ():
                     if job.on_start is not None:
                         job.on_start()  # the store marks it in progress (one attempt more) before any rank starts
@@ -130,6 +134,8 @@ class Lockstep:
             if len(generation.outputs) != len(requests) * requests[0].n:
                 raise RuntimeError(f"{len(generation.outputs)} outputs for {len(requests)} requests")
             video, steps, results = generation.video, len(generation.step_seconds), []
+            if batch and self.metrics is not None:
+                self.metrics.stepped(generation.step_seconds)
             for i, job in enumerate(batch):  # rank 0 encodes; request i's outputs are n in a row
                 n, fps = requests[i].n, requests[i].fps
                 mine = generation.outputs[i * n : (i + 1) * n]

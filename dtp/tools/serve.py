@@ -28,6 +28,7 @@ from ..policy import default_device_type
 from ..runtime.launch import exit_now, init_distributed, torchrun_store, under_torchrun
 from ..runtime.placement import local_device
 from ..serve.jobs import JobQueue, Progress
+from ..serve.metrics import make_metrics
 from ..serve.peers import PeerFailures
 from ..serve.store import JobStore
 from ..serve.worker import Lockstep, fail_waiting
@@ -50,9 +51,9 @@ def run(args) -> int:
     stopping = _on_sigterm()
     progress, jobs, loaded = Progress(), JobQueue(args.queue), {}
     store = _open_store(args) if rank == 0 else None
-    server = (
-        _start_http(loaded, jobs, progress, args, options.loras, store, defaults) if rank == 0 else None
-    )  # /health: 503
+    metrics = make_metrics() if rank == 0 else None
+    http = (loaded, jobs, progress, args, options.loras, store, defaults, metrics)
+    server = _start_http(*http) if rank == 0 else None  # /health: 503 until loaded
     device = init_distributed(args.timeout) if distributed else local_device(default_device_type())
     pipe = open_pipeline(options, device, distributed=distributed)
     group = dist.new_group(backend="gloo") if distributed else None  # objects travel over gloo, also beside NCCL
@@ -64,7 +65,7 @@ def run(args) -> int:
     loaded["pipe"], progress.loaded = pipe, True
     print(f"dtp serve: rank {rank} ready", file=sys.stderr, flush=True)
     default = {name: options.lora_scale for name in options.loras}
-    batching = {"max_batch": args.max_batch, "batch_wait_s": args.batch_wait_ms / 1000}
+    batching = {"max_batch": args.max_batch, "batch_wait_s": args.batch_wait_ms / 1000, "metrics": metrics}
     lockstep = Lockstep(pipe, group, default_lora=default, progress=progress, stopping=stopping, **batching)
     try:
         with _peers(lockstep, distributed) as lockstep.peers:
@@ -133,14 +134,15 @@ def _resume(store: JobStore, jobs: JobQueue, pipe, args, loras: dict, defaults: 
         print(f"dtp serve: {queued} job(s) from {args.state_dir} queued again", file=sys.stderr, flush=True)
 
 
-def _start_http(loaded: dict, jobs: JobQueue, progress: Progress, args, loras: dict, store: JobStore, defaults: dict):
+def _start_http(loaded: dict, jobs: JobQueue, progress: Progress, args, loras: dict, store, defaults: dict, metrics):
     """uvicorn serving the app in a thread of rank 0 (the main thread runs the lockstep loop)."""
     import uvicorn
 
     from ..serve.api import Served
     from ..serve.http import build_app
 
-    app = build_app(loaded, jobs, progress, Served(Path(args.model_dir).name, set(loras), defaults), store=store)
+    served = Served(Path(args.model_dir).name, set(loras), defaults)
+    app = build_app(loaded, jobs, progress, served, store=store, metrics=metrics)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
     threading.Thread(target=server.run, name="dtp-serve-http", daemon=True).start()
     print(f"dtp serve: http://{args.host}:{args.port} (loading)", file=sys.stderr, flush=True)

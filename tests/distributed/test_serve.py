@@ -24,6 +24,7 @@ import openai
 import pytest
 from lora_cases import random_lora
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import save_file
 
 from dtp.families.pipelines import tiny_checkpoint
@@ -236,6 +237,32 @@ def test_a_failure_on_one_rank_fails_only_its_batch_and_the_next_request_runs(se
         assert "rank 0" not in answer.json()["error"]["message"]  # rank 0 generated; only rank 1 failed
     assert client.post("/v1/images/generations", json=REQUESTS[4]).status_code == 200
     assert "failed" in log.read_text() and client.get("/health").json()["failed"] >= 2
+
+
+def _scrape(server) -> dict:
+    """{(metric sample name, labels without replica): value} of GET /metrics, parsed by prometheus_client."""
+    answer = server.client.get("/metrics")
+    assert answer.status_code == 200, answer.text
+    samples = (s for family in text_string_to_metric_families(answer.text) for s in family.samples)
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica"))): s.value for s in samples}
+
+
+def test_metrics_count_what_the_test_sent(server):
+    """/metrics parses with prometheus_client's parser; its request counts grow by exactly what this test sent."""
+    before = _scrape(server)
+    sent = {"200": 2, "400": 3}
+    for _ in range(sent["200"]):
+        assert server.client.post("/v1/images/generations", json=REQUESTS[1]).status_code == 200
+    for _ in range(sent["400"]):
+        assert server.client.post("/v1/images/generations", json={"prompt": "a", "size": "big"}).status_code == 400
+    after = _scrape(server)
+    for status, count in sent.items():
+        key = ("dtp_serve_requests_total", (("endpoint", "/v1/images/generations"), ("status", status)))
+        assert after.get(key, 0) - before.get(key, 0) == count, (status, before.get(key), after.get(key))
+    steps = ("dtp_serve_steps_total", ())
+    assert after[steps] - before.get(steps, 0) == sent["200"] * STEPS
+    batches = ("dtp_serve_batch_size_count", ())
+    assert after[batches] - before.get(batches, 0) == sent["200"]  # one after the other: batches of one
 
 
 def test_sigterm_ends_every_rank(server):
