@@ -17,6 +17,7 @@ import socket
 import sys
 import tempfile
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
@@ -24,7 +25,7 @@ import torch.distributed as dist
 from ..errors import PlanError
 from ..pipeline import transformer_class
 from ..pipeline.session import open_pipeline
-from ..policy import default_device_type
+from ..policy import default_backend, default_device_type
 from ..runtime.launch import exit_now, init_distributed, torchrun_store, under_torchrun
 from ..runtime.placement import local_device
 from ..serve.jobs import JobQueue, Progress
@@ -54,6 +55,8 @@ def run(args) -> int:
     metrics = make_metrics() if rank == 0 else None
     http = (loaded, jobs, progress, args, options.loras, store, defaults, metrics)
     server = _start_http(*http) if rank == 0 else None  # /health: 503 until loaded
+    if distributed:
+        _join_this_attempt(args.timeout)
     device = init_distributed(args.timeout) if distributed else local_device(default_device_type())
     pipe = open_pipeline(options, device, distributed=distributed)
     group = dist.new_group(backend="gloo") if distributed else None  # objects travel over gloo, also beside NCCL
@@ -81,11 +84,39 @@ def run(args) -> int:
     return 0
 
 
+def _attempt() -> str:
+    """torchrun's restart count: 0, then 1, ... after each `--max-restarts` restart."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def _join_this_attempt(timeout_s: float) -> None:
+    """After a torchrun restart, join the process group through keys of this attempt only.
+
+    torchrun (2.13, --standalone) keeps one rendezvous store across restarts, and the default group's keys carry no
+    attempt: the restarted ranks read the dead ranks' addresses and fail ("Gloo connectFullMesh failed ...
+    Connection refused"). So from the first restart on, the group is joined over a PrefixStore of the attempt.
+    """
+    if _attempt() == "0" or dist.is_initialized():
+        return
+    device = local_device(default_device_type())
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
+    )
+    dist.init_process_group(
+        default_backend(device.type),
+        store=dist.PrefixStore(f"dtp/serve/attempt_{_attempt()}", store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
 def _peers(lockstep: Lockstep, distributed: bool):
-    """The watcher that ends every rank when a failure leaves the others inside a collective (none on one process)."""
+    """The watcher that ends every rank when a failure leaves the others inside a collective (none on one process).
+    Its keys are per torchrun attempt: request numbers start again at 1 after a restart."""
     if not distributed:
         return contextlib.nullcontext()
-    store = torchrun_store("dtp/serve/failed/")
+    store = torchrun_store(f"dtp/serve/failed/{_attempt()}/")
     return PeerFailures(store, lockstep.rank, lockstep.world, give_up=lockstep.give_up)
 
 
