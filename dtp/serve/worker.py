@@ -1,10 +1,11 @@
-"""The lockstep loop: every rank runs each request together, one at a time, in the order rank 0 took them.
+"""The lockstep loop: every rank runs each batch of requests together, one batch at a time, in the order rank 0 took
+them (a batch: the first waiting request and, with --max-batch > 1, the waiting ones of its batch key; `batch`).
 
 Rank 0 broadcasts a message over a gloo group (`broadcast_object_list`; a gloo group also beside NCCL,
-whose collectives cannot carry Python objects): a request, a heartbeat when the queue stayed empty for
+whose collectives cannot carry Python objects): the batch's requests, a heartbeat when the queue stayed empty for
 `HEARTBEAT_S` (so that an idle server never reaches the process group's timeout), or stop. Every rank then
 generates; each catches its own exception, and an `all_gather_object` of the outcomes makes the ranks agree:
-one failed rank fails the request everywhere (one 5xx), and the next request runs. A failure that leaves the
+one failed rank fails the batch everywhere (a 5xx for each of its requests), and the next request runs. A failure that leaves the
 other ranks waiting inside a collective (one rank raising in the middle of the sharded transformer) cannot be
 agreed on this way: the failed rank also posts it to torchrun's store, and `peers.PeerFailures` ends every rank
 `GRACE_S` after it when the ranks have not agreed (rank 0 answers that request with a 500 first).

@@ -16,7 +16,9 @@ import pytest
 from dtp.testing.conditioned_pipelines import tiny_wan_video_pipeline
 from dtp.testing.serving import rank_of, rank_processes, serving
 
-pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
+# full: the default run covers a dying rank and a restart with the same --state-dir (test_serve_video.py); this adds
+# torchrun's own restart (one server and its reload: about 3.5 min on the busy 2-core machine)
+pytestmark = [pytest.mark.full, pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
 JOB = {"seed": 4, "num_inference_steps": 12, "num_frames": 5, "fps": 8}
 BACK_S = 300  # the restart reloads the pipeline on a busy 2-core machine
 
