@@ -6,9 +6,10 @@ whose collectives cannot carry Python objects): the batch's requests, a heartbea
 `HEARTBEAT_S` (so that an idle server never reaches the process group's timeout), or stop. Every rank then
 generates; each catches its own exception, and an `all_gather_object` of the outcomes makes the ranks agree:
 one failed rank fails the batch everywhere (a 5xx for each of its requests), and the next batch runs. A failure
-that leaves the other ranks waiting inside a collective (one rank raising in the middle of the sharded transformer) cannot be
-agreed on this way: the failed rank also posts it to torchrun's store, and `peers.PeerFailures` ends every rank
-`GRACE_S` after it when the ranks have not agreed (rank 0 answers that request with a 500 first).
+that leaves the other ranks waiting inside a collective (one rank raising in the middle of the sharded
+transformer) cannot be agreed on this way: the failed rank also posts it to torchrun's store, and
+`peers.PeerFailures` ends every rank `GRACE_S` after it when the ranks have not agreed (rank 0 answers the batch's
+requests with a 500 first; a stored video job stays in progress and is queued again after the restart).
 """
 
 from __future__ import annotations
