@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -79,6 +80,8 @@ def run(args) -> int:
             fail_waiting(jobs)
         if distributed:
             dist.destroy_process_group()
+        if store is not None and args.state_dir is None:  # this run's temporary store
+            shutil.rmtree(store.folder, ignore_errors=True)
     print(f"dtp serve: rank {rank} stopped", file=sys.stderr, flush=True)
     exit_now(0)
     return 0
