@@ -1,11 +1,13 @@
-"""`dtp serve` under load: 100 requests from 8 concurrent clients against `torchrun --nproc-per-node 2 -m dtp serve`
-on the tiny FLUX.1 pipeline (CPU, gloo, fp32), against back-to-back `dtp run` launches of the same generation.
+"""`dtp serve` under load: 200 requests from 16 concurrent clients against `torchrun --nproc-per-node 2 -m dtp serve`
+on the tiny FLUX.1 pipeline (CPU, gloo, fp32, two sizes: 32 x 32 and 16 x 16), with batching off (`--max-batch 1`)
+and on (`--max-batch 4 --batch-wait-ms 50`), against back-to-back `dtp run` launches of the same generation.
 
 Counts lost requests (no 200) and duplicated ones (two answers with the same image, or the server logging more
 generations than requests: every request has its own seed, so every image differs), and prints the median and
-p99 latency and the throughput of both ways. Writes benchmarks/results/serve_load.json.
+p99 latency, the throughput and the mean batch size of each way. Writes benchmarks/results/serve_load.json and
+serve_load.md.
 
-    python benchmarks/serve_load.py [--requests 100] [--clients 8] [--runs 3]
+    python benchmarks/serve_load.py [--requests 200] [--clients 16] [--runs 2]
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "serve_load.json"
 SIZE, STEPS = 32, 2
+SIZES = (32, 16)  # two batch keys
+WAYS = {"--max-batch 1": (), "--max-batch 4": ("--max-batch", "4", "--batch-wait-ms", "50")}
 LAUNCH = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "dtp"]
 
 
 def body(seed: int) -> dict:
-    return {"prompt": "a cat", "seed": seed, "size": f"{SIZE}x{SIZE}", "num_inference_steps": STEPS}
+    size = SIZES[seed % len(SIZES)]
+    return {"prompt": "a cat", "seed": seed, "size": f"{size}x{size}", "num_inference_steps": STEPS}
 
 
 def load(url: str, requests: int, clients: int) -> dict:
@@ -75,35 +80,61 @@ def back_to_back(model_dir: Path, runs: int, folder: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--runs", type=int, default=3, help="back-to-back `dtp run` launches")
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--runs", type=int, default=2, help="back-to-back `dtp run` launches")
     args = parser.parse_args()
     from dtp.families.pipelines import tiny_checkpoint
     from dtp.testing.serving import serving
 
+    ways = {}
     with tempfile.TemporaryDirectory(prefix="dtp-serve-load-") as tmp:
         folder = Path(tmp)
         model_dir = tiny_checkpoint("flux", root=folder)
-        with serving(model_dir, folder / "server.log") as server:
-            served = load(server.url, args.requests, args.clients)
-        generated = len(re.findall(r"dtp serve: request \d+: .* ok", (folder / "server.log").read_text()))
-        served["generated_by_server"] = generated
-        served["duplicated"] = (served["ok"] - served["distinct_images"]) + max(0, generated - args.requests)
-        runs = back_to_back(model_dir, args.runs, folder)
-    result = {"pipeline": "tiny FLUX.1, 32x32, 2 steps, fp32, 2 gloo ranks (CPU)", "serve": served, "dtp_run": runs}
+        for name, flags in WAYS.items():
+            log = folder / f"server{len(ways)}.log"
+            with serving(model_dir, log, *flags) as server:
+                served = load(server.url, args.requests, args.clients)
+            text = log.read_text()
+            single = len(re.findall(r"dtp serve: request \d+: .* ok", text))
+            batched = [int(n) for n in re.findall(r"dtp serve: batch of (\d+) .* ok", text)]
+            generated = single + sum(batched)
+            served["generated_by_server"] = generated
+            served["pipeline_calls"] = single + len(batched)
+            served["mean_batch"] = generated / max(1, served["pipeline_calls"])
+            served["duplicated"] = (served["ok"] - served["distinct_images"]) + max(0, generated - args.requests)
+            ways[name] = served
+        runs = back_to_back(model_dir, args.runs, folder) if args.runs else None
+    result = {
+        "pipeline": "tiny FLUX.1, 32x32 and 16x16, 2 steps, fp32, 2 gloo ranks (CPU)",
+        "serve": ways,
+        "dtp_run": runs,
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
-    print("| way | requests | lost | duplicated | median s | p99 s | per second |\n|---|---:|---:|---:|---:|---:|---:|")
-    print(
-        f"| dtp serve, {args.clients} clients | {served['requests']} | {served['lost']} | {served['duplicated']} "
-        f"| {served['median_latency_s']:.2f} | {served['p99_latency_s']:.2f} | {served['throughput_per_s']:.2f} |"
-    )
-    print(
-        f"| back-to-back dtp run | {runs['runs']} | 0 | 0 | {runs['median_s']:.2f} | - "
-        f"| {runs['throughput_per_s']:.3f} |"
-    )
-    print(f"wrote {RESULTS}")
+    lines = [
+        f"`python benchmarks/serve_load.py --requests {args.requests} --clients {args.clients} --runs {args.runs}`: "
+        f"{result['pipeline']}.",
+        "",
+        "| way | requests | lost | duplicated | mean batch | median s | p99 s | per second |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, served in ways.items():
+        lines.append(
+            f"| dtp serve {name}, {args.clients} clients | {served['requests']} | {served['lost']} "
+            f"| {served['duplicated']} | {served['mean_batch']:.2f} | {served['median_latency_s']:.2f} "
+            f"| {served['p99_latency_s']:.2f} | {served['throughput_per_s']:.2f} |"
+        )
+    if runs:
+        lines.append(
+            f"| back-to-back dtp run | {runs['runs']} | 0 | 0 | 1 | {runs['median_s']:.2f} | - "
+            f"| {runs['throughput_per_s']:.3f} |"
+        )
+    first, second = (ways[name]["throughput_per_s"] for name in WAYS)
+    lines += ["", f"batching on / off: {second / first:.2f}x the throughput."]
+    table = "\n".join(lines) + "\n"
+    RESULTS.with_suffix(".md").write_text(table)
+    print(table + f"wrote {RESULTS} and {RESULTS.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
-"""The lockstep loop: every rank runs each request together, one at a time, in the order rank 0 took them.
+"""The lockstep loop: every rank runs each batch of requests together, one batch at a time, in the order rank 0 took
+them (a batch: the first waiting request and, with --max-batch > 1, the waiting ones of its batch key; `batch`).
 
 Rank 0 broadcasts a message over a gloo group (`broadcast_object_list`; a gloo group also beside NCCL,
-whose collectives cannot carry Python objects): a request, a heartbeat when the queue stayed empty for
+whose collectives cannot carry Python objects): the batch's requests, a heartbeat when the queue stayed empty for
 `HEARTBEAT_S` (so that an idle server never reaches the process group's timeout), or stop. Every rank then
 generates; each catches its own exception, and an `all_gather_object` of the outcomes makes the ranks agree:
-one failed rank fails the request everywhere (one 5xx), and the next request runs. A failure that leaves the
-other ranks waiting inside a collective (one rank raising in the middle of the sharded transformer) cannot be
-agreed on this way: the failed rank also posts it to torchrun's store, and `peers.PeerFailures` ends every rank
-`GRACE_S` after it when the ranks have not agreed (rank 0 answers that request with a 500 first).
+one failed rank fails the batch everywhere (a 5xx for each of its requests), and the next batch runs. A failure
+that leaves the other ranks waiting inside a collective (one rank raising in the middle of the sharded
+transformer) cannot be agreed on this way: the failed rank also posts it to torchrun's store, and
+`peers.PeerFailures` ends every rank `GRACE_S` after it when the ranks have not agreed (rank 0 answers the batch's
+requests with a 500 first; a stored video job stays in progress and is queued again after the restart).
 """
 
 from __future__ import annotations
@@ -20,10 +22,9 @@ from dataclasses import replace
 
 import torch.distributed as dist
 
-from ..pipeline.generate import run_request
-from ..pipeline.outputs import encode
 from ..runtime.launch import exit_now
-from .jobs import Job, JobFailed, JobQueue, Progress, Result
+from .batch import batch_key, run_batch
+from .jobs import Job, JobFailed, JobQueue, Progress, Result, encode_as
 
 HEARTBEAT_S = 2.0
 STOP = "stop"
@@ -38,7 +39,19 @@ PEER_EXIT_S = 5.0
 class Lockstep:
     """The loop of one rank. `default_lora`: the adapter weights of a request that names none."""
 
-    def __init__(self, pipe, group, *, default_lora: dict | None, progress: Progress, stopping, peers=None):
+    def __init__(
+        self,
+        pipe,
+        group,
+        *,
+        default_lora: dict | None,
+        progress: Progress,
+        stopping,
+        peers=None,
+        max_batch: int = 1,
+        batch_wait_s: float = 0.0,
+        metrics=None,
+    ):
         self.pipe = pipe
         self.group = group  # a gloo group of every rank
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -48,22 +61,31 @@ class Lockstep:
         self.stopping = stopping  # a threading.Event set by SIGTERM (rank 0 turns it into STOP)
         self.peers = peers  # a PeerFailures whose give_up is `self.give_up` (None on one process)
         self._jobs: JobQueue | None = None
-        self._job: Job | None = None  # rank 0: the job running now
+        self.max_batch = max_batch  # requests of one batch key run as one pipeline call (`batch`)
+        self.batch_wait_s = batch_wait_s  # how long rank 0 waits for more of the first job's key
+        self.metrics = metrics  # rank 0: a metrics.Metrics (None: no prometheus_client, or another rank)
+        self._batch: list[Job] = []  # rank 0: the jobs running now
         self._number = 0  # requests run so far: the same count on every rank (rank 0's order)
 
     def run(self, jobs: JobQueue | None) -> None:
-        """Until stop: rank 0 takes jobs from `jobs`, the other ranks follow rank 0 (`jobs` None)."""
+        """Until stop: rank 0 takes batches of jobs from `jobs`, the other ranks follow rank 0 (`jobs` None)."""
         self._jobs = jobs
         while True:
-            job = None
+            batch = []
             if self.rank == 0:
-                job = None if self.stopping.is_set() else jobs.get(timeout=HEARTBEAT_S)
-                message = STOP if self.stopping.is_set() else (HEARTBEAT if job is None else job.request)
+                if not self.stopping.is_set():
+                    batch = jobs.get_batch(HEARTBEAT_S, size=self.max_batch, wait_s=self.batch_wait_s, key=batch_key)
+                message = STOP if self.stopping.is_set() else ([job.request for job in batch] or HEARTBEAT)
+                if batch and message != STOP and self.metrics is not None:
+                    self.metrics.started([time.monotonic() - job.queued_at for job in batch])
+                for job in batch if message != STOP else ():
+                    if job.on_start is not None:
+                        job.on_start()  # the store marks it in progress (one attempt more) before any rank starts
             message = self._broadcast(message if self.rank == 0 else None)
             if message == STOP:
                 return
             if message != HEARTBEAT:
-                self._serve(message, job)
+                self._serve(message, batch)
 
     def _broadcast(self, message):
         if self.world == 1:
@@ -72,15 +94,15 @@ class Lockstep:
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
-    def _serve(self, request, job: Job | None) -> None:
-        """Generate on this rank, agree with the others, and (rank 0) answer the job and log one line."""
-        if self.default_lora is not None and request.lora is None:
-            request = replace(request, lora=self.default_lora)
+    def _serve(self, requests: list, batch: list[Job]) -> None:
+        """Generate on this rank, agree with the others, and (rank 0) answer the jobs and log one line."""
+        if self.default_lora is not None:
+            requests = [replace(r, lora=self.default_lora) if r.lora is None else r for r in requests]
         start = time.perf_counter()
-        self._number, self._job = self._number + 1, job
+        self._number, self._batch = self._number + 1, batch
         if self.peers is not None:
             self.peers.begin(self._number)
-        outcome, result = self._generate(request, job)
+        outcome, results = self._generate(requests, batch)
         if outcome is not None and self.peers is not None:
             self.peers.fail(outcome)
         outcomes = self._agree(outcome)
@@ -90,35 +112,52 @@ class Lockstep:
         if self.rank != 0:
             return
         failures = {f"rank {r}: {o}" for r, o in enumerate(outcomes) if o is not None}
-        if failures:
-            self.progress.failed += 1
-            job.future.set_exception(JobFailed("; ".join(sorted(failures))))
-        else:
-            self.progress.done += 1
-            job.future.set_result(replace(result, seconds=seconds))
+        for job, result in zip(batch, results or [None] * len(batch), strict=True):
+            if failures:
+                job.future.set_exception(JobFailed("; ".join(sorted(failures))))
+            else:
+                job.future.set_result(replace(result, seconds=seconds))
+        self.progress.failed += len(batch) if failures else 0
+        self.progress.done += 0 if failures else len(batch)
+        self.progress.batches += 1
         status = "failed" if failures else "ok"
-        steps = result.steps if result is not None else "-"
-        print(f"dtp serve: request {job.id}: {steps} steps, {seconds:.2f} s, {status}", file=sys.stderr, flush=True)
-        self.progress.job = None
+        steps = results[0].steps if results else "-"
+        named = f"request {batch[0].id}" if len(batch) == 1 else f"batch of {len(batch)} (requests "
+        named += "" if len(batch) == 1 else ", ".join(str(job.id) for job in batch) + ")"
+        print(f"dtp serve: {named}: {steps} steps, {seconds:.2f} s, {status}", file=sys.stderr, flush=True)
+        self.progress.job = self.progress.record = None
 
-    def _generate(self, request, job: Job | None) -> tuple[str | None, Result | None]:
-        if job is not None:
-            self.progress.job, self.progress.step, self.progress.steps = job.id, 0, request.steps
+    def _generate(self, requests: list, batch: list[Job]) -> tuple[str | None, list[Result] | None]:
+        if batch:
+            self.progress.job, self.progress.record = batch[0].id, batch[0].record
+            self.progress.step, self.progress.steps = 0, requests[0].steps
         try:
-            generation = run_request(self.pipe, request, on_step=self._on_step)
-            encoded = [encode(p, video=generation.video, fps=request.fps) for p in generation.outputs] if job else []
-        except Exception as error:  # noqa: BLE001 - any failure of this rank's generation is the request's
+            generation = run_batch(self.pipe, requests, on_step=self._on_step)
+            if len(generation.outputs) != len(requests) * requests[0].n:
+                raise RuntimeError(f"{len(generation.outputs)} outputs for {len(requests)} requests")
+            video, steps, results = generation.video, len(generation.step_seconds), []
+            if batch and self.metrics is not None:
+                self.metrics.stepped(generation.step_seconds)
+            for i, job in enumerate(batch):  # rank 0 encodes; request i's outputs are n in a row
+                n, fps = requests[i].n, requests[i].fps
+                mine = generation.outputs[i * n : (i + 1) * n]
+                results.append(
+                    Result([encode_as(p, video=video, fps=fps, output=job.output) for p in mine], video, steps, 0.0)
+                )
+        except Exception as error:  # noqa: BLE001 - any failure of this rank's generation is the batch's
             return f"{type(error).__name__}: {error}", None
-        return None, Result(encoded, generation.video, len(generation.step_seconds), 0.0)
+        return None, results
 
     def give_up(self, message: str) -> None:
         """End this rank (exit code 1): the ranks cannot agree on the running request. Rank 0 answers it first and
         ends; the others wait `PEER_EXIT_S` so that torchrun does not end rank 0 before its answer is sent."""
         if self.rank == 0:
-            job = self._job
-            if job is not None:
-                with contextlib.suppress(InvalidStateError):  # the loop answered it a moment ago
-                    job.future.set_exception(JobFailed(message))
+            for job in self._batch:
+                if job.record is not None and job.on_interrupt is not None:
+                    job.on_interrupt(message)  # a stored job is queued again after the restart (--max-attempts)
+                else:
+                    with contextlib.suppress(InvalidStateError):  # the loop answered it a moment ago
+                        job.future.set_exception(JobFailed(message))
             if self._jobs is not None:
                 self._jobs.fail_all("the server is stopping: a rank failed inside a collective")
             time.sleep(ANSWER_S)
@@ -128,6 +167,8 @@ class Lockstep:
 
     def _on_step(self, step: int) -> None:
         self.progress.step = step
+        if self.progress.steps is None:  # the pipeline's default step count, known once it runs
+            self.progress.steps = getattr(self.pipe, "_num_timesteps", None)
 
     def _agree(self, outcome: str | None) -> list:
         if self.world == 1:

@@ -49,13 +49,14 @@ class Server:
     log: Path
 
 
-def start(model_dir, log: Path, *args: str, nproc: int = 2, script=None, env=None) -> Server:
-    """torchrun `nproc` ranks of `dtp serve --model-dir model_dir --dtype fp32 *args`; returns once healthy."""
+def start(model_dir, log: Path, *args: str, nproc: int = 2, script=None, env=None, launch=()) -> Server:
+    """torchrun `nproc` ranks of `dtp serve --model-dir model_dir --dtype fp32 *args`; returns once healthy.
+    `launch`: more torchrun options (e.g. "--max-restarts", "1")."""
     import httpx
 
     port = free_port()
     target = [str(script)] if script else ["-m", "dtp"]
-    command = [*LAUNCHER, "--standalone", f"--nproc-per-node={nproc}", *target]
+    command = [*LAUNCHER, "--standalone", f"--nproc-per-node={nproc}", *launch, *target]
     command += ["serve", "--model-dir", str(model_dir), "--port", str(port), "--dtype", "fp32", *args]
     with log.open("w") as out:  # the child keeps its own copy of the descriptor
         process = subprocess.Popen(
@@ -116,6 +117,16 @@ def rank_processes(server: Server) -> dict[int, bytes]:
     except OSError:
         return {}
     return {child: _command(child) for child in children}
+
+
+def rank_of(pid: int) -> int | None:
+    """The RANK a torchrun child runs as (its environment), None when it is gone."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    ranks = [int(v.partition(b"=")[2]) for v in environ if v.startswith(b"RANK=")]
+    return ranks[0] if ranks else None
 
 
 def alive(ranks: dict[int, bytes]) -> list[int]:

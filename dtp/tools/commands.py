@@ -243,6 +243,40 @@ def _serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address rank 0 listens on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     p.add_argument("--queue", type=int, default=64, help="requests waiting beyond the running one (default 64)")
+    p.add_argument(
+        "--pipeline-arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a keyword of the pipeline's __call__ every request gets, its value as JSON (e.g. max_area=1024)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=1,
+        help="waiting requests of one shape (size, frames, steps, scales, LoRA weights) run as one pipeline call, "
+        "up to this many (default 1: one at a time)",
+    )
+    p.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help="how long to wait for more requests of the first one's shape before a batch starts (default 0)",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        help="keep video jobs (SQLite) and their mp4s here: a job accepted before a restart runs after it "
+        "(default: a temporary folder, lost on exit)",
+    )
+    p.add_argument(
+        "--keep-hours", type=float, default=24.0, help="keep a finished video job this long unless deleted (default 24)"
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=2,
+        help="runs of a video job a dying rank interrupted before it is failed with the reason (default 2)",
+    )
 
 
 def _check(p: argparse.ArgumentParser) -> None:

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
@@ -23,13 +26,15 @@ import torch.distributed as dist
 from ..errors import PlanError
 from ..pipeline import transformer_class
 from ..pipeline.session import open_pipeline
-from ..policy import default_device_type
+from ..policy import default_backend, default_device_type
 from ..runtime.launch import exit_now, init_distributed, torchrun_store, under_torchrun
 from ..runtime.placement import local_device
 from ..serve.jobs import JobQueue, Progress
+from ..serve.metrics import make_metrics
 from ..serve.peers import PeerFailures
+from ..serve.store import JobStore
 from ..serve.worker import Lockstep, fail_waiting
-from .run import load_options, quiet_libraries
+from .run import load_options, pipeline_args, quiet_libraries
 
 STOP_GRACE_S = 10.0
 
@@ -38,23 +43,34 @@ def run(args) -> int:
     quiet_libraries()
     transformer_class(args.model_dir)  # a missing or foreign folder: one CheckpointError, before any process group
     options = load_options(args)
+    defaults = pipeline_args(args.pipeline_arg)  # a PlanError before loading
+    if args.max_batch < 1 or args.batch_wait_ms < 0:
+        raise PlanError(f"--max-batch {args.max_batch} / --batch-wait-ms {args.batch_wait_ms}: at least 1 / 0.")
     distributed = under_torchrun()
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         _check_serving(args.host, args.port)  # before minutes of loading
     stopping = _on_sigterm()
     progress, jobs, loaded = Progress(), JobQueue(args.queue), {}
-    server = _start_http(loaded, jobs, progress, args, options.loras) if rank == 0 else None  # /health: 503
+    store = _open_store(args) if rank == 0 else None
+    metrics = make_metrics() if rank == 0 else None
+    http = (loaded, jobs, progress, args, options.loras, store, defaults, metrics)
+    server = _start_http(*http) if rank == 0 else None  # /health: 503 until loaded
+    if distributed:
+        _join_this_attempt(args.timeout)
     device = init_distributed(args.timeout) if distributed else local_device(default_device_type())
     pipe = open_pipeline(options, device, distributed=distributed)
     group = dist.new_group(backend="gloo") if distributed else None  # objects travel over gloo, also beside NCCL
     if distributed:
         pipe.set_progress_bar_config(disable=True)
         dist.barrier(group=group)  # every rank has loaded
+    if store is not None:  # the jobs accepted before a restart run first
+        _resume(store, jobs, pipe, args, options.loras, defaults)
     loaded["pipe"], progress.loaded = pipe, True
     print(f"dtp serve: rank {rank} ready", file=sys.stderr, flush=True)
     default = {name: options.lora_scale for name in options.loras}
-    lockstep = Lockstep(pipe, group, default_lora=default, progress=progress, stopping=stopping)
+    batching = {"max_batch": args.max_batch, "batch_wait_s": args.batch_wait_ms / 1000, "metrics": metrics}
+    lockstep = Lockstep(pipe, group, default_lora=default, progress=progress, stopping=stopping, **batching)
     try:
         with _peers(lockstep, distributed) as lockstep.peers:
             lockstep.run(jobs)
@@ -64,16 +80,46 @@ def run(args) -> int:
             fail_waiting(jobs)
         if distributed:
             dist.destroy_process_group()
+        if store is not None and args.state_dir is None:  # this run's temporary store
+            shutil.rmtree(store.folder, ignore_errors=True)
     print(f"dtp serve: rank {rank} stopped", file=sys.stderr, flush=True)
     exit_now(0)
     return 0
 
 
+def _attempt() -> str:
+    """torchrun's restart count: 0, then 1, ... after each `--max-restarts` restart."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def _join_this_attempt(timeout_s: float) -> None:
+    """After a torchrun restart, join the process group through keys of this attempt only.
+
+    torchrun (2.13, --standalone) keeps one rendezvous store across restarts, and the default group's keys carry no
+    attempt: the restarted ranks read the dead ranks' addresses and fail ("Gloo connectFullMesh failed ...
+    Connection refused"). So from the first restart on, the group is joined over a PrefixStore of the attempt.
+    """
+    if _attempt() == "0" or dist.is_initialized():
+        return
+    device = local_device(default_device_type())
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
+    )
+    dist.init_process_group(
+        default_backend(device.type),
+        store=dist.PrefixStore(f"dtp/serve/attempt_{_attempt()}", store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
 def _peers(lockstep: Lockstep, distributed: bool):
-    """The watcher that ends every rank when a failure leaves the others inside a collective (none on one process)."""
+    """The watcher that ends every rank when a failure leaves the others inside a collective (none on one process).
+    Its keys are per torchrun attempt: request numbers start again at 1 after a restart."""
     if not distributed:
         return contextlib.nullcontext()
-    store = torchrun_store("dtp/serve/failed/")
+    store = torchrun_store(f"dtp/serve/failed/{_attempt()}/")
     return PeerFailures(store, lockstep.rank, lockstep.world, give_up=lockstep.give_up)
 
 
@@ -107,13 +153,30 @@ def _on_sigterm() -> threading.Event:
     return stopping
 
 
-def _start_http(loaded: dict, jobs: JobQueue, progress: Progress, args, loras: dict):
+def _open_store(args) -> JobStore:
+    """The video jobs' store: under --state-dir (kept across restarts), else in a temporary folder of this run."""
+    folder = args.state_dir or tempfile.mkdtemp(prefix="dtp-serve-")
+    return JobStore(folder, keep_hours=args.keep_hours, max_attempts=args.max_attempts)
+
+
+def _resume(store: JobStore, jobs: JobQueue, pipe, args, loras: dict, defaults: dict) -> None:
+    from ..serve.api import Served
+    from ..serve.http import resume_stored
+
+    queued = resume_stored(store, jobs, pipe, Served(Path(args.model_dir).name, set(loras), defaults))
+    if queued:
+        print(f"dtp serve: {queued} job(s) from {args.state_dir} queued again", file=sys.stderr, flush=True)
+
+
+def _start_http(loaded: dict, jobs: JobQueue, progress: Progress, args, loras: dict, store, defaults: dict, metrics):
     """uvicorn serving the app in a thread of rank 0 (the main thread runs the lockstep loop)."""
     import uvicorn
 
+    from ..serve.api import Served
     from ..serve.http import build_app
 
-    app = build_app(loaded, jobs, progress, model_id=Path(args.model_dir).name, loras=set(loras))
+    served = Served(Path(args.model_dir).name, set(loras), defaults)
+    app = build_app(loaded, jobs, progress, served, store=store, metrics=metrics)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
     threading.Thread(target=server.run, name="dtp-serve-http", daemon=True).start()
     print(f"dtp serve: http://{args.host}:{args.port} (loading)", file=sys.stderr, flush=True)

@@ -12,6 +12,7 @@ import base64
 import io
 import json
 import os
+import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,9 +20,11 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import openai
 import pytest
 from lora_cases import random_lora
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import save_file
 
 from dtp.families.pipelines import tiny_checkpoint
@@ -31,8 +34,10 @@ from dtp.tools.cli import main
 
 FAULT = Path(__file__).resolve().parent / "serve_fault.py"
 SIZE, FAIL_SIZE, STEPS = 32, 48, 2
-REQUESTS = [{"prompt": f"a cat number {i % 3}", "seed": i, "size": f"{SIZE}x{SIZE}", "num_inference_steps": STEPS}
-            for i in range(10)]  # fmt: skip
+SIZES = (SIZE, 16)  # mixed sizes: two batch keys
+REQUESTS = [{"prompt": f"a cat number {i % 3}", "seed": i, "size": f"{SIZES[i % 2]}x{SIZES[i % 2]}",
+             "num_inference_steps": STEPS} for i in range(10)]  # fmt: skip
+BATCH = ("--max-batch", "4", "--batch-wait-ms", "300")
 ONE_LEVEL = 1 / 255
 
 
@@ -49,7 +54,7 @@ def server(checkpoint):
     """The module's server: 2 ranks through `serve_fault.py` (rank 1 fails 48 x 48 requests), the LoRA as "style"."""
     model_dir, lora, root = checkpoint
     env = quiet_env(DTP_TEST_FAIL_RANK="1", DTP_TEST_FAIL_SIZE=str(FAIL_SIZE))
-    with serving(model_dir, root / "server.log", "--lora", f"style={lora}", script=FAULT, env=env) as server:
+    with serving(model_dir, root / "server.log", "--lora", f"style={lora}", *BATCH, script=FAULT, env=env) as server:
         yield server
 
 
@@ -80,10 +85,11 @@ def test_health_and_models(server):
     assert [(m["kind"], m["loras"]) for m in models] == [("image", ["style"])]
 
 
-def test_ten_requests_from_four_threads_equal_dtp_run(server, checkpoint):
-    """All 200; each PNG equals the one-process `dtp run` of its prompt and seed (the LoRA at its loaded weight)."""
+def test_ten_requests_from_eight_threads_batched_equal_dtp_run(server, checkpoint):
+    """All 200; each PNG equals the one-process `dtp run` of its prompt and seed (the LoRA at its loaded weight),
+    though the server (--max-batch 4) ran them in batches of one size, as its log shows."""
     client = server.client
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda body: client.post("/v1/images/generations", json=body), REQUESTS))
     assert [a.status_code for a in answers] == [200] * len(REQUESTS), [a.text[:200] for a in answers]
     _, lora, _ = checkpoint
@@ -92,6 +98,8 @@ def test_ten_requests_from_four_threads_equal_dtp_run(server, checkpoint):
         data = answer.json()
         assert data["output_format"] == "png" and len(data["data"]) == 1
         assert np.abs(_pixels(data["data"][0]["b64_json"]) - reference).max() <= ONE_LEVEL + 1e-9
+    batches = [int(n) for n in re.findall(r"batch of (\d+)", server.log.read_text())]
+    assert batches and max(batches) > 1, server.log.read_text()[-2000:]
 
 
 def test_a_request_chooses_its_lora_weight(server, checkpoint):
@@ -133,6 +141,82 @@ def test_bad_requests_get_4xx_with_a_json_error_and_the_server_goes_on(server):
     assert client.post("/v1/images/generations", json=REQUESTS[1]).status_code == 200
 
 
+# OpenAI's images.generate parameters (openai 3.57): each one the client sends, with a value dtp takes (200, the
+# same image: none of them changes the generation) or one it cannot honour (400 naming the value).
+ACCEPTED = {
+    "background": ["auto", "opaque"],
+    "moderation": ["low", "auto"],
+    "quality": ["low", "medium", "high", "xhigh", "max", "auto", "standard", "hd"],
+    "complexity": ["low", "high"],
+    "partial_images": [0],
+    "user": ["someone"],
+    "safety_identifier": ["abc"],
+    "response_format": ["b64_json"],
+    "n": [1],
+    "output_format": ["png"],
+}
+REFUSED = {
+    "style": ("vivid", "'vivid'"),
+    "background": ("transparent", "'transparent'"),
+    "response_format": ("url", "'url'"),
+    "output_format": ("gif", "'gif'"),
+    "svg": ({"model": "x"}, "svg"),
+    "frame_count": (4, "frame_count 4"),
+    "frame_duration_ms": (100, "frame_duration_ms 100"),
+    "stream": (True, "stream"),
+    "quality": ("ultra", "'ultra'"),
+    "model": ("dall-e-3", "'dall-e-3'"),
+}
+
+
+def _openai(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+PLAIN = {"prompt": REQUESTS[0]["prompt"], "size": REQUESTS[0]["size"]}
+EXTRA = {"seed": REQUESTS[0]["seed"], "num_inference_steps": STEPS}
+
+
+def test_openai_client_every_image_parameter(server):
+    """The official `openai` client unchanged: every accepted parameter at once gives the plain image, each refused
+    one a 400 naming the value; jpeg / webp answered as such; images.edit on a text-to-image pipeline a 400."""
+    client = _openai(server)
+    reference = _pixels(client.images.generate(**PLAIN, extra_body=EXTRA).data[0].b64_json)
+    every = {name: values[-1] for name, values in ACCEPTED.items()}
+    answer = client.images.generate(**PLAIN, **every, extra_body=EXTRA)
+    assert np.abs(_pixels(answer.data[0].b64_json) - reference).max() == 0
+    for name, (value, named) in REFUSED.items():
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.images.generate(**PLAIN, **{name: value}, extra_body=EXTRA)
+        assert named in refused.value.body["message"], (name, refused.value.body)
+    for fmt, magic in (("jpeg", b"\xff\xd8\xff"), ("webp", b"RIFF")):
+        answer = client.images.generate(**PLAIN, output_format=fmt, output_compression=10, extra_body=EXTRA)
+        data = base64.b64decode(answer.data[0].b64_json)
+        assert answer.output_format == fmt and data.startswith(magic), (fmt, data[:8])
+        decoded = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float64) / 255
+        assert np.abs(decoded - reference).mean() < 0.1  # lossy, but the same picture
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.images.edit(image=("cat.png", io.BytesIO(base64.b64decode(_png(reference))), "image/png"), prompt="x")
+    assert "FluxPipeline takes no input image" in refused.value.body["message"]
+
+
+@pytest.mark.full
+def test_openai_client_each_accepted_value(server):
+    """Each accepted value alone (the default run sends them all in one request)."""
+    client = _openai(server)
+    reference = _pixels(client.images.generate(**PLAIN, extra_body=EXTRA).data[0].b64_json)
+    for name, values in ACCEPTED.items():
+        for value in values:
+            answer = client.images.generate(**PLAIN, **{name: value}, extra_body=EXTRA)
+            assert np.abs(_pixels(answer.data[0].b64_json) - reference).max() == 0, (name, value)
+
+
+def _png(pixels: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray((pixels * 255).round().astype(np.uint8)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
 def test_a_client_that_leaves_does_not_stall_the_ranks(server):
     client = server.client
     with pytest.raises(httpx.TimeoutException):
@@ -140,15 +224,45 @@ def test_a_client_that_leaves_does_not_stall_the_ranks(server):
     assert client.post("/v1/images/generations", json=REQUESTS[3]).status_code == 200
 
 
-def test_a_failure_on_one_rank_is_one_500_and_the_next_request_runs(server):
+def test_a_failure_on_one_rank_fails_only_its_batch_and_the_next_request_runs(server):
+    """Two 48 x 48 requests (rank 1 fails them) sent with two good ones: the 48s get a 500 naming rank 1's error
+    (they may share a batch), the others a 200; then a request runs normally."""
     client, log = server.client, server.log
-    failing = {**REQUESTS[0], "size": f"{FAIL_SIZE}x{FAIL_SIZE}"}
-    answer = client.post("/v1/images/generations", json=failing)
-    assert answer.status_code == 500, answer.text
-    assert "rank 1: RuntimeError: planted failure" in answer.json()["error"]["message"]
-    assert "rank 0" not in answer.json()["error"]["message"]  # rank 0 generated; only rank 1 failed
+    failing = [{**REQUESTS[i], "size": f"{FAIL_SIZE}x{FAIL_SIZE}"} for i in (0, 2)]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda b: client.post("/v1/images/generations", json=b), [*failing, *REQUESTS[4:6]]))
+    assert [a.status_code for a in answers] == [500, 500, 200, 200], [a.text[:200] for a in answers]
+    for answer in answers[:2]:
+        assert "rank 1: RuntimeError: planted failure" in answer.json()["error"]["message"]
+        assert "rank 0" not in answer.json()["error"]["message"]  # rank 0 generated; only rank 1 failed
     assert client.post("/v1/images/generations", json=REQUESTS[4]).status_code == 200
-    assert "failed" in log.read_text() and client.get("/health").json()["failed"] >= 1
+    assert "failed" in log.read_text() and client.get("/health").json()["failed"] >= 2
+
+
+def _scrape(server) -> dict:
+    """{(metric sample name, labels without replica): value} of GET /metrics, parsed by prometheus_client."""
+    answer = server.client.get("/metrics")
+    assert answer.status_code == 200, answer.text
+    samples = (s for family in text_string_to_metric_families(answer.text) for s in family.samples)
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica"))): s.value for s in samples}
+
+
+def test_metrics_count_what_the_test_sent(server):
+    """/metrics parses with prometheus_client's parser; its request counts grow by exactly what this test sent."""
+    before = _scrape(server)
+    sent = {"200": 2, "400": 3}
+    for _ in range(sent["200"]):
+        assert server.client.post("/v1/images/generations", json=REQUESTS[1]).status_code == 200
+    for _ in range(sent["400"]):
+        assert server.client.post("/v1/images/generations", json={"prompt": "a", "size": "big"}).status_code == 400
+    after = _scrape(server)
+    for status, count in sent.items():
+        key = ("dtp_serve_requests_total", (("endpoint", "/v1/images/generations"), ("status", status)))
+        assert after.get(key, 0) - before.get(key, 0) == count, (status, before.get(key), after.get(key))
+    steps = ("dtp_serve_steps_total", ())
+    assert after[steps] - before.get(steps, 0) == sent["200"] * STEPS
+    batches = ("dtp_serve_batch_size_count", ())
+    assert after[batches] - before.get(batches, 0) == sent["200"]  # one after the other: batches of one
 
 
 def test_sigterm_ends_every_rank(server):
