@@ -55,7 +55,7 @@ from .fsdp import fsdp_bytes
 from .inputs import ForwardShape, FullInputs, forward_inputs
 from .lint import lint_report
 from .released import RELEASED_PIPELINES, build_pipeline, released_pipeline
-from .trace import Trace
+from .trace import Trace, alike_runs, depth_free
 
 TOP_REPLICATED = 6
 PIPELINE_SUFFIX = "-pipeline"  # `dtp check flux-pipeline`: a released pipeline, every component
@@ -132,12 +132,15 @@ class _Traced:
 
     trace: Trace | Exception | None
     inputs: FullInputs | None
+    runs: dict
+    """The model's runs of alike blocks (`trace.alike_runs`), for the one-rank reference."""
 
 
 def _measure(class_name, plan, *, config, shape, tp, cp, cp_mode, dtype, pad, quant, forward) -> tuple[dict, _Traced]:
     """(report, the traced forward): the layout figures while sharding, then one whole-depth trace (collectives,
     activation peak, output bytes) of the sharded model with its cp hooks, as `parallelize` leaves it."""
     model = meta_model(class_name, config, parse_dtype(dtype))
+    runs = alike_runs(model)
     quantized = None
     if quant is not None:
         quantized = quantize(copy.deepcopy(model), config_for(quant))
@@ -152,7 +155,7 @@ def _measure(class_name, plan, *, config, shape, tp, cp, cp_mode, dtype, pad, qu
     if forward:
         report["collectives"] = _collectives(shard.implied, traces.get("forward"), inputs, class_name, shard.cp_group)
     report["ratio"] = report["per_rank_bytes"] / (report["total_bytes"] / tp)
-    return report, _Traced(traces.get("forward"), inputs)
+    return report, _Traced(traces.get("forward"), inputs, runs)
 
 
 class _CheckShard:
@@ -191,17 +194,33 @@ def _prepared_report(model, prepared, *, class_name, config, dtype, tp, cp, cp_m
 
 
 def _peak(class_name, plan, traced: _Traced, config, shape, options) -> dict:
-    """The activation-peak section: (cp, tp) from `dtp check`'s own trace, one rank's from a trace of its own, both of
-    the whole model (a cut one misses the peak of a block unlike the first: SD3's context-only last block)."""
+    """The activation-peak section: (cp, tp) from `dtp check`'s own trace of the whole model, one rank's from a trace
+    of its own. That one keeps the first block of each run of alike blocks (SD3's context-only last block is a run
+    of its own) when the sharded trace shows every block of a run entered with the same live bytes
+    (`trace.depth_free`; the peak is then the whole model's: FLUX.1-dev 486,067,204 bytes both ways, 2 of 57
+    blocks traced), else the whole model (HunyuanDiT keeps a skip per block)."""
     if isinstance(traced.trace, Exception):  # e.g. cp does not divide this sequence: the rest of the report stands
         return {"error": str(traced.trace)}
     degrees = {k: options[k] for k in ("cp", "tp", "cp_mode", "pad")}
     sharded = trace_peak(traced.trace, traced.inputs)
+    cut = False
+    if depth_free(traced.trace, traced.runs):
+        cut = {path: [run.start for run in runs] for path, runs in traced.runs.items()}
     try:
         common = dict(shape=shape, dtype=parse_dtype(options["dtype"]), config=config)
-        return peak_report(class_name, plan, **degrees, sharded=sharded, cut=False, **common)
+        report = peak_report(class_name, plan, **degrees, sharded=sharded, cut=cut, **common)
     except ForwardError as exc:
         return {"error": str(exc)}
+    report["one_rank_blocks"] = _traced_blocks(traced.runs, cut)
+    return report
+
+
+def _traced_blocks(runs: dict, cut) -> str:
+    """What the one-rank reference traced, e.g. "2 of 57 blocks (one per run of alike blocks)"."""
+    total = sum(len(run) for path_runs in runs.values() for run in path_runs)
+    if not cut:
+        return f"all {total} blocks"
+    return f"{sum(map(len, cut.values()))} of {total} blocks (one per run of alike blocks)"
 
 
 def _layout_report(model, resolved: Resolved, class_name, config, dtype, tp, cp, cp_mode, pad) -> dict:

@@ -41,7 +41,16 @@ from ..quant import config_for, quantize
 from ..runtime.mesh import make_mesh
 from .fakepg import fake_world, meta_model
 from .inputs import ForwardShape, forward_inputs
-from .trace import Trace, fake_like, fake_mode, param_bytes_by_scope, to_fake, trace_call, truncate_blocks
+from .trace import (
+    Trace,
+    fake_like,
+    fake_mode,
+    keep_blocks,
+    param_bytes_by_scope,
+    to_fake,
+    trace_call,
+    truncate_blocks,
+)
 
 INDEXED_LISTS = ("caption_projection",)  # HiDream's forward indexes it per text layer: kept whole, not cut
 DEFAULT_SHAPE = ForwardShape()  # a 1024^2 image, or a video model's usual clip
@@ -131,15 +140,18 @@ def forward_peak(
     shape: ForwardShape = DEFAULT_SHAPE,
     dtype: torch.dtype = torch.bfloat16,
     config: dict | None = None,
-    cut: bool = True,
+    cut: bool | dict[str, list[int]] = True,
 ) -> ForwardPeak:
     """The activation peak of rank 0 of a (cp, tp) world in one forward at `shape`, one block per list unless `cut`
-    is False (module docstring). PlanError when the plan refuses (cp, tp) or the model has no input builder;
-    ForwardError from the cp hooks when cp does not divide the sequence."""
+    is False (module docstring), or the blocks `cut` names per list (`trace.keep_blocks`). PlanError when the plan
+    refuses (cp, tp) or the model has no input builder; ForwardError from the cp hooks when cp does not divide the
+    sequence."""
     check_degree(cp, "forward peak: cp")
     check_degree(tp, "forward peak: tp")
     model = meta_model(class_name, config, dtype)
-    if cut:
+    if isinstance(cut, dict):
+        keep_blocks(model, cut)
+    elif cut:
         truncate_blocks(model, keep=1, skip=INDEXED_LISTS)
     inputs = forward_inputs(class_name, dict(model.config), dtype, shape)
     shard = partial(shard_with_plan, plan=plan, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad)
@@ -163,7 +175,7 @@ def peak_report(
     config: dict | None = None,
     one: ForwardPeak | None = None,
     sharded: ForwardPeak | None = None,
-    cut: bool = True,
+    cut: bool | dict[str, list[int]] = True,
 ) -> dict:
     """`forward_peak` at (cp, tp) (`sharded`, when traced already) and at (1, 1) (`one`, likewise), with
     ideal = one rank / (cp tp) and their ratio (a dict). `cut`: as `forward_peak`'s."""

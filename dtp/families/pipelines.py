@@ -35,6 +35,7 @@ from . import FAMILIES
 from .tiny import perturb, tiny_model
 
 FLUX_TRANSFORMER_CLASS = "FluxTransformer2DModel"
+DEMO_PROMPT = "a cat holding a sign that says hello"  # `dtp demo`'s prompt (and its tests')
 
 # FLUX.1-dev's scheduler settings (resolution-dependent shift of the sigmas).
 SCHEDULER_CONFIG = dict(

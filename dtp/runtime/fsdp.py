@@ -47,7 +47,7 @@ model of blocks alike (Wan, Qwen-Image) keeps a unit per block, as FSDP is used 
 MAIN_SHARE = 0.1
 """A block list holding less than this share of all blocks' bytes (Chroma's guidance MLP, 3 %; an adapter) does not
 set the smallest main block: its small blocks would split every main one into many small units."""
-LAYOUT_ATTR = "_dtp_fsdp_layout"  # the `Layout` apply_fsdp sharded with, on the root instance
+LAYOUT_ATTR = "_dtp_fsdp_layout"  # the `FsdpUnits` apply_fsdp sharded with, on the root instance
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Unit:
 
 
 @dataclass(frozen=True)
-class Layout:
+class FsdpUnits:
     """The units below the root in forward order (a split block first: its children run inside it) and `cap`, the
     smallest main block's bytes: the most a prefetch window issues beyond its first unit (`prefetch_windows`)."""
 
@@ -91,7 +91,7 @@ def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
     return found
 
 
-def unit_layout(model: nn.Module) -> Layout:
+def unit_layout(model: nn.Module) -> FsdpUnits:
     """FSDP's units below the root of `model` (its tp slices, before FSDP shards them), by the rule on sizes:
     each block is a unit; a block of more than SPLIT_RATIO x the smallest main block is split, each direct child holding
     parameters a unit of its own (module docstring: FLUX.1's double blocks)."""
@@ -107,7 +107,7 @@ def unit_layout(model: nn.Module) -> Layout:
         children = [(f"{path}.{n}", c) for n, c in block.named_children() if split and local_param_bytes(c) > 0]
         inner = [Unit(p, c, local_param_bytes(c), inside=path) for p, c in children]
         units += [Unit(path, block, size - sum(u.size for u in inner)), *inner]
-    return Layout(tuple(units), cap)
+    return FsdpUnits(tuple(units), cap)
 
 
 def prefetch_windows(sizes: list[int], cap: int) -> list[range]:
@@ -189,7 +189,7 @@ def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
     return model
 
 
-def chain(model: nn.Module, layout: Layout) -> None:
+def chain(model: nn.Module, layout: FsdpUnits) -> None:
     """Each gathering unit of `layout`, in its order, prefetches its window; the root the first one (FSDP2's
     `set_modules_to_forward_prefetch`, replacing what was set before)."""
     gathered = layout.gathered()
@@ -198,7 +198,7 @@ def chain(model: nn.Module, layout: Layout) -> None:
         module.set_modules_to_forward_prefetch([gathered[j].module for j in window if gathered[j].module is not module])
 
 
-def follow_first_call(model: nn.Module, layout: Layout) -> None:
+def follow_first_call(model: nn.Module, layout: FsdpUnits) -> None:
     """Record the order the gathering units run in during the first call, then re-chain the windows in it (and keep
     that layout on the model): the prefetch then matches the forward whatever order the modules were registered in.
     A unit the first call did not run keeps no window and is in none (gathered when it runs)."""
@@ -213,14 +213,14 @@ def follow_first_call(model: nn.Module, layout: Layout) -> None:
             rest = [u for u in layout.units if u not in order]
             for unit in rest:
                 unit.module.set_modules_to_forward_prefetch([])
-            learned = Layout(tuple(order), layout.cap)
+            learned = FsdpUnits(tuple(order), layout.cap)
             chain(model, learned)
-            setattr(model, LAYOUT_ATTR, Layout(tuple(order + rest), layout.cap))
+            setattr(model, LAYOUT_ATTR, FsdpUnits(tuple(order + rest), layout.cap))
 
     handles.append(model.register_forward_hook(relearn))
 
 
-def name_repeated_blocks(model: nn.Module, layout: Layout) -> None:
+def name_repeated_blocks(model: nn.Module, layout: FsdpUnits) -> None:
     """Add FSDP2's renamed unit classes to the instance's `_repeated_blocks`, so diffusers' regional compile
     (`model.compile_repeated_blocks(...)`) compiles each unit of a repeated block between FSDP2's hooks.
 
@@ -264,7 +264,7 @@ def resident_bytes(model: nn.Module) -> int:
 
 def in_flight_bytes(model: nn.Module) -> int:
     """The most gathered unit bytes a rank of the FSDP model `model` holds at once while its blocks run, above
-    `resident_bytes` (`Layout.in_flight`: the running unit and its prefetch window; tp-local sizes)."""
+    `resident_bytes` (`FsdpUnits.in_flight`: the running unit and its prefetch window; tp-local sizes)."""
     assert is_fsdp(model), "in_flight_bytes() takes the root of an FSDP model"
     return getattr(model, LAYOUT_ATTR).in_flight()
 

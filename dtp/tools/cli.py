@@ -20,6 +20,9 @@ def command_module(name: str):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from ..quant.noise import quiet_torchao  # here, not at the top: `dtp --help` imports no torch
+
+    quiet_torchao()  # before the command imports transformers, which imports torchao
     try:
         return command_module(args.command).run(args)
     except USER_ERRORS as error:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import PlanError
-from ..families.pipelines import tiny_checkpoint
+from ..families.pipelines import DEMO_PROMPT, tiny_checkpoint
 from ..parallelize import tp_candidates
 from ..pipeline import transformer_class
 from ..pipeline.compare import MEAN_TOLERANCE, P99_TOLERANCE, compare
@@ -30,7 +30,7 @@ from ..plan import load_plan
 from ..policy import check_degree, default_backend, default_device_type
 from .run import quiet_libraries
 
-PROMPT = "a cat holding a sign that says hello"
+PROMPT = DEMO_PROMPT
 NEGATIVE_PROMPT = "blurry, low quality"  # with --cfg > 1: true CFG (two transformer calls per step)
 _TITLES = {"flux": "FLUX.1", "qwenimage": "Qwen-Image"}
 

@@ -8,8 +8,8 @@ Data flow of one decode on N ranks (every rank holds the whole VAE; a VAE has no
          (norm.py), mid-block attention with gathered K/V (attention.py), nearest upsampling as is
       -> decoder exit: all_gather of the strips -> the whole image on every rank (or the strip)
 
-Wan and Qwen-Image split one level up, at `_decode` (video_decode.py): each rank keeps its rows of every
-frame chunk, the finished video is gathered once; their decoder's entry then sees the call in flight
+Wan, Qwen-Image, CogVideoX and Magvit split one level up, at `_decode` (video_decode.py): each rank keeps its
+rows of every frame chunk, the finished video is gathered once; their decoder's entry then sees the call in flight
 (`Split.units` set) and runs on the strip it is given, neither splitting nor gathering.
 
 The encoder is the mirror image: the image's rows are split in multiples of the VAE's downsampling
@@ -31,7 +31,7 @@ from .group import vae_group
 from .halo import gather_rows
 from .split import Split
 from .strip_rule import VaeParallel
-from .strip_rules import FRAME_LOOP_VAES, SUPPORTED, VAE_CLASSES, VIDEO_VAES, checked_layers, height_factor
+from .strip_rules import DECODE_SPLIT_VAES, SUPPORTED, VAE_CLASSES, VIDEO_VAES, checked_layers, height_factor
 from .strips import bounds, split_rows
 from .video_decode import check_post_quant_conv, strip_decode
 
@@ -75,7 +75,7 @@ def check_vae(vae: nn.Module) -> CheckedVae:
         )
     if getattr(vae, "_dtp_vae", None) is not None:
         raise PlanError(f"parallelize_vae: this {name} is already parallel; call remove_vae_parallel(vae) first.")
-    reason = check_post_quant_conv(vae) if name in FRAME_LOOP_VAES else None
+    reason = check_post_quant_conv(vae) if name in DECODE_SPLIT_VAES else None
     if reason is not None:
         raise PlanError(f"parallelize_vae: {name} runs a {reason}; only a 1 x 1 x 1 one is split at _decode.")
     parts = {part: getattr(vae, part) for part in ("encoder", "decoder") if getattr(vae, part, None) is not None}
@@ -93,7 +93,7 @@ def install_vae(vae: nn.Module, checked: CheckedVae, mesh, *, gather_output: boo
                 rule.install(layer, state)
         factor = height_factor(module) if part == "encoder" else 1
         state.replace(module, _entry(module.forward, state, factor, vae_class.row_dim))
-    if vae_class.frame_loop:
+    if vae_class.split_at_decode:
         state.replace(vae, strip_decode(vae, state.split, gather_output), name="_decode")
     vae._dtp_vae = state
     return vae

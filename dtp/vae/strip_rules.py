@@ -22,10 +22,18 @@ class VaeClass:
     row_dim: the activations' height dim (2 for (B, C, H, W) images, 3 for (B, C, T, H, W) videos).
     frame_loop: its `_decode` runs the decoder once per latent frame (diffusers' Wan / Qwen-Image loop): the split
         happens at `_decode` (`video_decode.py`), each rank keeping its rows of every chunk.
+    batch_loop: its `_decode` runs the decoder once per batch of latent frames (CogVideoX: 2 with a conv cache it
+        passes back; Magvit: the first frame, then batches, its caches held by the convolutions): split at `_decode`
+        too. Apart from `frame_loop` because `dtp fit` replays only the Wan-style per-frame calls (`REPEATED`).
     """
 
     row_dim: int = 2
     frame_loop: bool = False
+    batch_loop: bool = False
+
+    @property
+    def split_at_decode(self) -> bool:
+        return self.frame_loop or self.batch_loop
 
 
 # Image VAEs have diffusers' `Encoder` / `Decoder` (image.py); video VAEs (B, C, T, H, W) activations.
@@ -37,8 +45,9 @@ VAE_CLASSES = {
     "AutoencoderKLHunyuanVideo": VaeClass(row_dim=3),
     "AutoencoderKLLTXVideo": VaeClass(row_dim=3),
     "AutoencoderDC": VaeClass(),  # Sana's DC-AE: its own Encoder / Decoder (dc.py)
-    "AutoencoderKLCogVideoX": VaeClass(row_dim=3),  # its encoder / decoder run once per frame batch (cogvideox.py)
-    "AutoencoderKLMagvit": VaeClass(row_dim=3),  # EasyAnimate's: its decoder runs once per latent frame (magvit.py)
+    # Their `_decode` runs the decoder once per frame batch: split there, as Wan's, every batch a strip until the end.
+    "AutoencoderKLCogVideoX": VaeClass(row_dim=3, batch_loop=True),  # cogvideox.py
+    "AutoencoderKLMagvit": VaeClass(row_dim=3, batch_loop=True),  # EasyAnimate's (magvit.py)
     "AutoencoderKLLTX2Video": VaeClass(row_dim=3),
     "AutoencoderKLHunyuanVideo15": VaeClass(row_dim=3),
     "AutoencoderKLQwenImage21": VaeClass(row_dim=3, frame_loop=True),
@@ -49,6 +58,7 @@ VAE_CLASSES = {
 SUPPORTED = tuple(VAE_CLASSES)
 VIDEO_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.row_dim == 3)
 FRAME_LOOP_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.frame_loop)
+DECODE_SPLIT_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.split_at_decode)
 
 # The family modules' rules before the generic ones: WanCausalConv3d is an nn.Conv3d, LTX's norms are leaves.
 # Round 9's families first, matched by class name (MiniMaxH3VideoCausalConv3d is an nn.Conv3d); then the others.

@@ -1,4 +1,6 @@
-"""Wan's and Qwen-Image's `_decode` on row strips: each rank keeps only its rows of every decoded frame chunk.
+"""Wan's, Qwen-Image's, CogVideoX's and Magvit's `_decode` on row strips: each rank keeps only its rows of every
+decoded frame chunk (CogVideoX: each 2-frame batch, its conv cache this rank's rows; Magvit: the first frame, then
+each batch).
 
 diffusers' `AutoencoderKLWan._decode` (and Qwen-Image's copy of it) runs the decoder once per latent frame
 and concatenates the frame chunks, `out = torch.cat([out, out_], 2)`, then unpatchifies (Wan 2.2) and clamps.
@@ -66,12 +68,15 @@ def check_post_quant_conv(vae: nn.Module) -> str | None:
 
 
 def _tiled(vae: nn.Module, z: torch.Tensor) -> bool:
-    """diffusers' own test in `_decode`: a tiled decode when tiling is on and the latent exceeds a tile."""
+    """diffusers' own test in `_decode`: a tiled decode when tiling is on and the latent exceeds a tile (CogVideoX
+    keeps the tile's latent size, the others its pixel size and the compression ratio)."""
+    if not vae.use_tiling:
+        return False
     height, width = z.shape[ROW_DIM], z.shape[ROW_DIM + 1]
-    ratio = vae.spatial_compression_ratio
-    return bool(vae.use_tiling) and (
-        width > vae.tile_sample_min_width // ratio or height > vae.tile_sample_min_height // ratio
-    )
+    ratio = getattr(vae, "spatial_compression_ratio", None)
+    min_height = getattr(vae, "tile_latent_min_height", None) or vae.tile_sample_min_height // ratio
+    min_width = getattr(vae, "tile_latent_min_width", None) or vae.tile_sample_min_width // ratio
+    return width > min_width or height > min_height
 
 
 def _units(height: int, world: int) -> tuple[int, ...]:

@@ -18,10 +18,10 @@ import torch
 from cache_cases import FBC_THRESHOLD, SPLIT_THRESHOLD, UNCACHED, bodies, cached_run, config, generate
 from fsdp_cases import TOL, wrong_rank_shard
 
+from dtp.pipeline.compare import compare
 from dtp.testing.launch import spawn
 from dtp.testing.scope import full_run
 from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
-from dtp.tools.demo import compare
 
 FLUX = "FluxTransformer2DModel"
 ONE_BLOCK_EACH = dict(num_layers=1, num_single_layers=1)

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from dtp.families.pipelines import DEMO_PROMPT as PROMPT
 from dtp.pipeline.compare import MEAN_TOLERANCE, P99_TOLERANCE, compare
 from dtp.testing.reference import diffusers_pixels
-from dtp.tools.demo import PROMPT
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tensor_parallel_flux.py"
 SMALL = [
