@@ -49,21 +49,27 @@ def all_reduce(tensor: torch.Tensor, group) -> torch.Tensor:
 
 
 def all_gather_last(tensor: torch.Tensor, group, size: int) -> torch.Tensor:
-    """The rank pieces of `tensor` ([..., k] on each of `size` ranks) concatenated in rank order along the last dim.
-
-    `all_gather_into_tensor` stacks along dim 0: [size * d0, ..., k] -> [size, d0, ..., k] -> [d0, ..., size, k]
-    -> [d0, ..., size * k]. e.g. AdaLN's [1, 6 * 3072 / 4] at tp=4 -> [1, 18432] (a view: no copy at batch 1).
-    """
+    """The rank pieces of `tensor` ([..., k] on each of `size` ranks) concatenated in rank order along the last dim:
+    one all-gather into a [size * d0, ..., k] buffer, then `along_last`."""
     tensor = tensor.contiguous()
     gathered = tensor.new_empty((size * tensor.shape[0], *tensor.shape[1:]))
     if torch.compiler.is_compiling():
         dist.all_gather_single(gathered, tensor, group=group)
     else:
         group.all_gather_single(gathered, tensor).wait()
-    *rows, width = tensor.shape
-    if tensor.numel() == width:  # one row (AdaLN at batch 1): rank order is already the feature order
-        return gathered.view(*rows, size * width)
-    return gathered.view(size, *tensor.shape).movedim(0, -2).reshape(*rows, size * width)
+    return along_last(gathered, size)
+
+
+def along_last(stacked: torch.Tensor, size: int) -> torch.Tensor:
+    """`size` pieces stacked on dim 0 ([size * d0, ..., k]) concatenated on the last dim instead ([d0, ..., size * k]).
+
+    e.g. AdaLN's [1, 6 * 3072 / 4] at tp=4 gathered as [4, 4608] -> [1, 18432]: a view, since with one row the rank
+    order is already the feature order; with more rows, [size, d0, ..., k] -> [d0, ..., size, k] is one copy."""
+    *rows, width = stacked.shape
+    rows[0] //= size
+    if stacked.numel() == size * width:
+        return stacked.view(*rows, size * width)
+    return stacked.view(size, *rows, width).movedim(0, -2).reshape(*rows, size * width)
 
 
 class TpGroup:
