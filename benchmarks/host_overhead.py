@@ -141,8 +141,9 @@ def main(argv=None) -> int:
     if not args.only:
         RESULT.write_text(
             "# Host time of one rank's forward vs diffusers' unsharded model\n\n"
-            f"`python benchmarks/host_overhead.py` (median of {args.repeats} alternated runs after 3 warm-up calls, "
-            f"pinned to core {core}, 1 torch thread, fake process group, tiny configs, fp32, no grad; torch "
+            f"`python benchmarks/host_overhead.py` (the thread's CPU time, median of {args.repeats} alternated runs "
+            f"after 3 warm-up calls, pinned to core {core}, 1 torch thread, fake process group, tiny configs, fp32, "
+            f"no grad; torch "
             f"{torch.__version__}).\n\n{text}\n"
         )
     return 0

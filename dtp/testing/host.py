@@ -98,13 +98,17 @@ def dtensor_ops(model: torch.nn.Module, inputs: dict) -> DTensorOps:
 
 
 def alternated_medians(first, second, inputs: dict, repeats: int = 21, warmup: int = 3) -> tuple[float, float]:
-    """Median seconds of `first(**inputs)` and `second(**inputs)`, called in turn `repeats` times (no grad)."""
+    """Median seconds of `first(**inputs)` and `second(**inputs)`, called in turn `repeats` times (no grad).
+
+    Seconds of this thread's CPU time (`time.thread_time`), not wall time: on a shared machine the wall time of a call
+    includes the time the thread waited for a core, which differs between neighbouring calls by more than the
+    difference measured here; with one torch thread and a fake process group the whole forward runs on this thread."""
     times: tuple[list[float], list[float]] = ([], [])
     with torch.no_grad():
         for i in range(warmup + repeats):
             for model, out in ((first, times[0]), (second, times[1])):
-                start = time.perf_counter()
+                start = time.thread_time()
                 model(**inputs)
                 if i >= warmup:
-                    out.append(time.perf_counter() - start)
+                    out.append(time.thread_time() - start)
     return statistics.median(times[0]), statistics.median(times[1])
