@@ -20,7 +20,8 @@ for the layers this style is made for (AdaLN modulation: [batch, k * dim]) is a 
 Replicated (unplanned) bases keep peft's plain adapter untouched.
 
 The split factor uses the base's `LinearSpec` (so its `Layout`, the one home of the slicing math)
-and its ParallelStyle; the whole factor is a `Replicate` DTensor with a local-in, local-out hook.
+and its ParallelStyle; the whole factor is a `Replicate` DTensor whose forward runs on its local tensor (no
+collective), like every sharded Linear's (`styles/parallel.py`).
 Both are DTensors so that peft's merge (`W.data += B @ A * s`, used by `fuse_lora`) meets DTensors
 with matching placements: `Shard(0) @ Replicate -> Shard(0)` on a colwise W, `Replicate @ Shard(1)
 -> Shard(1)` on a rowwise one; the product is row- (column-) local, so packed blocks line up too.
@@ -78,7 +79,7 @@ class Whole(LinearStyle):
 
 
 def place_adapter(layer: nn.Module, adapter_name: str, spec: LinearSpec, mesh) -> None:
-    """Turn the local tensors peft loaded for `adapter_name` on `layer` into DTensors and hook them."""
+    """Turn the local tensors peft loaded for `adapter_name` on `layer` into DTensors with the styles' forward."""
     split = split_part(spec)
     for part in PARTS:
         linear = getattr(layer, part)[adapter_name]

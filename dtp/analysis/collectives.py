@@ -64,9 +64,14 @@ class ScopedDispatchMode(TorchDispatchMode):
         return super().__exit__(*exc)
 
 
+# c10d's names of the collectives the functional ops name otherwise (the sharded forward calls the ProcessGroup).
+C10D_NAMES = {"allreduce": "all_reduce", "_allgather_base": "all_gather_into_tensor"}
+
+
 def collective_op(func) -> str | None:
     """The collective an aten-level op is ("all_reduce", "all_gather_into_tensor", ...), or None for any other op."""
     op = func._schema.name.split("::")[-1].rstrip("_")
+    op = C10D_NAMES.get(op, op)
     return op if func.namespace in COLLECTIVE_NAMESPACES and op not in NOT_COLLECTIVES else None
 
 

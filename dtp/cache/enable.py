@@ -101,6 +101,8 @@ def register_fsdp_blocks(model: nn.Module) -> None:
 
 
 def _guard(model: nn.Module, args) -> None:
+    if not _has_hook_registry(model):  # the common case, every call: no diffusers hook anywhere
+        return
     found = unvouched(model)
     if found:
         raise ForwardError(
@@ -108,3 +110,19 @@ def _guard(model: nn.Module, args) -> None:
             f"({', '.join(found[:3])}): their decisions would be per rank. Use model.enable_cache(config), which "
             "goes through dtp.cache, instead of diffusers' apply_* functions."
         )
+
+
+def _has_hook_registry(model: nn.Module) -> bool:
+    """Whether any module under `model` holds a diffusers HookRegistry (`_diffusers_hook`, in its `__dict__`).
+
+    A walk over the children without building names: ~16x cheaper than `unvouched` (which names every module) on
+    tiny FLUX.1's 125 modules, where `unvouched` on every call cost 8 % of the forward's host time."""
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if module is None:  # an optional child registered as None
+            continue
+        if "_diffusers_hook" in module.__dict__:
+            return True
+        stack.extend(module._modules.values())
+    return False

@@ -5,7 +5,7 @@
        (transformers models: renamed keys mapped, one member of a tie read, ignored keys skipped; `text.py`)
     -> per file, per tensor: get_slice -> slicing.local_slice (same math as the styles)
        -> cast -> device -> DTensor.from_local(Shard(dim)) | whole tensor
-    -> engine.apply(weights_local=True): forward hooks + local head counts (no collective, nothing moved)
+    -> engine.apply(weights_local=True): the styles' forwards + local head counts (no collective, nothing moved)
 
 So a rank's host memory peaks near its own share, (sharded bytes) / tp + replicated bytes, instead
 of the whole model (which is what `diffusers.from_pretrained` + `parallelize` costs on every rank).

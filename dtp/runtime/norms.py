@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Partial, Replicate
+from torch.distributed.tensor import DTensor
 
 from ..resolve.binding.norms import NormSpec
 from ..styles import shard_parameter
+from ..styles.collectives import TpGroup, all_reduce, local
 
 
 class ShardedRMSNorm(nn.Module):
@@ -28,32 +29,29 @@ class ShardedRMSNorm(nn.Module):
         super().__init__()
         self.width = width  # global D, the divisor of the mean
         self.eps = eps
-        self.mesh = mesh
+        self.tp = TpGroup(mesh)
         self.weight = weight
         self.bias = bias
 
+    @property
+    def mesh(self):
+        return self.tp.mesh
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        squares = x.float().pow(2).sum(-1, keepdim=True)
-        # Partial -> Replicate is the all-reduce, through DTensor like the rowwise output (synchronous:
-        # see styles._overlap for why not asynchronous on gloo).
-        partial = DTensor.from_local(squares, self.mesh, [Partial()], run_check=False)
-        squares = partial.redistribute(placements=[Replicate()], async_op=False).to_local()
+        # On plain tensors: the per-row sums of squares are a fresh [..., 1] tensor, summed over tp in place.
+        squares = all_reduce(x.float().pow(2).sum(-1, keepdim=True), self.tp.group)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
         y = x * torch.rsqrt(squares / self.width + eps)
         if self.weight is None:
             return y.to(x.dtype)
-        weight = _local(self.weight)
+        weight = local(self.weight)
         if weight.dtype in (torch.float16, torch.bfloat16):
             y = y.to(weight.dtype)
         y = y * weight
-        return y + _local(self.bias) if self.bias is not None else y
+        return y + local(self.bias) if self.bias is not None else y
 
     def extra_repr(self) -> str:
-        return f"width={self.width}, eps={self.eps}, tp={self.mesh.size()}"
-
-
-def _local(param) -> torch.Tensor:
-    return param.to_local() if isinstance(param, DTensor) else param
+        return f"width={self.width}, eps={self.eps}, tp={self.tp.size}"
 
 
 def install_sharded_norms(model: nn.Module, specs, mesh, *, device=None, weights_local: bool = False) -> None:

@@ -4,7 +4,9 @@
     rowwise.py    rowwise, packed_rowwise          embedding.py  vocab_parallel, embedding_colwise
     tables.py     rmsnorm_across_heads, shard_output
     experts.py    experts (a mixture of SwiGLU experts in two 3-D parameters: each rank a slice of every expert)
-    parallel.py   the torch ParallelStyles they build (sharded parameters from `Layout.local_slice`)
+    parallel.py   the torch ParallelStyles they build (sharded parameters from `Layout.local_slice`; the forward
+                  on their local tensors)
+    collectives.py  a parameter's local tensor, the in-place all-reduce and all-gather of the sharded forward
 
 A new style is a new file with a `Style` subclass and its `register_style` call, imported here (or by the
 user's code before the plan is parsed: `tests/unit/test_toy_style.py` registers one from outside).

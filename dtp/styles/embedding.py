@@ -18,17 +18,24 @@ gets exactly the bias of its local heads. No communication.
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_module
 
 from .base import Style, register_style
+from .collectives import TpGroup
 from .parallel import LinearStyle
 
 
 class EmbeddingParallel(LinearStyle):
-    """The ids enter replicated; the partitioning and the output hook are LinearStyle's."""
+    """The ids enter replicated; the partitioning and the output hook are LinearStyle's. The lookup runs on
+    DTensors (its mask-partial rule above): an embedding is called once per text-encoder forward."""
 
     module_type = nn.Embedding
     input_placement = Replicate()
+
+    def _apply(self, module: nn.Module, mesh) -> nn.Module:
+        assert isinstance(module, self.module_type), type(module)  # resolve refuses anything else
+        self.tp = TpGroup(mesh)
+        return distribute_module(module, mesh, self._partition, self._input, self._output)
 
 
 class VocabParallel(EmbeddingParallel):

@@ -20,10 +20,11 @@ from __future__ import annotations
 from functools import partial
 
 from torch import nn
-from torch.distributed.tensor import DTensor, Partial, Replicate
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from .base import Style, register_style
+from .collectives import TpGroup, all_reduce, local
 from .parallel import shard_parameter
 
 PARAMS = ("gate_up_proj", "down_proj")  # the two 3-D parameters, in the order the forward uses them
@@ -84,21 +85,20 @@ class ExpertsParallel(ParallelStyle):
                 continue
             module.register_parameter(name, shard_parameter(param, self.layouts[name], mesh, self.device))
         module.register_forward_pre_hook(_local_views)
-        module.register_forward_hook(partial(_reduce_output, mesh=mesh))
+        module.register_forward_hook(partial(_reduce_output, tp=TpGroup(mesh)))
         return module
 
 
 def _local_views(module: nn.Module, args) -> None:
     for name in PARAMS:
-        module.__dict__[name] = module._parameters[name].to_local()
+        module.__dict__[name] = local(module._parameters[name])
 
 
-def _reduce_output(module: nn.Module, args, output, *, mesh):
+def _reduce_output(module: nn.Module, args, output, *, tp: TpGroup):
     for name in PARAMS:
         module.__dict__.pop(name, None)
-    # Partial -> Replicate is the all-reduce (synchronous: see parallel._overlap for why not on gloo).
-    partial_sum = DTensor.from_local(output, mesh, [Partial()], run_check=False)
-    return partial_sum.redistribute(placements=[Replicate()], async_op=False).to_local()
+    # The partial sums of this rank's hidden units, summed in place (the forward's fresh output; collectives.py).
+    return all_reduce(output, tp.group)
 
 
 register_style(ExpertsStyle, "EXPERTS")

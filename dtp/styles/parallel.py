@@ -1,12 +1,21 @@
-"""The torch ParallelStyles behind the linear plan styles, written on torch's public contracts only.
+"""The torch ParallelStyles behind the linear plan styles: parameters as DTensors at rest, a forward on plain tensors.
 
-Each style implements `ParallelStyle._apply(module, mesh)` with the public `distribute_module`,
-`DTensor.from_local`, `redistribute` and `to_local`, so nothing here depends on the private hooks
-of torch's Colwise/RowwiseParallel. The math is theirs:
+Each style implements `ParallelStyle._apply(module, mesh)`: it cuts the parameters to this rank's slices
+(`Layout.local_slice`) as DTensors, and replaces the Linear's `forward` by `LinearStyle.run` on their local tensors,
+issuing its collective itself (`collectives.py`). The math is torch's Colwise/RowwiseParallel's:
 
     colwise  y_r = x W_r^T + b_r             (W split by output rows, bias with them; y stays sharded)
-    rowwise  y   = sum_r x_r W_r^T + b       (W split by input columns; one all-reduce; b added once)
+    rowwise  y   = sum_r x_r W_r^T + b       (W split by input columns; one all-reduce; b added once, after it)
     gathered y   = all_gather_r(x W_r^T + b_r)   (colwise, then the full feature order on every rank)
+
+Why a forward replacement and not hooks around DTensor math: each Linear call then costs one Python call more than
+diffusers' (the replacement), where DTensor dispatch cost 3-14x the plain `F.linear` in host time and the hooks a
+`from_local` and a `redistribute` each; and a replaced `forward` is what dynamo traces best (no module state changed
+inside the call, unlike local views put in `__dict__` by a pre-hook as `experts.py` does for a forward it cannot
+replace). The parameters stay DTensors in `_parameters`, so state dicts, LoRA (peft wraps the Linear and calls it),
+`full_tensor`, checkpoints and FSDP2 (its unshard registers tp DTensors again before each unit runs) see what they
+always saw. Two paths stay on DTensor math: a torchao-quantized weight (its subclass holds DTensors; torchao's own
+DTensor reductions make a dynamic activation's scale the whole token's), and the embedding styles.
 
 With pad=True a layout's padded rows/columns are zeros made on this rank (`Layout.padded_sizes`):
 a padded colwise output unit is 0 and meets a zero rowwise column, so the sums are unchanged; a
@@ -15,17 +24,21 @@ gathered output drops its trailing padded features after the all-gather.
 Parameters are built from this rank's slice only (`Layout.local_slice`): no weight collective is
 issued and no full copy is made, so every rank must start with identical weights (loaded from one
 checkpoint, or created under the same seed). With `weights_local=True` the parameters were already
-placed by the loader as DTensors and only the forward hooks are installed.
+placed by the loader as DTensors and only the forward is replaced.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
+import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from .. import quant
+from .collectives import TpGroup, all_gather_last, all_reduce, local
 
 LAYOUT_ATTR = quant.LAYOUT_ATTR  # a sharded parameter's Layout, for `full_tensor`
 
@@ -52,10 +65,11 @@ def shard_parameter(param: nn.Parameter, layout, mesh, device=None) -> nn.Parame
 
 
 class LinearStyle(ParallelStyle):
-    """One planned Linear: partition its parameters by their layouts, then hook its input and output.
+    """One planned Linear: partition its parameters by their layouts, then run its forward on local tensors.
 
     `spec` is the resolved module (`resolve.linears.LinearSpec`): its `param_layouts()` say how each
-    parameter is cut (`resolve.layout.Layout`, the one home of the slicing math).
+    parameter is cut (`resolve.layout.Layout`, the one home of the slicing math). This base computes the
+    colwise (and replicated) Linear: `F.linear` on the local weight and bias, no collective.
     """
 
     module_type = nn.Linear  # what `_apply` distributes (resolve refuses anything else)
@@ -65,12 +79,27 @@ class LinearStyle(ParallelStyle):
         self.layouts = spec.param_layouts()
         self.device = device
         self.weights_local = weights_local
+        self.tp: TpGroup | None = None  # set by `_apply`
 
     def _apply(self, module: nn.Module, mesh) -> nn.Module:
         assert isinstance(module, self.module_type), type(module)  # resolve refuses anything else
+        self.tp = TpGroup(mesh)
         if quant.is_quantized(module.weight):  # distribute_module would try to broadcast the torchao subclass
             return quant.distribute_quantized(module, mesh, self._partition, self._input, self._output)
-        return distribute_module(module, mesh, self._partition, self._input, self._output)
+        self._partition("", module, mesh)
+        module.forward = partial(self.run, module)  # an instance attribute: the class stays nn.Linear
+        return module
+
+    def run(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The Linear's forward on this rank's tensors (see the module docstring); a weight quantized after
+        sharding (`dtp.quantize`: torchao's subclass around DTensors) goes through DTensor math instead."""
+        weight = module.weight
+        if not isinstance(weight, DTensor):
+            return self._output(module, F.linear(self._input(module, (x,), self.tp.mesh)[0], weight, module.bias))
+        return self.compute(x, local(weight), local(module.bias))
+
+    def compute(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
 
     def _partition(self, name, module: nn.Module, mesh) -> None:
         for param_name, param in list(module.named_parameters(recurse=False)):
@@ -79,6 +108,8 @@ class LinearStyle(ParallelStyle):
                 assert placed, f"{name}.{param_name} was not placed by the loader"
                 continue
             module.register_parameter(param_name, shard_parameter(param, self.layouts[param_name], mesh, self.device))
+
+    # The DTensor path (quantized weights, embeddings): the input as a DTensor, the output redistributed.
 
     input_placement = Replicate()
 
@@ -90,20 +121,12 @@ class LinearStyle(ParallelStyle):
 
     output_placement = Shard(-1)
 
-    def _output(self, module, output, mesh):
+    def _output(self, module, output, mesh=None):
+        if not isinstance(output, DTensor):  # a forward that ran on local tensors (quant.dynamic)
+            return output
         if output.placements != (self.output_placement,):
-            output = output.redistribute(placements=[self.output_placement], async_op=_overlap(mesh))
+            output = output.redistribute(placements=[self.output_placement], async_op=False)
         return output.to_local()
-
-
-def _overlap(mesh) -> bool:
-    """Asynchronous output collectives on accelerators only.
-
-    Under gloo, torch's asynchronous redistribute was seen to corrupt the heap now and then
-    ("malloc(): unaligned tcache chunk detected", then "Connection reset by peer" on the other
-    ranks, unwaited collectives at exit); on CPU there is no compute to overlap anyway.
-    """
-    return mesh.device_type != "cpu"
 
 
 class Colwise(LinearStyle):
@@ -111,10 +134,15 @@ class Colwise(LinearStyle):
 
 
 class Rowwise(LinearStyle):
-    """rowwise / packed_rowwise: input sharded on its last dim; the partial sums are all-reduced."""
+    """rowwise / packed_rowwise: input sharded on its last dim; the partial sums are all-reduced, then the
+    (replicated) bias is added once. Adding it on every rank before the reduce would count it tp times."""
 
     input_placement = Shard(-1)
     output_placement = Replicate()
+
+    def compute(self, x, weight, bias):
+        y = all_reduce(F.linear(x, weight), self.tp.group)
+        return y if bias is None else y + bias
 
 
 class GatheredColwise(LinearStyle):
@@ -133,7 +161,11 @@ class GatheredColwise(LinearStyle):
         super().__init__(spec, **kwargs)
         self.width = spec.sizes[0]  # with pad=True the gathered rows end in zero padding, dropped here
 
-    def _output(self, module, output, mesh):
+    def compute(self, x, weight, bias):
+        y = all_gather_last(F.linear(x, weight, bias), self.tp.group, self.tp.size)
+        return y if y.shape[-1] == self.width else y[..., : self.width]
+
+    def _output(self, module, output, mesh=None):
         return super()._output(module, output, mesh)[..., : self.width]
 
 

@@ -38,6 +38,11 @@ def test_negative_control_wrong_split_is_visible(results):
     assert all(r["flux2/plain_colwise_swiglu"] > 1e-2 for r in results)
 
 
+def test_negative_control_rowwise_bias_added_once(results):
+    """FLUX.1 tiny with the rowwise bias added on every rank before the all-reduce: parity must catch it."""
+    assert all(r["flux/bias_before_reduce"] > 1e-2 for r in results)
+
+
 def test_attention_bookkeeping_is_local(results):
     """Qwen-Image tiny (4 heads x 16): each of 2 ranks holds 2 heads, inner dims 32."""
     assert results[0]["local_heads"] == {"heads": 2, "inner_dim": 32, "inner_kv_dim": 32}

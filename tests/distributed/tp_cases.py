@@ -2,12 +2,16 @@
 
 import dataclasses
 from functools import partial
+from unittest import mock
 
 import torch
+import torch.nn.functional as F
 
 import dtp
 from dtp.engine import apply, prepare
 from dtp.styles import full_tensor
+from dtp.styles.collectives import all_reduce
+from dtp.styles.parallel import Rowwise
 from dtp.testing.parity import forward_parity
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 
@@ -37,7 +41,19 @@ def run_cases(rank, world_size, tp, cp):
     results["flux2/packed_reassembly"] = packed_reassembly_exact(mesh)
     results["flux2/plain_colwise_swiglu"] = wrong_swiglu_split(mesh)
     results["local_heads"] = local_heads(mesh)
+    results["flux/bias_before_reduce"] = bias_before_reduce(mesh)
     return results
+
+
+def bias_before_reduce(mesh) -> float:
+    """Negative control: every rank adds the rowwise bias before the all-reduce (so it counts tp times)."""
+
+    def every_rank(self, x, weight, bias):
+        return all_reduce(F.linear(x, weight, bias), self.tp.group)
+
+    cls = PLAN_CLASSES["flux"]
+    with mock.patch.object(Rowwise, "compute", every_rank):
+        return forward_parity(partial(tiny_model, cls), tiny_inputs(cls), mesh, dtp.load_plan("flux")).relative
 
 
 def packed_reassembly_exact(mesh) -> bool:

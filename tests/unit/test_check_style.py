@@ -123,4 +123,7 @@ def test_counter_sees_c10d_calls_and_attributes_blocks():
             block(torch.ones(1, 8))
         dist.all_reduce(torch.ones(5))
     assert block_paths(toy) == ["blocks.0", "blocks.1"]
-    assert [(r.op, r.scope, r.bytes) for r in counter.records] == [("allreduce", "blocks.1", 32), ("allreduce", "", 20)]
+    assert [(r.op, r.scope, r.bytes) for r in counter.records] == [
+        ("all_reduce", "blocks.1", 32),
+        ("all_reduce", "", 20),
+    ]

@@ -1,0 +1,153 @@
+"""Host time of one rank's forward against diffusers' unsharded model, on a fake process group, pinned to one core.
+
+    python benchmarks/host_overhead.py                 # every mesh, FLUX.1 and Wan; writes results/host_overhead.md
+    python benchmarks/host_overhead.py --repeats 41    # more alternated runs per row (default 21)
+    python benchmarks/host_overhead.py --only "tp=2"   # one mesh (repeatable); prints, writes nothing
+    python benchmarks/host_overhead.py --fsdp-variants # (cp=2, fsdp) with FSDP2's options varied; appends to the file
+
+Each row builds the family's TINY model (seed 0) and the same weights sharded by dtp on rank 0 of the mesh
+(`dtp.testing.host`), then calls the two in turn (3 warm-up calls, then `repeats` alternated ones, no grad) and
+reports the medians and their ratio; "DTensor ops" is how many aten ops of one sharded forward took a DTensor.
+At tiny widths a forward is host time (Python, dispatch, launches), which does not shrink with the widths; the
+collectives of a fake process group cost nothing, so the ratio is what dtp's own code adds. Targets (issue 43):
+<= 1.15x at tp=2, cp=2 (Ulysses, ring), cfg=2; <= 1.30x at (cp=2, fsdp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+import dtp.runtime.fsdp as dtp_fsdp
+from dtp.analysis.fakepg import fake_world
+from dtp.testing.host import MESHES, alternated_medians, dtensor_ops, sharded_pair, tiny_inputs
+
+MODELS = ("FluxTransformer2DModel", "WanTransformer3DModel")
+TARGETS = {"cp=2 fsdp": 1.30}  # every other mesh: 1.15
+RESULT = Path(__file__).parent / "results" / "host_overhead.md"
+
+
+def pin_one_core() -> int:
+    """Run on one core (the last one this process may use) with one torch thread; returns the core."""
+    core = max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    return core
+
+
+def row(class_name: str, mesh, repeats: int) -> dict:
+    with fake_world(mesh.world):
+        reference, sharded = sharded_pair(class_name, mesh)
+        inputs = tiny_inputs(class_name, mesh)
+        ops = dtensor_ops(sharded, inputs)
+        ref_s, dtp_s = alternated_medians(reference, sharded, inputs, repeats=repeats)
+    return dict(
+        model=class_name.replace("Transformer2DModel", "").replace("Transformer3DModel", ""),
+        mesh=mesh.name,
+        ref_ms=ref_s * 1e3,
+        dtp_ms=dtp_s * 1e3,
+        ratio=dtp_s / ref_s,
+        target=TARGETS.get(mesh.name, 1.15),
+        dtensor_ops=sum(ops.ops.values()),
+        total_ops=ops.total,
+    )
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| model | mesh | diffusers ms | dtp rank ms | ratio | target | DTensor ops | aten ops |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        mark = "" if r["ratio"] <= r["target"] else " (over)"
+        lines.append(
+            f"| {r['model']} | {r['mesh']} | {r['ref_ms']:.2f} | {r['dtp_ms']:.2f} | {r['ratio']:.2f}x{mark} | "
+            f"{r['target']:.2f}x | {r['dtensor_ops']} | {r['total_ops']} |"
+        )
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def fsdp_variant(name: str):
+    """dtp's FSDP2 setup with one option changed (`FSDP_VARIANTS`)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    shard = dtp_fsdp.fully_shard
+    patches = {
+        "dtp's units (blocks over 2x the smallest split)": [],
+        "one unit per block": [mock.patch.object(dtp_fsdp, "SPLIT_RATIO", float("inf"))],
+        "reshard_after_forward=False (whole weights kept)": [
+            mock.patch.object(
+                dtp_fsdp, "fully_shard", lambda m, mesh, **_: shard(m, mesh=mesh, reshard_after_forward=False)
+            )
+        ],
+        "_set_unshard_async_op(False)": [mock.patch.object(FSDPModule, "_set_unshard_async_op", lambda self, v: None)],
+    }[name]
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
+        yield
+
+
+FSDP_VARIANTS = (
+    "dtp's units (blocks over 2x the smallest split)",
+    "one unit per block",
+    "reshard_after_forward=False (whole weights kept)",
+    "_set_unshard_async_op(False)",
+)
+
+
+def fsdp_rows(repeats: int) -> str:
+    mesh = next(m for m in MESHES if m.fsdp)
+    lines = ["| model | FSDP2 setup (cp=2, fsdp) | diffusers ms | dtp rank ms | ratio |", "|---|---|---:|---:|---:|"]
+    for class_name in MODELS:
+        for name in FSDP_VARIANTS:
+            with fsdp_variant(name):
+                r = row(class_name, mesh, repeats)
+            lines.append(f"| {r['model']} | {name} | {r['ref_ms']:.2f} | {r['dtp_ms']:.2f} | {r['ratio']:.2f}x |")
+            print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--only", action="append", help="a mesh name (e.g. 'tp=2'); prints only")
+    parser.add_argument("--fsdp-variants", action="store_true", help="(cp=2, fsdp) under FSDP2 options; appends")
+    args = parser.parse_args(argv)
+    core = pin_one_core()
+    if args.fsdp_variants:
+        text = fsdp_rows(args.repeats)
+        with RESULT.open("a") as out:
+            out.write(
+                "\n## FSDP2's options at (cp=2, fsdp)\n\n"
+                f"`python benchmarks/host_overhead.py --fsdp-variants` (median of {args.repeats})\n\n{text}\n"
+            )
+        return 0
+    meshes = [m for m in MESHES if not args.only or m.name in args.only]
+    rows = []
+    for class_name in MODELS:
+        for mesh in meshes:
+            rows.append(row(class_name, mesh, args.repeats))
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
+    text = table(rows)
+    print(text)
+    if not args.only:
+        RESULT.write_text(
+            "# Host time of one rank's forward vs diffusers' unsharded model\n\n"
+            f"`python benchmarks/host_overhead.py` (the thread's CPU time, median of {args.repeats} alternated runs "
+            f"after 3 warm-up calls, pinned to core {core}, 1 torch thread, fake process group, tiny configs, fp32, "
+            f"no grad; torch "
+            f"{torch.__version__}).\n\n{text}\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The sharded forward on plain tensors: a parameter's local tensor and the two tp collectives it issues.
+
+Parameters stay DTensors at rest (state dicts, LoRA, checkpoints, `full_tensor`, the loader, FSDP2's unshard);
+the forward reads their local tensors and issues its collective itself, the shape of vLLM's
+`ColumnParallelLinear` / `RowParallelLinear`. Through DTensor the same Linear cost 130 µs (colwise) and 516 µs
+(rowwise) of host time against 38 µs plain, and the rowwise output was copied whole inside the functional
+all-reduce (research/gpu-path-review.md, P2).
+
+The collectives run in place on the fresh matmul output (no copy), synchronously, in one of two forms:
+- eager: the ProcessGroup's own `allreduce` / `all_gather_single` and `Work.wait()`, the call
+  `torch.distributed.all_reduce` ends in without its Python checks and loggers: 6-16 µs against 37-47 µs for
+  `dist.all_reduce` / `dist.all_gather_single`, 61 µs for the in-place functional op and its wait, 460-550 µs for
+  `funcol.all_reduce` (an AsyncCollectiveTensor), on a fake process group on one loaded core;
+- under `torch.compile`: `dist.all_reduce` / `dist.all_gather_single`, which dynamo rewrites to the in-place
+  functional collectives (`traceable_collective_remaps`), so `fullgraph=True` traces them (the raw
+  `_c10d_functional.all_reduce_` op does not functionalize under AOTAutograd).
+Synchronous on every device: on NCCL a wait makes the compute stream wait on the collective, not the host; and every
+output's consumer is the very next op (the rowwise bias, the gate multiply, AdaLN's chunk), so a deferred wait would
+have nothing to overlap. Under gloo, deferred waits were seen to corrupt the heap now and then.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+
+def local(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """This rank's plain tensor of a DTensor (a parameter at rest), or `tensor` itself when plain (or None).
+
+    Without grad and outside compile it is the DTensor's own local tensor: `to_local()` on a Parameter makes a fresh
+    view each call to keep the Parameter flag (~10 µs, against 0.1 µs). With grad, `to_local()` carries the gradient
+    back to the DTensor; under compile it is what dynamo traces."""
+    if not isinstance(tensor, DTensor):
+        return tensor
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return tensor.to_local()
+    return tensor._local_tensor
+
+
+def all_reduce(tensor: torch.Tensor, group) -> torch.Tensor:
+    """Sum `tensor` over `group` in place (it must be a fresh tensor nobody else reads); returns it."""
+    if torch.compiler.is_compiling():
+        dist.all_reduce(tensor, group=group)
+    else:
+        group.allreduce([tensor]).wait()
+    return tensor
+
+
+def all_gather_last(tensor: torch.Tensor, group, size: int) -> torch.Tensor:
+    """The rank pieces of `tensor` ([..., k] on each of `size` ranks) concatenated in rank order along the last dim:
+    one all-gather into a [size * d0, ..., k] buffer, then `along_last`."""
+    tensor = tensor.contiguous()
+    gathered = tensor.new_empty((size * tensor.shape[0], *tensor.shape[1:]))
+    if torch.compiler.is_compiling():
+        dist.all_gather_single(gathered, tensor, group=group)
+    else:
+        group.all_gather_single(gathered, tensor).wait()
+    return along_last(gathered, size)
+
+
+def along_last(stacked: torch.Tensor, size: int) -> torch.Tensor:
+    """`size` pieces stacked on dim 0 ([size * d0, ..., k]) concatenated on the last dim instead ([d0, ..., size * k]).
+
+    e.g. AdaLN's [1, 6 * 3072 / 4] at tp=4 gathered as [4, 4608] -> [1, 18432]: a view, since with one row the rank
+    order is already the feature order; with more rows, [size, d0, ..., k] -> [d0, ..., size, k] is one copy."""
+    *rows, width = stacked.shape
+    rows[0] //= size
+    if stacked.numel() == size * width:
+        return stacked.view(*rows, size * width)
+    return stacked.view(size, *rows, width).movedim(0, -2).reshape(*rows, size * width)
+
+
+class TpGroup:
+    """The process group of a 1-D tp mesh, looked up once (`DeviceMesh.get_group` costs µs per call).
+
+    A copy (deepcopy, pickle) keeps the mesh and looks the group up again: a ProcessGroup cannot be copied."""
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+        self._group = None
+
+    @property
+    def group(self):
+        if self._group is None:
+            self._group = self.mesh.get_group()
+        return self._group
+
+    @property
+    def size(self) -> int:
+        return self.mesh.size()
+
+    def __getstate__(self):
+        return {"mesh": self.mesh, "_group": None}
