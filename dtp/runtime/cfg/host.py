@@ -1,0 +1,72 @@
+"""The cfg axis's host-side exchanges: small integers (decision flags, output shapes) on a CPU process group.
+
+Shapes and decisions are host data. Sending them through the mesh's own (NCCL) group would copy them to the
+GPU and read them back, and that read waits for every kernel queued before it: the transformer's whole forward.
+So `install_cfg` makes gloo groups once, beside the mesh's (`host_groups`), and these functions run on them
+with CPU tensors, leaving the GPU's queue alone:
+
+    mesh (cuda, cfg=2 x tp=2, ranks 0..3)    span: one gloo group of ranks 0..3  (the flag agreement)
+                                             cfg:  gloo groups {0, 2} and {1, 3} (the shape headers)
+    mesh (cpu)                               the mesh's own gloo groups (already host memory)
+
+`dist.new_group` must be entered by every rank of the world, so a device mesh that does not span the world
+keeps its own groups (correct, but the reads then wait for the GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..mesh import CFG_AXIS
+
+
+@dataclass(frozen=True)
+class HostGroups:
+    """Process groups for host-side integers: `span` reduced in turn cover the mesh; `cfg` is this rank's cfg axis."""
+
+    span: tuple
+    cfg: object
+
+
+def host_groups(mesh, *, separate: bool | None = None) -> HostGroups:
+    """The groups the cfg axis exchanges host integers on (see the module docstring); `separate` forces new gloo
+    groups (True) or the mesh's own (False); None: new ones for a non-CPU mesh that spans the world."""
+    spans_world = mesh.size() == dist.get_world_size()
+    if separate is None:
+        separate = mesh.device_type != "cpu" and spans_world
+    if not separate:
+        return HostGroups(span=tuple(mesh_spanning_groups(mesh)), cfg=mesh[CFG_AXIS].get_group())
+    assert spans_world, "dist.new_group needs every rank of the world"
+    world = dist.new_group(backend="gloo")
+    axis = mesh.mesh_dim_names.index(CFG_AXIS)
+    lines = mesh.mesh.movedim(axis, -1).reshape(-1, mesh.shape[axis]).tolist()  # the ranks of each cfg axis
+    cfg, _ = dist.new_subgroups_by_enumeration(lines, backend="gloo")
+    return HostGroups(span=(world,), cfg=cfg)
+
+
+def mesh_spanning_groups(mesh) -> list:
+    """Groups whose successive reductions cover the mesh: the world for a `make_mesh` mesh, else each axis."""
+    if mesh.size() == dist.get_world_size():
+        return [dist.group.WORLD]
+    return [mesh.get_group(axis) for axis in range(mesh.ndim) if mesh.size(axis) > 1]
+
+
+def min_ints(values: list[int], groups) -> list[int]:
+    """The elementwise minimum of `values` over every rank of `groups` (CPU tensors; all ranks get the same list)."""
+    tensor = torch.tensor(values, dtype=torch.int64)
+    for group in groups:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
+    return tensor.tolist()
+
+
+def gather_ints(values: list[int], size: int, group) -> list[list[int]]:
+    """`values` (at most `size` of them, padded with -1) of every rank of `group`, in group rank order."""
+    assert len(values) <= size
+    mine = torch.full((size,), -1, dtype=torch.int64)
+    mine[: len(values)] = torch.tensor(values, dtype=torch.int64)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    return [g.tolist() for g in gathered]
