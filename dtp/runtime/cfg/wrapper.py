@@ -43,6 +43,7 @@ prediction while a cache is on (group 1's cache state already took the call that
 
 from __future__ import annotations
 
+import functools
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -94,13 +95,18 @@ class CfgParallel:
     context: object = None  # the diffusers CacheContext the pipeline set for the current call, if any
     batch_split: bool = False  # a call's batch is being split over the groups now (read by dtp's cache layer)
 
+    @functools.cached_property
+    def axis(self):
+        """The cfg axis through this rank (slicing a DeviceMesh builds a new one: done once)."""
+        return self.mesh[CFG_AXIS]
+
     @property
     def groups(self) -> int:
-        return self.mesh[CFG_AXIS].size()
+        return self.axis.size()
 
     @property
     def group(self) -> int:
-        return self.mesh[CFG_AXIS].get_local_rank()
+        return self.axis.get_local_rank()
 
     def __call__(self, *args, **kwargs):
         bound = self.signature.bind(*args, **kwargs)
@@ -172,7 +178,7 @@ class CfgParallel:
         return join_parts(self._exchange(output), sizes)
 
     def _exchange(self, output) -> list:
-        return gather_parts(output, self.mesh[CFG_AXIS].get_group(), self.host.cfg)
+        return gather_parts(output, self.axis.get_group(), self.host.cfg)
 
     def _agree(self, flags: list[int]) -> list[int]:
         return agree_min(flags, self.host.span)
