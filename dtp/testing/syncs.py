@@ -13,11 +13,11 @@ What is counted (every one of them drains the CUDA queue when its tensor lives o
                           aten.lift_fresh on the tensor it builds)
     synchronize           `torch.cuda.synchronize()` (patched; it runs nothing on a CPU-only build)
 
-On CPU every tensor is a host tensor, so the counts are those a GPU run would make on its device tensors, with one
-exception by construction: the cfg axis's host exchanges (`dtp.runtime.cfg.host.min_ints` / `gather_ints`: decision
-flags and output shapes) run on CPU tensors over gloo groups whatever the mesh's device, so nothing inside them is
-counted. The same mode
-around diffusers' own one-process pipeline gives the reference the counts are compared with.
+On CPU every tensor is a host tensor, so the counts are those a GPU run would make on its device tensors, with
+one exception by construction: the cfg axis's host exchanges (`dtp.runtime.cfg.host.min_ints` / `max_ints` /
+`gather_ints`: decision flags and output shapes) run on CPU tensors over gloo groups whatever the mesh's device,
+so nothing inside them is counted. The same mode around diffusers' own one-process pipeline gives the reference
+the counts are compared with.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ ATEN_READS = {
     torch.ops.aten.equal.default: "equal",
     torch.ops.aten.lift_fresh.default: "from_data",
 }
-HOST_SIDE = ("min_ints", "gather_ints")  # functions of dtp.runtime.cfg.host: CPU tensors on gloo groups
+HOST_SIDE = ("min_ints", "max_ints", "gather_ints")  # functions of dtp.runtime.cfg.host: CPU tensors on gloo groups
 KINDS = ("_local_scalar_dense", "equal", "tolist", "from_data", "synchronize")
 
 

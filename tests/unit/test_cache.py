@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 import dtp
 import dtp.runtime.cfg.wrapper as wrapper
-from dtp.runtime.cfg.host import HostGroups
 from dtp.cache import CACHE_NAMES, DecisionScope, make_config
 from dtp.cache.consistent import fbc_should_compute
 from dtp.runtime.cfg import BRANCH_ATTR, CFG_ATTR, PER_CONTEXT, SHARED, install_cfg
+from dtp.runtime.cfg.host import HostGroups
 from dtp.testing.tiny import tiny_model
 
 

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import dtp
 import dtp.runtime.cfg.wrapper as wrapper
-from dtp.runtime.cfg.host import HostGroups
 from dtp.runtime.cfg import CFG_ATTR, install_cfg, remove_cfg
 from dtp.runtime.cfg.batch import join_parts, rows, split_arguments
+from dtp.runtime.cfg.host import HostGroups
 from dtp.runtime.cfg.tree import differences, hold, matches, release, same
 from dtp.runtime.mesh import cfg_degree, cfg_submesh, cp_degree, tp_submesh
 from dtp.testing.tiny import tiny_model

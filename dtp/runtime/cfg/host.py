@@ -7,6 +7,7 @@ with CPU tensors, leaving the GPU's queue alone:
 
     mesh (cuda, cfg=2 x tp=2, ranks 0..3)    span: one gloo group of ranks 0..3  (the flag agreement)
                                              cfg:  gloo groups {0, 2} and {1, 3} (the shape headers)
+                                             per axis: gloo lines (dtp.cache's agreements, `axis_groups`)
     mesh (cpu)                               the mesh's own gloo groups (already host memory)
 
 `dist.new_group` must be entered by every rank of the world, so a device mesh that does not span the world
@@ -40,11 +41,24 @@ def host_groups(mesh, *, separate: bool | None = None) -> HostGroups:
     if not separate:
         return HostGroups(span=tuple(mesh_spanning_groups(mesh)), cfg=mesh[CFG_AXIS].get_group())
     assert spans_world, "dist.new_group needs every rank of the world"
-    world = dist.new_group(backend="gloo")
-    axis = mesh.mesh_dim_names.index(CFG_AXIS)
-    lines = mesh.mesh.movedim(axis, -1).reshape(-1, mesh.shape[axis]).tolist()  # the ranks of each cfg axis
-    cfg, _ = dist.new_subgroups_by_enumeration(lines, backend="gloo")
-    return HostGroups(span=(world,), cfg=cfg)
+    return HostGroups(span=(dist.new_group(backend="gloo"),), cfg=_gloo_axis(mesh, CFG_AXIS))
+
+
+def axis_groups(mesh, *, separate: bool | None = None) -> dict:
+    """{axis name: this rank's host group along it} for every named axis of size > 1 (dtp.cache's agreements);
+    `separate` as in `host_groups`."""
+    if separate is None:
+        separate = mesh.device_type != "cpu" and mesh.size() == dist.get_world_size()
+    names = [name for name in mesh.mesh_dim_names or () if mesh[name].size() > 1]
+    return {name: _gloo_axis(mesh, name) if separate else mesh[name].get_group() for name in names}
+
+
+def _gloo_axis(mesh, name: str):
+    """A new gloo group of this rank's line along axis `name` (every rank of the world enters every line's)."""
+    axis = mesh.mesh_dim_names.index(name)
+    lines = mesh.mesh.movedim(axis, -1).reshape(-1, mesh.shape[axis]).tolist()  # the ranks of each line
+    group, _ = dist.new_subgroups_by_enumeration(lines, backend="gloo")
+    return group
 
 
 def mesh_spanning_groups(mesh) -> list:
@@ -59,6 +73,14 @@ def min_ints(values: list[int], groups) -> list[int]:
     tensor = torch.tensor(values, dtype=torch.int64)
     for group in groups:
         dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
+    return tensor.tolist()
+
+
+def max_ints(values: list[int], groups) -> list[int]:
+    """The elementwise maximum of `values` over every rank of `groups` (CPU tensors)."""
+    tensor = torch.tensor(values, dtype=torch.int64)
+    for group in groups:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
     return tensor.tolist()
 
 

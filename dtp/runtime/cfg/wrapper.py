@@ -37,8 +37,9 @@ diffusers' cache hooks (`hooks.py`): the pipeline's `cache_context(name)` is rec
 (CONTEXT_KEY), so the prediction learns that the second call runs under "uncond" and group 1 runs it under
 "uncond": each group's per-context cache state sees exactly the calls it sees in one process. A hook that
 shares one state between the branches makes every call run `whole`. Checked on every call (from a view
-rebuilt only when a hook changed, `hooks.hook_view`), so hooks added after the wrapper are seen: one dtp did not vouch for is a ForwardError before anything runs; so is a missed
-prediction while a cache is on (group 1's cache state already took the call that never came).
+rebuilt only when a hook changed, `hooks.hook_view`), so hooks added after the wrapper are seen: one dtp
+did not vouch for is a ForwardError before anything runs; so is a missed prediction while a cache is on
+(group 1's cache state already took the call that never came).
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ from ...errors import ForwardError, PlanError
 from ..mesh import CFG_AXIS, cfg_degree
 from .batch import batch_size, join_parts, rows, split_arguments
 from .exchange import agree_min, gather_parts
-from .host import HostGroups, host_groups
 from .hooks import SHARED, hook_view
+from .host import HostGroups, host_groups
 from .tree import differences, hold, matches, release
 
 CFG_ATTR = "_dtp_cfg"  # on a model with the cfg axis installed: its CfgParallel
