@@ -62,7 +62,27 @@ def rank_job(rank: int, world: int, runs: list, control: bool) -> dict:
         out[(case, str(dims), "stats")] = None if wrapper is None else vars(wrapper.stats).copy()
     if control:
         out["control"] = _control()
+    out["separate"] = _separate_groups(rank)
     return out
+
+
+def _separate_groups(rank: int) -> list:
+    """The gloo side groups a GPU mesh gets, made here on the CPU mesh (`separate=True`), and what they exchange."""
+    import torch.distributed as dist
+
+    import dtp
+    from dtp.runtime.cfg import host
+
+    groups = host.host_groups(dtp.make_mesh(cfg=2), separate=True)
+    lines = host.axis_groups(dtp.make_mesh(cp=2), separate=True)
+    backends = [dist.get_backend(g) for g in (*groups.span, groups.cfg, *lines.values())]
+    return [
+        backends,
+        sorted(lines),
+        host.min_ints([rank, 5], groups.span),
+        host.gather_ints([rank, 7], 3, groups.cfg),
+        host.max_ints([rank], list(lines.values())),
+    ]
 
 
 def _control() -> dict[str, float]:
@@ -117,6 +137,12 @@ def test_the_pair_path_was_taken(results):
     """Wan at cfg=2: every steady-state pair answered by the exchange (a miss would run whole and read nothing)."""
     assert results[0][("wan", str(dict(cfg=2)), "stats")] == dict(batch=0, predicted=STEPS - 1, hits=STEPS - 1, whole=2)
     assert results[0][("pixart", str(dict(cfg=2)), "stats")] == dict(batch=STEPS, predicted=0, hits=0, whole=0)
+
+
+def test_side_groups_for_a_device_mesh(results):
+    """`separate=True` (a GPU mesh's path): new gloo groups over the world, each cfg line and each axis line."""
+    for rank, result in enumerate(results):
+        assert result["separate"] == [["gloo"] * 3, ["cp"], [0, 5], [[0, 7, -1], [1, 7, -1]], [1]], rank
 
 
 def test_a_device_header_is_seen(results, refs):
