@@ -68,6 +68,12 @@ def test_same_is_exact_and_held_tensors_see_in_place_changes():
     assert release(held)["h"] is x  # no copy
     assert matches({"h": x}, held, values=False)  # identity: no read
     assert not matches({"h": x.clone()}, held, values=False) and matches({"h": x.clone()}, held, values=True)
+    base = torch.randn(2, 6)
+    half = hold(base.narrow(1, 3, 3))
+    assert matches(base.narrow(1, 3, 3), half, values=False)  # another view of the same memory (CP's cut)
+    assert not matches(base.narrow(1, 0, 3), half, values=False) and not matches(base[:, 3:].T, half, values=False)
+    base.mul_(2)
+    assert not matches(base.narrow(1, 3, 3), half, values=True)  # the base changed in place: the version moved
     x.add_(1)
     assert not matches({"h": x}, held, values=True)  # the version moved: the held values are gone
     before = hold({"h": x, "e": 1, "m": None, "t": torch.ones(2)})

@@ -5,9 +5,11 @@ copy), compares a new call with a held one (`matches`), finds the arguments in w
 (`differences`), and moves output tensors through one exchange (`leaves` / `rebuild`). diffusers' output
 classes (`BaseOutput`) are dicts and rebuild as their own type.
 
-A tensor matches a held one without reading a value when it is the same object at the same version: diffusers'
-pipelines pass the same latents and prompt embeddings to both calls of a step, and an in-place change bumps
-`_version`. A different object of the same shape, dtype and device is compared by value only where the caller
+A tensor matches a held one without reading a value when it is the same object, or the same view (same base,
+offset, strides, shape and dtype), at the same version: diffusers' pipelines pass the same latents and prompt
+embeddings to both calls of a step; dtp's CP hooks, which run before the cfg wrapper, cut them with `narrow`
+(a new view of the same memory per call); an in-place change of a tensor or of its base bumps the `_version`
+they share. A different object of the same shape, dtype and device is compared by value only where the caller
 allows it (`values=True`), because on a GPU that read waits for every queued kernel:
 
     held: {"hidden_states": Held(L, v3), "timestep": Held(T, v0)}
@@ -100,10 +102,18 @@ def matches(value, held, *, values: bool) -> bool:
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor, values: bool) -> bool:
-    if a is b:
-        return True
     alike = a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
-    return alike and values and torch.equal(a, b)
+    return a is b or (alike and (_same_view(a, b) or (values and torch.equal(a, b))))
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two views of the same memory: the same base, offset and strides (shape and dtype checked by the caller)."""
+    return (
+        a._base is not None
+        and a._base is b._base
+        and a.storage_offset() == b.storage_offset()
+        and a.stride() == b.stride()
+    )
 
 
 def _same_object(a, b) -> bool:
