@@ -1,8 +1,8 @@
 """Count the host syncs of denoising steps: what would stall a GPU's launch queue if the tensors were on one.
 
-    with StepSyncs(pipe) as syncs:       # counts between the end of step `first - 1` and the end of the last step
-        pipe(..., callback_on_step_end=syncs.end_step)
-    syncs.per_step()                     # {"_local_scalar_dense": 0.0, "equal": 0.0, "tolist": 0.0, ...}
+    with StepSyncs(first=1, steps=4) as syncs:  # from the end of step `first - 1` to the end of step `steps - 1`
+        pipe(..., num_inference_steps=4, callback_on_step_end=syncs.end_step)
+    syncs.per_step()  # {"_local_scalar_dense": 0.0, "equal": 0.0, "tolist": 0.0, ...}
 
 What is counted (every one of them drains the CUDA queue when its tensor lives on the GPU):
 
@@ -38,11 +38,12 @@ KINDS = ("_local_scalar_dense", "equal", "tolist", "from_data", "synchronize")
 
 
 class StepSyncs(TorchDispatchMode):
-    """Host syncs per denoising step from step `first` (0-based) to the last; see the module docstring."""
+    """Host syncs per denoising step from step `first` (0-based) to step `steps - 1` (None: to the end of the
+    `with` block, the pipeline's decode included); see the module docstring."""
 
-    def __init__(self, first: int = 1):
+    def __init__(self, first: int = 1, steps: int | None = None):
         super().__init__()
-        self.first = first
+        self.first, self.last = first, steps
         self.counts: Counter = Counter()
         self.steps = 0  # steps counted
         self.on = False
@@ -72,7 +73,7 @@ class StepSyncs(TorchDispatchMode):
         """The pipeline's `callback_on_step_end`: counting starts after step `first - 1`."""
         if self.on:
             self.steps += 1
-        self.on = step + 1 >= self.first
+        self.on = self.first <= step + 1 and (self.last is None or step + 1 < self.last)
         return callback_kwargs
 
     def per_step(self) -> dict[str, float]:

@@ -32,7 +32,7 @@ def count(pipe, case: str) -> dict[str, float]:
     """Host reads per step of steps 2..STEPS of the case's generation."""
     _, call = CASES[case]
     pipe.set_progress_bar_config(disable=True)
-    with StepSyncs(first=1) as syncs:
+    with StepSyncs(first=1, steps=STEPS) as syncs:
         if "callback_on_step_end" in inspect.signature(pipe.__call__).parameters:
             callback = dict(callback_on_step_end=syncs.end_step)
         else:  # PixArt-Sigma: the older per-step callback, at the same place (after the scheduler's step)
