@@ -28,6 +28,8 @@ from contextlib import contextmanager
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..runtime.cfg import host
+
 ATEN_READS = {
     torch.ops.aten._local_scalar_dense.default: "_local_scalar_dense",
     torch.ops.aten.equal.default: "equal",
@@ -83,7 +85,7 @@ class StepSyncs(TorchDispatchMode):
         self._patch(torch.Tensor, "tolist", "tolist")
         self._patch(torch.cuda, "synchronize", "synchronize", call=False)
         for name in HOST_SIDE:
-            self._pause_inside("dtp.runtime.cfg.host", name)
+            self._pause_inside(host, name)
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -102,10 +104,7 @@ class StepSyncs(TorchDispatchMode):
         self._patches.append((owner, name, original))
         setattr(owner, name, counted)
 
-    def _pause_inside(self, module_name: str, name: str) -> None:
-        import importlib
-
-        module = importlib.import_module(module_name)
+    def _pause_inside(self, module, name: str) -> None:
         original = getattr(module, name)
 
         def paused(*args, **kwargs):
