@@ -256,7 +256,7 @@ class _OneGroupOfTwo:
 
 
 def _group1(monkeypatch, branch_state: str | None):
-    monkeypatch.setattr(wrapper, "agree_min", lambda flags, mesh: flags)
+    monkeypatch.setattr(wrapper, "agree_min", lambda flags, *groups: flags)
     monkeypatch.setattr(wrapper, "gather_parts", lambda output, *groups: [output, output])
     monkeypatch.setattr(wrapper, "check_cfg", lambda model, mesh: None)
     monkeypatch.setattr(wrapper, "host_groups", lambda mesh: HostGroups(span=(), cfg=None))

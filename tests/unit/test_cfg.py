@@ -168,7 +168,7 @@ class _Recorder(torch.nn.Module):
 @pytest.fixture
 def group1(monkeypatch):
     """A recording model wrapped as cfg group 1, with the exchange returning this group's output twice."""
-    monkeypatch.setattr(wrapper, "agree_min", lambda flags, mesh: flags)
+    monkeypatch.setattr(wrapper, "agree_min", lambda flags, *groups: flags)
     monkeypatch.setattr(wrapper, "gather_parts", lambda output, *groups: [output, output])
     model = _Recorder()
     monkeypatch.setattr(wrapper, "check_cfg", lambda model, mesh: None)

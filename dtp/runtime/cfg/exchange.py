@@ -26,11 +26,13 @@ from .tree import leaves, rebuild
 MAX_HEADER = 64  # int64 values: 1 + sum over leaves of (1 + ndim); a transformer output needs ~5
 
 
-def gather_parts(output, group, host_group=None) -> list:
+def gather_parts(output, group, host_group=None, host_device: str = "cpu") -> list:
     """`output` of every rank of `group`, in group rank order (this rank's own tree included); the shapes go
-    through `host_group` (the same ranks on a CPU group; None: `group` itself)."""
+    through `host_group` (the same ranks on a CPU group, tensors on `host_device`; None: `group` itself)."""
     local = leaves(output)
-    shapes = _gather_shapes(local, group if host_group is None else host_group)
+    if host_group is None:
+        host_group, host_device = group, str(local[0].device) if local else "cpu"
+    shapes = _gather_shapes(local, host_group, host_device)
     parts: list[list[torch.Tensor]] = [[] for _ in shapes]
     for i, tensor in enumerate(local):
         sizes = [torch.Size(rank_shapes[i]) for rank_shapes in shapes]
@@ -39,13 +41,13 @@ def gather_parts(output, group, host_group=None) -> list:
     return [rebuild(output, part) for part in parts]
 
 
-def _gather_shapes(local: list[torch.Tensor], group) -> list[list[tuple[int, ...]]]:
+def _gather_shapes(local: list[torch.Tensor], group, device: str = "cpu") -> list[list[tuple[int, ...]]]:
     header = [len(local)]
     for tensor in local:
         header += [tensor.ndim, *tensor.shape]
     if len(header) > MAX_HEADER:
         raise ForwardError(f"cfg exchange: the transformer's output has {len(local)} tensors; at most ~12 supported.")
-    return [_parse_header(h, len(local)) for h in host.gather_ints(header, MAX_HEADER, group)]
+    return [_parse_header(h, len(local)) for h in host.gather_ints(header, MAX_HEADER, group, device)]
 
 
 def _parse_header(header: list[int], expected: int) -> list[tuple[int, ...]]:
@@ -73,7 +75,7 @@ def _gather_leaf(tensor: torch.Tensor, sizes: list[torch.Size], group) -> list[t
     return [g[: size.numel()].view(size) for g, size in zip(gathered, sizes)]
 
 
-def agree_min(flags: list[int], groups) -> list[int]:
+def agree_min(flags: list[int], groups, device: str = "cpu") -> list[int]:
     """The minimum of each flag over every rank of `groups` (host groups spanning the mesh; all ranks get the
     same list)."""
-    return host.min_ints(flags, groups)
+    return host.min_ints(flags, groups, device)

@@ -11,7 +11,8 @@ with CPU tensors, leaving the GPU's queue alone:
     mesh (cpu)                               the mesh's own gloo groups (already host memory)
 
 `dist.new_group` must be entered by every rank of the world, so a device mesh that does not span the world
-keeps its own groups (correct, but the reads then wait for the GPU).
+keeps its own groups and device tensors (correct, but the reads then wait for the GPU); so does a mesh on
+torch's fake process group (`dtp check`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..mesh import CFG_AXIS
+from ..placement import local_device
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class HostGroups:
 
     span: tuple
     cfg: object
+    device: str = "cpu"  # where the integers' tensors live: "cpu", or the mesh's device on its own (NCCL) groups
 
 
 def host_groups(mesh, *, separate: bool | None = None) -> HostGroups:
@@ -37,18 +40,26 @@ def host_groups(mesh, *, separate: bool | None = None) -> HostGroups:
     groups (True) or the mesh's own (False); None: new ones for a non-CPU mesh that spans the world."""
     spans_world = mesh.size() == dist.get_world_size()
     if separate is None:
-        separate = mesh.device_type != "cpu" and spans_world
+        separate = _separate(mesh)
     if not separate:
-        return HostGroups(span=tuple(mesh_spanning_groups(mesh)), cfg=mesh[CFG_AXIS].get_group())
+        device = "cpu" if mesh.device_type == "cpu" else str(local_device(mesh.device_type))
+        return HostGroups(span=tuple(mesh_spanning_groups(mesh)), cfg=mesh[CFG_AXIS].get_group(), device=device)
     assert spans_world, "dist.new_group needs every rank of the world"
     return HostGroups(span=(dist.new_group(backend="gloo"),), cfg=_gloo_axis(mesh, CFG_AXIS))
 
 
-def axis_groups(mesh, *, separate: bool | None = None) -> dict:
+def _separate(mesh) -> bool:
+    """New gloo groups for a device mesh that spans a real world (torch's fake process group has no peers)."""
+    return mesh.device_type != "cpu" and mesh.size() == dist.get_world_size() and dist.get_backend() != "fake"
+
+
+def axis_groups(mesh, *, separate: bool | None = None) -> dict | None:
     """{axis name: this rank's host group along it} for every named axis of size > 1 (dtp.cache's agreements);
-    `separate` as in `host_groups`."""
+    `separate` as in `host_groups`; None for a device mesh without side groups (agree on the device then)."""
     if separate is None:
-        separate = mesh.device_type != "cpu" and mesh.size() == dist.get_world_size()
+        separate = _separate(mesh)
+    if not separate and mesh.device_type != "cpu":
+        return None
     names = [name for name in mesh.mesh_dim_names or () if mesh[name].size() > 1]
     return {name: _gloo_axis(mesh, name) if separate else mesh[name].get_group() for name in names}
 
@@ -68,9 +79,10 @@ def mesh_spanning_groups(mesh) -> list:
     return [mesh.get_group(axis) for axis in range(mesh.ndim) if mesh.size(axis) > 1]
 
 
-def min_ints(values: list[int], groups) -> list[int]:
-    """The elementwise minimum of `values` over every rank of `groups` (CPU tensors; all ranks get the same list)."""
-    tensor = torch.tensor(values, dtype=torch.int64)
+def min_ints(values: list[int], groups, device: str = "cpu") -> list[int]:
+    """The elementwise minimum of `values` over every rank of `groups` (all ranks get the same list); tensors on
+    `device` (the CPU on host groups)."""
+    tensor = torch.tensor(values, dtype=torch.int64, device=device)
     for group in groups:
         dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
     return tensor.tolist()
@@ -84,11 +96,11 @@ def max_ints(values: list[int], groups) -> list[int]:
     return tensor.tolist()
 
 
-def gather_ints(values: list[int], size: int, group) -> list[list[int]]:
+def gather_ints(values: list[int], size: int, group, device: str = "cpu") -> list[list[int]]:
     """`values` (at most `size` of them, padded with -1) of every rank of `group`, in group rank order."""
     assert len(values) <= size
-    mine = torch.full((size,), -1, dtype=torch.int64)
-    mine[: len(values)] = torch.tensor(values, dtype=torch.int64)
+    mine = torch.full((size,), -1, dtype=torch.int64, device=device)
+    mine[: len(values)] = torch.tensor(values, dtype=torch.int64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, mine, group=group)
     return [g.tolist() for g in gathered]

@@ -179,10 +179,10 @@ class CfgParallel:
         return join_parts(self._exchange(output), sizes)
 
     def _exchange(self, output) -> list:
-        return gather_parts(output, self.axis.get_group(), self.host.cfg)
+        return gather_parts(output, self.axis.get_group(), self.host.cfg, self.host.device)
 
     def _agree(self, flags: list[int]) -> list[int]:
-        return agree_min(flags, self.host.span)
+        return agree_min(flags, self.host.span, self.host.device)
 
     def _hit(self, arguments: dict) -> bool:
         return self.pending is not None and matches(arguments, self.pending.arguments, values=True)
