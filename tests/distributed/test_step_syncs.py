@@ -92,7 +92,7 @@ def _control() -> dict[str, float]:
     import dtp
     import dtp.runtime.cfg.exchange as exchange
 
-    def device_header(local, group):
+    def device_header(local, group, *device):
         header = [len(local)] + [v for t in local for v in (t.ndim, *t.shape)]
         mine = torch.full((exchange.MAX_HEADER,), -1, dtype=torch.int64, device=local[0].device)
         mine[: len(header)] = torch.tensor(header, dtype=torch.int64, device=local[0].device)
