@@ -8,7 +8,9 @@ pipelines do:
 - one call on a doubled batch ("batch", as SD3, PixArt-Sigma, ...): transformer(cat([uncond, cond])).
 cfg=2 runs the same loop on 2 gloo processes with `dtp.parallelize(model, make_mesh(cfg=2))`: the pair
 path after the first (learning) step, the batch path always. Times are medians over the timed steps
-(step 0 and one warm-up step excluded). Usage:
+(step 0 and one warm-up step excluded). A second, untimed run of 4 steps counts the host reads of
+steps 2.. (`dtp.testing.syncs.StepSyncs`: scalar reads, torch.equal, .tolist(), tensors from Python data,
+torch.cuda.synchronize; on a GPU each one waits for every queued kernel). Usage:
 
     python benchmarks/cfg_step.py [--steps 6] [--img-tokens 1024] [--layers 4]
 
@@ -27,6 +29,7 @@ import torch
 
 import dtp
 from dtp.testing.launch import spawn
+from dtp.testing.syncs import StepSyncs
 from dtp.testing.tiny import TINY_CONFIGS, tiny_inputs, tiny_model
 
 CLS = "QwenImageTransformer2DModel"
@@ -39,7 +42,7 @@ def config(layers: int) -> dict:
 
 
 @torch.no_grad()
-def run_steps(model, inputs: dict, mode: str, steps: int) -> list[tuple[float, float]]:
+def run_steps(model, inputs: dict, mode: str, steps: int, syncs: StepSyncs | None = None) -> list[tuple[float, float]]:
     """(wall, CPU) seconds of each denoising step; the latents move every step, as a scheduler moves them."""
     uncond = {**inputs, "encoder_hidden_states": inputs["encoder_hidden_states"].flip(1)}
     latents, seconds = inputs["hidden_states"], []
@@ -56,6 +59,8 @@ def run_steps(model, inputs: dict, mode: str, steps: int) -> list[tuple[float, f
             uncond_out, cond_out = out.chunk(2)
         latents = latents - 0.01 * (uncond_out + 4.0 * (cond_out - uncond_out))
         seconds.append((time.perf_counter() - start, time.process_time() - cpu))
+        if syncs is not None:
+            syncs.end_step(None, len(seconds) - 1, None, {})
     return seconds
 
 
@@ -71,6 +76,9 @@ def job(rank: int, world: int, layers: int, img_tokens: int, steps: int) -> dict
         seconds = run_steps(model, inputs, mode, steps)[2:]
         out[mode] = statistics.median(wall for wall, _ in seconds)
         out[f"{mode}_cpu"] = statistics.median(cpu for _, cpu in seconds)
+        with StepSyncs(first=2) as syncs:
+            run_steps(model, inputs, mode, min(steps, 4), syncs)
+        out[f"{mode}_reads"] = sum(syncs.per_step().values())
     out["threads"] = torch.get_num_threads()
     return out
 
@@ -85,14 +93,15 @@ def main() -> None:
     two = spawn(job, 2, args.layers, args.img_tokens, args.steps)
     rows = [
         "| step | 1 process wall (s) | cfg=2 wall (s) | ratio "
-        "| 1 process CPU (s) | cfg=2 CPU, busiest rank (s) | ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| 1 process CPU (s) | cfg=2 CPU, busiest rank (s) | ratio | host reads / step, 1 process | cfg=2 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, label in (("pair", "two calls (Qwen-Image true cfg, Wan)"), ("batch", "doubled batch (SD3, PixArt)")):
         wall, cpu = max(r[mode] for r in two), max(r[f"{mode}_cpu"] for r in two)
         rows.append(
             f"| {label} | {one[mode]:.3f} | {wall:.3f} | {wall / one[mode]:.2f}x "
-            f"| {one[f'{mode}_cpu']:.3f} | {cpu:.3f} | {cpu / one[f'{mode}_cpu']:.2f}x |"
+            f"| {one[f'{mode}_cpu']:.3f} | {cpu:.3f} | {cpu / one[f'{mode}_cpu']:.2f}x "
+            f"| {one[f'{mode}_reads']:g} | {max(r[f'{mode}_reads'] for r in two):g} |"
         )
     params = sum(p.numel() for p in tiny_model(CLS, **WIDTH, num_layers=args.layers).parameters())
     text = (
@@ -102,7 +111,8 @@ def main() -> None:
         f"text tokens, fp32, 1 thread per process ({os.cpu_count()} cores; median of steps 2..{args.steps - 1}).\n\n"
         + "\n".join(rows)
         + f"\n\nLoad average while it ran: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (CPU seconds are this "
-        "process's own, so they stay meaningful when other work shares the cores; wall seconds do not).\n"
+        "process's own, so they stay meaningful when other work shares the cores; wall seconds do not). Host reads: "
+        "per step of steps 2.., summed over the kinds `dtp.testing.syncs` counts, the busiest rank.\n"
     )
     print(text)
     RESULT.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..runtime.cfg import BRANCH_ATTR, branch_state
+from ..runtime.cfg.hooks import changed
 from ..runtime.probe import BodyProbe
 from .scope import DecisionScope
 from .sea import make_sea_consistent
@@ -37,6 +38,7 @@ def make_consistent(model: nn.Module, scope: DecisionScope) -> None:
             setattr(hook, BRANCH_ATTR, branch_state(hook))
             _rescope(hook, scope)
         _probe(module, registry)
+    changed()  # the marks change what the cfg wrapper's and the guard's cached hook views say
 
 
 def _rescope(hook, scope: DecisionScope) -> None:

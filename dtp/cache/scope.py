@@ -12,6 +12,10 @@ A global mean is then sum(local sums) / sum(local counts), the value the one-pro
 (up to the order of the additions). Whatever the metric, the decision itself is agreed last over every
 rank that runs the same forward (`agree_any`: compute when any rank would), so no rank can skip a block
 whose collectives its peers enter, whatever the metric's numerics.
+
+Host reads: a metric is read once per decision (diffusers' own hook reads it once too, `.item()`); the decision
+is agreed as a host integer on gloo groups beside the mesh's (`host`, from `runtime.cfg.host.axis_groups`), so
+the agreement itself waits for no GPU kernel.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.cfg import CFG_ATTR
+from ..runtime.cfg import host as host_side
 from ..runtime.mesh import CFG_AXIS, CP_AXIS, TP_AXIS
 
 
@@ -30,11 +35,13 @@ class DecisionScope:
     """The mesh of one sharded model, and the model (its cfg wrapper says whether a batch is being split).
 
     split_cp: reduce metrics over the `cp` axis (False only in the negative control of the tests).
+    host: {axis name: host group} for the agreements (None: the mesh's own groups, device tensors).
     """
 
     mesh: object
     model: object
     split_cp: bool = True
+    host: dict | None = None
 
     def _axes(self, names) -> list:
         present = self.mesh.mesh_dim_names or ()
@@ -49,9 +56,12 @@ class DecisionScope:
         names = ([CP_AXIS] if self.split_cp else []) + ([CFG_AXIS] if self._batch_split() else [])
         return self._axes(names)
 
+    def _forward_axes(self) -> list[str]:
+        return [CP_AXIS, TP_AXIS] + ([CFG_AXIS] if self._batch_split() else [])
+
     def forward_groups(self) -> list:
         """The groups whose ranks all run this call's forward (and its collectives) together."""
-        return self._axes([CP_AXIS, TP_AXIS] + ([CFG_AXIS] if self._batch_split() else []))
+        return self._axes(self._forward_axes())
 
     def batch_group(self):
         """The cfg group while the cfg wrapper splits this call's batch over it, else None."""
@@ -66,12 +76,13 @@ class DecisionScope:
         numel = float(sum(t.numel() for t in tensors))
         counts = torch.tensor([float(len(tensors)), numel], dtype=torch.float64, device=sums.device)
         mine = torch.cat([counts, torch.stack([sums.sum(), (weights * sums).sum(), squares.sum()])])
-        for group in self._axes([CP_AXIS] if self.split_cp else []):
+        differ = torch.zeros((), dtype=torch.bool, device=mine.device)
+        groups = self._axes([CP_AXIS] if self.split_cp else [])
+        for group in groups:
             seen = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
             dist.all_gather(seen, mine, group=group)
-            if any(not torch.equal(other, mine) for other in seen):
-                return False
-        return True
+            differ = differ | (torch.stack(seen) != mine).any()
+        return not groups or not bool(differ)  # one read for every group
 
     def means(self, *tensors: torch.Tensor) -> list[float]:
         """The mean of each tensor over its whole (uncut) extent, the same float on every rank."""
@@ -83,8 +94,11 @@ class DecisionScope:
         return (totals[: len(tensors)] / totals[len(tensors) :]).tolist()
 
     def agree_any(self, flag: bool, device) -> bool:
-        """True on every rank of the forward when it is True on any of them."""
-        value = torch.tensor([int(flag)], dtype=torch.int64, device=device)
+        """True on every rank of the forward when it is True on any of them (on the host groups when there are)."""
+        if self.host is not None:
+            groups = [self.host[name] for name in self._forward_axes() if name in self.host]
+            return bool(host_side.max_ints([int(flag)], groups)[0])
+        value = torch.full((1,), int(flag), dtype=torch.int64, device=device)
         for group in self.forward_groups():
             dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
         return bool(value.item())

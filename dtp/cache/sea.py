@@ -29,6 +29,7 @@ import torch
 
 from ..errors import ForwardError, PlanError
 from ..runtime.cfg.exchange import gather_parts
+from ..runtime.mesh import CFG_AXIS
 from .scope import DecisionScope
 
 MISMATCH_ATTR = "_dtp_sea_mismatch"  # on a SeaCacheSharedState: this call's raw latents differed between cp ranks
@@ -72,7 +73,8 @@ def whole_latents(callback, scope: DecisionScope, shared, module, args, kwargs):
         return latents
     group = scope.batch_group()
     if group is not None:
-        latents = [latent for part in gather_parts(list(latents), group) for latent in part]
+        host = None if scope.host is None else scope.host.get(CFG_AXIS)  # the shapes on a host group
+        latents = [latent for part in gather_parts(list(latents), group, host) for latent in part]
     setattr(shared, MISMATCH_ATTR, not scope.same_over_cp(latents))
     return latents
 

@@ -94,12 +94,20 @@ def generate(pipe, prompt=None, *, steps=None, height=None, width=None, seed=42,
 
 
 class StepTimer:
-    """Wall time of each denoising step: from the step's first transformer call to its end-of-step callback."""
+    """Time of each denoising step: from the step's first transformer call to its end-of-step callback.
+
+    On CUDA each mark is an event recorded on the current stream (no host sync inside the generation: a
+    `torch.cuda.synchronize` per step would drain the launch queue and rule out CUDA graphs); the events are read
+    once, after the generation (`seconds` is filled on exit). Elsewhere the marks are host clock readings.
+    `on_step(n)` is called after step n's callback (a server's progress), without waiting for the device.
+    """
 
     def __init__(self, pipe, on_step=None):
         self.pipe = pipe
         self.on_step = on_step
         self.seconds: list[float] = []
+        self.steps = 0
+        self._marks: list[tuple] = []  # (start, end) of each step
         self._start = None
         self._cuda = pipe.device.type == "cuda"
 
@@ -109,22 +117,34 @@ class StepTimer:
 
     def __exit__(self, *exc):
         self._hook.remove()
+        self.seconds = [_elapsed(start, end) for start, end in self._marks]
 
-    def _now(self) -> float:
-        if self._cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
+    def _mark(self):
+        if not self._cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def _begin(self, module, args):
         if self._start is None:  # classifier-free guidance calls the transformer twice per step
-            self._start = self._now()
+            self._start = self._mark()
 
     def end_step(self, pipe, step, timestep, callback_kwargs):
-        self.seconds.append(self._now() - self._start)
+        self._marks.append((self._start, self._mark()))
         self._start = None
+        self.steps += 1
         if self.on_step is not None:
-            self.on_step(len(self.seconds))
+            self.on_step(self.steps)
         return callback_kwargs
+
+
+def _elapsed(start, end) -> float:
+    """Seconds between two marks: host clock readings, or CUDA events (waits for the end event once)."""
+    if isinstance(start, float):
+        return end - start
+    end.synchronize()
+    return start.elapsed_time(end) / 1000
 
 
 def rank_report(pipe, step_seconds: list[float], compile_stats: dict | None = None) -> dict:

@@ -71,7 +71,7 @@ def rank_job(rank: int, world: int, runs: list[tuple[dict, list[str]]], swapped:
     if loaded is not None:
         out["loaded"] = loaded_job(*loaded, runs[0][0])
     real = wrapper.gather_parts
-    wrapper.gather_parts = lambda output, group: real(output, group)[::-1]  # each group takes the other's branch
+    wrapper.gather_parts = lambda output, *groups: real(output, *groups)[::-1]  # each group takes the other's branch
     try:
         for case in swapped:
             pipe = CASES[case][0]()

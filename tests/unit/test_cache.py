@@ -25,6 +25,7 @@ import dtp.runtime.cfg.wrapper as wrapper
 from dtp.cache import CACHE_NAMES, DecisionScope, make_config
 from dtp.cache.consistent import fbc_should_compute
 from dtp.runtime.cfg import BRANCH_ATTR, CFG_ATTR, PER_CONTEXT, SHARED, install_cfg
+from dtp.runtime.cfg.host import HostGroups
 from dtp.testing.tiny import tiny_model
 
 
@@ -255,9 +256,10 @@ class _OneGroupOfTwo:
 
 
 def _group1(monkeypatch, branch_state: str | None):
-    monkeypatch.setattr(wrapper, "agree_min", lambda flags, mesh: flags)
-    monkeypatch.setattr(wrapper, "gather_parts", lambda output, group: [output, output])
+    monkeypatch.setattr(wrapper, "agree_min", lambda flags, *groups: flags)
+    monkeypatch.setattr(wrapper, "gather_parts", lambda output, *groups: [output, output])
     monkeypatch.setattr(wrapper, "check_cfg", lambda model, mesh: None)
+    monkeypatch.setattr(wrapper, "host_groups", lambda mesh: HostGroups(span=(), cfg=None))
     model, seen = _Cached(), []
     hook = _Context(seen)
     if branch_state is not None:

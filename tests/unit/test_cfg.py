@@ -12,7 +12,8 @@ import dtp
 import dtp.runtime.cfg.wrapper as wrapper
 from dtp.runtime.cfg import CFG_ATTR, install_cfg, remove_cfg
 from dtp.runtime.cfg.batch import join_parts, rows, split_arguments
-from dtp.runtime.cfg.tree import differences, same, snapshot
+from dtp.runtime.cfg.host import HostGroups
+from dtp.runtime.cfg.tree import differences, hold, matches, release, same
 from dtp.runtime.mesh import cfg_degree, cfg_submesh, cp_degree, tp_submesh
 from dtp.testing.tiny import tiny_model
 
@@ -59,14 +60,41 @@ def test_join_rebuilds_outputs_in_group_order():
     assert join_parts([[first, second], [third]], [2, 1]) == [first, second, third]
 
 
-def test_same_is_exact_and_snapshots_do_not_follow_in_place_changes():
+def test_same_is_exact_and_held_tensors_see_in_place_changes():
     x = torch.randn(4)
     assert same({"a": [x, 1]}, {"a": [x.clone(), 1]})
     assert not same(x, x.double()) and not same(x, x + 1e-7) and not same([x], (x,)) and not same(None, x)
-    copy = snapshot({"h": x})
+    held = hold({"h": x})
+    assert release(held)["h"] is x  # no copy
+    assert matches({"h": x}, held, values=False)  # identity: no read
+    assert not matches({"h": x.clone()}, held, values=False) and matches({"h": x.clone()}, held, values=True)
+    base = torch.randn(2, 6)
+    half = hold(base.narrow(1, 3, 3))
+    assert matches(base.narrow(1, 3, 3), half, values=False)  # another view of the same memory (CP's cut)
+    assert not matches(base.narrow(1, 0, 3), half, values=False) and not matches(base[:, 3:].T, half, values=False)
+    base.mul_(2)
+    assert not matches(base.narrow(1, 3, 3), half, values=True)  # the base changed in place: the version moved
     x.add_(1)
-    assert not same(copy, {"h": x})
-    assert differences({"h": x, "e": 1, "m": None}, {"h": x, "e": 2, "m": torch.ones(1)}).keys() == {"e", "m"}
+    assert not matches({"h": x}, held, values=True)  # the version moved: the held values are gone
+    before = hold({"h": x, "e": 1, "m": None, "t": torch.ones(2)})
+    assert differences(before, {"h": x, "e": 2, "m": torch.ones(1), "t": torch.ones(2)}).keys() == {"e", "m"}
+
+
+def test_identity_decisions_read_no_tensor():
+    """Matching a call with its held self, or with other objects when values are not allowed, reads nothing."""
+    from dtp.testing.syncs import StepSyncs
+
+    call = {"h": torch.randn(2, 3), "t": torch.ones(2), "shapes": [(1, 2, 2)], "kw": {"a": torch.zeros(1)}}
+    held = hold(call)
+    with StepSyncs(first=0) as syncs:
+        syncs.on = True
+        assert matches(call, held, values=True)
+        assert not matches({**call, "t": torch.ones(2)}, held, values=False)
+    assert sum(syncs.counts.values()) == 0
+    with StepSyncs(first=0) as syncs:
+        syncs.on = True
+        assert matches({**call, "t": torch.ones(2)}, held, values=True)
+    assert syncs.counts["equal"] == 1  # the negative control: a value comparison is seen
 
 
 def test_mesh_axes(fake_world):
@@ -140,10 +168,11 @@ class _Recorder(torch.nn.Module):
 @pytest.fixture
 def group1(monkeypatch):
     """A recording model wrapped as cfg group 1, with the exchange returning this group's output twice."""
-    monkeypatch.setattr(wrapper, "agree_min", lambda flags, mesh: flags)
-    monkeypatch.setattr(wrapper, "gather_parts", lambda output, group: [output, output])
+    monkeypatch.setattr(wrapper, "agree_min", lambda flags, *groups: flags)
+    monkeypatch.setattr(wrapper, "gather_parts", lambda output, *groups: [output, output])
     model = _Recorder()
     monkeypatch.setattr(wrapper, "check_cfg", lambda model, mesh: None)
+    monkeypatch.setattr(wrapper, "host_groups", lambda mesh: HostGroups(span=(), cfg=None))
     install_cfg(model, _OneGroupOfTwo(rank=1))
     return model
 

@@ -2,14 +2,16 @@
 
 `gather_parts(output, group)`: each rank's output tree, from every rank of its `cfg` group, in rank
 order. Shapes may differ between ranks (an uneven batch split: 3 prompts over 2 groups give 2 + 1),
-so a header of shapes goes first (one all_gather of MAX_HEADER int64), then each tensor leaf padded
-to the largest of its sizes (one all_gather per leaf; one leaf for a diffusers transformer):
+so a header of shapes goes first (one all_gather of MAX_HEADER int64 on a host group: shapes are host data,
+so nothing waits for the GPU), then each tensor leaf padded to the largest of its sizes (one all_gather per
+leaf on the device group; one leaf for a diffusers transformer):
 
     rank 0: sample [2, 64, 16]  |  rank 1: sample [1, 64, 16]
     header -> sizes 2048 and 1024 -> both send 2048 values -> rank r keeps the first numel_r of part r
 
-`agree_min(flags, mesh)`: the elementwise minimum of small integer flags over every rank of the mesh,
-so that all ranks take the same branch (a rank that skipped a forward its peers run would hang them).
+`agree_min(flags, groups)`: the elementwise minimum of small integer flags over every rank of the mesh (on
+its host groups, `host.py`), so that all ranks take the same branch (a rank that skipped a forward its peers run
+would hang them).
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ import torch
 import torch.distributed as dist
 
 from ...errors import ForwardError
-from ..placement import local_device
+from . import host
 from .tree import leaves, rebuild
 
 MAX_HEADER = 64  # int64 values: 1 + sum over leaves of (1 + ndim); a transformer output needs ~5
 
 
-def gather_parts(output, group) -> list:
-    """`output` of every rank of `group`, in group rank order (this rank's own tree included)."""
+def gather_parts(output, group, host_group=None, host_device: str = "cpu") -> list:
+    """`output` of every rank of `group`, in group rank order (this rank's own tree included); the shapes go
+    through `host_group` (the same ranks on a CPU group, tensors on `host_device`; None: `group` itself)."""
     local = leaves(output)
-    shapes = _gather_shapes(local, group)
+    if host_group is None:
+        host_group, host_device = group, str(local[0].device) if local else "cpu"
+    shapes = _gather_shapes(local, host_group, host_device)
     parts: list[list[torch.Tensor]] = [[] for _ in shapes]
     for i, tensor in enumerate(local):
         sizes = [torch.Size(rank_shapes[i]) for rank_shapes in shapes]
@@ -36,18 +41,13 @@ def gather_parts(output, group) -> list:
     return [rebuild(output, part) for part in parts]
 
 
-def _gather_shapes(local: list[torch.Tensor], group) -> list[list[tuple[int, ...]]]:
+def _gather_shapes(local: list[torch.Tensor], group, device: str = "cpu") -> list[list[tuple[int, ...]]]:
     header = [len(local)]
     for tensor in local:
         header += [tensor.ndim, *tensor.shape]
     if len(header) > MAX_HEADER:
         raise ForwardError(f"cfg exchange: the transformer's output has {len(local)} tensors; at most ~12 supported.")
-    device = local[0].device if local else torch.device("cpu")
-    mine = torch.full((MAX_HEADER,), -1, dtype=torch.int64, device=device)
-    mine[: len(header)] = torch.tensor(header, dtype=torch.int64)
-    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, mine, group=group)
-    return [_parse_header(h.tolist(), len(local)) for h in gathered]
+    return [_parse_header(h, len(local)) for h in host.gather_ints(header, MAX_HEADER, group, device)]
 
 
 def _parse_header(header: list[int], expected: int) -> list[tuple[int, ...]]:
@@ -75,16 +75,7 @@ def _gather_leaf(tensor: torch.Tensor, sizes: list[torch.Size], group) -> list[t
     return [g[: size.numel()].view(size) for g, size in zip(gathered, sizes)]
 
 
-def agree_min(flags: list[int], mesh) -> list[int]:
-    """The minimum of each flag over every rank of `mesh` (all ranks get the same list)."""
-    values = torch.tensor(flags, dtype=torch.int64, device=local_device(mesh.device_type))
-    for group in _spanning_groups(mesh):
-        dist.all_reduce(values, op=dist.ReduceOp.MIN, group=group)
-    return values.tolist()
-
-
-def _spanning_groups(mesh) -> list:
-    """Groups whose successive reductions cover the mesh: the world for a `make_mesh` mesh, else each axis."""
-    if mesh.size() == dist.get_world_size():
-        return [dist.group.WORLD]
-    return [mesh.get_group(axis) for axis in range(mesh.ndim) if mesh.size(axis) > 1]
+def agree_min(flags: list[int], groups, device: str = "cpu") -> list[int]:
+    """The minimum of each flag over every rank of `groups` (host groups spanning the mesh; all ranks get the
+    same list)."""
+    return host.min_ints(flags, groups, device)

@@ -1,27 +1,49 @@
 """Inputs and outputs of a transformer call as trees: tensors at the leaves of tuples, lists and dicts.
 
-The cfg wrapper compares a call's inputs with a predicted call (`same`), keeps copies of them
-(`snapshot`), finds the arguments in which two calls differ (`differences`), and moves output
-tensors through one exchange (`leaves` / `rebuild`). diffusers' output classes (`BaseOutput`) are
-dicts and rebuild as their own type.
+The cfg wrapper keeps the calls it has seen (`hold`: each tensor as the object and its version counter, no
+copy), compares a new call with a held one (`matches`), finds the arguments in which two calls differ
+(`differences`), and moves output tensors through one exchange (`leaves` / `rebuild`). diffusers' output
+classes (`BaseOutput`) are dicts and rebuild as their own type.
+
+A tensor matches a held one without reading a value when it is the same object, or the same view (same base,
+offset, strides, shape and dtype), at the same version: diffusers' pipelines pass the same latents and prompt
+embeddings to both calls of a step; dtp's CP hooks, which run before the cfg wrapper, cut them with `narrow`
+(a new view of the same memory per call); an in-place change of a tensor or of its base bumps the `_version`
+they share. A different object of the same shape, dtype and device is compared by value only where the caller
+allows it (`values=True`), because on a GPU that read waits for every queued kernel:
+
+    held: {"hidden_states": Held(L, v3), "timestep": Held(T, v0)}
+    call: {"hidden_states": L (v3),      "timestep": T2}      L: identity; T2: torch.equal(T2, T) if values, else no
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 
 
-def map_tensors(value, fn: Callable[[torch.Tensor], object]):
-    """`value` with every tensor leaf replaced by `fn(leaf)`; containers rebuilt as their own type."""
-    if isinstance(value, torch.Tensor):
+@dataclass(frozen=True, eq=False)
+class Held:
+    """A tensor as the wrapper saw it: the object (no copy) and its version counter then."""
+
+    tensor: torch.Tensor
+    version: int
+
+    def unchanged(self) -> bool:
+        return self.tensor._version == self.version
+
+
+def map_tensors(value, fn: Callable[[torch.Tensor], object], kind: type = torch.Tensor):
+    """`value` with every leaf of type `kind` replaced by `fn(leaf)`; containers rebuilt as their own type."""
+    if isinstance(value, kind):
         return fn(value)
     if isinstance(value, Mapping):
-        mapped = {key: map_tensors(item, fn) for key, item in value.items()}
+        mapped = {key: map_tensors(item, fn, kind) for key, item in value.items()}
         return type(value)(**mapped) if _is_output_class(value) else type(value)(mapped)
     if isinstance(value, (tuple, list)):
-        items = [map_tensors(item, fn) for item in value]
+        items = [map_tensors(item, fn, kind) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return value
 
@@ -46,38 +68,68 @@ def rebuild(value, new_leaves: list[torch.Tensor]):
     return out
 
 
-def snapshot(value):
-    """A copy of `value` whose tensors the caller cannot change in place afterwards."""
-    return map_tensors(value, lambda t: t.detach().clone())
+def hold(value):
+    """`value` with each tensor as a `Held` (the object and its version now): no copy, no device work."""
+    return map_tensors(value, lambda t: Held(t, t._version))
 
 
-def same(a, b) -> bool:
-    """Exactly equal trees: tensors of the same shape, dtype and values; other leaves by ==."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+def release(held):
+    """The values a held tree stands for (its tensors as the objects held)."""
+    return map_tensors(held, lambda h: h.tensor, Held)
+
+
+def matches(value, held, *, values: bool) -> bool:
+    """Whether `value` equals what `held` held (see the module docstring): identity and version, else shapes and,
+    with `values`, the elements (a host read); other leaves by ==."""
+    if isinstance(held, Held):
+        return isinstance(value, torch.Tensor) and held.unchanged() and _same_tensor(value, held.tensor, values)
+    if isinstance(value, torch.Tensor):
+        return False
+    if isinstance(value, Mapping) or isinstance(held, Mapping):
         return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.shape == b.shape
-            and a.dtype == b.dtype
-            and a.device == b.device
-            and torch.equal(a, b)
+            isinstance(value, Mapping)
+            and isinstance(held, Mapping)
+            and value.keys() == held.keys()
+            and all(matches(value[k], held[k], values=values) for k in value)
         )
-    if isinstance(a, Mapping) or isinstance(b, Mapping):
+    if isinstance(value, (tuple, list)) or isinstance(held, (tuple, list)):
         return (
-            isinstance(a, Mapping)
-            and isinstance(b, Mapping)
-            and a.keys() == b.keys()
-            and all(same(a[k], b[k]) for k in a)
+            type(value) is type(held)
+            and len(value) == len(held)
+            and all(matches(x, y, values=values) for x, y in zip(value, held))
         )
-    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return _same_object(value, held)
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor, values: bool) -> bool:
+    alike = a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+    return a is b or (alike and (_same_view(a, b) or (values and torch.equal(a, b))))
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two views of the same memory: the same base, offset and strides (shape and dtype checked by the caller)."""
+    return (
+        a._base is not None
+        and a._base is b._base
+        and a.storage_offset() == b.storage_offset()
+        and a.stride() == b.stride()
+    )
+
+
+def _same_object(a, b) -> bool:
     try:
         return bool(a == b)
     except Exception:  # an object whose == is not a truth value: equal only to itself
         return a is b
 
 
+def same(a, b) -> bool:
+    """Exactly equal trees: tensors of the same shape, dtype and values; other leaves by ==."""
+    return matches(a, hold(b), values=True)
+
+
 def differences(before: Mapping, after: Mapping) -> dict:
-    """`{name: after[name]}` for every argument whose value is not `same` in the two calls."""
+    """`{name: after[name]}` for every argument of `after` (a call) whose value is not the one `before` (a held
+    call) had, compared by value (the timestep a pipeline computes anew for each call is not a difference)."""
     names = dict.fromkeys([*before, *after])
-    return {name: after.get(name) for name in names if not same(before.get(name), after.get(name))}
+    return {name: after.get(name) for name in names if not matches(after.get(name), before.get(name), values=True)}

@@ -13,9 +13,9 @@ three paths, the same on every rank:
              call with the arguments in which the last pair differed, taken from that pair's second call;
              a pair is two calls with the same first argument, the latents),
              and the two outputs are exchanged. The real second call is then compared with the prediction
-             (`tree.same`: every tensor exactly equal): equal, it returns the exchanged output without
-             running anything; different, it runs in full. So the result is always exactly what the
-             pipeline asked for; a wrong prediction only costs the speedup of that step.
+             (`tree.matches`): equal, it returns the exchanged output without running anything; different,
+             it runs in full. So the result is always exactly what the pipeline asked for; a wrong
+             prediction only costs the speedup of that step.
   whole      anything else (a batch of 1 with nothing to predict yet: the first step's two calls, from
              which the prediction is learned): every group runs the call itself.
 
@@ -23,19 +23,28 @@ three paths, the same on every rank:
     step 1: call A' -> group 0 runs A', group 1 runs A' with B's prompt arguments, exchange; call B' == that?
             yes -> B' returns group 1's output (no forward)
 
-A decision that depends on tensor values (hit or not, predict or not) is agreed by one all-reduce of
-two flags over the whole mesh on every pair-or-whole call, so no rank runs a forward its peers skip.
+No decision reads the GPU where the host can decide alone (a read waits for every queued kernel, the
+forward's included). Tensors are held, not copied (`tree.hold`: the object and its version counter), and
+compared by identity: diffusers' pipelines pass the same latents and prompt embeddings to both calls of a
+step, an in-place change bumps the version. Values are read only for a tensor that is a different object of
+the same shape in the hit test, where nothing else can tell (Qwen-Image and FLUX.1 compute `timestep / 1000`
+anew for each call: one torch.equal of a [batch] tensor per step; Wan passes the same timestep: none), and
+when a pair is learned. The two flags (hit, predict) are agreed by one all-reduce over the whole mesh on every
+pair-or-whole call, so no rank runs a forward its peers skip; it runs on CPU tensors over gloo side groups
+(`host.py`), as does the exchange's shape header, so neither drains the GPU's queue.
 
 diffusers' cache hooks (`hooks.py`): the pipeline's `cache_context(name)` is recorded as part of each call
 (CONTEXT_KEY), so the prediction learns that the second call runs under "uncond" and group 1 runs it under
 "uncond": each group's per-context cache state sees exactly the calls it sees in one process. A hook that
-shares one state between the branches makes every call run `whole`. Checked on every call, so hooks added
-after the wrapper are seen: one dtp did not vouch for is a ForwardError before anything runs; so is a missed
-prediction while a cache is on (group 1's cache state already took the call that never came).
+shares one state between the branches makes every call run `whole`. Checked on every call (from a view
+rebuilt only when a hook changed, `hooks.hook_view`), so hooks added after the wrapper are seen: one dtp
+did not vouch for is a ForwardError before anything runs; so is a missed prediction while a cache is on
+(group 1's cache state already took the call that never came).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -46,8 +55,9 @@ from ...errors import ForwardError, PlanError
 from ..mesh import CFG_AXIS, cfg_degree
 from .batch import batch_size, join_parts, rows, split_arguments
 from .exchange import agree_min, gather_parts
-from .hooks import SHARED, sharing, unvouched
-from .tree import differences, same, snapshot
+from .hooks import SHARED, hook_view
+from .host import HostGroups, host_groups
+from .tree import differences, hold, matches, release
 
 CFG_ATTR = "_dtp_cfg"  # on a model with the cfg axis installed: its CfgParallel
 CONTEXT_KEY = "\0cache_context"  # in a call's recorded arguments: the name of its diffusers cache context
@@ -66,7 +76,7 @@ class CfgStats:
 
 @dataclass
 class _Pending:
-    arguments: dict  # the predicted second call (a snapshot)
+    arguments: dict  # the predicted second call (held: `tree.hold`)
     output: object  # what group 1 computed for it
 
 
@@ -78,20 +88,26 @@ class CfgParallel:
     mesh: object
     signature: inspect.Signature
     stats: CfgStats = field(default_factory=CfgStats)
-    template: dict | None = None  # argument name -> value of the last pair's second call
-    last: dict | None = None  # the previous call, when it was not answered by the exchange
+    host: HostGroups | None = None  # where flags and shape headers go (set by install_cfg)
+    template: dict | None = None  # argument name -> value of the last pair's second call (held)
+    last: dict | None = None  # the previous call (held), when it was not answered by the exchange
     pending: _Pending | None = None
     model: nn.Module | None = None
     context: object = None  # the diffusers CacheContext the pipeline set for the current call, if any
     batch_split: bool = False  # a call's batch is being split over the groups now (read by dtp's cache layer)
 
+    @functools.cached_property
+    def axis(self):
+        """The cfg axis through this rank (slicing a DeviceMesh builds a new one: done once)."""
+        return self.mesh[CFG_AXIS]
+
     @property
     def groups(self) -> int:
-        return self.mesh[CFG_AXIS].size()
+        return self.axis.size()
 
     @property
     def group(self) -> int:
-        return self.mesh[CFG_AXIS].get_local_rank()
+        return self.axis.get_local_rank()
 
     def __call__(self, *args, **kwargs):
         bound = self.signature.bind(*args, **kwargs)
@@ -106,7 +122,7 @@ class CfgParallel:
         return self._pair_or_whole(arguments)
 
     def _check_hooks(self) -> None:
-        found = unvouched(self.model) if self.model is not None else []
+        found = hook_view(self.model)[0] if self.model is not None else []
         if found:
             raise ForwardError(
                 f"cfg={self.groups}: stateful diffusers hooks dtp did not make rank-consistent "
@@ -125,8 +141,8 @@ class CfgParallel:
         """
         if self.last is None:
             return self.template
-        if same(_first(self.last), _first(arguments)):
-            return differences(self.last, arguments)
+        if matches(_first(arguments), _first(self.last), values=False):
+            return hold(differences(self.last, arguments))
         return None if self.pending is not None else self.template
 
     def _call(self, arguments: dict):
@@ -160,40 +176,57 @@ class CfgParallel:
         finally:
             self.batch_split = False
         sizes = [rows(batch, self.groups, g)[1] - rows(batch, self.groups, g)[0] for g in range(self.groups)]
-        return join_parts(gather_parts(output, self.mesh[CFG_AXIS].get_group()), sizes)
+        return join_parts(self._exchange(output), sizes)
+
+    def _exchange(self, output) -> list:
+        return gather_parts(output, self.axis.get_group(), self.host.cfg, self.host.device)
+
+    def _agree(self, flags: list[int]) -> list[int]:
+        return agree_min(flags, self.host.span, self.host.device)
+
+    def _hit(self, arguments: dict) -> bool:
+        return self.pending is not None and matches(arguments, self.pending.arguments, values=True)
 
     def _pair_or_whole(self, arguments: dict):
-        hit = self.pending is not None and same(arguments, self.pending.arguments)
-        template = self._learn(arguments)
-        predicted = {**arguments, **template} if template else None
-        predict = predicted is not None and not same(predicted, arguments)
-        cached = sharing(self.model) if self.model is not None else None
-        predict = predict and cached != SHARED  # a state shared by the branches needs both calls on every group
+        mine = self._hit(arguments)
+        template = self.template if mine else self._learn(arguments)  # a hit learns nothing (and reads nothing)
+        cached = hook_view(self.model)[1] if self.model is not None else None
+        # A state shared by the branches needs both calls on every group.
+        predict = not mine and _changes(arguments, template) and cached != SHARED
         # Always agreed (not only when this rank sees a reason to): a decision read from tensor values must
         # never let one rank skip a collective its peers enter.
-        hit, predict = (bool(v) for v in agree_min([int(hit), int(predict)], self.mesh))
+        hit, predict = (bool(v) for v in self._agree([int(mine), int(predict)]))
         if hit:
             self.stats.hits += 1
             output, self.pending, self.last = self.pending.output, None, None
             return output
+        if mine:  # a hit here, a miss on another rank (predict is then False): learn as the others did
+            template = self._learn(arguments)
         if self.pending is not None and cached is not None:
             raise ForwardError(
                 f"cfg={self.groups}: a cache is on and this call is not the predicted second call of the pair, "
                 "whose cache state cfg group 1 has already advanced; this pipeline's calls need cfg=1 with a cache."
             )
-        self.template, self.last, self.pending = snapshot(template), snapshot(arguments), None
+        self.template, self.last, self.pending = template, hold(arguments), None
         if not predict:
             self.stats.whole += 1
             return self._call(arguments)
         self.stats.predicted += 1
-        mine = arguments if self.group % 2 == 0 else predicted
-        parts = gather_parts(self._call(mine), self.mesh[CFG_AXIS].get_group())
-        self.pending = _Pending(snapshot(predicted), parts[1])
+        predicted = {**arguments, **release(template)}
+        held = hold(predicted)  # before the forward: an input it changes in place no longer matches
+        parts = self._exchange(self._call(arguments if self.group % 2 == 0 else predicted))
+        self.pending = _Pending(held, parts[1])
         return parts[0]
 
 
 def _first(arguments: dict):
     return next(iter(arguments.values()), None)
+
+
+def _changes(arguments: dict, template: dict | None) -> bool:
+    """Whether the (held) template replaces an argument by another object: then the predicted call differs from
+    this one (a different object with equal values only makes group 1 run this call's forward again)."""
+    return bool(template) and any(not matches(arguments.get(k), v, values=False) for k, v in template.items())
 
 
 def install_cfg(model: nn.Module, mesh) -> CfgParallel:
@@ -203,7 +236,7 @@ def install_cfg(model: nn.Module, mesh) -> CfgParallel:
         return existing
     check_cfg(model, mesh)
     forward = model.forward
-    wrapper = CfgParallel(forward, mesh, inspect.signature(forward), model=model)
+    wrapper = CfgParallel(forward, mesh, inspect.signature(forward), model=model, host=host_groups(mesh))
     model.forward = wrapper
     if hasattr(model, "cache_context"):  # diffusers' CacheMixin: record the context of each call
         model.cache_context = _recording_context(model, wrapper)
