@@ -71,28 +71,31 @@ def trace_sharded(
     *,
     quant: str | None = None,
     catch: tuple[type[Exception], ...] = EXPECTED,
+    device: str = "cpu",
 ) -> tuple[dict, Counter]:
     """({key: Trace or the exception of type `catch` its call raised}, resident bytes by scope) of `module` (on meta,
-    mutated: sharded and made fake) on rank 0 of a fake world of `world` ranks (module docstring). A value of
-    `calls` that is an exception already (its inputs could not be built) is passed through."""
+    mutated: sharded and made fake on `device`: cpu, or cuda for what a GPU runs) on rank 0 of a fake world of
+    `world` ranks (module docstring). A value of `calls` that is an exception already (its inputs could not be built)
+    is passed through."""
     with fake_world(world):
         shard(module)
         if not calls:  # figures of the sharded meta module only
             return {}, param_bytes_by_scope(module)
         with fake_mode():
-            to_fake(module)
+            to_fake(module, device)
             if quant is not None:
                 quantize(module, config_for(quant))
             weights = param_bytes_by_scope(module)
-            traces = {key: _trace_one(module, call, catch) for key, call in calls.items()}
+            traces = {key: _trace_one(module, call, catch, device) for key, call in calls.items()}
     return traces, weights
 
 
-def _trace_one(module, call, catch):
+def _trace_one(module, call, catch, device):
     if isinstance(call, Exception):
         return call
     try:
-        return trace_call(module, call.run, {k: fake_like(v) for k, v in call.kwargs.items()}, call.repeated)
+        inputs = {k: fake_like(v, device) for k, v in call.kwargs.items()}
+        return trace_call(module, call.run, inputs, call.repeated, device)
     except catch as exc:
         return exc
 

@@ -11,13 +11,19 @@
                  (a DTensor argument counts as its local shard), so a colwise Linear of tp=4 counts
                  1/4 of the full matmul and a replicated one all of it
     collectives  the c10d / functional-collective ops with their result bytes (as `CollectiveCounter`)
+    kernels      what a GPU would be asked to run, by block scope: each attention kernel (the aten op dispatched),
+                 the matmuls by dtype, the host syncs (`_local_scalar_dense`, `aten.equal`, device-to-host copies,
+                 ops of data-dependent size) and host-to-device copies (`kernels.py` summarises them); FLOPs of
+                 fp32 / fp64 matmuls and attention are kept apart too (`fp32_flops`: no tensor cores)
 
 Why not torch's `MemTracker`: it refuses a module called twice in one region (Wan's frame-by-frame
 VAE, Qwen-Image's causal decoder) and counts parameters as well; live storages are all we need.
 Why fake tensors on the cpu device and not the meta device: scaled-dot-product attention picks its
 kernel by device; on meta it falls back to the math path, which materializes the full attention matrix
 (FLUX.1-dev at 1024^2: 4.6 GB instead of 0.49 GB); on cpu (fake) it takes the flash kernel, whose
-memory is what a GPU's flash / efficient attention needs too.
+memory is what a GPU's flash / efficient attention needs too. `device="cuda"` (`trace_call`, `to_fake`,
+`fake_like`) runs the forward on fake CUDA tensors through `cuda.CudaRoute`: the code's CUDA branches and the
+attention kernels a CUDA build picks (`dtp check --kernels`, `dtp fit`'s transformer).
 
 Records are attributed to the outermost block (element of an `nn.ModuleList`) that was running,
 like `CollectiveCounter`, so a forward traced with each block list cut to its first element
@@ -46,6 +52,7 @@ from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapp
 from ..runtime.cfg.tree import leaves
 from ..runtime.memory import local_tensor_bytes
 from .collectives import ScopedDispatchMode, block_paths, collective_op
+from .cuda import CudaRoute
 from .repeats import repeated_calls
 
 FAKE_DEVICE = "cpu"  # fake tensors live "on" cpu: SDPA then takes its flash kernel (see the module docstring)
@@ -62,6 +69,20 @@ FLOP_FORMULAS = {
     **flop_registry,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
 }
+aten = torch.ops.aten
+ATTENTION_OPS = {
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_cudnn_attention,
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_fused_attention_overrideable,
+    aten._flash_attention_forward,
+    aten._efficient_attention_forward,
+    aten._safe_softmax,  # only SDPA's math path emits it: the unfused attention (scores materialized)
+}
+MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._scaled_mm, aten._int_mm, aten.convolution}
+SYNC_OPS = {aten._local_scalar_dense, aten.equal}  # the host waits for the device's value (.item(), bool, equal)
+WIDE = (torch.float32, torch.float64)  # dtypes tensor cores do not take (without TF32, which dtp never enables)
 
 
 class CollectiveRecord(NamedTuple):
@@ -92,6 +113,11 @@ class Trace:
     guessed_branches: int = 0
     """Data-dependent values the fake forward could not know and guessed (`PhaseTrace`): boolean tests taken as
     False, masks taken as selecting every element."""
+    fp32_flops: Counter = field(default_factory=Counter)
+    """The part of `flops` (by scope) whose inputs are fp32 / fp64: no tensor cores."""
+    kernels: Counter = field(default_factory=Counter)
+    """(scope, kind, name) -> calls; kind "attention" (name: op and dtype), "matmul" (dtype), "sync" (why the host
+    waits), "h2d" (host-to-device copies)."""
 
     def total_flops(self) -> int:
         return sum(self.flops.values())
@@ -119,10 +145,15 @@ class PhaseTrace(ScopedDispatchMode):
             return self._guess(func, args)
         except DynamicOutputShapeException:
             out = self._all_selected(func, args)
+            self.trace.kernels[(self.scope, "sync", f"data-dependent size ({func._overloadpacket.__name__})")] += 1
         scope = self.scope
         packet = func._overloadpacket
         if packet in FLOP_FORMULAS:
-            self.trace.flops[scope] += _flops(packet, args, kwargs, out)
+            flops = _flops(packet, args, kwargs, out)
+            self.trace.flops[scope] += flops
+            if _first_tensor(args).dtype in WIDE:
+                self.trace.fp32_flops[scope] += flops
+        self._kernel(scope, func, args, kwargs)
         op = collective_op(func)
         if op is not None:
             nbytes = max(_bytes(out), _bytes(args[0]) if args else 0)
@@ -133,6 +164,21 @@ class PhaseTrace(ScopedDispatchMode):
         self.trace.peak_bytes = max(self.trace.peak_bytes, self._current)
         return out
 
+    def _kernel(self, scope: str, func, args, kwargs) -> None:
+        """The `Trace.kernels` record of one op, if it is an attention kernel, a matmul, a sync or a copy."""
+        packet = func._overloadpacket
+        key = None
+        if packet in ATTENTION_OPS:
+            key = ("attention", f"{packet.__name__} {_dtype_name(_first_tensor(args).dtype)}")
+        elif packet in MATMUL_OPS:
+            key = ("matmul", _dtype_name(_first_tensor(args).dtype))
+        elif packet in SYNC_OPS:
+            key = ("sync", packet.__name__)
+        elif packet in (aten._to_copy, aten.copy_):
+            key = _copy_kind(packet, args, kwargs)
+        if key is not None:
+            self.trace.kernels[(scope, *key)] += 1
+
     def _guess(self, func, args) -> bool:
         """A fake tensor has no values, so `if torch.all(image_embeds == 0):` (HunyuanVideo 1.5's text-to-video test)
         cannot be decided: a boolean one is taken as False and counted (`Trace.guessed_branches`, which the reports
@@ -141,6 +187,7 @@ class PhaseTrace(ScopedDispatchMode):
         if func is not torch.ops.aten._local_scalar_dense.default or args[0].dtype is not torch.bool:
             raise  # the exception being handled, as the fake mode raised it
         self.trace.guessed_branches += 1
+        self.trace.kernels[(self.scope, "sync", "_local_scalar_dense")] += 1
         return False
 
     def _all_selected(self, func, args):
@@ -199,6 +246,29 @@ def _inner_storages(tensor) -> list:
         names, _ = tensor.__tensor_flatten__()
         return [s for name in names for s in _inner_storages(getattr(tensor, name))]
     return [tensor.untyped_storage()]
+
+
+def _first_tensor(args):
+    tensor = next(t for t in tree_leaves(args) if isinstance(t, torch.Tensor))
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _copy_kind(packet, args, kwargs) -> tuple[str, str] | None:
+    """("sync", "device-to-host copy") / ("h2d", "host-to-device copy") for a copy between cpu and an accelerator."""
+    if packet is aten.copy_:
+        source, target = _local(args[1]).device, _local(args[0]).device
+    else:
+        source = _local(args[0]).device
+        target = torch.device(kwargs.get("device") or source)
+    if source.type == target.type or "meta" in (source.type, target.type):
+        return None
+    if target.type == "cpu":
+        return ("sync", "device-to-host copy")
+    return ("h2d", "host-to-device copy") if source.type == "cpu" else None
 
 
 def _local(value):
@@ -318,15 +388,18 @@ def fake_mode():
         yield mode
 
 
-def to_fake(model: nn.Module) -> nn.Module:
-    """Inside `fake_mode()`: every parameter and buffer of a meta model becomes a fake cpu tensor.
+def to_fake(model: nn.Module, device: str = FAKE_DEVICE) -> nn.Module:
+    """Inside `fake_mode()`: every parameter and buffer of a meta model becomes a fake tensor on `device` (cpu, or
+    cuda: then no parameter requires grad, as a fake CUDA leaf that does aborts the process in autograd).
 
     Tied parameters stay one parameter: `to_empty` gives each module its own new tensor (a fake tensor cannot
     take a meta tensor's place in place), which would count T5's tied table (`shared` = `encoder.embed_tokens`,
     UMT5-XXL's: 2.1 GB in bf16) twice, so every later holder is pointed at the first one's new tensor again.
     """
     tied = _tied_holders(model)
-    model.to_empty(device=FAKE_DEVICE)
+    if device != "cpu":
+        model.requires_grad_(False)
+    model.to_empty(device=device)
     for (first, first_name), *others in tied:
         for module, name in others:
             setattr(module, name, getattr(first, first_name))
@@ -342,21 +415,25 @@ def _tied_holders(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
     return [places for places in holders.values() if len(places) > 1]
 
 
-def fake_like(value):
-    """Inside `fake_mode()`: a tensor (or list of them) as a fake cpu tensor of the same shape and dtype."""
+def fake_like(value, device: str = FAKE_DEVICE):
+    """Inside `fake_mode()`: a tensor (or list of them) as a fake tensor on `device` of the same shape and dtype."""
     if isinstance(value, list):
-        return [fake_like(v) for v in value]
+        return [fake_like(v, device) for v in value]
     if isinstance(value, torch.Tensor):
-        return torch.empty_like(value, device=FAKE_DEVICE)
+        return torch.empty_like(value, device=device)
     return value
 
 
-def trace_call(model: nn.Module, call, inputs: dict, repeated: tuple[str, ...] = ()) -> Trace:
-    """Run `call(model, **inputs)` under `PhaseTrace` (no grad); the model and inputs must be fake already.
-    `repeated`: paths of submodules called many times alike (Wan's VAE decoder, once per latent frame), whose repeats
-    are replayed rather than run (`repeats.py`; the figures are the same)."""
+def trace_call(
+    model: nn.Module, call, inputs: dict, repeated: tuple[str, ...] = (), device: str = FAKE_DEVICE
+) -> Trace:
+    """Run `call(model, **inputs)` under `PhaseTrace` (no grad); the model and inputs must be fake already (on
+    `device`: "cuda" adds `cuda.CudaRoute`). `repeated`: paths of submodules called many times alike (Wan's VAE
+    decoder, once per latent frame), whose repeats are replayed rather than run (`repeats.py`; the same figures)."""
     resident = [*model.parameters(), *model.buffers(), *(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))]
     with torch.no_grad(), PhaseTrace(model, resident) as tracer, contextlib.ExitStack() as stack:
+        if device == "cuda":
+            stack.enter_context(CudaRoute())
         for path in repeated:
             stack.enter_context(repeated_calls(tracer, model.get_submodule(path)))
         out = call(model, **inputs)
