@@ -16,6 +16,10 @@ a video model's usual clip), the collectives of one denoising step without CFG (
 not depend on `cp` (with `dtp check --fsdp`, FSDP2 divides them over cfg x cp too: `fsdp.py`); `measured` lists
 the tensor-parallel collectives, `cp_measured` the context-parallel ones (each rank's share of the sequence).
 
+With `kernels` (`dtp check --kernels`) that one forward runs on fake CUDA tensors instead (`trace.py`, `cuda.py`), so
+the collectives, the peak and the `kernels` section (`kernels.py`: attention kernel of each call, matmul dtypes,
+collectives and host syncs per block) describe the code a GPU runs, under `attention_backend` when given.
+
 `dtp check flux-pipeline --tp N` (every pipeline of `families/released_pipelines.py`: also flux2-pipeline,
 qwenimage-pipeline, wan-pipeline, wan-vace-pipeline, ltx2-pipeline, flux3-pipeline):
 every component of a released pipeline as `dtp.parallelize_pipeline` shards it, its plan or whole with
@@ -49,10 +53,11 @@ from ..runtime.cfg.cost import exchange_per_step
 from ..runtime.memory import local_param_bytes, local_tensor_bytes
 from ..runtime.mesh import make_mesh
 from .collectives import implied_collectives
-from .fakepg import default_config, fake_world, meta_model, read_config
+from .fakepg import default_config, fake_mesh, fake_world, meta_model, read_config
 from .forward import Call, peak_report, trace_peak, trace_sharded
 from .fsdp import fsdp_bytes
 from .inputs import ForwardShape, FullInputs, forward_inputs
+from .kernels import attention_backend, kernels_report
 from .lint import lint_report
 from .released import RELEASED_PIPELINES, build_pipeline, released_pipeline
 from .trace import Trace
@@ -79,22 +84,38 @@ def check(
     quant: str | None = None,
     cfg: int = 1,
     peak: bool = False,
+    kernels: bool = False,
+    attention: str | None = None,
 ) -> dict:
     """The `dtp check` report as a dict; PlanError on a bad target, config, degree or plan. `cfg` > 1 adds the cfg
     exchange (`add_cfg`); `peak` (with `forward`) the activation peak at (cp, tp) from the same trace as the
-    collectives, next to one rank's (`forward.peak_report`)."""
+    collectives, next to one rank's (`forward.peak_report`); `kernels` traces on fake CUDA tensors and adds what the
+    GPU runs (`kernels.kernels_report`), under the attention backend `attention` (None: auto)."""
     _check_degrees(tp, cp)
     class_name, the_plan = _target(target, plan)
-    options = dict(tp=tp, cp=cp, cp_mode=cp_mode, dtype=dtype, pad=pad, quant=quant, forward=forward)
+    device = "cuda" if kernels else "cpu"
+    options = dict(tp=tp, cp=cp, cp_mode=cp_mode, dtype=dtype, pad=pad, quant=quant, forward=forward, device=device)
     model_config = read_config(config) if config else None
     shape = ForwardShape(resolution=resolution, frames=frames, text_tokens=text_tokens)
-    report, traced = _measure(class_name, the_plan, config=model_config, shape=shape, **options)
+    with attention_backend(attention, device):
+        report, traced = _measure(class_name, the_plan, config=model_config, shape=shape, **options)
+        if peak and forward:
+            report["activation_peak"] = _peak(class_name, the_plan, traced, model_config, shape, options)
     report["config"] = config or report["config"]
     report["lint"] = lint_report(class_name, the_plan)
     add_cfg(report, cfg)
-    if peak and forward:
-        report["activation_peak"] = _peak(class_name, the_plan, traced, model_config, shape, options)
+    if kernels:
+        report["kernels"] = _kernels(traced, attention)
+    if kernels or attention:
+        report["attention_backend"] = attention or "auto"
     return report
+
+
+def _kernels(traced, attention: str | None) -> dict:
+    if not isinstance(traced.trace, Trace):  # no forward, or it could not run on fake CUDA tensors
+        why = "--no-forward" if traced.trace is None else f"{type(traced.trace).__name__}: {traced.trace}"
+        return {"error": f"no traced forward ({why})"}
+    return kernels_report(traced.trace, attention)
 
 
 def measure(
@@ -123,7 +144,7 @@ def measure(
     """
     shape = ForwardShape(resolution=resolution, frames=frames, text_tokens=text_tokens)
     options = dict(tp=tp, cp=cp, cp_mode=cp_mode, dtype=dtype, pad=pad, quant=quant, forward=forward)
-    return _measure(class_name, plan, config=config, shape=shape, **options)[0]
+    return _measure(class_name, plan, config=config, shape=shape, device="cpu", **options)[0]
 
 
 @dataclass(frozen=True)
@@ -134,9 +155,12 @@ class _Traced:
     inputs: FullInputs | None
 
 
-def _measure(class_name, plan, *, config, shape, tp, cp, cp_mode, dtype, pad, quant, forward) -> tuple[dict, _Traced]:
+def _measure(
+    class_name, plan, *, config, shape, tp, cp, cp_mode, dtype, pad, quant, forward, device
+) -> tuple[dict, _Traced]:
     """(report, the traced forward): the layout figures while sharding, then one whole-depth trace (collectives,
-    activation peak, output bytes) of the sharded model with its cp hooks, as `parallelize` leaves it."""
+    activation peak, output bytes) of the sharded model with its cp hooks, as `parallelize` leaves it, on fake
+    `device` tensors."""
     model = meta_model(class_name, config, parse_dtype(dtype))
     quantized = None
     if quant is not None:
@@ -145,9 +169,9 @@ def _measure(class_name, plan, *, config, shape, tp, cp, cp_mode, dtype, pad, qu
     if forward and class_name in FAMILIES:
         inputs = forward_inputs(class_name, dict(model.config), parse_dtype(dtype), shape)
     layout = dict(class_name=class_name, config=config, dtype=dtype, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad)
-    shard = _CheckShard(plan, layout, quant, quantized)
+    shard = _CheckShard(plan, layout, quant, quantized, device)
     calls = {"forward": Call(inputs.kwargs)} if inputs is not None else {}
-    traces, _ = trace_sharded(model, tp * cp, shard, calls, catch=(Exception,))
+    traces, _ = trace_sharded(model, tp * cp, shard, calls, catch=(Exception,), device=device)
     report = shard.report
     if forward:
         report["collectives"] = _collectives(shard.implied, traces.get("forward"), inputs, class_name, shard.cp_group)
@@ -161,15 +185,15 @@ class _CheckShard:
     traced model is sharded alike unquantized: torchao's tensors cannot be made fake, and a weight-only scheme
     changes no activation and no collective."""
 
-    def __init__(self, plan, layout: dict, quant: str | None, quantized):
-        self.plan, self.layout, self.quant, self.quantized = plan, layout, quant, quantized
+    def __init__(self, plan, layout: dict, quant: str | None, quantized, device: str = "cpu"):
+        self.plan, self.layout, self.quant, self.quantized, self.device = plan, layout, quant, quantized, device
         self.report: dict = {}
         self.implied: dict = {}
         self.cp_group: str | None = None
 
     def __call__(self, module) -> None:
         tp, cp, cp_mode, pad = (self.layout[k] for k in ("tp", "cp", "cp_mode", "pad"))
-        mesh = make_mesh(tp=tp, cp=cp, device_type="cpu")
+        mesh = fake_mesh(tp=tp, cp=cp, device=self.device)
         measured = module if self.quantized is None else self.quantized
         prepared = prepare(measured, mesh, self.plan, cp_mode=cp_mode, pad=pad)
         self.report = _prepared_report(measured, prepared, quant=self.quant, **self.layout)
@@ -198,7 +222,7 @@ def _peak(class_name, plan, traced: _Traced, config, shape, options) -> dict:
     degrees = {k: options[k] for k in ("cp", "tp", "cp_mode", "pad")}
     sharded = trace_peak(traced.trace, traced.inputs)
     try:
-        common = dict(shape=shape, dtype=parse_dtype(options["dtype"]), config=config)
+        common = dict(shape=shape, dtype=parse_dtype(options["dtype"]), config=config, device=options["device"])
         return peak_report(class_name, plan, **degrees, sharded=sharded, cut=False, **common)
     except ForwardError as exc:
         return {"error": str(exc)}

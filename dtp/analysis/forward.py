@@ -38,8 +38,7 @@ from ..errors import ForwardError, PlanError
 from ..plan import Plan
 from ..policy import check_degree
 from ..quant import config_for, quantize
-from ..runtime.mesh import make_mesh
-from .fakepg import fake_world, meta_model
+from .fakepg import fake_mesh, fake_world, meta_model
 from .inputs import ForwardShape, forward_inputs
 from .trace import Trace, fake_like, fake_mode, param_bytes_by_scope, to_fake, trace_call, truncate_blocks
 
@@ -100,12 +99,12 @@ def _trace_one(module, call, catch, device):
         return exc
 
 
-def shard_with_plan(module, plan: Plan | None, *, tp: int, cp: int, cp_mode: str, pad: bool):
+def shard_with_plan(module, plan: Plan | None, *, tp: int, cp: int, cp_mode: str, pad: bool, device: str = "cpu"):
     """`prepare` + `apply` on a (cp, tp) mesh inside the fake world (cp hooks included); the Prepared, or None at one
     rank (nothing to shard)."""
     if tp * cp == 1:
         return None
-    prepared = prepare(module, make_mesh(tp=tp, cp=cp, device_type="cpu"), plan, cp_mode=cp_mode, pad=pad)
+    prepared = prepare(module, fake_mesh(tp=tp, cp=cp, device=device), plan, cp_mode=cp_mode, pad=pad)
     apply(module, prepared)
     return prepared
 
@@ -135,18 +134,19 @@ def forward_peak(
     dtype: torch.dtype = torch.bfloat16,
     config: dict | None = None,
     cut: bool = True,
+    device: str = "cpu",
 ) -> ForwardPeak:
     """The activation peak of rank 0 of a (cp, tp) world in one forward at `shape`, one block per list unless `cut`
-    is False (module docstring). PlanError when the plan refuses (cp, tp) or the model has no input builder;
-    ForwardError from the cp hooks when cp does not divide the sequence."""
+    is False (module docstring), on fake `device` tensors. PlanError when the plan refuses (cp, tp) or the model has
+    no input builder; ForwardError from the cp hooks when cp does not divide the sequence."""
     check_degree(cp, "forward peak: cp")
     check_degree(tp, "forward peak: tp")
     model = meta_model(class_name, config, dtype)
     if cut:
         truncate_blocks(model, keep=1, skip=INDEXED_LISTS)
     inputs = forward_inputs(class_name, dict(model.config), dtype, shape)
-    shard = partial(shard_with_plan, plan=plan, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad)
-    traces, _ = trace_sharded(model, cp * tp, shard, {0: Call(inputs.kwargs)})
+    shard = partial(shard_with_plan, plan=plan, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad, device=device)
+    traces, _ = trace_sharded(model, cp * tp, shard, {0: Call(inputs.kwargs)}, device=device)
     trace = traces[0]
     if isinstance(trace, Exception):
         raise trace
@@ -167,10 +167,11 @@ def peak_report(
     one: ForwardPeak | None = None,
     sharded: ForwardPeak | None = None,
     cut: bool = True,
+    device: str = "cpu",
 ) -> dict:
     """`forward_peak` at (cp, tp) (`sharded`, when traced already) and at (1, 1) (`one`, likewise), with
-    ideal = one rank / (cp tp) and their ratio (a dict). `cut`: as `forward_peak`'s."""
-    common = dict(shape=shape, dtype=dtype, config=config, cut=cut)
+    ideal = one rank / (cp tp) and their ratio (a dict). `cut`, `device`: as `forward_peak`'s."""
+    common = dict(shape=shape, dtype=dtype, config=config, cut=cut, device=device)
     one = one or forward_peak(class_name, plan, **common)
     sharded = sharded or forward_peak(class_name, plan, cp=cp, tp=tp, cp_mode=cp_mode, pad=pad, **common)
     ideal = one.peak_bytes / (cp * tp)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..choices import (
+    ATTENTION_BACKENDS,
     CACHE_NAMES,
     CHECK_DTYPES,
     CP_MODES,
@@ -287,6 +288,24 @@ def _check_forward(p: argparse.ArgumentParser) -> None:
         dest="forward",
         action="store_false",
         help="skip the traced forward that counts the collectives and the peak (memory figures only)",
+    )
+    p.add_argument(
+        "--kernels",
+        action="store_true",
+        help="trace the forward on fake CUDA tensors: per block, the attention kernel of each call, the matmul "
+        "dtypes, the collectives and the host syncs a GPU would run",
+    )
+    add_attention_backend(p)
+
+
+def add_attention_backend(p: argparse.ArgumentParser) -> None:
+    """`--attention-backend NAME` (dtp check, dtp fit): the attention kernel choice the run would make."""
+    p.add_argument(
+        "--attention-backend",
+        default=None,
+        metavar="NAME",
+        help=f"attention backend: {', '.join(ATTENTION_BACKENDS)}, or a diffusers dispatcher backend name "
+        "(e.g. _native_cudnn) (default auto: torch's choice)",
     )
 
 
