@@ -115,6 +115,8 @@ class Trace:
     False, masks taken as selecting every element."""
     fp32_flops: Counter = field(default_factory=Counter)
     """The part of `flops` (by scope) whose inputs are fp32 / fp64: no tensor cores."""
+    device: str = FAKE_DEVICE
+    """The fake device the forward ran on (`trace_call`)."""
     kernels: Counter = field(default_factory=Counter)
     """(scope, kind, name) -> calls; kind "attention" (name: op and dtype), "matmul" (dtype), "sync" (why the host
     waits), "h2d" (host-to-device copies)."""
@@ -432,6 +434,7 @@ def trace_call(
     decoder, once per latent frame), whose repeats are replayed rather than run (`repeats.py`; the same figures)."""
     resident = [*model.parameters(), *model.buffers(), *(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))]
     with torch.no_grad(), PhaseTrace(model, resident) as tracer, contextlib.ExitStack() as stack:
+        tracer.trace.device = device
         if device == "cuda":
             stack.enter_context(CudaRoute())
         for path in repeated:
