@@ -9,10 +9,11 @@ reports what one rank would hold and send:
     ideal        = total / tp            (the physical limit: nothing replicated)
     ratio        = per rank / ideal      (1.00 is perfect; diffusers' FLUX.1-dev plan: 2.93 at tp 8)
 
-and, from ONE traced forward of the sharded model (`forward.trace_sharded`: whole depth, fake tensors, the cp
-hooks as `parallelize` installs them) at the family's full-size input (`inputs.forward_inputs`: a 1024^2 image,
-a video model's usual clip), the collectives of one denoising step without CFG (true CFG runs two) and, with
-`peak`, the activation peak next to one rank's. Weights are replicated along `cp`, so the memory figures do
+and, from ONE traced forward of the sharded model (`forward.trace_sharded`: fake tensors, the cp hooks as
+`parallelize` installs them; one block per list where the blocks of every list are alike, its records repeated for
+the others, `trace.expand_blocks`, else whole depth) at the family's full-size input (`inputs.forward_inputs`: a
+1024^2 image, a video model's usual clip), the collectives of one denoising step without CFG (true CFG runs two)
+and, with `peak`, the activation peak next to one rank's. Weights are replicated along `cp`, so the memory figures do
 not depend on `cp` (with `dtp check --fsdp`, FSDP2 divides them over cfg x cp too: `fsdp.py`); `measured` lists
 the tensor-parallel collectives, `cp_measured` the context-parallel ones (each rank's share of the sequence).
 
@@ -54,13 +55,13 @@ from ..runtime.memory import local_param_bytes, local_tensor_bytes
 from ..runtime.mesh import make_mesh
 from .collectives import implied_collectives
 from .fakepg import default_config, fake_mesh, fake_world, meta_model, read_config
-from .forward import Call, peak_report, trace_peak, trace_sharded
+from .forward import INDEXED_LISTS, Call, alike_blocks, peak_report, trace_peak, trace_sharded
 from .fsdp import fsdp_bytes
 from .inputs import ForwardShape, FullInputs, forward_inputs
 from .kernels import attention_backend, kernels_report
 from .lint import lint_report
 from .released import RELEASED_PIPELINES, build_pipeline, released_pipeline
-from .trace import Trace
+from .trace import Trace, expand_blocks, truncate_blocks
 
 TOP_REPLICATED = 6
 PIPELINE_SUFFIX = "-pipeline"  # `dtp check flux-pipeline`: a released pipeline, every component
@@ -172,6 +173,8 @@ def _measure(
     shard = _CheckShard(plan, layout, quant, quantized, device)
     calls = {"forward": Call(inputs.kwargs)} if inputs is not None else {}
     traces, _ = trace_sharded(model, tp * cp, shard, calls, catch=(Exception,), device=device)
+    if isinstance(traces.get("forward"), Trace) and shard.lengths:
+        traces["forward"] = expand_blocks(traces["forward"], shard.lengths)
     report = shard.report
     if forward:
         report["collectives"] = _collectives(shard.implied, traces.get("forward"), inputs, class_name, shard.cp_group)
@@ -190,6 +193,7 @@ class _CheckShard:
         self.report: dict = {}
         self.implied: dict = {}
         self.cp_group: str | None = None
+        self.lengths: dict = {}
 
     def __call__(self, module) -> None:
         tp, cp, cp_mode, pad = (self.layout[k] for k in ("tp", "cp", "cp_mode", "pad"))
@@ -203,6 +207,8 @@ class _CheckShard:
         if measured is not module:
             apply(module, prepare(module, mesh, self.plan, cp_mode=cp_mode, pad=pad))
         self.cp_group = mesh.get_group("cp").group_name if cp > 1 else None
+        # Alike blocks: trace one per list and repeat its records (`trace.expand_blocks`; FLUX.1-dev: 2 blocks of 57).
+        self.lengths = truncate_blocks(module, keep=1, skip=INDEXED_LISTS) if alike_blocks(module) else {}
 
 
 def _prepared_report(model, prepared, *, class_name, config, dtype, tp, cp, cp_mode, pad, quant) -> dict:
@@ -215,15 +221,17 @@ def _prepared_report(model, prepared, *, class_name, config, dtype, tp, cp, cp_m
 
 
 def _peak(class_name, plan, traced: _Traced, config, shape, options) -> dict:
-    """The activation-peak section: (cp, tp) from `dtp check`'s own trace, one rank's from a trace of its own, both of
-    the whole model (a cut one misses the peak of a block unlike the first: SD3's context-only last block)."""
+    """The activation-peak section: (cp, tp) from `dtp check`'s own trace (the whole model), one rank's from a trace
+    of its own: cut to one block per list where the blocks are alike (`forward.alike_blocks`: the same peak, 1/19 of
+    FLUX.1-dev's trace), whole otherwise (a cut one misses the peak of a block unlike the first: SD3's context-only
+    last block)."""
     if isinstance(traced.trace, Exception):  # e.g. cp does not divide this sequence: the rest of the report stands
         return {"error": str(traced.trace)}
     degrees = {k: options[k] for k in ("cp", "tp", "cp_mode", "pad")}
     sharded = trace_peak(traced.trace, traced.inputs)
     try:
         common = dict(shape=shape, dtype=parse_dtype(options["dtype"]), config=config, device=options["device"])
-        return peak_report(class_name, plan, **degrees, sharded=sharded, cut=False, **common)
+        return peak_report(class_name, plan, **degrees, sharded=sharded, cut=None, **common)
     except ForwardError as exc:
         return {"error": str(exc)}
 

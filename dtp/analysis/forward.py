@@ -40,7 +40,7 @@ from ..policy import check_degree
 from ..quant import config_for, quantize
 from .fakepg import fake_mesh, fake_world, meta_model
 from .inputs import ForwardShape, forward_inputs
-from .trace import Trace, fake_like, fake_mode, param_bytes_by_scope, to_fake, trace_call, truncate_blocks
+from .trace import Trace, block_lists, fake_like, fake_mode, param_bytes_by_scope, to_fake, trace_call, truncate_blocks
 
 INDEXED_LISTS = ("caption_projection",)  # HiDream's forward indexes it per text layer: kept whole, not cut
 DEFAULT_SHAPE = ForwardShape()  # a 1024^2 image, or a video model's usual clip
@@ -133,16 +133,17 @@ def forward_peak(
     shape: ForwardShape = DEFAULT_SHAPE,
     dtype: torch.dtype = torch.bfloat16,
     config: dict | None = None,
-    cut: bool = True,
+    cut: bool | None = True,
     device: str = "cpu",
 ) -> ForwardPeak:
     """The activation peak of rank 0 of a (cp, tp) world in one forward at `shape`, one block per list unless `cut`
-    is False (module docstring), on fake `device` tensors. PlanError when the plan refuses (cp, tp) or the model has
+    is False (module docstring; None: cut where every block list's blocks are alike, `alike_blocks`), on fake
+    `device` tensors. PlanError when the plan refuses (cp, tp) or the model has
     no input builder; ForwardError from the cp hooks when cp does not divide the sequence."""
     check_degree(cp, "forward peak: cp")
     check_degree(tp, "forward peak: tp")
     model = meta_model(class_name, config, dtype)
-    if cut:
+    if cut or (cut is None and alike_blocks(model)):
         truncate_blocks(model, keep=1, skip=INDEXED_LISTS)
     inputs = forward_inputs(class_name, dict(model.config), dtype, shape)
     shard = partial(shard_with_plan, plan=plan, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad, device=device)
@@ -166,7 +167,7 @@ def peak_report(
     config: dict | None = None,
     one: ForwardPeak | None = None,
     sharded: ForwardPeak | None = None,
-    cut: bool = True,
+    cut: bool | None = True,
     device: str = "cpu",
 ) -> dict:
     """`forward_peak` at (cp, tp) (`sharded`, when traced already) and at (1, 1) (`one`, likewise), with
@@ -187,6 +188,24 @@ def peak_report(
         "ratio": sharded.peak_bytes / ideal,
         "guessed": max(one.guessed, sharded.guessed),
     }
+
+
+def alike_blocks(model: torch.nn.Module) -> bool:
+    """Whether the blocks of each block list have the same parameters (names, shapes, dtypes) and module types: then
+    the peak of the whole forward is the cut one's (module docstring). SD3.5-L's context-only last block is not."""
+    for path in block_lists(model):
+        if path in INDEXED_LISTS:
+            continue
+        blocks = list(model.get_submodule(path))
+        signatures = {_signature(block) for block in blocks}
+        if len(signatures) > 1:
+            return False
+    return True
+
+
+def _signature(block: torch.nn.Module) -> tuple:
+    params = tuple((name, tuple(p.shape), p.dtype) for name, p in block.named_parameters())
+    return params, tuple(type(m).__name__ for m in block.modules())
 
 
 def trace_peak(trace: Trace, inputs) -> ForwardPeak:

@@ -35,6 +35,7 @@ of them (only the residual stream crosses a block boundary), which a unit test c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -375,6 +376,34 @@ def scale_collectives(records: list, lengths: dict[str, int]) -> list:
         scope = record.scope
         scaled += [record] * (lengths.get(scope.rpartition(".")[0], 1) if scope else 1)
     return scaled
+
+
+def expand_blocks(trace: Trace, lengths: dict[str, int]) -> Trace:
+    """A trace of a forward cut to one block per list (`truncate_blocks`) as the whole forward's: every record of
+    `list.0` repeated for `list.1` ... `list.(n-1)` (collectives, kernels, FLOPs); the peak and the output stay.
+    Exact for stacks of alike blocks (`forward.alike_blocks`)."""
+
+    def scopes(scope: str) -> list[str]:
+        parent = scope.rpartition(".")[0]
+        if not scope or parent not in lengths:
+            return [scope]
+        return [f"{parent}.{i}" for i in range(lengths[parent])]
+
+    whole = dataclasses.replace(trace, flops=Counter(), fp32_flops=Counter(), kernels=Counter(), collectives=[])
+    for source, target in ((trace.flops, whole.flops), (trace.fp32_flops, whole.fp32_flops)):
+        for scope, value in source.items():
+            target.update(dict.fromkeys(scopes(scope), value))
+    for (scope, kind, name), count in trace.kernels.items():
+        whole.kernels.update({(s, kind, name): count for s in scopes(scope)})
+    for record in trace.collectives:
+        whole.collectives += [record._replace(scope=s) for s in scopes(record.scope)]
+    whole.collectives.sort(key=lambda r: _block_order(r.scope))
+    return whole
+
+
+def _block_order(scope: str) -> tuple:
+    parent, _, index = scope.rpartition(".")
+    return (parent, int(index)) if index.isdigit() else (scope, -1)
 
 
 # ---------------------------------------------------------------------------------------------
