@@ -7,7 +7,8 @@ model is the denoising loop only (steps x `step_seconds`), so where a source tim
 encoding and VAE decode included) a ratio below 1 is expected. Speed-ups (a mesh against one GPU of the same source)
 need no step count and no absolute rate: they test the communication and the per-rank work.
 
-    ratio = modelled / published     (1.00: the model says what was measured; < 1: the model is optimistic)
+    ratio = modelled / published     (1.00: the model says what was measured; a time < 1 or a speed-up > 1: the model
+                                      is optimistic)
 
 What dtp models is dtp's code on that mesh, not the peer's (FA3, fused all-to-alls, their compile): a ratio far from 1
 is a difference between the systems as much as an error of the model. Ring rows cost dtp's ring block as it runs on
@@ -149,7 +150,8 @@ def main() -> None:
         "",
         "`PYTHONPATH=. python benchmarks/fit_vs_published.py`: the modelled figure (dtp's code on that mesh, "
         "`dtp fit`'s cost model, denoising loop only) beside each published one; ratio = modelled / published "
-        "(< 1: the model is faster than the measurement). Sources: `research/peer-survey*.md`.",
+        "(times: < 1 = the model is faster than the measurement; speed-ups: > 1 = the model expects more speed-up "
+        "than was measured). Sources: `research/peer-survey*.md`.",
         "",
         "| source | pipeline | published on (preset) | mesh | mode | what | published | modelled | ratio | "
         "attention (traced) |",
