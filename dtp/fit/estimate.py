@@ -72,32 +72,24 @@ def fit(
     text_tokens: prompt length of the T5 / LLM text encoders and of the transformer's text stream (CLIP: 77).
     only: candidate fields to keep, e.g. `{"cp": 1}` (default: every candidate).
     measurer: a `Measurer` of the same pipeline and dtype from an earlier call; cache: a step cache (`cache_state`).
-    compile: cost the rows as `dtp run --compile` runs (True) or eager (False, `dtp run`'s default); every row says
-        which ("compiled"). attention_backend: recorded and passed to the commands (`--attention-backend`); the
-        kernels are those of the default choice (`dtp check --kernels --attention-backend NAME` traces another).
+    compile: rows costed as `dtp run --compile` runs, else eager; attention_backend: recorded, put in the commands.
     gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`, which defaults
         to the pipeline's usual size (`FitPipeline.usual_size`: 1024² for images, Wan2.1-T2V-14B 720 x 1280);
         frames to the usual clip's (81 for `wan-pipeline`), None for an image pipeline.
-    Each row: cfg, cp, tp, cp_mode, pad, quant, text_encoders, parallel_vae, fsdp, weight_bytes (by component),
-    phase_bytes (by phase), peak_bytes, fits, step_seconds, command (cache, cache_bytes with `cache`). `rejected`
-    lists the candidates whose plans do not fit the mesh, with the PlanError; `reason` says why nothing fits.
+    Each row: as `estimate` builds it (options, compiled, bytes by component and phase, peak, fits, step_seconds,
+    command); `rejected`: candidates whose plans do not fit the mesh, with why; `reason`: why nothing fits.
     """
-    check_degree(gpus, "dtp fit: --gpus")
-    check_degree(batch, "dtp fit: --batch")
-    memory = parse_memory(gpu_memory)
-    hw = find_hardware(hardware, memory)
+    _ = [check_degree(value, f"dtp fit: --{name}") for name, value in (("gpus", gpus), ("batch", batch))]
+    hw = find_hardware(hardware, memory := parse_memory(gpu_memory))
     spec = fit_pipeline(pipeline)
-    _, usual_height, usual_width = spec.usual_size
     frames = frames or spec.usual_frames
-    height, width = height or resolution or usual_height, width or resolution or usual_width
-    shape = Shape(batch, height, width, frames or 1, text_tokens)
+    shape = _shape(spec, batch, resolution, height, width, frames, text_tokens)
     measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
-    run = RunOptions(compile, attention_backend)
     found = candidates(spec, gpus, batch)
+    run = RunOptions(compile, attention_backend)
     rows, rejected = _estimate_all(found, spec, measurer, shape, memory, hw, only, cache, run)
-    rows = _drop_needless_padding(rows)
-    rows.sort(key=lambda r: (not r["fits"], r["step_seconds"] if r["fits"] else 0, r["peak_bytes"]))
+    rows = sorted(_drop_needless_padding(rows), key=_best_first)
     return {
         "pipeline": spec.name,
         "title": spec.title,
@@ -109,13 +101,19 @@ def fit(
         "height": shape.height,
         "width": shape.width,
         "frames": frames,
-        "compiled": compile,
-        "attention_backend": attention_backend or "auto",
+        **run.fields(),
         "rows": rows,
         "rejected": rejected,
         "reason": None if any(r["fits"] for r in rows) else why_none_fits(rows, rejected, memory),
         "seconds": round(time.perf_counter() - start, 1),
     }
+
+
+def _shape(spec: FitPipeline, batch, resolution, height, width, frames, text_tokens) -> Shape:
+    """The generation's shape: height / width as given, else `resolution`, else the pipeline's usual size."""
+    _, usual_height, usual_width = spec.usual_size
+    height, width = height or resolution or usual_height, width or resolution or usual_width
+    return Shape(batch, height, width, frames or 1, text_tokens)
 
 
 @dataclass(frozen=True)
@@ -124,6 +122,14 @@ class RunOptions:
 
     compile: bool = False
     attention_backend: str | None = None
+
+    def fields(self) -> dict:
+        return {"compiled": self.compile, "attention_backend": self.attention_backend or "auto"}
+
+
+def _best_first(row: dict) -> tuple:
+    """Rows that fit first, fastest first, then smallest peak; the others by peak."""
+    return (not row["fits"], row["step_seconds"] if row["fits"] else 0, row["peak_bytes"])
 
 
 def _estimate_all(found, spec, measurer, shape, memory, hw, only, cache=None, run=RunOptions()):
