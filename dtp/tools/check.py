@@ -30,8 +30,10 @@ def run(args) -> int:
 
 def _pipeline_or_model(args) -> dict:
     if is_pipeline_target(args.target):
-        if args.plan or args.config or args.kernels:
-            raise PlanError(f"--plan, --config and --kernels apply to one model, not to '{args.target}'.")
+        if args.plan or args.config:
+            raise PlanError(f"--plan and --config apply to one model, not to '{args.target}'.")
+        if args.kernels:
+            raise PlanError(f"--kernels traces one model's forward, not '{args.target}': name its transformer.")
         report = check_pipeline(
             args.target,
             tp=args.tp,
