@@ -37,6 +37,7 @@ CACHE_NAMES = (
 )  # the step caches `dtp run --cache` names (dtp.cache)
 FIT_CACHE_NAMES = ("taylorseer", "pab")  # caches whose state `dtp fit --cache` models (dtp/fit/cache_state.py)
 RUN_QUANT_SCHEMES = ("fp8", "fp8wo", "int8wo")  # every torchao scheme `dtp run --quant` loads
+ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")  # torch's SDPA kernels; diffusers' names too
 FIT_TABLE_ROWS = 20  # `dtp fit` rows printed without --all
 HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090")  # `dtp fit --hardware` presets
 DEFAULT_TEXT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL prompt length the pipelines pad or cap to

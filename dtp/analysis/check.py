@@ -9,12 +9,17 @@ reports what one rank would hold and send:
     ideal        = total / tp            (the physical limit: nothing replicated)
     ratio        = per rank / ideal      (1.00 is perfect; diffusers' FLUX.1-dev plan: 2.93 at tp 8)
 
-and, from ONE traced forward of the sharded model (`forward.trace_sharded`: whole depth, fake tensors, the cp
-hooks as `parallelize` installs them) at the family's full-size input (`inputs.forward_inputs`: a 1024^2 image,
-a video model's usual clip), the collectives of one denoising step without CFG (true CFG runs two) and, with
-`peak`, the activation peak next to one rank's. Weights are replicated along `cp`, so the memory figures do
+and, from ONE traced forward of the sharded model (`forward.trace_sharded`: fake tensors, the cp hooks as
+`parallelize` installs them; one block per list where the blocks of every list are alike, its records repeated for
+the others, `trace.expand_blocks`, else whole depth) at the family's full-size input (`inputs.forward_inputs`: a
+1024^2 image, a video model's usual clip), the collectives of one denoising step without CFG (true CFG runs two)
+and, with `peak`, the activation peak next to one rank's. Weights are replicated along `cp`, so the memory figures do
 not depend on `cp` (with `dtp check --fsdp`, FSDP2 divides them over cfg x cp too: `fsdp.py`); `measured` lists
 the tensor-parallel collectives, `cp_measured` the context-parallel ones (each rank's share of the sequence).
+
+With `kernels` (`dtp check --kernels`) that one forward runs on fake CUDA tensors instead (`trace.py`, `cuda.py`), so
+the collectives, the peak and the `kernels` section (`kernels.py`: attention kernel of each call, matmul dtypes,
+collectives and host syncs per block) describe the code a GPU runs, under `attention_backend` when given.
 
 `dtp check flux-pipeline --tp N` (every pipeline of `families/released_pipelines.py`: also flux2-pipeline,
 qwenimage-pipeline, wan-pipeline, wan-vace-pipeline, ltx2-pipeline, flux3-pipeline):
@@ -49,13 +54,14 @@ from ..runtime.cfg.cost import exchange_per_step
 from ..runtime.memory import local_param_bytes, local_tensor_bytes
 from ..runtime.mesh import make_mesh
 from .collectives import implied_collectives
-from .fakepg import default_config, fake_world, meta_model, read_config
-from .forward import Call, peak_report, trace_peak, trace_sharded
+from .fakepg import default_config, fake_mesh, fake_world, meta_model, read_config
+from .forward import INDEXED_LISTS, Call, alike_blocks, peak_report, trace_peak, trace_sharded
 from .fsdp import fsdp_bytes
 from .inputs import ForwardShape, FullInputs, forward_inputs
+from .kernels import attention_backend, kernels_report
 from .lint import lint_report
 from .released import RELEASED_PIPELINES, build_pipeline, released_pipeline
-from .trace import Trace, alike_runs, depth_free
+from .trace import Trace, expand_blocks, truncate_blocks
 
 TOP_REPLICATED = 6
 PIPELINE_SUFFIX = "-pipeline"  # `dtp check flux-pipeline`: a released pipeline, every component
@@ -79,22 +85,38 @@ def check(
     quant: str | None = None,
     cfg: int = 1,
     peak: bool = False,
+    kernels: bool = False,
+    attention: str | None = None,
 ) -> dict:
     """The `dtp check` report as a dict; PlanError on a bad target, config, degree or plan. `cfg` > 1 adds the cfg
     exchange (`add_cfg`); `peak` (with `forward`) the activation peak at (cp, tp) from the same trace as the
-    collectives, next to one rank's (`forward.peak_report`)."""
+    collectives, next to one rank's (`forward.peak_report`); `kernels` traces on fake CUDA tensors and adds what the
+    GPU runs (`kernels.kernels_report`), under the attention backend `attention` (None: auto)."""
     _check_degrees(tp, cp)
     class_name, the_plan = _target(target, plan)
-    options = dict(tp=tp, cp=cp, cp_mode=cp_mode, dtype=dtype, pad=pad, quant=quant, forward=forward)
+    device = "cuda" if kernels else "cpu"
+    options = dict(tp=tp, cp=cp, cp_mode=cp_mode, dtype=dtype, pad=pad, quant=quant, forward=forward, device=device)
     model_config = read_config(config) if config else None
     shape = ForwardShape(resolution=resolution, frames=frames, text_tokens=text_tokens)
-    report, traced = _measure(class_name, the_plan, config=model_config, shape=shape, **options)
+    with attention_backend(attention, device):
+        report, traced = _measure(class_name, the_plan, config=model_config, shape=shape, **options)
+        if peak and forward:
+            report["activation_peak"] = _peak(class_name, the_plan, traced, model_config, shape, options)
     report["config"] = config or report["config"]
     report["lint"] = lint_report(class_name, the_plan)
     add_cfg(report, cfg)
-    if peak and forward:
-        report["activation_peak"] = _peak(class_name, the_plan, traced, model_config, shape, options)
+    if kernels:
+        report["kernels"] = _kernels(traced, attention)
+    if kernels or attention:
+        report["attention_backend"] = attention or "auto"
     return report
+
+
+def _kernels(traced, attention: str | None) -> dict:
+    if not isinstance(traced.trace, Trace):  # no forward, or it could not run on fake CUDA tensors
+        why = "--no-forward" if traced.trace is None else f"{type(traced.trace).__name__}: {traced.trace}"
+        return {"error": f"no traced forward ({why})"}
+    return kernels_report(traced.trace, attention)
 
 
 def measure(
@@ -123,7 +145,7 @@ def measure(
     """
     shape = ForwardShape(resolution=resolution, frames=frames, text_tokens=text_tokens)
     options = dict(tp=tp, cp=cp, cp_mode=cp_mode, dtype=dtype, pad=pad, quant=quant, forward=forward)
-    return _measure(class_name, plan, config=config, shape=shape, **options)[0]
+    return _measure(class_name, plan, config=config, shape=shape, device="cpu", **options)[0]
 
 
 @dataclass(frozen=True)
@@ -132,15 +154,15 @@ class _Traced:
 
     trace: Trace | Exception | None
     inputs: FullInputs | None
-    runs: dict
-    """The model's runs of alike blocks (`trace.alike_runs`), for the one-rank reference."""
 
 
-def _measure(class_name, plan, *, config, shape, tp, cp, cp_mode, dtype, pad, quant, forward) -> tuple[dict, _Traced]:
+def _measure(
+    class_name, plan, *, config, shape, tp, cp, cp_mode, dtype, pad, quant, forward, device
+) -> tuple[dict, _Traced]:
     """(report, the traced forward): the layout figures while sharding, then one whole-depth trace (collectives,
-    activation peak, output bytes) of the sharded model with its cp hooks, as `parallelize` leaves it."""
+    activation peak, output bytes) of the sharded model with its cp hooks, as `parallelize` leaves it, on fake
+    `device` tensors."""
     model = meta_model(class_name, config, parse_dtype(dtype))
-    runs = alike_runs(model)
     quantized = None
     if quant is not None:
         quantized = quantize(copy.deepcopy(model), config_for(quant))
@@ -148,14 +170,16 @@ def _measure(class_name, plan, *, config, shape, tp, cp, cp_mode, dtype, pad, qu
     if forward and class_name in FAMILIES:
         inputs = forward_inputs(class_name, dict(model.config), parse_dtype(dtype), shape)
     layout = dict(class_name=class_name, config=config, dtype=dtype, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad)
-    shard = _CheckShard(plan, layout, quant, quantized)
+    shard = _CheckShard(plan, layout, quant, quantized, device)
     calls = {"forward": Call(inputs.kwargs)} if inputs is not None else {}
-    traces, _ = trace_sharded(model, tp * cp, shard, calls, catch=(Exception,))
+    traces, _ = trace_sharded(model, tp * cp, shard, calls, catch=(Exception,), device=device)
+    if isinstance(traces.get("forward"), Trace) and shard.lengths:
+        traces["forward"] = expand_blocks(traces["forward"], shard.lengths)
     report = shard.report
     if forward:
         report["collectives"] = _collectives(shard.implied, traces.get("forward"), inputs, class_name, shard.cp_group)
     report["ratio"] = report["per_rank_bytes"] / (report["total_bytes"] / tp)
-    return report, _Traced(traces.get("forward"), inputs, runs)
+    return report, _Traced(traces.get("forward"), inputs)
 
 
 class _CheckShard:
@@ -164,15 +188,16 @@ class _CheckShard:
     traced model is sharded alike unquantized: torchao's tensors cannot be made fake, and a weight-only scheme
     changes no activation and no collective."""
 
-    def __init__(self, plan, layout: dict, quant: str | None, quantized):
-        self.plan, self.layout, self.quant, self.quantized = plan, layout, quant, quantized
+    def __init__(self, plan, layout: dict, quant: str | None, quantized, device: str = "cpu"):
+        self.plan, self.layout, self.quant, self.quantized, self.device = plan, layout, quant, quantized, device
         self.report: dict = {}
         self.implied: dict = {}
         self.cp_group: str | None = None
+        self.lengths: dict = {}
 
     def __call__(self, module) -> None:
         tp, cp, cp_mode, pad = (self.layout[k] for k in ("tp", "cp", "cp_mode", "pad"))
-        mesh = make_mesh(tp=tp, cp=cp, device_type="cpu")
+        mesh = fake_mesh(tp=tp, cp=cp, device=self.device)
         measured = module if self.quantized is None else self.quantized
         prepared = prepare(measured, mesh, self.plan, cp_mode=cp_mode, pad=pad)
         self.report = _prepared_report(measured, prepared, quant=self.quant, **self.layout)
@@ -182,6 +207,8 @@ class _CheckShard:
         if measured is not module:
             apply(module, prepare(module, mesh, self.plan, cp_mode=cp_mode, pad=pad))
         self.cp_group = mesh.get_group("cp").group_name if cp > 1 else None
+        # Alike blocks: trace one per list and repeat its records (`trace.expand_blocks`; FLUX.1-dev: 2 blocks of 57).
+        self.lengths = truncate_blocks(module, keep=1, skip=INDEXED_LISTS) if alike_blocks(module) else {}
 
 
 def _prepared_report(model, prepared, *, class_name, config, dtype, tp, cp, cp_mode, pad, quant) -> dict:
@@ -194,33 +221,19 @@ def _prepared_report(model, prepared, *, class_name, config, dtype, tp, cp, cp_m
 
 
 def _peak(class_name, plan, traced: _Traced, config, shape, options) -> dict:
-    """The activation-peak section: (cp, tp) from `dtp check`'s own trace of the whole model, one rank's from a trace
-    of its own. That one keeps the first block of each run of alike blocks (SD3's context-only last block is a run
-    of its own) when the sharded trace shows every block of a run entered with the same live bytes
-    (`trace.depth_free`; the peak is then the whole model's: FLUX.1-dev 486,067,204 bytes both ways, 2 of 57
-    blocks traced), else the whole model (HunyuanDiT keeps a skip per block)."""
+    """The activation-peak section: (cp, tp) from `dtp check`'s own trace (the whole model), one rank's from a trace
+    of its own: cut to one block per list where the blocks are alike (`forward.alike_blocks`: the same peak, 1/19 of
+    FLUX.1-dev's trace), whole otherwise (a cut one misses the peak of a block unlike the first: SD3's context-only
+    last block)."""
     if isinstance(traced.trace, Exception):  # e.g. cp does not divide this sequence: the rest of the report stands
         return {"error": str(traced.trace)}
     degrees = {k: options[k] for k in ("cp", "tp", "cp_mode", "pad")}
     sharded = trace_peak(traced.trace, traced.inputs)
-    cut = False
-    if depth_free(traced.trace, traced.runs):
-        cut = {path: [run.start for run in runs] for path, runs in traced.runs.items()}
     try:
-        common = dict(shape=shape, dtype=parse_dtype(options["dtype"]), config=config)
-        report = peak_report(class_name, plan, **degrees, sharded=sharded, cut=cut, **common)
+        common = dict(shape=shape, dtype=parse_dtype(options["dtype"]), config=config, device=options["device"])
+        return peak_report(class_name, plan, **degrees, sharded=sharded, cut=None, **common)
     except ForwardError as exc:
         return {"error": str(exc)}
-    report["one_rank_blocks"] = _traced_blocks(traced.runs, cut)
-    return report
-
-
-def _traced_blocks(runs: dict, cut) -> str:
-    """What the one-rank reference traced, e.g. "2 of 57 blocks (one per run of alike blocks)"."""
-    total = sum(len(run) for path_runs in runs.values() for run in path_runs)
-    if not cut:
-        return f"all {total} blocks"
-    return f"{sum(map(len, cut.values()))} of {total} blocks (one per run of alike blocks)"
 
 
 def _layout_report(model, resolved: Resolved, class_name, config, dtype, tp, cp, cp_mode, pad) -> dict:

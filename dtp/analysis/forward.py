@@ -38,19 +38,9 @@ from ..errors import ForwardError, PlanError
 from ..plan import Plan
 from ..policy import check_degree
 from ..quant import config_for, quantize
-from ..runtime.mesh import make_mesh
-from .fakepg import fake_world, meta_model
+from .fakepg import fake_mesh, fake_world, meta_model
 from .inputs import ForwardShape, forward_inputs
-from .trace import (
-    Trace,
-    fake_like,
-    fake_mode,
-    keep_blocks,
-    param_bytes_by_scope,
-    to_fake,
-    trace_call,
-    truncate_blocks,
-)
+from .trace import Trace, block_lists, fake_like, fake_mode, param_bytes_by_scope, to_fake, trace_call, truncate_blocks
 
 INDEXED_LISTS = ("caption_projection",)  # HiDream's forward indexes it per text layer: kept whole, not cut
 DEFAULT_SHAPE = ForwardShape()  # a 1024^2 image, or a video model's usual clip
@@ -80,38 +70,41 @@ def trace_sharded(
     *,
     quant: str | None = None,
     catch: tuple[type[Exception], ...] = EXPECTED,
+    device: str = "cpu",
 ) -> tuple[dict, Counter]:
     """({key: Trace or the exception of type `catch` its call raised}, resident bytes by scope) of `module` (on meta,
-    mutated: sharded and made fake) on rank 0 of a fake world of `world` ranks (module docstring). A value of
-    `calls` that is an exception already (its inputs could not be built) is passed through."""
+    mutated: sharded and made fake on `device`: cpu, or cuda for what a GPU runs) on rank 0 of a fake world of
+    `world` ranks (module docstring). A value of `calls` that is an exception already (its inputs could not be built)
+    is passed through."""
     with fake_world(world):
         shard(module)
         if not calls:  # figures of the sharded meta module only
             return {}, param_bytes_by_scope(module)
         with fake_mode():
-            to_fake(module)
+            to_fake(module, device)
             if quant is not None:
                 quantize(module, config_for(quant))
             weights = param_bytes_by_scope(module)
-            traces = {key: _trace_one(module, call, catch) for key, call in calls.items()}
+            traces = {key: _trace_one(module, call, catch, device) for key, call in calls.items()}
     return traces, weights
 
 
-def _trace_one(module, call, catch):
+def _trace_one(module, call, catch, device):
     if isinstance(call, Exception):
         return call
     try:
-        return trace_call(module, call.run, {k: fake_like(v) for k, v in call.kwargs.items()}, call.repeated)
+        inputs = {k: fake_like(v, device) for k, v in call.kwargs.items()}
+        return trace_call(module, call.run, inputs, call.repeated, device)
     except catch as exc:
         return exc
 
 
-def shard_with_plan(module, plan: Plan | None, *, tp: int, cp: int, cp_mode: str, pad: bool):
+def shard_with_plan(module, plan: Plan | None, *, tp: int, cp: int, cp_mode: str, pad: bool, device: str = "cpu"):
     """`prepare` + `apply` on a (cp, tp) mesh inside the fake world (cp hooks included); the Prepared, or None at one
     rank (nothing to shard)."""
     if tp * cp == 1:
         return None
-    prepared = prepare(module, make_mesh(tp=tp, cp=cp, device_type="cpu"), plan, cp_mode=cp_mode, pad=pad)
+    prepared = prepare(module, fake_mesh(tp=tp, cp=cp, device=device), plan, cp_mode=cp_mode, pad=pad)
     apply(module, prepared)
     return prepared
 
@@ -140,22 +133,21 @@ def forward_peak(
     shape: ForwardShape = DEFAULT_SHAPE,
     dtype: torch.dtype = torch.bfloat16,
     config: dict | None = None,
-    cut: bool | dict[str, list[int]] = True,
+    cut: bool | None = True,
+    device: str = "cpu",
 ) -> ForwardPeak:
     """The activation peak of rank 0 of a (cp, tp) world in one forward at `shape`, one block per list unless `cut`
-    is False (module docstring), or the blocks `cut` names per list (`trace.keep_blocks`). PlanError when the plan
-    refuses (cp, tp) or the model has no input builder; ForwardError from the cp hooks when cp does not divide the
-    sequence."""
+    is False (module docstring; None: cut where every block list's blocks are alike, `alike_blocks`), on fake
+    `device` tensors. PlanError when the plan refuses (cp, tp) or the model has
+    no input builder; ForwardError from the cp hooks when cp does not divide the sequence."""
     check_degree(cp, "forward peak: cp")
     check_degree(tp, "forward peak: tp")
     model = meta_model(class_name, config, dtype)
-    if isinstance(cut, dict):
-        keep_blocks(model, cut)
-    elif cut:
+    if cut or (cut is None and alike_blocks(model)):
         truncate_blocks(model, keep=1, skip=INDEXED_LISTS)
     inputs = forward_inputs(class_name, dict(model.config), dtype, shape)
-    shard = partial(shard_with_plan, plan=plan, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad)
-    traces, _ = trace_sharded(model, cp * tp, shard, {0: Call(inputs.kwargs)})
+    shard = partial(shard_with_plan, plan=plan, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad, device=device)
+    traces, _ = trace_sharded(model, cp * tp, shard, {0: Call(inputs.kwargs)}, device=device)
     trace = traces[0]
     if isinstance(trace, Exception):
         raise trace
@@ -175,11 +167,12 @@ def peak_report(
     config: dict | None = None,
     one: ForwardPeak | None = None,
     sharded: ForwardPeak | None = None,
-    cut: bool | dict[str, list[int]] = True,
+    cut: bool | None = True,
+    device: str = "cpu",
 ) -> dict:
     """`forward_peak` at (cp, tp) (`sharded`, when traced already) and at (1, 1) (`one`, likewise), with
-    ideal = one rank / (cp tp) and their ratio (a dict). `cut`: as `forward_peak`'s."""
-    common = dict(shape=shape, dtype=dtype, config=config, cut=cut)
+    ideal = one rank / (cp tp) and their ratio (a dict). `cut`, `device`: as `forward_peak`'s."""
+    common = dict(shape=shape, dtype=dtype, config=config, cut=cut, device=device)
     one = one or forward_peak(class_name, plan, **common)
     sharded = sharded or forward_peak(class_name, plan, cp=cp, tp=tp, cp_mode=cp_mode, pad=pad, **common)
     ideal = one.peak_bytes / (cp * tp)
@@ -195,6 +188,24 @@ def peak_report(
         "ratio": sharded.peak_bytes / ideal,
         "guessed": max(one.guessed, sharded.guessed),
     }
+
+
+def alike_blocks(model: torch.nn.Module) -> bool:
+    """Whether the blocks of each block list have the same parameters (names, shapes, dtypes) and module types: then
+    the peak of the whole forward is the cut one's (module docstring). SD3.5-L's context-only last block is not."""
+    for path in block_lists(model):
+        if path in INDEXED_LISTS:
+            continue
+        blocks = list(model.get_submodule(path))
+        signatures = {_signature(block) for block in blocks}
+        if len(signatures) > 1:
+            return False
+    return True
+
+
+def _signature(block: torch.nn.Module) -> tuple:
+    params = tuple((name, tuple(p.shape), p.dtype) for name, p in block.named_parameters())
+    return params, tuple(type(m).__name__ for m in block.modules())
 
 
 def trace_peak(trace: Trace, inputs) -> ForwardPeak:

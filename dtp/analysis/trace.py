@@ -11,13 +11,19 @@
                  (a DTensor argument counts as its local shard), so a colwise Linear of tp=4 counts
                  1/4 of the full matmul and a replicated one all of it
     collectives  the c10d / functional-collective ops with their result bytes (as `CollectiveCounter`)
+    kernels      what a GPU would be asked to run, by block scope: each attention kernel (the aten op dispatched),
+                 the matmuls by dtype, the host syncs (`_local_scalar_dense`, `aten.equal`, device-to-host copies,
+                 ops of data-dependent size) and host-to-device copies (`kernels.py` summarises them); FLOPs of
+                 fp32 / fp64 matmuls and attention are kept apart too (`fp32_flops`: no tensor cores)
 
 Why not torch's `MemTracker`: it refuses a module called twice in one region (Wan's frame-by-frame
 VAE, Qwen-Image's causal decoder) and counts parameters as well; live storages are all we need.
 Why fake tensors on the cpu device and not the meta device: scaled-dot-product attention picks its
 kernel by device; on meta it falls back to the math path, which materializes the full attention matrix
 (FLUX.1-dev at 1024^2: 4.6 GB instead of 0.49 GB); on cpu (fake) it takes the flash kernel, whose
-memory is what a GPU's flash / efficient attention needs too.
+memory is what a GPU's flash / efficient attention needs too. `device="cuda"` (`trace_call`, `to_fake`,
+`fake_like`) runs the forward on fake CUDA tensors through `cuda.CudaRoute`: the code's CUDA branches and the
+attention kernels a CUDA build picks (`dtp check --kernels`, `dtp fit`'s transformer).
 
 Records are attributed to the outermost block (element of an `nn.ModuleList`) that was running,
 like `CollectiveCounter`, so a forward traced with each block list cut to its first element
@@ -29,6 +35,7 @@ of them (only the residual stream crosses a block boundary), which a unit test c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,6 +53,7 @@ from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapp
 from ..runtime.cfg.tree import leaves
 from ..runtime.memory import local_tensor_bytes
 from .collectives import ScopedDispatchMode, block_paths, collective_op
+from .cuda import CudaRoute
 from .repeats import repeated_calls
 
 FAKE_DEVICE = "cpu"  # fake tensors live "on" cpu: SDPA then takes its flash kernel (see the module docstring)
@@ -62,6 +70,20 @@ FLOP_FORMULAS = {
     **flop_registry,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
 }
+aten = torch.ops.aten
+ATTENTION_OPS = {
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_cudnn_attention,
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_fused_attention_overrideable,
+    aten._flash_attention_forward,
+    aten._efficient_attention_forward,
+    aten._safe_softmax,  # only SDPA's math path emits it: the unfused attention (scores materialized)
+}
+MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._scaled_mm, aten._int_mm, aten.convolution}
+SYNC_OPS = {aten._local_scalar_dense, aten.equal}  # the host waits for the device's value (.item(), bool, equal)
+WIDE = (torch.float32, torch.float64)  # dtypes tensor cores do not take (without TF32, which dtp never enables)
 
 
 class CollectiveRecord(NamedTuple):
@@ -92,9 +114,13 @@ class Trace:
     guessed_branches: int = 0
     """Data-dependent values the fake forward could not know and guessed (`PhaseTrace`): boolean tests taken as
     False, masks taken as selecting every element."""
-    entry_bytes: dict = field(default_factory=dict)
-    """Live bytes when each block (scope) ran its first op: equal along a run of alike blocks when the forward
-    carries nothing from block to block but the residual stream (`depth_free`)."""
+    fp32_flops: Counter = field(default_factory=Counter)
+    """The part of `flops` (by scope) whose inputs are fp32 / fp64: no tensor cores."""
+    device: str = FAKE_DEVICE
+    """The fake device the forward ran on (`trace_call`)."""
+    kernels: Counter = field(default_factory=Counter)
+    """(scope, kind, name) -> calls; kind "attention" (name: op and dtype), "matmul" (dtype), "sync" (why the host
+    waits), "h2d" (host-to-device copies)."""
 
     def total_flops(self) -> int:
         return sum(self.flops.values())
@@ -122,11 +148,15 @@ class PhaseTrace(ScopedDispatchMode):
             return self._guess(func, args)
         except DynamicOutputShapeException:
             out = self._all_selected(func, args)
+            self.trace.kernels[(self.scope, "sync", f"data-dependent size ({func._overloadpacket.__name__})")] += 1
         scope = self.scope
-        self.trace.entry_bytes.setdefault(scope, self._current)
         packet = func._overloadpacket
         if packet in FLOP_FORMULAS:
-            self.trace.flops[scope] += _flops(packet, args, kwargs, out)
+            flops = _flops(packet, args, kwargs, out)
+            self.trace.flops[scope] += flops
+            if _first_tensor(args).dtype in WIDE:
+                self.trace.fp32_flops[scope] += flops
+        self._kernel(scope, func, args, kwargs)
         op = collective_op(func)
         if op is not None:
             nbytes = max(_bytes(out), _bytes(args[0]) if args else 0)
@@ -137,6 +167,21 @@ class PhaseTrace(ScopedDispatchMode):
         self.trace.peak_bytes = max(self.trace.peak_bytes, self._current)
         return out
 
+    def _kernel(self, scope: str, func, args, kwargs) -> None:
+        """The `Trace.kernels` record of one op, if it is an attention kernel, a matmul, a sync or a copy."""
+        packet = func._overloadpacket
+        key = None
+        if packet in ATTENTION_OPS:
+            key = ("attention", f"{packet.__name__} {_dtype_name(_first_tensor(args).dtype)}")
+        elif packet in MATMUL_OPS:
+            key = ("matmul", _dtype_name(_first_tensor(args).dtype))
+        elif packet in SYNC_OPS:
+            key = ("sync", packet.__name__)
+        elif packet in (aten._to_copy, aten.copy_):
+            key = _copy_kind(packet, args, kwargs)
+        if key is not None:
+            self.trace.kernels[(scope, *key)] += 1
+
     def _guess(self, func, args) -> bool:
         """A fake tensor has no values, so `if torch.all(image_embeds == 0):` (HunyuanVideo 1.5's text-to-video test)
         cannot be decided: a boolean one is taken as False and counted (`Trace.guessed_branches`, which the reports
@@ -145,6 +190,7 @@ class PhaseTrace(ScopedDispatchMode):
         if func is not torch.ops.aten._local_scalar_dense.default or args[0].dtype is not torch.bool:
             raise  # the exception being handled, as the fake mode raised it
         self.trace.guessed_branches += 1
+        self.trace.kernels[(self.scope, "sync", "_local_scalar_dense")] += 1
         return False
 
     def _all_selected(self, func, args):
@@ -205,6 +251,29 @@ def _inner_storages(tensor) -> list:
     return [tensor.untyped_storage()]
 
 
+def _first_tensor(args):
+    tensor = next(t for t in tree_leaves(args) if isinstance(t, torch.Tensor))
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _copy_kind(packet, args, kwargs) -> tuple[str, str] | None:
+    """("sync", "device-to-host copy") / ("h2d", "host-to-device copy") for a copy between cpu and an accelerator."""
+    if packet is aten.copy_:
+        source, target = _local(args[1]).device, _local(args[0]).device
+    else:
+        source = _local(args[0]).device
+        target = torch.device(kwargs.get("device") or source)
+    if source.type == target.type or "meta" in (source.type, target.type):
+        return None
+    if target.type == "cpu":
+        return ("sync", "device-to-host copy")
+    return ("h2d", "host-to-device copy") if source.type == "cpu" else None
+
+
 def _local(value):
     return value._local_tensor if isinstance(value, DTensor) else value
 
@@ -263,45 +332,6 @@ def truncate_blocks(model: nn.Module, keep: int = 1, skip: tuple[str, ...] = ())
     return lengths
 
 
-def alike_runs(model: nn.Module) -> dict[str, list[range]]:
-    """`{path: [range, ...]}`: each block list cut into runs of consecutive blocks of one structure (module types,
-    parameter names, shapes and dtypes), e.g. SD3.5-L's 38 blocks -> [range(0, 37), range(37, 38)] (the last one
-    context-only)."""
-    runs: dict[str, list[range]] = {}
-    for path in block_lists(model):
-        blocks = list(model.get_submodule(path))
-        kinds = [_structure(block) for block in blocks]
-        starts = [i for i in range(len(blocks)) if i == 0 or kinds[i] != kinds[i - 1]]
-        runs[path] = [range(a, b) for a, b in zip(starts, [*starts[1:], len(blocks)])]
-    return runs
-
-
-def _structure(block: nn.Module) -> tuple:
-    modules = tuple((name, type(m).__name__) for name, m in block.named_modules())
-    return modules, tuple((name, tuple(p.shape), p.dtype) for name, p in block.named_parameters())
-
-
-def depth_free(trace: Trace, runs: dict[str, list[range]]) -> bool:
-    """True when every run of alike blocks was entered with the same live bytes in `trace` (of the whole depth): then
-    a run's blocks each start from the same state and repeat the same work, and one block per run has the whole
-    forward's peak. False for a forward that keeps something per block (HunyuanDiT's long skips)."""
-    for path, path_runs in runs.items():
-        for run in path_runs:
-            entered = {trace.entry_bytes.get(f"{path}.{i}" if path else str(i)) for i in run}
-            if len(entered) != 1 or None in entered:
-                return False
-    return True
-
-
-def keep_blocks(model: nn.Module, kept: dict[str, list[int]]) -> None:
-    """Cut each block list named in `kept` to those blocks, in place (in their order)."""
-    for path, indices in kept.items():
-        parent, _, name = path.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        blocks = list(getattr(owner, name))
-        setattr(owner, name, nn.ModuleList([blocks[i] for i in indices]))
-
-
 def param_bytes_by_scope(model: nn.Module) -> Counter:
     """This rank's resident bytes by block scope (as `PhaseTrace` scopes its records): parameters (local shards of
     DTensors, data + scales of quantized weights: `runtime.memory.local_tensor_bytes`), registered buffers and the
@@ -348,6 +378,34 @@ def scale_collectives(records: list, lengths: dict[str, int]) -> list:
     return scaled
 
 
+def expand_blocks(trace: Trace, lengths: dict[str, int]) -> Trace:
+    """A trace of a forward cut to one block per list (`truncate_blocks`) as the whole forward's: every record of
+    `list.0` repeated for `list.1` ... `list.(n-1)` (collectives, kernels, FLOPs); the peak and the output stay.
+    Exact for stacks of alike blocks (`forward.alike_blocks`)."""
+
+    def scopes(scope: str) -> list[str]:
+        parent = scope.rpartition(".")[0]
+        if not scope or parent not in lengths:
+            return [scope]
+        return [f"{parent}.{i}" for i in range(lengths[parent])]
+
+    whole = dataclasses.replace(trace, flops=Counter(), fp32_flops=Counter(), kernels=Counter(), collectives=[])
+    for source, target in ((trace.flops, whole.flops), (trace.fp32_flops, whole.fp32_flops)):
+        for scope, value in source.items():
+            target.update(dict.fromkeys(scopes(scope), value))
+    for (scope, kind, name), count in trace.kernels.items():
+        whole.kernels.update({(s, kind, name): count for s in scopes(scope)})
+    for record in trace.collectives:
+        whole.collectives += [record._replace(scope=s) for s in scopes(record.scope)]
+    whole.collectives.sort(key=lambda r: _block_order(r.scope))
+    return whole
+
+
+def _block_order(scope: str) -> tuple:
+    parent, _, index = scope.rpartition(".")
+    return (parent, int(index)) if index.isdigit() else (scope, -1)
+
+
 # ---------------------------------------------------------------------------------------------
 # fake tensors
 
@@ -361,8 +419,9 @@ def fake_mode():
         yield mode
 
 
-def to_fake(model: nn.Module) -> nn.Module:
-    """Inside `fake_mode()`: every parameter and buffer of a meta model becomes a fake cpu tensor.
+def to_fake(model: nn.Module, device: str = FAKE_DEVICE) -> nn.Module:
+    """Inside `fake_mode()`: every parameter and buffer of a meta model becomes a fake tensor on `device` (cpu, or
+    cuda: then no parameter requires grad, as a fake CUDA leaf that does aborts the process in autograd).
 
     Tied parameters stay one parameter: each holder gets its own new tensor (a fake tensor cannot take a meta
     tensor's place in place), which would count T5's tied table (`shared` = `encoder.embed_tokens`,
@@ -372,33 +431,36 @@ def to_fake(model: nn.Module) -> nn.Module:
     through DTensor too, 2.7 s / 3.4 s for FLUX.1-dev whole / at tp=8 where this takes 0.6 s (`dtp check`'s time).
     """
     tied = _tied_holders(model)
+    if device != "cpu":
+        model.requires_grad_(False)
     for module in model.modules():
         for name, param in module._parameters.items():
             if param is not None:
-                module._parameters[name] = _empty(param, parameter=True)
+                module._parameters[name] = _empty(param, parameter=True, device=device)
         for name, buffer in module._buffers.items():
             if buffer is not None:
-                module._buffers[name] = _empty(buffer, parameter=False)
+                module._buffers[name] = _empty(buffer, parameter=False, device=device)
     for (first, first_name), *others in tied:
         for module, name in others:
             setattr(module, name, getattr(first, first_name))
     return model
 
 
-def _empty(tensor: torch.Tensor, *, parameter: bool) -> torch.Tensor:
-    """A new fake cpu tensor like `tensor` (a meta tensor, a DTensor of one, or another subclass: `empty_like`)."""
+def _empty(tensor: torch.Tensor, *, parameter: bool, device: str = FAKE_DEVICE) -> torch.Tensor:
+    """A new fake `device` tensor like `tensor` (a meta tensor, a DTensor of one, or another subclass: `empty_like`)."""
     if isinstance(tensor, DTensor):
         local = tensor._local_tensor
-        new = torch.empty_strided(local.shape, local.stride(), dtype=local.dtype, device=FAKE_DEVICE)
-        made = DTensor(new, tensor._spec, requires_grad=tensor.requires_grad)
+        new = torch.empty_strided(local.shape, local.stride(), dtype=local.dtype, device=device)
+        made = DTensor(new, tensor._spec, requires_grad=tensor.requires_grad and device == "cpu")
         if parameter:  # what `nn.Parameter(made)` does for a tensor subclass, without its dispatched `detach`
             made._is_param = True
         return made
     if type(tensor) in (torch.Tensor, nn.Parameter):
-        new = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=FAKE_DEVICE)
+        new = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
     else:
-        new = torch.empty_like(tensor, device=FAKE_DEVICE)
-    return nn.Parameter(new, tensor.requires_grad) if parameter else new
+        new = torch.empty_like(tensor, device=device)
+    requires_grad = tensor.requires_grad and device == "cpu"  # a fake CUDA leaf that requires grad aborts autograd
+    return nn.Parameter(new, requires_grad) if parameter else new
 
 
 def _tied_holders(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
@@ -410,21 +472,26 @@ def _tied_holders(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
     return [places for places in holders.values() if len(places) > 1]
 
 
-def fake_like(value):
-    """Inside `fake_mode()`: a tensor (or list of them) as a fake cpu tensor of the same shape and dtype."""
+def fake_like(value, device: str = FAKE_DEVICE):
+    """Inside `fake_mode()`: a tensor (or list of them) as a fake tensor on `device` of the same shape and dtype."""
     if isinstance(value, list):
-        return [fake_like(v) for v in value]
+        return [fake_like(v, device) for v in value]
     if isinstance(value, torch.Tensor):
-        return torch.empty_like(value, device=FAKE_DEVICE)
+        return torch.empty_like(value, device=device)
     return value
 
 
-def trace_call(model: nn.Module, call, inputs: dict, repeated: tuple[str, ...] = ()) -> Trace:
-    """Run `call(model, **inputs)` under `PhaseTrace` (no grad); the model and inputs must be fake already.
-    `repeated`: paths of submodules called many times alike (Wan's VAE decoder, once per latent frame), whose repeats
-    are replayed rather than run (`repeats.py`; the figures are the same)."""
+def trace_call(
+    model: nn.Module, call, inputs: dict, repeated: tuple[str, ...] = (), device: str = FAKE_DEVICE
+) -> Trace:
+    """Run `call(model, **inputs)` under `PhaseTrace` (no grad); the model and inputs must be fake already (on
+    `device`: "cuda" adds `cuda.CudaRoute`). `repeated`: paths of submodules called many times alike (Wan's VAE
+    decoder, once per latent frame), whose repeats are replayed rather than run (`repeats.py`; the same figures)."""
     resident = [*model.parameters(), *model.buffers(), *(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))]
     with torch.no_grad(), PhaseTrace(model, resident) as tracer, contextlib.ExitStack() as stack:
+        tracer.trace.device = device
+        if device == "cuda":
+            stack.enter_context(CudaRoute())
         for path in repeated:
             stack.enter_context(repeated_calls(tracer, model.get_submodule(path)))
         out = call(model, **inputs)

@@ -11,9 +11,11 @@ bytes, give or take a padded head):
     fits             = peak_bytes <= gpu_memory
     with --cache     the step cache's state on this rank (`cache_state.py`) is added to the denoise and decode
                      phases (it lives until the pipeline call ends); rows gain cache, cache_bytes
-    step_seconds     = calls per step and rank x `cost.call_seconds` of the transformer's traced FLOPs, its
-                       weight bytes and its collectives, plus the cfg exchange (`cfg_exchange`), on the
-                       hardware preset; calls per step: 2 for two-call CFG pipelines, 1 with cfg = 2
+    step_seconds     = calls per step and rank x `cost.call_seconds` of the transformer's traced FLOPs (traced on
+                       fake CUDA tensors: fp32 ones at the fp32 rate), its weight bytes and its collectives, plus
+                       the cfg exchange (`cfg_exchange`), on the hardware preset; calls per step: 2 for two-call
+                       CFG pipelines, 1 with cfg = 2; `compile` False (`dtp run` without --compile): the compute
+                       x `cost.EAGER_FACTOR` (rows say "compiled": true / false)
 
 Candidates are measured unpadded and unquantized first. A pad=True candidate is measured only where its
 unpadded twin is refused (padding only costs where it is not needed), a quantized one only where no
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from dataclasses import dataclass
 
 from ..errors import ForwardError, PlanError
 from ..policy import check_degree, parse_dtype
@@ -60,6 +63,8 @@ def fit(
     only: dict | None = None,
     measurer: Measurer | None = None,
     cache: str | None = None,
+    compile: bool = False,
+    attention_backend: str | None = None,
 ) -> dict:
     """The `dtp fit --json` object: `{"pipeline", "gpus", "gpu_memory_bytes", "hardware", "rows": [...]}`.
 
@@ -67,27 +72,24 @@ def fit(
     text_tokens: prompt length of the T5 / LLM text encoders and of the transformer's text stream (CLIP: 77).
     only: candidate fields to keep, e.g. `{"cp": 1}` (default: every candidate).
     measurer: a `Measurer` of the same pipeline and dtype from an earlier call; cache: a step cache (`cache_state`).
+    compile: rows costed as `dtp run --compile` runs, else eager; attention_backend: recorded, put in the commands.
     gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`, which defaults
         to the pipeline's usual size (`FitPipeline.usual_size`: 1024² for images, Wan2.1-T2V-14B 720 x 1280);
         frames to the usual clip's (81 for `wan-pipeline`), None for an image pipeline.
-    Each row: cfg, cp, tp, cp_mode, pad, quant, text_encoders, parallel_vae, fsdp, weight_bytes (by component),
-    phase_bytes (by phase), peak_bytes, fits, step_seconds, command (cache, cache_bytes with `cache`). `rejected`
-    lists the candidates whose plans do not fit the mesh, with the PlanError; `reason` says why nothing fits.
+    Each row: as `estimate` builds it (options, compiled, bytes by component and phase, peak, fits, step_seconds,
+    command); `rejected`: candidates whose plans do not fit the mesh, with why; `reason`: why nothing fits.
     """
-    check_degree(gpus, "dtp fit: --gpus")
-    check_degree(batch, "dtp fit: --batch")
-    memory = parse_memory(gpu_memory)
-    hw = find_hardware(hardware, memory)
+    _ = [check_degree(value, f"dtp fit: --{name}") for name, value in (("gpus", gpus), ("batch", batch))]
+    hw = find_hardware(hardware, memory := parse_memory(gpu_memory))
     spec = fit_pipeline(pipeline)
-    _, usual_height, usual_width = spec.usual_size
     frames = frames or spec.usual_frames
-    height, width = height or resolution or usual_height, width or resolution or usual_width
-    shape = Shape(batch, height, width, frames or 1, text_tokens)
+    shape = _shape(spec, batch, resolution, height, width, frames, text_tokens)
     measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
-    rows, rejected = _estimate_all(candidates(spec, gpus, batch), spec, measurer, shape, memory, hw, only, cache)
-    rows = _drop_needless_padding(rows)
-    rows.sort(key=lambda r: (not r["fits"], r["step_seconds"] if r["fits"] else 0, r["peak_bytes"]))
+    found = candidates(spec, gpus, batch)
+    run = RunOptions(compile, attention_backend)
+    rows, rejected = _estimate_all(found, spec, measurer, shape, memory, hw, only, cache, run)
+    rows = sorted(_drop_needless_padding(rows), key=_best_first)
     return {
         "pipeline": spec.name,
         "title": spec.title,
@@ -99,6 +101,7 @@ def fit(
         "height": shape.height,
         "width": shape.width,
         "frames": frames,
+        **run.fields(),
         "rows": rows,
         "rejected": rejected,
         "reason": None if any(r["fits"] for r in rows) else why_none_fits(rows, rejected, memory),
@@ -106,7 +109,30 @@ def fit(
     }
 
 
-def _estimate_all(found, spec, measurer, shape, memory, hw, only, cache=None) -> tuple[list[dict], list[dict]]:
+def _shape(spec: FitPipeline, batch, resolution, height, width, frames, text_tokens) -> Shape:
+    """The generation's shape: height / width as given, else `resolution`, else the pipeline's usual size."""
+    _, usual_height, usual_width = spec.usual_size
+    height, width = height or resolution or usual_height, width or resolution or usual_width
+    return Shape(batch, height, width, frames or 1, text_tokens)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How the rows' commands run the pipeline (not a mesh choice): compiled or eager, the attention backend."""
+
+    compile: bool = False
+    attention_backend: str | None = None
+
+    def fields(self) -> dict:
+        return {"compiled": self.compile, "attention_backend": self.attention_backend or "auto"}
+
+
+def _best_first(row: dict) -> tuple:
+    """Rows that fit first, fastest first, then smallest peak; the others by peak."""
+    return (not row["fits"], row["step_seconds"] if row["fits"] else 0, row["peak_bytes"])
+
+
+def _estimate_all(found, spec, measurer, shape, memory, hw, only, cache=None, run=RunOptions()):
     """(rows, rejected) of the candidates `found`: unpadded and unquantized first, a padded one only where its
     unpadded twin is refused, a quantized one only where no unquantized twin fits (module docstring)."""
     state = CacheState(cache, measurer, shape, spec.calls_per_step) if cache else None
@@ -119,7 +145,7 @@ def _estimate_all(found, spec, measurer, shape, memory, hw, only, cache=None) ->
         if (candidate.pad and _key(options) in runs) or (candidate.quant and _key(options, "quant") in fits):
             continue
         try:
-            rows.append(estimate(candidate, spec, measurer, shape, memory, hw, state))
+            rows.append(estimate(candidate, spec, measurer, shape, memory, hw, state, run))
         # ForwardError: the traced forward refused its input (a sequence length this cp degree does not divide).
         except (PlanError, ForwardError) as exc:
             rejected.append({**options, "reason": str(exc)})
@@ -130,9 +156,18 @@ def _estimate_all(found, spec, measurer, shape, memory, hw, only, cache=None) ->
     return rows, rejected
 
 
-def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape: Shape, memory: int, hw, state=None):
+def estimate(
+    candidate: Candidate,
+    spec: FitPipeline,
+    measurer: Measurer,
+    shape: Shape,
+    memory: int,
+    hw,
+    state=None,
+    run: RunOptions = RunOptions(),
+):
     """One row: per-rank weights, phase activations (plus a step cache's `state`, a `CacheState`), peak, fit and step
-    time of `candidate`."""
+    time of `candidate`, compiled or eager as `run` says."""
     plan = arrangement(candidate, spec, shape.batch)
     figures = {name: measurer.phase(name, setup, shape) for name, setup in plan.setups.items()}
     weights = {name: f.weight_bytes for name, f in figures.items()}
@@ -149,10 +184,13 @@ def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape:
     peak_phase = max(PHASES, key=totals.get)
     step = figures[spec.transformer]
     exchange = cfg_exchange(plan, candidate, measurer.output_bytes(plan.setups[spec.transformer], shape))
-    call = cost.call_seconds(step.flops, weights[spec.transformer], step.collectives, hw)
+    call = cost.call_seconds(
+        step.flops, weights[spec.transformer], step.collectives, hw, fp32_flops=step.fp32_flops, compiled=run.compile
+    )
     seconds = plan.calls_per_step * call + cost.collective_seconds(exchange, hw)
     row = {
         **_options(candidate),
+        "compiled": run.compile,
         "weight_bytes": weights,
         "phase_bytes": phase_bytes,
         "resident_bytes": {p: totals[p] - phase_bytes[p] for p in PHASES},
@@ -161,11 +199,14 @@ def estimate(candidate: Candidate, spec: FitPipeline, measurer: Measurer, shape:
         "fits": totals[peak_phase] <= memory,
         "step_seconds": seconds,
         "step_flops": step.flops,
+        "step_fp32_flops": step.fp32_flops * plan.calls_per_step,
+        "attention_kernels": dict(step.attention),
+        "traced_on": step.device,
         "step_collective_bytes": sum(nbytes for _, nbytes, _ in step.collectives) * plan.calls_per_step
         + sum(nbytes for _, nbytes, _ in exchange),
         "calls_per_step": plan.calls_per_step,
-        "command": command(candidate, spec, shape),
-        "serve_command": command(candidate, spec, shape, "serve"),
+        "command": command(candidate, spec, shape, run=run),
+        "serve_command": command(candidate, spec, shape, "serve", run),
         **cached,
     }
     return fsdp_row(row, candidate, spec, plan, call, measurer.dtype, hw, memory) if candidate.fsdp else row
@@ -211,7 +252,7 @@ def _key(row: dict, *without: str) -> tuple:
     return tuple(row[k] for k in names if k not in without)
 
 
-def command(c: Candidate, spec: FitPipeline, shape: Shape, verb: str = "run") -> str | None:
+def command(c: Candidate, spec: FitPipeline, shape: Shape, verb: str = "run", run: RunOptions = RunOptions()) -> str:
     """The `dtp run` command line that runs `c` (the VAE split needs no option: `dtp run` splits it when it can);
     with verb "serve", the `dtp serve` line that loads the same mesh (sizes and frames then come per request)."""
     args = ["--model-dir", spec.model_dir]
@@ -233,6 +274,10 @@ def command(c: Candidate, spec: FitPipeline, shape: Shape, verb: str = "run") ->
         args.append("--whole-text-encoders")
     if c.text_encoders == "offloaded":
         args.append("--offload-text-encoders")  # implies whole text encoders
+    if run.compile:
+        args.append("--compile")
+    if run.attention_backend not in (None, "auto"):
+        args += ["--attention-backend", run.attention_backend]
     launcher = ["python"] if c.world == 1 else ["torchrun", "--nproc-per-node", str(c.world)]
     return shlex.join([*launcher, "-m", "dtp", verb, *args])
 

@@ -13,9 +13,10 @@ at full size on meta as the run shards it (`analysis/fsdp.traced_fsdp`, the func
                         `runtime/fsdp.in_flight_bytes` (tests/distributed/test_fsdp_more.py: 0.88 x in flight + root)
     peak              = max over phases of (resident weights + in flight + phase activations)
     gather per call   = one all_gather per unit of the transformer's (F - 1) / F x its tp-local bytes on the link
-    step_seconds      = measured + calls x max(0, gather - call): each unit issues the next window behind its
-                        compute, the last unit the first window for the next call: only what the compute cannot hide
-                        is exposed
+    step_seconds      = measured + calls x (max(0, gather - call) + copy-out): each unit issues the next window
+                        behind its compute, the last unit the first window for the next call: only what the compute
+                        cannot hide is exposed; FSDP2's copy-out of each gathered unit runs on the compute stream
+                        (`_fsdp_param_group.py`): 2 x unit bytes / memory bandwidth per unit and call
 
 Example (`dtp fit flux-pipeline --gpus 8 --gpu-memory 80GB --resolution 2048`, bf16, H100, cp=8): 23.8 GB of
 transformer weights -> 3.09 GB per rank (0.11 GB of it the gathered root), + 0.57 GB in flight (two single blocks;
@@ -75,7 +76,7 @@ def fsdp_row(row: dict, c, pipeline, plan, call_seconds: float, dtype, hw, memor
     peak_phase = max(totals, key=totals.get)
     units = traced[name].units
     gather = cost.collective_seconds([("all_gather", size, f) for size in units], hw)
-    exposed = max(0.0, gather - call_seconds)
+    exposed = max(0.0, gather - call_seconds) + cost.fsdp_copy_out_seconds(units, hw)
     gathered = int(cost.wire_bytes("all_gather", sum(units), f)) * row["calls_per_step"]
     return {
         **row,

@@ -2,15 +2,16 @@
 
 Public datasheet figures, dense (no 2:4 sparsity), per GPU:
 
-    name        memory   bf16 TFLOP/s  fp8 TFLOP/s  memory TB/s  link (as shipped)        link GB/s per direction
-    H100 SXM    80 GB      989          1979         3.35        NVLink 4 (900 GB/s bidir)   450
-    H200       141 GB      989          1979         4.8         NVLink 4 (900 GB/s bidir)   450
-    A100 80GB   80 GB      312           -           2.039       NVLink 3 (600 GB/s bidir)   300
-    L40S        48 GB      362           733         0.864       PCIe 4.0 x16                 32
-    L20         48 GB      119.5         239         0.864       PCIe 4.0 x16                 32
-    RTX 4090    24 GB      165           330         1.008       PCIe 4.0 x16                 32
+    name        memory   bf16 TFLOP/s  fp8 TFLOP/s  fp32 TFLOP/s  memory TB/s  link (as shipped)     GB/s per direction
+    H100 SXM    80 GB      989          1979          67          3.35        NVLink 4 (900 GB/s bidir)   450
+    H200       141 GB      989          1979          67          4.8         NVLink 4 (900 GB/s bidir)   450
+    A100 80GB   80 GB      312           -            19.5        2.039       NVLink 3 (600 GB/s bidir)   300
+    L40S        48 GB      362           733          91.6        0.864       PCIe 4.0 x16                 32
+    L20         48 GB      119.5         239          59.8        0.864       PCIe 4.0 x16                 32
+    RTX 4090    24 GB      165           330          82.6        1.008       PCIe 4.0 x16                 32
 
-(RTX 4090: the fp32-accumulate tensor rate, which is what bf16 matmuls use.) The link figure is what one
+(RTX 4090: the fp32-accumulate tensor rate, which is what bf16 matmuls use. fp32: the non-tensor-core FP32 rate,
+what an fp32 matmul runs at without TF32, which dtp never enables.) The link figure is what one
 GPU can send while it receives as much, the bandwidth a ring collective is limited by.
 """
 
@@ -33,6 +34,8 @@ class Hardware:
     """Dense bf16 tensor-core peak, FLOP/s."""
     fp8_flops: float | None
     """Dense fp8 peak, FLOP/s (None: no fp8 tensor cores) - for quantized candidates."""
+    fp32_flops: float
+    """FP32 peak without tensor cores, FLOP/s: fp32 matmuls (no TF32)."""
     memory_bandwidth: float
     """Bytes/s of device memory."""
     link_bandwidth: float
@@ -48,17 +51,17 @@ T = 10**12
 HARDWARE = {
     h.name: h
     for h in (
-        Hardware(name="H100 SXM", memory_bytes=80 * GB, bf16_flops=989 * T, fp8_flops=1979 * T,
+        Hardware(name="H100 SXM", memory_bytes=80 * GB, bf16_flops=989 * T, fp8_flops=1979 * T, fp32_flops=67 * T,
                  memory_bandwidth=3.35 * T, link_bandwidth=450 * GB, link="NVLink"),
-        Hardware(name="H200", memory_bytes=141 * GB, bf16_flops=989 * T, fp8_flops=1979 * T,
+        Hardware(name="H200", memory_bytes=141 * GB, bf16_flops=989 * T, fp8_flops=1979 * T, fp32_flops=67 * T,
                  memory_bandwidth=4.8 * T, link_bandwidth=450 * GB, link="NVLink"),
-        Hardware(name="A100 80GB", memory_bytes=80 * GB, bf16_flops=312 * T, fp8_flops=None,
+        Hardware(name="A100 80GB", memory_bytes=80 * GB, bf16_flops=312 * T, fp8_flops=None, fp32_flops=19.5 * T,
                  memory_bandwidth=2.039 * T, link_bandwidth=300 * GB, link="NVLink"),
-        Hardware(name="L40S", memory_bytes=48 * GB, bf16_flops=362 * T, fp8_flops=733 * T,
+        Hardware(name="L40S", memory_bytes=48 * GB, bf16_flops=362 * T, fp8_flops=733 * T, fp32_flops=91.6 * T,
                  memory_bandwidth=0.864 * T, link_bandwidth=32 * GB, link="PCIe"),
-        Hardware(name="L20", memory_bytes=48 * GB, bf16_flops=119.5 * T, fp8_flops=239 * T,
+        Hardware(name="L20", memory_bytes=48 * GB, bf16_flops=119.5 * T, fp8_flops=239 * T, fp32_flops=59.8 * T,
                  memory_bandwidth=0.864 * T, link_bandwidth=32 * GB, link="PCIe"),
-        Hardware(name="RTX 4090", memory_bytes=24 * GB, bf16_flops=165 * T, fp8_flops=330 * T,
+        Hardware(name="RTX 4090", memory_bytes=24 * GB, bf16_flops=165 * T, fp8_flops=330 * T, fp32_flops=82.6 * T,
                  memory_bandwidth=1.008 * T, link_bandwidth=32 * GB, link="PCIe"),
     )
 }  # fmt: skip

@@ -8,6 +8,12 @@
                                      this rank's parameter bytes (outside the blocks + one block x their
                                      number), the activation peak, FLOPs and collectives
 
+The transformer is traced on fake CUDA tensors (`analysis/cuda.py`): its attention takes the kernel a CUDA build
+of torch runs and dtp's CUDA branches run (ring blocks: whatever `runtime/cp/ring.py` does on CUDA), so its FLOPs
+say which run on tensor cores and which in fp32 (`PhaseFigures.fp32_flops`) and which attention kernels ran
+(`attention`). A transformer whose forward cannot run on fake CUDA tensors is traced on cpu instead
+(`PhaseFigures.device` says which). Text encoders and VAEs are traced on cpu (memory only; no step time).
+
 Text encoders that return every layer's hidden states keep one activation per layer alive, so their
 peak grows with depth: traced at depth 1 and 2, the peak is extrapolated linearly to the full depth
 (peak(n) = peak(1) + (n - 1) (peak(2) - peak(1))); a transformer's or a VAE's does not grow, and one
@@ -21,12 +27,14 @@ measurement: `Measurer` caches by (component, setup, shape), in memory and on di
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
 import torch
 
+from ..analysis.fakepg import fake_mesh
 from ..analysis.forward import Call, trace_sharded
 from ..analysis.inputs import full_inputs
 from ..analysis.trace import Trace, scale_blocks, scale_collectives, truncate_blocks
@@ -88,6 +96,12 @@ class PhaseFigures:
     """(op, result bytes, group size) per collective."""
     output_bytes: int = 0
     """Bytes of the call's output on this rank (the transformer's: its latents' shape; what cfg exchanges)."""
+    fp32_flops: int = 0
+    """The part of `flops` in fp32 matmuls / attention (no tensor cores)."""
+    attention: tuple = ()
+    """(attention kernel and dtype, calls per call) of the traced forward (`Trace.kernels`), full depth."""
+    device: str = "cpu"
+    """The fake device it was traced on."""
 
 
 class Measurer:
@@ -172,9 +186,18 @@ class Measurer:
                 calls[s] = self._call(name, module, setup, s)
             except PlanError as exc:  # e.g. an image that is not a whole number of tokens
                 calls[s] = exc
+        scale = {path: max(n // depth, 1) for path, n in lengths.items()}
+        if name == self.pipeline.transformer:
+            try:  # what a GPU runs (module docstring)
+                shard = partial(_parallelize, name, setup=setup, device="cuda")
+                traces, weights = trace_sharded(copy.deepcopy(module), setup.world, shard, calls, quant=setup.quant,
+                                                device="cuda")  # fmt: skip
+                return traces, weights, scale
+            except (RuntimeError, NotImplementedError, TypeError):  # a CUDA path fake tensors cannot take: on cpu
+                pass
         shard = partial(_parallelize, name, setup=setup)
         traces, weights = trace_sharded(module, setup.world, shard, calls, quant=setup.quant)
-        return traces, weights, {path: max(n // depth, 1) for path, n in lengths.items()}
+        return traces, weights, scale
 
     def output_bytes(self, setup: Setup, shape: Shape) -> int:
         """Bytes of one transformer call's output on a rank running `setup`: its latents' (`hidden_states`) shape."""
@@ -231,15 +254,15 @@ class Measurer:
         return Call(text_inputs(module, s))
 
 
-def _parallelize(name: str, module, setup: Setup) -> None:
+def _parallelize(name: str, module, setup: Setup, device: str = "cpu") -> None:
     """Shard `module` as the run does on rank 0 of `setup.world` ranks (inside `fake_world`): its plan on the
-    ("cp", "tp") mesh, or the VAE's rows over `setup.split` ranks (`dtp.parallelize_vae`)."""
+    ("cp", "tp") mesh (of `device` type), or the VAE's rows over `setup.split` ranks (`dtp.parallelize_vae`)."""
     if setup.split > 1:
         parallelize_vae(module, make_mesh(tp=setup.split, device_type="cpu"))
         return
     if setup.world == 1:
         return
-    mesh = make_mesh(tp=setup.tp, cp=setup.cp, device_type="cpu")
+    mesh = fake_mesh(tp=setup.tp, cp=setup.cp, device=device)
     ready = prepare_component(name, module, Parallelism.build(mesh, cp_mode=setup.cp_mode, pad=setup.pad))
     if ready is not None:
         apply(module, ready)
@@ -257,4 +280,16 @@ def _figures(trace: Trace, weights, scale: dict, peak: int) -> PhaseFigures:
     flops = sum(scale_blocks(trace.flops, scale).values())
     records = tuple((r.op, r.bytes, r.group) for r in scale_collectives(trace.collectives, scale))
     weight_bytes = sum(scale_blocks(weights, scale).values())
-    return PhaseFigures(weight_bytes=int(weight_bytes), peak_bytes=int(peak), flops=int(flops), collectives=records)
+    attention = Counter()
+    for (scope, kind, kernel), calls in trace.kernels.items():
+        if kind == "attention":
+            attention[kernel] += calls * (scale.get(scope.rpartition(".")[0], 1) if scope else 1)
+    return PhaseFigures(
+        weight_bytes=int(weight_bytes),
+        peak_bytes=int(peak),
+        flops=int(flops),
+        collectives=records,
+        fp32_flops=int(sum(scale_blocks(trace.fp32_flops, scale).values())),
+        attention=tuple(sorted(attention.items())),
+        device=trace.device,
+    )

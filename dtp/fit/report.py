@@ -24,7 +24,8 @@ def format_table(report: dict, limit: int | None = None) -> str:
     frames = f" x {report['frames']} frames" if report.get("frames") else ""
     lines = [
         f"dtp fit: {report['pipeline']} ({report['title']}), {report['height']}x{report['width']}{frames}, batch "
-        f"{report['batch']}, {report['dtype']}, on {report['gpus']} x {gb:.1f} GB ({report['hardware']})",
+        f"{report['batch']}, {report['dtype']}, on {report['gpus']} x {gb:.1f} GB ({report['hardware']}), "
+        + ("compiled" if report.get("compiled") else "eager (dtp run without --compile)"),
         "per rank (full-size components on the meta device, activations traced on fake tensors; GB = 1e9 bytes):",
         f"  {'#':>2} {'candidate':<34} {'weights':>8} {'text':>6} {'denoise':>8} {'decode':>7} {'peak':>7} "
         f"{'at':<8} {'fits':<4} {'s/step':>7}",

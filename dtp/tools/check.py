@@ -7,6 +7,7 @@ import sys
 
 from ..analysis.check import add_cfg, check, check_fsdp, check_pipeline, is_pipeline_target
 from ..analysis.fsdp import fsdp_pipeline_bytes
+from ..analysis.kernels import format_kernels
 from ..analysis.lint import format_lint
 from ..analysis.released import RELEASED_PIPELINES
 from ..errors import PlanError
@@ -31,6 +32,8 @@ def _pipeline_or_model(args) -> dict:
     if is_pipeline_target(args.target):
         if args.plan or args.config:
             raise PlanError(f"--plan and --config apply to one model, not to '{args.target}'.")
+        if args.kernels:
+            raise PlanError(f"--kernels traces one model's forward, not '{args.target}': name its transformer.")
         report = check_pipeline(
             args.target,
             tp=args.tp,
@@ -61,6 +64,8 @@ def _pipeline_or_model(args) -> dict:
         quant=args.quant,
         cfg=args.cfg,
         peak=args.peak,
+        kernels=args.kernels,
+        attention=args.attention_backend,
     )
 
 
@@ -139,6 +144,9 @@ def format_report(r: dict) -> str:
         lines += _format_cfg(r["cfg"], r["cfg_exchange"])
     if "activation_peak" in r:
         lines += format_peak(r["activation_peak"], r["dtype"])
+    if "kernels" in r:
+        k = r["kernels"]
+        lines += [f"kernels: not traced ({k['error']})"] if "error" in k else format_kernels(k)
     if "lint" in r:
         lines += format_lint(r["lint"])
     if r["cp"] > 1:

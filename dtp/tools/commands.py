@@ -349,6 +349,24 @@ def _check_forward(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="skip the traced forward that counts the collectives and the peak (memory figures only)",
     )
+    p.add_argument(
+        "--kernels",
+        action="store_true",
+        help="trace the forward on fake CUDA tensors: per block, the attention kernel of each call, the matmul "
+        "dtypes, the collectives and the host syncs a GPU would run",
+    )
+    add_attention_backend(p)
+
+
+def add_attention_backend(p: argparse.ArgumentParser) -> None:
+    """`--attention-backend NAME` (dtp check, dtp fit): the attention kernel choice the run would make."""
+    p.add_argument(
+        "--attention-backend",
+        default=None,
+        metavar="NAME",
+        help=f"attention backend: {', '.join(ATTENTION_BACKENDS)}, or a diffusers dispatcher backend name "
+        "(e.g. _native_cudnn) (default auto: torch's choice)",
+    )
 
 
 def _verify(p: argparse.ArgumentParser) -> None:
@@ -412,6 +430,12 @@ def _fit(p: argparse.ArgumentParser) -> None:
         default=None,
         help="add a step cache's state (dtp run --cache) to the denoise and decode peaks of every row",
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="cost the rows as `dtp run --compile` runs them (default: eager, x1.46 compute as measured on an H200)",
+    )
+    add_attention_backend(p)
 
 
 def _demo_module():

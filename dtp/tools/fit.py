@@ -41,6 +41,8 @@ def run(args) -> int:
             batch=args.batch,
             dtype=args.dtype,
             cache=args.cache,
+            compile=args.compile,
+            attention_backend=args.attention_backend,
         )
     except PlanError as exc:
         print(json.dumps({"error": str(exc)}) if args.json else f"dtp fit: {exc}", file=sys.stderr)

@@ -9,7 +9,6 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from dtp import PlanError
-from dtp.analysis import check as check_module
 from dtp.analysis import forward as forward_module
 from dtp.analysis.check import check
 from dtp.analysis.forward import forward_peak
@@ -154,28 +153,3 @@ def test_whole_depth_peak_is_the_cut_peak_for_alike_blocks(tmp_path):
     shape = ForwardShape(resolution=256, text_tokens=64)
     cut = forward_peak(FLUX, None, shape=shape, dtype=torch.float32, config=MEDIUM_FLUX, cut=True).peak_bytes
     assert report["activation_peak"]["per_rank_bytes"] == cut > 3_000_000, (report["activation_peak"], cut)
-
-
-def _reference(tmp_path, class_name: str, config: dict):
-    """(`dtp check`'s one-rank reference, what it traced, the whole model's one-rank peak) at tp=1, tiny, fp32: at
-    tp=1 the "sharded" trace is the whole model's on one rank."""
-    path = tmp_path / f"{class_name}.json"
-    path.write_text(json.dumps({"_class_name": class_name, **config}))
-    report = check(class_name, tp=1, config=str(path), resolution=64, text_tokens=8, dtype="fp32", peak=True)
-    peak = report["activation_peak"]
-    return peak["one_rank_bytes"], peak["one_rank_blocks"], peak["per_rank_bytes"]
-
-
-def test_one_rank_reference_keeps_a_block_per_run_or_the_whole_depth(tmp_path, monkeypatch):
-    """`dtp check`'s one-rank reference: SD3 with a context-only last block traces 2 of 4 blocks (one per run of alike
-    blocks) and peaks at the whole model's bytes; HunyuanDiT keeps a long skip per block (its blocks are entered with
-    growing live bytes), so it is traced whole: cut, it could not even run (the control)."""
-    sd3 = {**TINY_CONFIGS["SD3Transformer2DModel"], "num_layers": 4, "dual_attention_layers": ()}
-    one, blocks, whole = _reference(tmp_path, "SD3Transformer2DModel", sd3)
-    assert blocks == "2 of 4 blocks (one per run of alike blocks)" and one == whole, (one, whole)
-    hunyuan = TINY_CONFIGS["HunyuanDiT2DModel"]
-    one, blocks, whole = _reference(tmp_path, "HunyuanDiT2DModel", hunyuan)
-    assert blocks == "all 4 blocks" and one == whole, (one, whole)
-    monkeypatch.setattr(check_module, "depth_free", lambda trace, runs: True)
-    with pytest.raises(TypeError, match="expected Tensor"):  # blocks 0 and 3 kept: the skip block 3 takes is None
-        _reference(tmp_path, "HunyuanDiT2DModel", hunyuan)
