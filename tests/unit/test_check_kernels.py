@@ -46,12 +46,12 @@ def test_tp2_bf16_runs_flash_attention_in_every_block_and_lists_its_collectives(
 
 
 def test_ulysses_cp2_lists_the_all_to_alls_and_a_backend_changes_the_kernel(tiny_flux):
-    """Ulysses cp=2: each attention runs between all-to-alls (q, k, v and the output: 4 today, 2 once stacked), in
+    """Ulysses cp=2: each attention runs between 2 all-to-alls (q, k, v stacked in one, the output in the other), in
     FlashAttention-2; under --attention-backend cudnn the same calls run cuDNN's fused kernel."""
     report = check("flux", tp=1, cp=2, config=tiny_flux, kernels=True, **SHAPE)
     block = _blocks(report)["transformer_blocks.*"]
     assert block["attention"] == {FLASH: 1}
-    assert block["collectives"].get("alltoall_base", 0) in (2, 4)
+    assert block["collectives"] == {"all_to_all_single": 2}, block["collectives"]
     cudnn = check("flux", tp=1, cp=2, config=tiny_flux, kernels=True, attention="cudnn", **SHAPE)
     assert _blocks(cudnn)["transformer_blocks.*"]["attention"] == {"_scaled_dot_product_cudnn_attention bfloat16": 1}
     assert cudnn["attention_backend"] == "cudnn"

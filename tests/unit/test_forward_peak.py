@@ -53,13 +53,15 @@ def test_fake_peak_is_memtrackers_real_peak():
 
 
 def test_cp_divides_flux_peak():
-    """Medium FLUX.1 at 256 image + 64 text tokens: cp=4 (ulysses) holds <= 1.25 / 4 of one rank's peak; tp=4
-    alone does not divide it as well (the residual stream stays whole)."""
+    """Medium FLUX.1 at 256 image + 64 text tokens: cp=4 (ulysses) holds <= 1.30 / 4 of one rank's peak; tp=4
+    alone does not divide it as well (the residual stream stays whole). Measured 1.26 / 4 (1,602,500 of 5,086,980
+    bytes): q, k and v go in one stacked all-to-all, whose receive buffer and laid-out result are both alive at
+    once (three q-sized tensors each), one q-sized tensor more than three one-tensor exchanges held (1.00 / 4 then)."""
     shape = ForwardShape(resolution=256, text_tokens=64)
     one = forward_peak(FLUX, None, shape=shape, dtype=torch.float32, config=MEDIUM_FLUX).peak_bytes
     cp4 = forward_peak(FLUX, None, cp=4, shape=shape, dtype=torch.float32, config=MEDIUM_FLUX).peak_bytes
     tp4 = forward_peak(FLUX, None, tp=4, shape=shape, dtype=torch.float32, config=MEDIUM_FLUX).peak_bytes
-    assert cp4 <= 1.25 * one / 4, (cp4, one)
+    assert cp4 <= 1.30 * one / 4, (cp4, one)
     assert tp4 > cp4
 
 

@@ -37,22 +37,27 @@ def _check_heads(heads: int, cp: int) -> None:
         )
 
 
-def stacked_to_heads(x: torch.Tensor, group) -> torch.Tensor:
-    """`[N, B, S/cp, H, D]` (N tensors of the local sequence, all heads) -> `[N, B, S, H/cp, D]` (all sequence,
-    local heads) in one all-to-all: the send is `[cp (dest), N, B, s, H/cp, D]`."""
+def stacked_to_heads(tensors, group) -> tuple[torch.Tensor, ...]:
+    """N tensors `[B, S/cp, H, D]` (the local sequence, all heads) -> N tensors `[B, S, H/cp, D]` (all sequence,
+    local heads) in one all-to-all: the send is `[cp (dest), N, B, s, H/cp, D]`, built by one `stack` of permuted
+    views (no intermediate stacked copy), and the send is dropped once received, before the result is laid out: the
+    activation peak holds two N-tensor buffers besides the inputs, as the three one-tensor exchanges did at most."""
     cp = dist.get_world_size(group)
-    n, b, s, h, d = x.shape
+    b, s, h, d = tensors[0].shape
     _check_heads(h, cp)
-    send = dense(x.reshape(n, b, s, cp, h // cp, d).permute(3, 0, 1, 2, 4, 5))
-    recv = funcol.all_to_all_single(send.flatten(), None, None, group).view(send.shape)  # [cp (source), N, ...]
-    return recv.permute(1, 2, 0, 3, 4, 5).reshape(n, b, cp * s, h // cp, d)
+    send = torch.stack([t.reshape(b, s, cp, h // cp, d).permute(2, 0, 1, 3, 4) for t in tensors], dim=1)
+    shape = send.shape
+    recv = funcol.wait_tensor(funcol.all_to_all_single(send.flatten(), None, None, group)).view(shape)
+    del send  # [cp (source), N, ...] received: the send buffer is free before the result is laid out
+    heads = recv.permute(1, 2, 0, 3, 4, 5).reshape(len(tensors), b, cp * s, h // cp, d)
+    return heads.unbind(0)
 
 
 def to_heads(query, key, value, group):
     """q, k, v `[B, S/cp, H, D]` -> `[B, S, H/cp, D]` each: one all-to-all when they share a shape, else one each."""
     if query.shape == key.shape == value.shape and query.dtype == key.dtype == value.dtype:
-        return stacked_to_heads(torch.stack([query, key, value]), group).unbind(0)
-    return tuple(stacked_to_heads(t.unsqueeze(0), group).squeeze(0) for t in (query, key, value))
+        return stacked_to_heads((query, key, value), group)
+    return tuple(stacked_to_heads((t,), group)[0] for t in (query, key, value))
 
 
 def heads_to_seq(x: torch.Tensor, group) -> torch.Tensor:
