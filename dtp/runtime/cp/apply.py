@@ -38,7 +38,7 @@ def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str, backend
         else:
             handles.append(module.register_forward_hook(SplitOutputs(path, rules, rank, cp)))
     for path, rule in resolved.gathers:
-        handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group)))
+        handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group, pads)))
     masks = ForwardMasks()  # each mask split and gathered once per forward, reused by every layer
     handles.append(model.register_forward_pre_hook(masks.open))
     handles.append(model.register_forward_hook(masks.close, always_call=True))
