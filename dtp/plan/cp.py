@@ -232,8 +232,8 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     if when is not None and expected is not None:
         raise PlanError(f"{where}: `when_dims` (split only tensors of that many dims) excludes `expected_dims`.")
     pad = None if spec.get("pad") is None else _pad_rule(spec["pad"], where)
-    if pad is not None and (output or segments):
-        raise PlanError(f"{where}: `pad` applies to a plain input split (no `output`, no `segments`).")
+    if pad is not None and segments:
+        raise PlanError(f"{where}: `pad` applies to a plain split (no `segments`).")
     flatten = spec.get("flatten", False)
     if not isinstance(flatten, bool) or (flatten and not output):
         raise PlanError(f"{where}: `flatten` (a token grid output cut after flattening) needs `output: true`.")

@@ -36,7 +36,7 @@ def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str, backend
         if local is not None:
             handles.append(install_local_embed(module, path, local, rank, cp))
         else:
-            handles.append(module.register_forward_hook(SplitOutputs(path, rules, rank, cp)))
+            handles.append(module.register_forward_hook(SplitOutputs(path, rules, rank, cp, pads)))
     for path, rule in resolved.gathers:
         handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group, pads)))
     masks = ForwardMasks()  # each mask split and gathered once per forward, reused by every layer

@@ -137,10 +137,15 @@ class SplitInputs:
 
 
 class SplitOutputs:
-    """Forward hook: replace elements of the module's output (index 0 of a bare tensor) by local chunks."""
+    """Forward hook: replace elements of the module's output (index 0 of a bare tensor) by local chunks.
 
-    def __init__(self, path: str, rules: list[SplitRule], rank: int, cp: int):
+    A rule with `pad` zero-pads its tensor (a token grid: flattened first) to a multiple of cp and records the
+    padded sequence in `pads`, as `SplitInputs` does for inputs (Wan's patch embedding and its RoPE tables).
+    """
+
+    def __init__(self, path: str, rules: list[SplitRule], rank: int, cp: int, pads: PadState | None = None):
         self.path, self.rules, self.rank, self.cp = path, rules, rank, cp
+        self.pads = PadState() if pads is None else pads
 
     def __call__(self, module, args, output):
         single = isinstance(output, torch.Tensor)
@@ -152,9 +157,28 @@ class SplitOutputs:
                     f"{len(items)} item(s) and element {rule.name} is not a tensor."
                 )
             what = f"output {rule.name} of '{self.path}'"
+            if rule.pad is not None:
+                items[rule.name] = self._split_padded(items[rule.name], rule, what)
+                continue
             cut = flat_chunk if rule.flatten else own_chunk
             items[rule.name] = cut(items[rule.name], rule.dim, self.rank, self.cp, what, rule.expected_dims)
         return items[0] if single else type(output)(items)
+
+    def _split_padded(self, x: torch.Tensor, rule: SplitRule, what: str) -> torch.Tensor:
+        if rule.expected_dims is not None and x.ndim != rule.expected_dims:
+            raise ForwardError(
+                f"cp split of {what}: expected a {rule.expected_dims}-D tensor, got shape {tuple(x.shape)}; the "
+                f"plan's `expected_dims` does not match how this model is called."
+            )
+        flat = x.flatten(rule.dim) if rule.flatten else x
+        chunk, valid = padded_chunk(flat, rule.dim, self.rank, self.cp, what)
+        chunk = chunk.clone(memory_format=torch.contiguous_format)
+        slot, local = self.pads.slots[rule.pad.at], chunk.shape[rule.dim]
+        slot.local, slot.valid, slot.total = local, valid, flat.shape[rule.dim]
+        slot.padded = local * self.cp != slot.total
+        if rule.flatten:
+            chunk = chunk.reshape(*x.shape[: rule.dim], *([1] * (x.ndim - rule.dim - 1)), local)
+        return chunk
 
 
 class GatherOutput:
