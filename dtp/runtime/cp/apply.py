@@ -26,6 +26,7 @@ def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str, backend
     inputs, outputs = defaultdict(list), defaultdict(list)
     for path, rule in resolved.splits:
         (outputs if rule.output else inputs)[path].append(rule)
+    handles.append(model.register_forward_pre_hook(pads.reset))  # first: ahead of the model's own split hook
     for path, rules in inputs.items():
         module = model.get_submodule(path)
         hook = SplitInputs(path, module, rules, rank, cp, pads)

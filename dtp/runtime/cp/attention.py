@@ -107,11 +107,12 @@ class CpAttention:
 
     def _whole_mask_attention(self, original, args: dict, mask):
         """Ulysses with a mask over the whole sequence (`masks.whole_mask`): each rank attends every token for its
-        heads, so the mask goes on whole, as in one process. Ring attention sees one key block at a time: refused."""
-        if self.mode != "ulysses" or self.pads is not None:
+        heads, so the mask goes on whole, as in one process. Ring attention sees one key block at a time: refused.
+        The adapter that built the mask masks a padded split's pad keys in it (`block_causal.py`)."""
+        if self.mode != "ulysses":
             raise ForwardError(
                 f"context-parallel attention: a {tuple(mask.shape)} mask over the whole sequence (a per-query mask, "
-                f"e.g. block-causal) runs under Ulysses without padded keys only; use cp_mode='ulysses'."
+                f"e.g. block-causal) runs under Ulysses only; use cp_mode='ulysses'."
             )
         backend = args.get("backend") or self.backend
 

@@ -30,15 +30,21 @@ class PadState:
     that drop their pad rows.
 
     Two slots, by where the sequence sits among an attention's local keys (`PadRule.at`): `first` (FLUX.1's text,
-    before the image) and `last` (its image). Set by the pre-hook that cuts the padded tensor (every call, so it is
-    never stale). When any slot is padded, every rank passes a key mask (all-True on a rank without pads), so the
-    masks' all-gathers match across ranks.
+    before the image) and `last` (its image). Reset at the start of every model forward (`reset`), set by the hook
+    that cuts a padded tensor. When any slot is padded, every rank passes a key mask (all-True on a rank without
+    pads), so the masks' all-gathers match across ranks.
     Example: FLUX.1, 7 text + 30 image tokens, cp = 4: text padded to 8 (2 a rank; rank 3: 1 real), image to 32
     (8 a rank; rank 3: 6 real); rank 3's 10 local keys are [t, pad, i, i, i, i, i, i, pad, pad].
     """
 
     def __init__(self):
         self.slots = {"first": PadSlot(), "last": PadSlot()}
+
+    def reset(self, *unused) -> None:
+        """Nothing padded: a forward pre-hook on the model, ahead of every split hook, so a slot is padded only when
+        a split of this forward padded it (an absent input, e.g. a None modulation mask, leaves it as it is)."""
+        for slot in self.slots.values():
+            slot.padded = False
 
     @property
     def padded(self) -> bool:
@@ -77,8 +83,6 @@ class SplitInputs:
         # Joint tensors last: their segment lengths are read from the other inputs once those are local.
         for rule in sorted(self.rules, key=lambda r: bool(r.segments)):
             value = bound.arguments.get(rule.name)
-            if rule.pad is not None:
-                self.pads.slots[rule.pad.at].padded = False  # nothing padded unless this call pads
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
