@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ...resolve.binding.cp import CpResolved
+from ..mesh import usp_groups
 from .attention import CpAttention, install_attention
 from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
@@ -22,6 +23,9 @@ def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str, backend
     (a diffusers `AttentionBackendName` value, None = auto) Ulysses and ring attention use (`CpAttention`)."""
     group = cp_mesh.get_group()
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
+    usp = usp_groups(group)  # a `make_mesh(cp=C, ulysses=U)` mesh: Ulysses inside each ring position
+    if usp is not None:
+        mode = "usp"
     handles, pads = [], PadState()
     inputs, outputs = defaultdict(list), defaultdict(list)
     for path, rule in resolved.splits:
@@ -43,8 +47,8 @@ def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str, backend
     masks = ForwardMasks()  # each mask split and gathered once per forward, reused by every layer
     handles.append(model.register_forward_pre_hook(masks.open))
     handles.append(model.register_forward_hook(masks.close, always_call=True))
-    attention = CpAttention(mode=mode, group=group, backend=backend, masks=masks)
-    padded = CpAttention(mode=mode, group=group, pads=pads, backend=backend, masks=masks)  # masks the pad keys
+    attention = CpAttention(mode=mode, group=group, backend=backend, masks=masks, usp=usp)
+    padded = CpAttention(mode=mode, group=group, pads=pads, backend=backend, masks=masks, usp=usp)  # pad keys masked
     for spec in resolved.attention:
         chosen = padded if spec.path in resolved.padded_attention else attention
         handles += install_attention(spec.path, model.get_submodule(spec.path), chosen)
