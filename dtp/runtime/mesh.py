@@ -19,15 +19,14 @@ CFG_AXIS = "cfg"
 CP_AXIS = "cp"
 TP_AXIS = "tp"
 RING_AXIS, ULYSSES_AXIS = "ring", "ulysses"
-# USP (`make_mesh(cp=C, ulysses=U)`, 1 < U < C): this rank's `cp` process group -> its (ring, Ulysses) groups, read by
-# `runtime/cp/apply.py`. A side mesh (cfg, ring, ulysses, tp) over the same ranks holds them; the main mesh keeps its
-# flat `cp` axis, so everything that reads "cp" (splits, gathers, masks, cp_degree) is unchanged.
-_USP_GROUPS: dict = {}
+USP_ATTR = "_dtp_usp"  # on a `make_mesh(cp=C, ulysses=U)` mesh: this rank's (ring group, Ulysses group)
 
 
-def usp_groups(cp_group):
-    """`(ring group, Ulysses group)` of a USP `cp` group (`make_mesh(ulysses=U)`), or None."""
-    return _USP_GROUPS.get(cp_group)
+def usp_groups(mesh) -> tuple | None:
+    """`(ring group, Ulysses group)` of a USP mesh (`make_mesh(ulysses=U)`, 1 < U < cp), or None. A side mesh
+    (cfg, ring, ulysses, tp) over the same ranks holds the groups; the mesh itself keeps its flat `cp` axis, so
+    everything that reads "cp" (splits, gathers, masks, cp_degree) is unchanged."""
+    return getattr(mesh, USP_ATTR, None)
 
 
 def make_mesh(
@@ -93,7 +92,8 @@ def _usp_mesh(mesh: DeviceMesh, device_type: str, cfg: int, cp: int, tp: int, ul
         shape, names = (cfg, *shape), (CFG_AXIS, *names)
     usp = init_device_mesh(device_type, shape, mesh_dim_names=names)
     check_mesh_nodes(usp, allow)
-    _USP_GROUPS[mesh[CP_AXIS].get_group()] = (usp[RING_AXIS].get_group(), usp[ULYSSES_AXIS].get_group())
+    # on the mesh object, not keyed by the cp group: torch hands a later mesh the same group (the world's default)
+    setattr(mesh, USP_ATTR, (usp[RING_AXIS].get_group(), usp[ULYSSES_AXIS].get_group()))
 
 
 def tp_submesh(mesh: DeviceMesh) -> DeviceMesh:

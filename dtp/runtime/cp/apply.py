@@ -8,7 +8,6 @@ import torch.distributed as dist
 from torch import nn
 
 from ...resolve.binding.cp import CpResolved
-from ..mesh import usp_groups
 from .attention import CpAttention, install_attention
 from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
@@ -18,13 +17,14 @@ from .masks import ForwardMasks
 HANDLES_ATTR = "_dtp_cp_handles"
 
 
-def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str, backend: str | None = None) -> None:
+def apply_cp(
+    model: nn.Module, resolved: CpResolved, cp_mesh, mode: str, backend: str | None = None, usp: tuple | None = None
+) -> None:
     """Hook `model` for CP on the 1-D `cp_mesh`; `remove_cp(model)` undoes it. backend: the attention backend
     (a diffusers `AttentionBackendName` value, None = auto) Ulysses and ring attention use (`CpAttention`)."""
     group = cp_mesh.get_group()
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
-    usp = usp_groups(group)  # a `make_mesh(cp=C, ulysses=U)` mesh: Ulysses inside each ring position
-    if usp is not None:
+    if usp is not None:  # a `make_mesh(cp=C, ulysses=U)` mesh: Ulysses inside each ring position
         mode = "usp"
     handles, pads = [], PadState()
     inputs, outputs = defaultdict(list), defaultdict(list)
