@@ -64,7 +64,7 @@ from .runtime.cfg import check_cfg, install_cfg
 from .runtime.cp import apply_cp
 from .runtime.fsdp import apply_fsdp, check_fsdp
 from .runtime.heads import set_local_heads
-from .runtime.mesh import tp_submesh
+from .runtime.mesh import tp_submesh, usp_groups
 from .runtime.norms import install_sharded_norms
 from .runtime.outputs import install_output_cuts
 from .runtime.parallelism import Parallelism
@@ -215,7 +215,8 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
     set_attention_backend(model, prepared.parallelism.attention_backend)
     if prepared.cp_resolved is not None:
         backend = prepared.parallelism.attention_backend
-        apply_cp(model, prepared.cp_resolved, prepared.parallelism.cp_mesh, prepared.cp_mode, backend)
+        usp = usp_groups(prepared.parallelism.root)  # make_mesh(cp=C, ulysses=U): Ulysses x ring
+        apply_cp(model, prepared.cp_resolved, prepared.parallelism.cp_mesh, prepared.cp_mode, backend, usp)
     if prepared.parallelism.cfg > 1:
         install_cfg(model, prepared.mesh)  # each call's branches over the cfg groups (runtime/cfg)
     attach_cache(model, prepared.mesh)  # enable_cache through dtp: checked, rank-consistent (dtp/cache)

@@ -122,6 +122,7 @@ class GatherRule:
     key: str
     dim: int
     expected_dims: int | None = None
+    trim: str | None = None  # `first`|`last`: the output is that padded split's sequence: its pad rows are dropped
 
 
 @dataclass(frozen=True)
@@ -231,8 +232,8 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     if when is not None and expected is not None:
         raise PlanError(f"{where}: `when_dims` (split only tensors of that many dims) excludes `expected_dims`.")
     pad = None if spec.get("pad") is None else _pad_rule(spec["pad"], where)
-    if pad is not None and (output or segments):
-        raise PlanError(f"{where}: `pad` applies to a plain input split (no `output`, no `segments`).")
+    if pad is not None and segments:
+        raise PlanError(f"{where}: `pad` applies to a plain split (no `segments`).")
     flatten = spec.get("flatten", False)
     if not isinstance(flatten, bool) or (flatten and not output):
         raise PlanError(f"{where}: `flatten` (a token grid output cut after flattening) needs `output: true`.")
@@ -251,9 +252,12 @@ def _pad_rule(spec, where: str) -> PadRule:
 def _gather_rule(key, spec, name: str) -> GatherRule:
     where = f"plan {name}: cp.gather['{key}']"
     _check_key(key, name)
-    if not isinstance(spec, dict) or "dim" not in spec or set(spec) - {"dim", "expected_dims"}:
-        raise PlanError(f"{where}: expected {{dim: int, expected_dims: int?}}, got {spec!r}.")
-    return GatherRule(key, _int(spec["dim"], where, "dim"), _opt_int(spec.get("expected_dims"), where))
+    if not isinstance(spec, dict) or "dim" not in spec or set(spec) - {"dim", "expected_dims", "trim"}:
+        raise PlanError(f"{where}: expected {{dim: int, expected_dims: int?, trim: first|last?}}, got {spec!r}.")
+    trim = spec.get("trim")
+    if trim is not None and trim not in PAD_AT:
+        raise PlanError(f"{where}: `trim` names the padded split (`pad.at`) whose pad rows to drop: first|last.")
+    return GatherRule(key, _int(spec["dim"], where, "dim"), _opt_int(spec.get("expected_dims"), where), trim)
 
 
 def _from_diffusers(data: dict, name: str) -> CpPlan:
@@ -288,10 +292,10 @@ def _checked(plan: CpPlan, name: str) -> CpPlan:
         raise PlanError(
             f"plan {name}: the `cp` section gathers nothing, so the output would stay split; add a `gather` entry."
         )
-    if len({rule.pad for rule in plan.splits if rule.pad is not None}) > 1:
-        # one padded sequence per forward (`PadState`): its tensors (Lumina2's tokens, their mask and RoPE, cut
-        # at every layer) may each be padded, with the same rule
-        raise PlanError(f"plan {name}: every padded cp split (`pad`) must name the same `at` and `attention`.")
+    if len({rule.pad.attention for rule in plan.splits if rule.pad is not None}) > 1:
+        # at most two padded sequences per forward (`PadState`: one `first`, one `last` among the keys), seen by
+        # the same attentions; a sequence's tensors (Lumina2's tokens, their mask and RoPE) each carry its rule
+        raise PlanError(f"plan {name}: every padded cp split (`pad`) must name the same `attention`.")
     seen = set()
     for rule in plan.splits:
         ident = (rule.key, rule.name, rule.output)

@@ -18,10 +18,25 @@ from .nodes import INTRA_NODE_AXES, check_mesh_nodes
 CFG_AXIS = "cfg"
 CP_AXIS = "cp"
 TP_AXIS = "tp"
+RING_AXIS, ULYSSES_AXIS = "ring", "ulysses"
+USP_ATTR = "_dtp_usp"  # on a `make_mesh(cp=C, ulysses=U)` mesh: this rank's (ring group, Ulysses group)
+
+
+def usp_groups(mesh) -> tuple | None:
+    """`(ring group, Ulysses group)` of a USP mesh (`make_mesh(ulysses=U)`, 1 < U < cp), or None. A side mesh
+    (cfg, ring, ulysses, tp) over the same ranks holds the groups; the mesh itself keeps its flat `cp` axis, so
+    everything that reads "cp" (splits, gathers, masks, cp_degree) is unchanged."""
+    return getattr(mesh, USP_ATTR, None)
 
 
 def make_mesh(
-    tp: int = 1, cp: int = 1, cfg: int = 1, device_type: str | None = None, *, allow_cross_node=()
+    tp: int = 1,
+    cp: int = 1,
+    cfg: int = 1,
+    device_type: str | None = None,
+    *,
+    allow_cross_node=(),
+    ulysses: int | None = None,
 ) -> DeviceMesh:
     """A ("cp", "tp") mesh, or ("cfg", "cp", "tp") when cfg > 1, over the initialized process group;
     world size must equal cfg * cp * tp.
@@ -32,6 +47,12 @@ def make_mesh(
 
     Launched on several nodes, a tp group spanning two nodes is a PlanError (`runtime/nodes.py`) unless
     `allow_cross_node` names the axis (a tuple of axis names, or True for every axis).
+
+    ulysses: USP (Ulysses x ring) when 1 < ulysses < cp (ulysses divides cp): the `cp` ranks are laid out
+    (ring, ulysses), Ulysses innermost (consecutive cp ranks, a node's), ring degree cp / ulysses; CP attention then
+    runs Ulysses all-to-all inside each group of `ulysses` ranks and ring attention over the groups, whatever
+    `cp_mode`. cp=4, ulysses=2, tp=1: Ulysses groups {0, 1}, {2, 3}; ring groups {0, 2}, {1, 3}. None, 1 or cp: the
+    plain mesh (`cp_mode` "ring" is ulysses=1, "ulysses" is ulysses=cp).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
@@ -51,8 +72,28 @@ def make_mesh(
         mesh = init_device_mesh(device_type, (cp, tp), mesh_dim_names=(CP_AXIS, TP_AXIS))
     else:
         mesh = init_device_mesh(device_type, (cfg, cp, tp), mesh_dim_names=(CFG_AXIS, CP_AXIS, TP_AXIS))
-    check_mesh_nodes(mesh, INTRA_NODE_AXES if allow_cross_node is True else tuple(allow_cross_node or ()))
+    allow = INTRA_NODE_AXES if allow_cross_node is True else tuple(allow_cross_node or ())
+    check_mesh_nodes(mesh, allow)
+    if ulysses is not None and ulysses not in (1, cp):
+        _usp_mesh(mesh, device_type, cfg, cp, tp, ulysses, allow)
     return mesh
+
+
+def _usp_mesh(mesh: DeviceMesh, device_type: str, cfg: int, cp: int, tp: int, ulysses: int, allow) -> None:
+    """Build the (cfg, ring, ulysses, tp) side mesh over the same ranks and register this rank's groups."""
+    check_degree(ulysses, "make_mesh: ulysses")
+    if cp % ulysses:
+        raise PlanError(
+            f"make_mesh: ulysses={ulysses} does not divide cp={cp}; the ring degree is cp / ulysses. Choose a divisor "
+            f"of {cp}."
+        )
+    shape, names = (cp // ulysses, ulysses, tp), (RING_AXIS, ULYSSES_AXIS, TP_AXIS)
+    if cfg > 1:
+        shape, names = (cfg, *shape), (CFG_AXIS, *names)
+    usp = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    check_mesh_nodes(usp, allow)
+    # on the mesh object, not keyed by the cp group: torch hands a later mesh the same group (the world's default)
+    setattr(mesh, USP_ATTR, (usp[RING_AXIS].get_group(), usp[ULYSSES_AXIS].get_group()))
 
 
 def tp_submesh(mesh: DeviceMesh) -> DeviceMesh:

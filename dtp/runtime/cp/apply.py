@@ -17,15 +17,20 @@ from .masks import ForwardMasks
 HANDLES_ATTR = "_dtp_cp_handles"
 
 
-def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str, backend: str | None = None) -> None:
+def apply_cp(
+    model: nn.Module, resolved: CpResolved, cp_mesh, mode: str, backend: str | None = None, usp: tuple | None = None
+) -> None:
     """Hook `model` for CP on the 1-D `cp_mesh`; `remove_cp(model)` undoes it. backend: the attention backend
     (a diffusers `AttentionBackendName` value, None = auto) Ulysses and ring attention use (`CpAttention`)."""
     group = cp_mesh.get_group()
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
+    if usp is not None:  # a `make_mesh(cp=C, ulysses=U)` mesh: Ulysses inside each ring position
+        mode = "usp"
     handles, pads = [], PadState()
     inputs, outputs = defaultdict(list), defaultdict(list)
     for path, rule in resolved.splits:
         (outputs if rule.output else inputs)[path].append(rule)
+    handles.append(model.register_forward_pre_hook(pads.reset))  # first: ahead of the model's own split hook
     for path, rules in inputs.items():
         module = model.get_submodule(path)
         hook = SplitInputs(path, module, rules, rank, cp, pads)
@@ -36,17 +41,17 @@ def apply_cp(model: nn.Module, resolved: CpResolved, cp_mesh, mode: str, backend
         if local is not None:
             handles.append(install_local_embed(module, path, local, rank, cp))
         else:
-            handles.append(module.register_forward_hook(SplitOutputs(path, rules, rank, cp)))
+            handles.append(module.register_forward_hook(SplitOutputs(path, rules, rank, cp, pads)))
     for path, rule in resolved.gathers:
-        handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group)))
+        handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group, pads)))
     guard = ScopeGuard()  # pops the attention scopes a raised forward left open
     handles.append(model.register_forward_pre_hook(guard.open))
     handles.append(model.register_forward_hook(guard.close, always_call=True))
     masks = ForwardMasks()  # each mask split and gathered once per forward, reused by every layer
     handles.append(model.register_forward_pre_hook(masks.open))
     handles.append(model.register_forward_hook(masks.close, always_call=True))
-    attention = CpAttention(mode=mode, group=group, backend=backend, masks=masks)
-    padded = CpAttention(mode=mode, group=group, pads=pads, backend=backend, masks=masks)  # masks the pad keys
+    attention = CpAttention(mode=mode, group=group, backend=backend, masks=masks, usp=usp)
+    padded = CpAttention(mode=mode, group=group, pads=pads, backend=backend, masks=masks, usp=usp)  # pad keys masked
     for spec in resolved.attention:
         chosen = padded if spec.path in resolved.padded_attention else attention
         handles += install_attention(spec.path, model.get_submodule(spec.path), chosen)

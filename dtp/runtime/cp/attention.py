@@ -61,6 +61,7 @@ class CpAttention:
     pads: object = None  # hooks.PadState for a module whose keys hold a padded split's tokens, else None
     backend: str | None = None
     masks: ForwardMasks = field(default_factory=ForwardMasks)
+    usp: tuple | None = None  # mode "usp": (ring group, Ulysses group) within `group` (`mesh.usp_groups`)
 
     def __call__(self, original, args: dict):
         query, key, value = args["query"], args["key"], args["value"]
@@ -74,7 +75,9 @@ class CpAttention:
         if whole is not None:
             return self._whole_mask_attention(original, args, whole)
         full_mask, blind_rows = self._key_mask(args.get("attn_mask"), query, key)
-        if self.mode == "ring":
+        if self.mode == "usp":
+            out = self._usp(query, key, value, args.get("scale"), full_mask)
+        elif self.mode == "ring":
             ring_backend = ring_kernel_family(self.backend)
             out = ring_attention(
                 query, key, value, None, group=self.group, scale=args.get("scale"), backend=ring_backend,
@@ -90,6 +93,19 @@ class CpAttention:
         if blind_rows is None:
             return out
         return out.masked_fill(blind_rows.unsqueeze(-1).unsqueeze(-1), 0.0)
+
+    def _usp(self, query, key, value, scale, full_mask):
+        """Ulysses x ring: the Ulysses all-to-all gathers the keys of this rank's Ulysses group (for its heads),
+        then ring attention runs over the ring groups. The cp ranks are laid out (ring, ulysses), so ring position
+        p's keys after the all-to-all are cp ranks p U .. p U + U - 1 in order: block p of the cp-gathered key mask,
+        the block `ring_attention` gives source p."""
+        ring, ulysses = self.usp
+        backend = ring_kernel_family(self.backend)
+
+        def attend(q, k, v, unused_mask):
+            return ring_attention(q, k, v, None, group=ring, scale=scale, backend=backend, full_mask=full_mask)
+
+        return ulysses_attention(query, key, value, None, group=ulysses, attend=attend)
 
     def _key_mask(self, attn_mask, query, key):
         """`(every rank's key mask [B, S] or None, blind query rows or None)`: split, pad keys masked and gathered
@@ -109,11 +125,12 @@ class CpAttention:
 
     def _whole_mask_attention(self, original, args: dict, mask):
         """Ulysses with a mask over the whole sequence (`masks.whole_mask`): each rank attends every token for its
-        heads, so the mask goes on whole, as in one process. Ring attention sees one key block at a time: refused."""
-        if self.mode != "ulysses" or self.pads is not None:
+        heads, so the mask goes on whole, as in one process. Ring attention sees one key block at a time: refused.
+        The adapter that built the mask masks a padded split's pad keys in it (`block_causal.py`)."""
+        if self.mode != "ulysses":
             raise ForwardError(
                 f"context-parallel attention: a {tuple(mask.shape)} mask over the whole sequence (a per-query mask, "
-                f"e.g. block-causal) runs under Ulysses without padded keys only; use cp_mode='ulysses'."
+                f"e.g. block-causal) runs under Ulysses only; use cp_mode='ulysses'."
             )
         backend = args.get("backend") or self.backend
 

@@ -12,6 +12,9 @@ with the `[B|1, 1, S, S]` bool mask of the whole sequence (through torch SDPA, r
 CP attention applies whole after its all-to-all (`masks.whole_mask`). Example: segments
 [(0, 3, text), (3, 7, image)], S = 10: query 1 sees keys 0..1, query 5 keys 0..6, query 8 keys 0..9.
 
+A joint sequence cp does not divide is zero-padded at its end (the plan's `pad`, `PadState`): the adapter extends
+`key_valid` with False for the pad keys, so the mask stays exact; the pad queries' rows are dropped at the gather.
+
 Ring attention only ever holds one key block: the plan refuses it (`ring_refused`). The KV-cache modes
 (extract / cached, a multi-turn edit feature) are refused under CP: the cache would hold local keys.
 """
@@ -48,6 +51,7 @@ class QwenImage21CpAttnProcessor:
 
     def __init__(self, attention):
         self.group = attention.group  # the `cp` process group: the whole sequence is cp x the local chunk
+        self.pads = getattr(attention, "pads", None)  # hooks.PadState when the joint sequence is padded to cp
 
     def __call__(
         self,
@@ -71,9 +75,22 @@ class QwenImage21CpAttnProcessor:
             )
         query, key, value, _ = qwen._qwenimage21_prepare_qkv(attn, hidden_states, rotary_emb, None, None, None)
         length = query.shape[1] * dist.get_world_size(self.group)
-        mask = block_causal_mask(segments, key_valid, length, query.device)
+        mask = block_causal_mask(segments, self._padded_key_valid(key_valid, length, query), length, query.device)
         # torch SDPA (what diffusers' native backend calls), so the SDPA route hands it to CP attention
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
         out = out.transpose(1, 2).flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](out))
+
+    def _padded_key_valid(self, key_valid, length: int, query):
+        """`key_valid` over the padded sequence (`PadState`: the joint tokens zero-padded at the end to a multiple of
+        cp): the pad keys False, so no query sees them; unchanged when nothing is padded. 27 tokens, cp = 2: 28 keys,
+        key 27 masked."""
+        slot = None if self.pads is None else self.pads.slots["last"]
+        if slot is None or not slot.padded or slot.total == length:
+            return key_valid
+        if slot.local * dist.get_world_size(self.group) != length:
+            raise ForwardError(f"cp padding: {length} keys are not the padded joint sequence of {slot.total} tokens.")
+        if key_valid is None:
+            key_valid = torch.ones(query.shape[0], slot.total, dtype=torch.bool, device=query.device)
+        return F.pad(key_valid.bool(), (0, length - slot.total), value=False)

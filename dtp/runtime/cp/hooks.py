@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ...errors import ForwardError
@@ -16,27 +17,54 @@ from ...plan.cp import GatherRule, SplitRule
 from .sequence import flat_chunk, gather_chunks, local_chunk, own_chunk, padded_chunk
 
 
-class PadState:
-    """The padded split of the current forward, read by the attention that masks its pad keys.
+class PadSlot:
+    """One padded sequence of the current forward: `local` tokens of it on this rank, the first `valid` real;
+    `total` its unpadded length; `padded` (the same on every rank) whether any rank holds pad tokens of it."""
 
-    Set by the pre-hook that cuts the padded tensor (every call, so it is never stale): `local` tokens of
-    that tensor on this rank, the first `valid` of them real; `at` where they sit among the keys.
-    `padded` (the same on every rank) says whether any rank holds pad tokens: then every rank passes a
-    key mask, so that the masks' all-gathers match across ranks (a rank without pads passes all-True).
+    def __init__(self):
+        self.local, self.valid, self.total, self.padded = 0, 0, 0, False
+
+
+class PadState:
+    """The padded splits of the current forward, read by the attentions that mask their pad keys and the gathers
+    that drop their pad rows.
+
+    Two slots, by where the sequence sits among an attention's local keys (`PadRule.at`): `first` (FLUX.1's text,
+    before the image) and `last` (its image). Reset at the start of every model forward (`reset`), set by the hook
+    that cuts a padded tensor. When any slot is padded, every rank passes a key mask (all-True on a rank without
+    pads), so the masks' all-gathers match across ranks.
+    Example: FLUX.1, 7 text + 30 image tokens, cp = 4: text padded to 8 (2 a rank; rank 3: 1 real), image to 32
+    (8 a rank; rank 3: 6 real); rank 3's 10 local keys are [t, pad, i, i, i, i, i, i, pad, pad].
     """
 
     def __init__(self):
-        self.at, self.local, self.valid, self.padded = "last", 0, 0, False
+        self.slots = {"first": PadSlot(), "last": PadSlot()}
+
+    def reset(self, *unused) -> None:
+        """Nothing padded: a forward pre-hook on the model, ahead of every split hook, so a slot is padded only when
+        a split of this forward padded it (an absent input, e.g. a None modulation mask, leaves it as it is)."""
+        for slot in self.slots.values():
+            slot.padded = False
+
+    @property
+    def padded(self) -> bool:
+        return any(slot.padded for slot in self.slots.values())
 
     def key_valid(self, keys: int, batch: int, device) -> torch.Tensor | None:
         """`[B, keys]` bool, False on this rank's pad keys; None when nothing is padded."""
         if not self.padded:
             return None
-        if keys < self.local:
-            raise ForwardError(f"cp padding: {keys} local keys cannot hold the {self.local} padded-segment tokens.")
-        start = 0 if self.at == "first" else keys - self.local
+        first, last = self.slots["first"], self.slots["last"]
+        held = (first.local if first.padded else 0) + (last.local if last.padded else 0)
+        if keys < held:
+            raise ForwardError(f"cp padding: {keys} local keys cannot hold the {held} padded-segment tokens.")
         position = torch.arange(keys, device=device)
-        pad = (position >= start + self.valid) & (position < start + self.local)
+        pad = torch.zeros(keys, dtype=torch.bool, device=device)
+        if first.padded:
+            pad |= (position >= first.valid) & (position < first.local)
+        if last.padded:
+            start = keys - last.local
+            pad |= position >= start + last.valid
         return torch.logical_not(pad).expand(batch, keys)
 
 
@@ -55,8 +83,6 @@ class SplitInputs:
         # Joint tensors last: their segment lengths are read from the other inputs once those are local.
         for rule in sorted(self.rules, key=lambda r: bool(r.segments)):
             value = bound.arguments.get(rule.name)
-            if rule.pad is not None:
-                self.pads.padded = False  # nothing padded unless this call pads
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
@@ -87,9 +113,9 @@ class SplitInputs:
         if not isinstance(value, torch.Tensor):
             raise ForwardError(f"cp split of {what}: got a {type(value).__name__}, not a tensor.")
         chunk, valid = padded_chunk(value, rule.dim, self.rank, self.cp, what, rule.expected_dims)
-        local = chunk.shape[rule.dim]
-        self.pads.at, self.pads.local, self.pads.valid = rule.pad.at, local, valid
-        self.pads.padded = local * self.cp != value.shape[rule.dim]
+        slot, local = self.pads.slots[rule.pad.at], chunk.shape[rule.dim]
+        slot.local, slot.valid, slot.total = local, valid, value.shape[rule.dim]
+        slot.padded = local * self.cp != slot.total
         return chunk
 
     def _split_segments(self, value, rule: SplitRule, arguments: dict, what: str):
@@ -115,10 +141,15 @@ class SplitInputs:
 
 
 class SplitOutputs:
-    """Forward hook: replace elements of the module's output (index 0 of a bare tensor) by local chunks."""
+    """Forward hook: replace elements of the module's output (index 0 of a bare tensor) by local chunks.
 
-    def __init__(self, path: str, rules: list[SplitRule], rank: int, cp: int):
+    A rule with `pad` zero-pads its tensor (a token grid: flattened first) to a multiple of cp and records the
+    padded sequence in `pads`, as `SplitInputs` does for inputs (Wan's patch embedding and its RoPE tables).
+    """
+
+    def __init__(self, path: str, rules: list[SplitRule], rank: int, cp: int, pads: PadState | None = None):
         self.path, self.rules, self.rank, self.cp = path, rules, rank, cp
+        self.pads = PadState() if pads is None else pads
 
     def __call__(self, module, args, output):
         single = isinstance(output, torch.Tensor)
@@ -130,9 +161,28 @@ class SplitOutputs:
                     f"{len(items)} item(s) and element {rule.name} is not a tensor."
                 )
             what = f"output {rule.name} of '{self.path}'"
+            if rule.pad is not None:
+                items[rule.name] = self._split_padded(items[rule.name], rule, what)
+                continue
             cut = flat_chunk if rule.flatten else own_chunk
             items[rule.name] = cut(items[rule.name], rule.dim, self.rank, self.cp, what, rule.expected_dims)
         return items[0] if single else type(output)(items)
+
+    def _split_padded(self, x: torch.Tensor, rule: SplitRule, what: str) -> torch.Tensor:
+        if rule.expected_dims is not None and x.ndim != rule.expected_dims:
+            raise ForwardError(
+                f"cp split of {what}: expected a {rule.expected_dims}-D tensor, got shape {tuple(x.shape)}; the "
+                f"plan's `expected_dims` does not match how this model is called."
+            )
+        flat = x.flatten(rule.dim) if rule.flatten else x
+        chunk, valid = padded_chunk(flat, rule.dim, self.rank, self.cp, what)
+        chunk = chunk.clone(memory_format=torch.contiguous_format)
+        slot, local = self.pads.slots[rule.pad.at], chunk.shape[rule.dim]
+        slot.local, slot.valid, slot.total = local, valid, flat.shape[rule.dim]
+        slot.padded = local * self.cp != slot.total
+        if rule.flatten:
+            chunk = chunk.reshape(*x.shape[: rule.dim], *([1] * (x.ndim - rule.dim - 1)), local)
+        return chunk
 
 
 class GatherOutput:
@@ -142,8 +192,8 @@ class GatherOutput:
     split on its own by the block's pre-hook, so each is gathered on its own).
     """
 
-    def __init__(self, path: str, rule: GatherRule, group):
-        self.path, self.rule, self.group = path, rule, group
+    def __init__(self, path: str, rule: GatherRule, group, pads: PadState | None = None):
+        self.path, self.rule, self.group, self.pads = path, rule, group, pads
 
     def __call__(self, module, args, output):
         if isinstance(output, tuple) and output and all(isinstance(o, torch.Tensor) for o in output):
@@ -156,4 +206,15 @@ class GatherOutput:
         return self._gather(output, f"output of '{self.path}'")
 
     def _gather(self, x: torch.Tensor, what: str) -> torch.Tensor:
-        return gather_chunks(x, self.rule.dim, self.group, what, self.rule.expected_dims)
+        whole = gather_chunks(x, self.rule.dim, self.group, what, self.rule.expected_dims)
+        if self.rule.trim is None or self.pads is None:
+            return whole
+        slot = self.pads.slots[self.rule.trim]  # the padded sequence this output is: drop its pad rows (at its end)
+        if not slot.padded:
+            return whole
+        if whole.shape[self.rule.dim] != slot.local * dist.get_world_size(self.group):
+            raise ForwardError(
+                f"cp gather of {what}: {whole.shape[self.rule.dim]} rows, not the {slot.local} x cp padded "
+                f"'{self.rule.trim}' sequence whose pad rows `trim` drops."
+            )
+        return whole.narrow(self.rule.dim, 0, slot.total)
