@@ -83,8 +83,10 @@ def build_app(
     @app.get("/health")
     def health():
         state = {"status": "ok" if progress.loaded else "loading", **asdict(progress), "waiting": jobs.waiting()}
-        if replicas is not None:
+        if replicas is not None:  # the counts are every replica's; "job", "step", ... replica 0's
             state["replicas"] = replicas(progress)
+            for count in ("done", "failed", "batches"):
+                state[count] = sum(replica[count] for replica in state["replicas"])
         return JSONResponse(state, status_code=200 if progress.loaded else 503)
 
     @app.get("/v1/models")

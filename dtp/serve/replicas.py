@@ -111,16 +111,9 @@ class Router:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def health(self, progress: Progress) -> list[dict]:
-        """Every replica's state; replica 0's counts are the totals less the others'."""
-        others = [vars(state).copy() for state in self.states]
-        first = {
-            "replica": 0,
-            "running": progress.job,
-            "done": progress.done - sum(s["done"] for s in others),
-            "failed": progress.failed - sum(s["failed"] for s in others),
-            "batches": progress.batches - sum(s["batches"] for s in others),
-        }
-        return [first, *others]
+        """Every replica's state; replica 0's is rank 0's own loop (`progress`)."""
+        first = {"replica": 0, "running": progress.job, "done": progress.done, "failed": progress.failed}
+        return [{**first, "batches": progress.batches}, *(vars(state).copy() for state in self.states)]
 
     def _post(self, replica: int, message) -> int:
         self._sent[replica] += 1

@@ -83,22 +83,15 @@ def run(args) -> int:
         dist.barrier(group=everyone)  # every rank has loaded
     if store is not None:  # the jobs accepted before a restart run first
         _resume(store, jobs, pipe, args, options.loras, defaults)
-    loaded["pipe"], progress.loaded = pipe, True
-    print(f"dtp serve: rank {rank} ready", file=sys.stderr, flush=True)
-    default = {name: options.lora_scale for name in options.loras}
     batching = {"max_batch": args.max_batch, "batch_wait_s": args.batch_wait_ms / 1000, "metrics": metrics}
     source, router = jobs, None
     if replicas > 1:
-        relays = torchrun_store(f"dtp/serve/replicas/{_attempt()}/")
-        if rank == 0:
-            wait_s = batching["batch_wait_s"]
-            router = Router(relays, jobs, replicas, max_batch=args.max_batch, batch_wait_s=wait_s, metrics=metrics)
-            routed["router"] = router.start()
-        elif leader:
-            recorder = StepRecorder()
-            source, batching["metrics"] = Relay(relays, replica, stopping, recorder), recorder
-        label = f"replica {replica}: " if replica else ""
-        batching["label"] = label
+        source, router = _replica_roles(rank, replica, replicas, jobs, stopping, batching)
+        if router is not None:
+            routed["router"] = router
+    loaded["pipe"], progress.loaded = pipe, True
+    print(f"dtp serve: rank {rank} ready", file=sys.stderr, flush=True)
+    default = {name: options.lora_scale for name in options.loras}
     lockstep = Lockstep(pipe, group, default_lora=default, progress=progress, stopping=stopping, **batching)
     try:
         with _peers(lockstep, distributed, replica if replicas > 1 else None) as lockstep.peers:
@@ -143,6 +136,21 @@ def _join_this_attempt(timeout_s: float) -> None:
         world_size=int(os.environ["WORLD_SIZE"]),
         timeout=timedelta(seconds=timeout_s),
     )
+
+
+def _replica_roles(rank: int, replica: int, replicas: int, jobs: JobQueue, stopping, batching: dict):
+    """With --replicas: rank 0 starts the Router (returned) that feeds replicas 1 ...; another replica's leader
+    takes its batches from a Relay (returned as its job source); `batching` gets the Lockstep's label and, on a
+    leader other than rank 0, the StepRecorder whose step times go back to rank 0's metrics."""
+    relays = torchrun_store(f"dtp/serve/replicas/{_attempt()}/")
+    batching["label"] = f"replica {replica}: " if replica else ""
+    if rank == 0:
+        wait_s, metrics = batching["batch_wait_s"], batching["metrics"]
+        router = Router(relays, jobs, replicas, max_batch=batching["max_batch"], batch_wait_s=wait_s, metrics=metrics)
+        return jobs, router.start()
+    recorder = StepRecorder()
+    batching["metrics"] = recorder
+    return Relay(relays, replica, stopping, recorder), None
 
 
 def _open_replica(options, device, mesh):
