@@ -91,6 +91,7 @@ def test_two_replicas_of_tp_2_answer_every_request_once_and_equal_dtp_run(checkp
         metrics = client.get("/metrics").text
     log = server.log.read_text()
     assert [a.status_code for a in answers] == [200] * len(REQUESTS), [a.text[:300] for a in answers]
+    assert log.count("dtp serve: rank") == 8 and log.count(" stopped") == 4, log[-3000:]  # 4 ready, 4 stopped
     # each request was run once: one log line per request id, split over both replicas
     ran = re.findall(r"dtp serve: (replica 1: )?request (\d+): \d+ steps", log)
     assert sorted(int(n) for _, n in ran) == list(range(1, len(REQUESTS) + 1)), log[-3000:]
