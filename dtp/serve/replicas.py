@@ -31,6 +31,7 @@ from .jobs import Job, JobFailed, JobQueue, Progress
 
 REPLICA_AXIS = "replica"
 POLL_S = 0.02  # how often a waiting side looks at the store
+TAKE_S = 0.25  # how long a Router thread waits on the queue before it looks again whether the server stops
 STOP = "stop"
 
 
@@ -122,10 +123,8 @@ class Router:
         return n
 
     def _feed(self, state: ReplicaState) -> None:
-        from .worker import HEARTBEAT_S
-
         while True:
-            batch = self.jobs.get_batch(HEARTBEAT_S, size=self.max_batch, wait_s=self.batch_wait_s, key=batch_key)
+            batch = self.jobs.get_batch(TAKE_S, size=self.max_batch, wait_s=self.batch_wait_s, key=batch_key)
             with self._lock:
                 if self._stopped:
                     for job in batch:
@@ -154,17 +153,17 @@ class Router:
     def _answer(self, state: ReplicaState, batch: list[Job], reply) -> None:
         answers, step_seconds = reply
         failed = any(isinstance(answer, str) for answer in answers)
+        if self.metrics is not None and step_seconds:
+            self.metrics.stepped(step_seconds, replica=state.replica)
+        state.failed += len(batch) if failed else 0  # counted before the clients hear: /health agrees with them
+        state.done += 0 if failed else len(batch)
+        state.batches += 1
+        state.running = None
         for job, answer in zip(batch, answers, strict=True):
             if isinstance(answer, str):
                 job.future.set_exception(JobFailed(answer))
             else:
                 job.future.set_result(answer)
-        if self.metrics is not None and step_seconds:
-            self.metrics.stepped(step_seconds, replica=state.replica)
-        state.failed += len(batch) if failed else 0
-        state.done += 0 if failed else len(batch)
-        state.batches += 1
-        state.running = None
 
 
 class StepRecorder:
