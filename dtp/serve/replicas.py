@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..errors import PlanError
+from ..runtime.launch import tp_degree
 from ..runtime.mesh import CFG_AXIS, CP_AXIS, TP_AXIS
 from .batch import batch_key
 from .jobs import Job, JobFailed, JobQueue, Progress
@@ -43,6 +44,8 @@ def layout(world: int, replicas: int, cp: int, cfg: int) -> tuple[int, int]:
             f"{replicas} ranks or choose a divisor of {world}."
         )
     size = world // replicas
+    if replicas == 1:
+        return size, tp_degree(world, cp, cfg)  # the message of `dtp serve` without --replicas
     if cp < 1 or cfg < 1 or size % (cp * cfg):
         raise PlanError(
             f"--replicas {replicas} --cp {cp} --cfg {cfg}: each replica has {world} / {replicas} = {size} ranks, "

@@ -42,6 +42,8 @@ def test_layout_splits_the_world_or_says_why():
         layout(4, 2, cp=2, cfg=2)
     with pytest.raises(PlanError, match="--replicas 0"):
         layout(4, 0, cp=1, cfg=1)
+    with pytest.raises(PlanError, match="--cp 3 times --cfg 1 must divide the number of processes"):
+        layout(4, 1, cp=3, cfg=1)  # without --replicas: the message it always had
 
 
 @pytest.fixture(scope="module")
