@@ -1,18 +1,20 @@
 """`dtp serve` under load: 200 requests from 16 concurrent clients against `torchrun --nproc-per-node 2 -m dtp serve`
 on the tiny FLUX.1 pipeline (CPU, gloo, fp32, two sizes: 32 x 32 and 16 x 16), with batching off (`--max-batch 1`)
-and on (`--max-batch 4 --batch-wait-ms 50`), against back-to-back `dtp run` launches of the same generation.
+and on (`--max-batch 4 --batch-wait-ms 50`), with 2 replicas of 2 ranks (`--replicas 2`, 4 ranks), against
+back-to-back `dtp run` launches of the same generation.
 
 Counts lost requests (no 200) and duplicated ones (two answers with the same image, or the server logging more
 generations than requests: every request has its own seed, so every image differs), and prints the median and
 p99 latency, the throughput and the mean batch size of each way. Writes benchmarks/results/serve_load.json and
-serve_load.md.
+serve_load.md (serve_load_partial.* when `--ways` picks some of the ways).
 
-    python benchmarks/serve_load.py [--requests 200] [--clients 16] [--runs 2]
+    python benchmarks/serve_load.py [--requests 200] [--clients 16] [--runs 2] [--ways "--max-batch 1" ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import json
 import os
@@ -28,7 +30,12 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results" / "serve_load.json"
 SIZE, STEPS = 32, 2
 SIZES = (32, 16)  # two batch keys
-WAYS = {"--max-batch 1": (), "--max-batch 4": ("--max-batch", "4", "--batch-wait-ms", "50")}
+WAYS = {  # name: (flags, ranks)
+    "--max-batch 1": ((), 2),
+    "--max-batch 4": (("--max-batch", "4", "--batch-wait-ms", "50"), 2),
+    "--replicas 2": (("--replicas", "2"), 4),
+}
+REPLICA_LINE = r"dtp serve: (?:replica (\d+): )?(?:request|batch of) \d+"  # one line per pipeline call
 LAUNCH = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "dtp"]
 
 
@@ -83,7 +90,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--runs", type=int, default=2, help="back-to-back `dtp run` launches")
+    parser.add_argument("--ways", nargs="+", choices=list(WAYS), default=list(WAYS), help="the ways to measure")
     args = parser.parse_args()
+    results = RESULTS if args.ways == list(WAYS) else RESULTS.with_name("serve_load_partial.json")
     from dtp.families.pipelines import tiny_checkpoint
     from dtp.testing.serving import serving
 
@@ -91,13 +100,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dtp-serve-load-") as tmp:
         folder = Path(tmp)
         model_dir = tiny_checkpoint("flux", root=folder)
-        for name, flags in WAYS.items():
+        for name in args.ways:
+            flags, ranks = WAYS[name]
             log = folder / f"server{len(ways)}.log"
-            with serving(model_dir, log, *flags) as server:
+            with serving(model_dir, log, *flags, nproc=ranks) as server:
                 served = load(server.url, args.requests, args.clients)
             text = log.read_text()
-            single = len(re.findall(r"dtp serve: request \d+: .* ok", text))
-            batched = [int(n) for n in re.findall(r"dtp serve: batch of (\d+) .* ok", text)]
+            single = len(re.findall(r"dtp serve: (?:replica \d+: )?request \d+: .* ok", text))
+            batched = [int(n) for n in re.findall(r"dtp serve: (?:replica \d+: )?batch of (\d+) .* ok", text)]
+            served["ranks"] = ranks
+            served["by_replica"] = {
+                replica or "0": n for replica, n in collections.Counter(re.findall(REPLICA_LINE, text)).items()
+            }
             generated = single + sum(batched)
             served["generated_by_server"] = generated
             served["pipeline_calls"] = single + len(batched)
@@ -106,35 +120,43 @@ def main() -> None:
             ways[name] = served
         runs = back_to_back(model_dir, args.runs, folder) if args.runs else None
     result = {
-        "pipeline": "tiny FLUX.1, 32x32 and 16x16, 2 steps, fp32, 2 gloo ranks (CPU)",
+        "pipeline": "tiny FLUX.1, 32x32 and 16x16, 2 steps, fp32, gloo ranks (CPU)",
         "serve": ways,
         "dtp_run": runs,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(result, indent=1) + "\n")
+    picked = "" if args.ways == list(WAYS) else " --ways " + " ".join(f'"{name}"' for name in args.ways)
     lines = [
-        f"`python benchmarks/serve_load.py --requests {args.requests} --clients {args.clients} --runs {args.runs}`: "
-        f"{result['pipeline']}.",
+        f"`python benchmarks/serve_load.py --requests {args.requests} --clients {args.clients} --runs {args.runs}"
+        f"{picked}`: {result['pipeline']}.",
         "",
-        "| way | requests | lost | duplicated | mean batch | median s | p99 s | per second |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| way | ranks | requests | lost | duplicated | mean batch | median s | p99 s | per second |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, served in ways.items():
         lines.append(
-            f"| dtp serve {name}, {args.clients} clients | {served['requests']} | {served['lost']} "
+            f"| dtp serve {name}, {args.clients} clients | {served['ranks']} | {served['requests']} | {served['lost']} "
             f"| {served['duplicated']} | {served['mean_batch']:.2f} | {served['median_latency_s']:.2f} "
             f"| {served['p99_latency_s']:.2f} | {served['throughput_per_s']:.2f} |"
         )
     if runs:
         lines.append(
-            f"| back-to-back dtp run | {runs['runs']} | 0 | 0 | 1 | {runs['median_s']:.2f} | - "
+            f"| back-to-back dtp run | 2 | {runs['runs']} | 0 | 0 | 1 | {runs['median_s']:.2f} | - "
             f"| {runs['throughput_per_s']:.3f} |"
         )
-    first, second = (ways[name]["throughput_per_s"] for name in WAYS)
-    lines += ["", f"batching on / off: {second / first:.2f}x the throughput."]
+    lines.append("")
+    throughput = {name: served["throughput_per_s"] for name, served in ways.items()}
+    if "--max-batch 1" in throughput and "--max-batch 4" in throughput:
+        lines.append(
+            f"batching on / off: {throughput['--max-batch 4'] / throughput['--max-batch 1']:.2f}x the throughput."
+        )
+    if "--replicas 2" in ways:
+        by_replica = ", ".join(f"replica {k}: {n}" for k, n in sorted(ways["--replicas 2"]["by_replica"].items()))
+        lines.append(f"--replicas 2: pipeline calls per replica: {by_replica}.")
     table = "\n".join(lines) + "\n"
-    RESULTS.with_suffix(".md").write_text(table)
-    print(table + f"wrote {RESULTS} and {RESULTS.with_suffix('.md')}")
+    results.with_suffix(".md").write_text(table)
+    print(table + f"wrote {results} and {results.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

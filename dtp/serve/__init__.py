@@ -8,5 +8,7 @@ store    the video jobs in SQLite under --state-dir: accepted, in progress, fini
 api      OpenAI's image and video bodies (JSON or multipart) as checked Requests
 http     the FastAPI application rank 0 serves (OpenAI's images and videos APIs), run by uvicorn
 metrics  GET /metrics (prometheus_client)
+replicas --replicas R: R sharded copies over world / R ranks each; rank 0 routes each batch to an idle one over
+         torchrun's store (Router on rank 0, Relay on the other replicas' leaders)
 peers    ends every rank when one rank's failure leaves the others inside a collective
 """

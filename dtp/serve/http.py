@@ -1,7 +1,8 @@
 """The HTTP face of `dtp serve`, on rank 0: FastAPI routes over the job queue (the `serve` extra).
 
     GET    /metrics                    Prometheus' text format (`metrics`; 501 without prometheus_client)
-    GET    /health                     200 {"status": "ok", ...progress} once every rank has loaded, 503 while loading
+    GET    /health                     200 {"status": "ok", ...progress} once every rank has loaded, 503 while loading;
+                                       with --replicas R > 1 also "replicas": [{replica, running, done, ...}]
     GET    /v1/models                  the loaded pipeline (OpenAI's list form), its kind and LoRA names
     POST   /v1/images/generations      OpenAI's body (every field its client sends; `api`) plus seed,
                                        num_inference_steps, negative_prompt, guidance_scale, true_cfg_scale,
@@ -48,10 +49,18 @@ def error(status: int, message: str):
 
 
 def build_app(
-    loaded: dict, jobs: JobQueue, progress: Progress, served: Served, *, store: JobStore, metrics: Metrics | None = None
+    loaded: dict,
+    jobs: JobQueue,
+    progress: Progress,
+    served: Served,
+    *,
+    store: JobStore,
+    metrics: Metrics | None = None,
+    replicas=None,
 ) -> FastAPI:
     """The routes; `loaded["pipe"]` is rank 0's pipeline once every rank has loaded (until then: 503s). `metrics`:
-    None when prometheus_client is missing (/metrics answers 501)."""
+    None when prometheus_client is missing (/metrics answers 501). `replicas`: with --replicas R > 1, a callable
+    giving each replica's state for /health (`replicas.Router.health`)."""
     app = FastAPI(title="dtp serve")
     model_id, loras = served.model_id, served.loras
 
@@ -74,6 +83,10 @@ def build_app(
     @app.get("/health")
     def health():
         state = {"status": "ok" if progress.loaded else "loading", **asdict(progress), "waiting": jobs.waiting()}
+        if replicas is not None:  # the counts are every replica's; "job", "step", ... replica 0's
+            state["replicas"] = replicas(progress)
+            for count in ("done", "failed", "batches"):
+                state[count] = sum(replica[count] for replica in state["replicas"])
         return JSONResponse(state, status_code=200 if progress.loaded else 503)
 
     @app.get("/v1/models")

@@ -7,6 +7,9 @@
     dtp_serve_steps_total{replica} / dtp_serve_step_seconds_total{replica}   denoising steps and their time
                                                                              (steps per second: their ratio)
 
+The HTTP series carry replica "0" (rank 0 answers every request); with --replicas R the queue-wait, batch and step
+series carry the replica that ran the batch (0 ... R - 1).
+
 Without prometheus_client the server runs and /metrics answers 501 naming the extra. One registry per server (not
 the library's global one), so tests can start several in one process.
 """
@@ -44,15 +47,17 @@ class Metrics:
         self.requests.labels(endpoint, str(status), self.replica).inc()
         self.latency.labels(endpoint, self.replica).observe(seconds)
 
-    def started(self, waits: list[float]) -> None:
-        """A batch started: each job's seconds in the queue."""
-        self.batch.labels(self.replica).observe(len(waits))
+    def started(self, waits: list[float], replica: int | None = None) -> None:
+        """A batch started (on `replica`, default this server's): each job's seconds in the queue."""
+        label = self.replica if replica is None else str(replica)
+        self.batch.labels(label).observe(len(waits))
         for seconds in waits:
-            self.wait.labels(self.replica).observe(seconds)
+            self.wait.labels(label).observe(seconds)
 
-    def stepped(self, step_seconds: list[float]) -> None:
-        self.steps.labels(self.replica).inc(len(step_seconds))
-        self.step_seconds.labels(self.replica).inc(sum(step_seconds))
+    def stepped(self, step_seconds: list[float], replica: int | None = None) -> None:
+        label = self.replica if replica is None else str(replica)
+        self.steps.labels(label).inc(len(step_seconds))
+        self.step_seconds.labels(label).inc(sum(step_seconds))
 
     def text(self) -> tuple[bytes, str]:
         return self._prom.generate_latest(self.registry), self._prom.CONTENT_TYPE_LATEST

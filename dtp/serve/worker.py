@@ -51,11 +51,13 @@ class Lockstep:
         max_batch: int = 1,
         batch_wait_s: float = 0.0,
         metrics=None,
+        label: str = "",
     ):
         self.pipe = pipe
-        self.group = group  # a gloo group of every rank
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.group = group  # a gloo group of every rank of this replica (`replicas`; all ranks without --replicas)
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0  # within the replica: 0 is its leader
+        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.label = label  # "replica 1: " in the log lines of a replica other than 0
         self.default_lora = default_lora or None
         self.progress = progress
         self.stopping = stopping  # a threading.Event set by SIGTERM (rank 0 turns it into STOP)
@@ -68,7 +70,9 @@ class Lockstep:
         self._number = 0  # requests run so far: the same count on every rank (rank 0's order)
 
     def run(self, jobs: JobQueue | None) -> None:
-        """Until stop: rank 0 takes batches of jobs from `jobs`, the other ranks follow rank 0 (`jobs` None)."""
+        """Until stop: rank 0 takes batches of jobs from `jobs`, the other ranks follow rank 0 (`jobs` None). With
+        --replicas, "rank 0" is the replica's leader and a leader other than rank 0 takes them from a
+        `replicas.Relay`."""
         self._jobs = jobs
         while True:
             batch = []
@@ -91,7 +95,7 @@ class Lockstep:
         if self.world == 1:
             return message
         box = [message]
-        dist.broadcast_object_list(box, src=0, group=self.group)
+        dist.broadcast_object_list(box, group=self.group, group_src=0)
         return box[0]
 
     def _serve(self, requests: list, batch: list[Job]) -> None:
@@ -124,7 +128,7 @@ class Lockstep:
         steps = results[0].steps if results else "-"
         named = f"request {batch[0].id}" if len(batch) == 1 else f"batch of {len(batch)} (requests "
         named += "" if len(batch) == 1 else ", ".join(str(job.id) for job in batch) + ")"
-        print(f"dtp serve: {named}: {steps} steps, {seconds:.2f} s, {status}", file=sys.stderr, flush=True)
+        print(f"dtp serve: {self.label}{named}: {steps} steps, {seconds:.2f} s, {status}", file=sys.stderr, flush=True)
         self.progress.job = self.progress.record = None
 
     def _generate(self, requests: list, batch: list[Job]) -> tuple[str | None, list[Result] | None]:

@@ -277,6 +277,13 @@ def _serve(p: argparse.ArgumentParser) -> None:
         default=2,
         help="runs of a video job a dying rank interrupted before it is failed with the reason (default 2)",
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="split the ranks into this many groups, each a full copy of the sharded pipeline (world / R ranks, the "
+        "same plan) serving its own batches; rank 0 hands each batch to an idle replica (default 1)",
+    )
 
 
 def _check(p: argparse.ArgumentParser) -> None:

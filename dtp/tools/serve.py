@@ -3,7 +3,9 @@
     torchrun --nproc-per-node 2 -m dtp serve --model-dir ./FLUX.1-dev --port 8000
     curl -s localhost:8000/v1/images/generations -d '{"prompt": "a cat", "size": "1024x1024", "seed": 1}'
 
-Started without torchrun it serves the whole pipeline from one process. The loading flags are `dtp run`'s
+Started without torchrun it serves the whole pipeline from one process. `--replicas R` splits the ranks into R
+copies of the sharded pipeline (world / R ranks each, the same plan and options) fed from rank 0's one queue
+(`serve/replicas.py`). The loading flags are `dtp run`'s
 (`commands.add_load_options`). SIGTERM (or Ctrl-C) stops every rank: rank 0 broadcasts stop at the end of
 the running request; a rank still busy after `STOP_GRACE_S` leaves anyway.
 """
@@ -32,6 +34,7 @@ from ..runtime.placement import local_device
 from ..serve.jobs import JobQueue, Progress
 from ..serve.metrics import make_metrics
 from ..serve.peers import PeerFailures
+from ..serve.replicas import Relay, Router, StepRecorder, layout, replica_groups, replica_mesh
 from ..serve.store import JobStore
 from ..serve.worker import Lockstep, fail_waiting
 from .run import load_options, pipeline_args, quiet_libraries
@@ -48,33 +51,54 @@ def run(args) -> int:
         raise PlanError(f"--max-batch {args.max_batch} / --batch-wait-ms {args.batch_wait_ms}: at least 1 / 0.")
     distributed = under_torchrun()
     rank = int(os.environ.get("RANK", "0"))
+    replicas = args.replicas
+    if replicas != 1 and not distributed:
+        raise PlanError(f"--replicas {replicas}: replicas split torchrun's ranks; launch with torchrun.")
+    size, tp = layout(int(os.environ["WORLD_SIZE"]), replicas, options.cp, options.cfg) if distributed else (1, 1)
+    replica, leader = rank // size, rank % size == 0
     if rank == 0:
         _check_serving(args.host, args.port)  # before minutes of loading
     stopping = _on_sigterm()
     progress, jobs, loaded = Progress(), JobQueue(args.queue), {}
     store = _open_store(args) if rank == 0 else None
     metrics = make_metrics() if rank == 0 else None
-    http = (loaded, jobs, progress, args, options.loras, store, defaults, metrics)
+    routed = {}  # rank 0 with --replicas: "router", once loaded
+    health = (lambda p: routed["router"].health(p) if routed else []) if replicas > 1 else None
+    http = (loaded, jobs, progress, args, options.loras, store, defaults, metrics, health)
     server = _start_http(*http) if rank == 0 else None  # /health: 503 until loaded
     if distributed:
         _join_this_attempt(args.timeout)
     device = init_distributed(args.timeout) if distributed else local_device(default_device_type())
-    pipe = open_pipeline(options, device, distributed=distributed)
+    if replicas == 1:
+        pipe = open_pipeline(options, device, distributed=distributed)
+    else:
+        mesh = replica_mesh(device.type, replicas, cfg=options.cfg, cp=options.cp, tp=tp)
+        pipe = _open_replica(options, device, mesh)
     group = dist.new_group(backend="gloo") if distributed else None  # objects travel over gloo, also beside NCCL
+    everyone = group
+    if replicas > 1:
+        group = replica_groups(replicas, size, dist.new_group)[replica]
     if distributed:
         pipe.set_progress_bar_config(disable=True)
-        dist.barrier(group=group)  # every rank has loaded
+        dist.barrier(group=everyone)  # every rank has loaded
     if store is not None:  # the jobs accepted before a restart run first
         _resume(store, jobs, pipe, args, options.loras, defaults)
+    batching = {"max_batch": args.max_batch, "batch_wait_s": args.batch_wait_ms / 1000, "metrics": metrics}
+    source, router = jobs, None
+    if replicas > 1:
+        source, router = _replica_roles(rank, replica, replicas, jobs, stopping, batching)
+        if router is not None:
+            routed["router"] = router
     loaded["pipe"], progress.loaded = pipe, True
     print(f"dtp serve: rank {rank} ready", file=sys.stderr, flush=True)
     default = {name: options.lora_scale for name in options.loras}
-    batching = {"max_batch": args.max_batch, "batch_wait_s": args.batch_wait_ms / 1000, "metrics": metrics}
     lockstep = Lockstep(pipe, group, default_lora=default, progress=progress, stopping=stopping, **batching)
     try:
-        with _peers(lockstep, distributed) as lockstep.peers:
-            lockstep.run(jobs)
+        with _peers(lockstep, distributed, replica if replicas > 1 else None) as lockstep.peers:
+            lockstep.run(source if leader else None)
     finally:
+        if router is not None:
+            router.stop(STOP_GRACE_S / 2)
         if server is not None:
             server.should_exit = True
             fail_waiting(jobs)
@@ -114,12 +138,47 @@ def _join_this_attempt(timeout_s: float) -> None:
     )
 
 
-def _peers(lockstep: Lockstep, distributed: bool):
+def _replica_roles(rank: int, replica: int, replicas: int, jobs: JobQueue, stopping, batching: dict):
+    """With --replicas: rank 0 starts the Router (returned) that feeds replicas 1 ...; another replica's leader
+    takes its batches from a Relay (returned as its job source); `batching` gets the Lockstep's label and, on a
+    leader other than rank 0, the StepRecorder whose step times go back to rank 0's metrics."""
+    relays = torchrun_store(f"dtp/serve/replicas/{_attempt()}/")
+    batching["label"] = f"replica {replica}: " if replica else ""
+    if rank == 0:
+        wait_s, metrics = batching["batch_wait_s"], batching["metrics"]
+        router = Router(relays, jobs, replicas, max_batch=batching["max_batch"], batch_wait_s=wait_s, metrics=metrics)
+        return jobs, router.start()
+    recorder = StepRecorder()
+    batching["metrics"] = recorder
+    return Relay(relays, replica, stopping, recorder), None
+
+
+def _open_replica(options, device, mesh):
+    """`open_pipeline`'s sharded load over `mesh`, this rank's replica (`--replicas`), not the whole world."""
+    from ..pipeline import session
+
+    dtype = session.torch_dtype(options.dtype, device)
+    common = dict(torch_dtype=dtype, device=device, quantization_config=session.quant_config(options))
+    pipe = session.load_pipeline(
+        options.model_dir, mesh, plans=session._plans(options), cp_mode=options.cp_mode, pad=options.pad,
+        fsdp=options.fsdp, **common, **session._kernels(options),
+    )  # fmt: skip
+    session.add_loras(pipe, options.loras, options.lora_scale, sharded=True)
+    if options.offload_text_encoders:
+        session.offload_text_encoders(pipe)
+    if options.cache is not None:
+        from ..cache import apply_cache
+
+        apply_cache(pipe, options.cache, options.cache_threshold, steps=options.cache_steps)
+    return pipe
+
+
+def _peers(lockstep: Lockstep, distributed: bool, replica: int | None):
     """The watcher that ends every rank when a failure leaves the others inside a collective (none on one process).
-    Its keys are per torchrun attempt: request numbers start again at 1 after a restart."""
+    Its keys are per torchrun attempt (request numbers start again at 1 after a restart) and per replica."""
     if not distributed:
         return contextlib.nullcontext()
-    store = torchrun_store(f"dtp/serve/failed/{_attempt()}/")
+    store = torchrun_store(f"dtp/serve/failed/{_attempt()}/" + ("" if replica is None else f"{replica}/"))
     return PeerFailures(store, lockstep.rank, lockstep.world, give_up=lockstep.give_up)
 
 
@@ -168,7 +227,9 @@ def _resume(store: JobStore, jobs: JobQueue, pipe, args, loras: dict, defaults: 
         print(f"dtp serve: {queued} job(s) from {args.state_dir} queued again", file=sys.stderr, flush=True)
 
 
-def _start_http(loaded: dict, jobs: JobQueue, progress: Progress, args, loras: dict, store, defaults: dict, metrics):
+def _start_http(
+    loaded: dict, jobs: JobQueue, progress: Progress, args, loras: dict, store, defaults: dict, metrics, replicas
+):
     """uvicorn serving the app in a thread of rank 0 (the main thread runs the lockstep loop)."""
     import uvicorn
 
@@ -176,7 +237,7 @@ def _start_http(loaded: dict, jobs: JobQueue, progress: Progress, args, loras: d
     from ..serve.http import build_app
 
     served = Served(Path(args.model_dir).name, set(loras), defaults)
-    app = build_app(loaded, jobs, progress, served, store=store, metrics=metrics)
+    app = build_app(loaded, jobs, progress, served, store=store, metrics=metrics, replicas=replicas)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
     threading.Thread(target=server.run, name="dtp-serve-http", daemon=True).start()
     print(f"dtp serve: http://{args.host}:{args.port} (loading)", file=sys.stderr, flush=True)
