@@ -167,7 +167,7 @@ def _moe_cases(mesh) -> dict:
     inputs, plan = tiny_inputs(cls, batch=BATCH), dtp.load_plan("nucleusmoe")
     grouped = forward_parity(partial(tiny_model, cls, use_grouped_mm=True), inputs, mesh, plan).relative
 
-    def unreduced(module, args, output, *, mesh):
+    def unreduced(module, args, output, *, tp):
         for name in experts_style.PARAMS:
             module.__dict__.pop(name, None)
         return output
