@@ -90,8 +90,8 @@ MUTANTS = (
         "norm-per-rank-statistic",
         "collectives",
         "dtp/runtime/norms.py",
-        "squares = partial.redistribute(placements=[Replicate()], async_op=False).to_local()",
-        "squares = partial.to_local()",
+        "squares = all_reduce(x.float().pow(2).sum(-1, keepdim=True), self.tp.group)",
+        "squares = x.float().pow(2).sum(-1, keepdim=True)",
         (f"{DIST}/test_coverage_parity.py",),  # Wan's QK-norm across heads: the first four plans have none
     ),
     Mutant(
@@ -130,8 +130,8 @@ MUTANTS = (
         "ulysses-chunk-order",
         "collectives",
         "dtp/runtime/cp/ulysses.py",
-        "return recv.permute(1, 2, 0, 3, 4, 5).reshape(n, b, cp * s, h // cp, d)",
-        "return recv.flip(0).permute(1, 2, 0, 3, 4, 5).reshape(n, b, cp * s, h // cp, d)",
+        "heads = recv.permute(1, 2, 0, 3, 4, 5).reshape(len(tensors), b, cp * s, h // cp, d)",
+        "heads = recv.flip(0).permute(1, 2, 0, 3, 4, 5).reshape(len(tensors), b, cp * s, h // cp, d)",
         (f"{UNIT}/test_cp_math.py", f"{DIST}/test_cp_parity.py"),
     ),
     Mutant(

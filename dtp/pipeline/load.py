@@ -75,14 +75,7 @@ def load_pipeline(
     device = local_device(device or (mesh.device_type if mesh is not None else "cpu"))
     loaded = {}
     if mesh is None:
-        kernel = check_attention_backend(attention_backend)
-        quantized = (
-            {} if quantization_config is None else {"quantization_config": diffusers_config(quantization_config)}
-        )
-        loaded[TRANSFORMER] = transformer_class(model_dir).from_pretrained(
-            model_dir, subfolder=TRANSFORMER, torch_dtype=torch_dtype, **quantized
-        )
-        set_attention_backend(loaded[TRANSFORMER], kernel)
+        loaded[TRANSFORMER] = _whole_transformer(model_dir, torch_dtype, quantization_config, attention_backend)
     else:
         options = dict(cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp, attention_backend=attention_backend)
         parallelism = Parallelism.build(mesh, **options)
@@ -103,6 +96,17 @@ def load_pipeline(
     if compiler is not None:
         compile_denoisers(pipe, compiler)
     return pipe
+
+
+def _whole_transformer(model_dir, torch_dtype, quantization_config, attention_backend):
+    """The transformer loaded by diffusers itself (no mesh), quantized by diffusers' config, on `attention_backend`."""
+    kernel = check_attention_backend(attention_backend)
+    quantized = {} if quantization_config is None else {"quantization_config": diffusers_config(quantization_config)}
+    model = transformer_class(model_dir).from_pretrained(
+        model_dir, subfolder=TRANSFORMER, torch_dtype=torch_dtype, **quantized
+    )
+    set_attention_backend(model, kernel)
+    return model
 
 
 def _plan(value):

@@ -64,30 +64,7 @@ def build_app(
     app = FastAPI(title="dtp serve")
     model_id, loras = served.model_id, served.loras
 
-    @app.middleware("http")
-    async def count(http: Request, call_next):
-        start = time.perf_counter()
-        response = await call_next(http)
-        if metrics is not None:
-            endpoint = getattr(http.scope.get("route"), "path", "unmatched")
-            metrics.answered(endpoint, response.status_code, time.perf_counter() - start)
-        return response
-
-    @app.get("/metrics")
-    def prometheus():
-        if metrics is None:
-            return error(501, "/metrics needs prometheus_client: pip install 'dtp[metrics]'.")
-        body, content_type = metrics.text()
-        return Response(body, media_type=content_type)
-
-    @app.get("/health")
-    def health():
-        state = {"status": "ok" if progress.loaded else "loading", **asdict(progress), "waiting": jobs.waiting()}
-        if replicas is not None:  # the counts are every replica's; "job", "step", ... replica 0's
-            state["replicas"] = replicas(progress)
-            for count in ("done", "failed", "batches"):
-                state[count] = sum(replica[count] for replica in state["replicas"])
-        return JSONResponse(state, status_code=200 if progress.loaded else 503)
+    _status_routes(app, jobs, progress, metrics, replicas)
 
     @app.get("/v1/models")
     def models():
@@ -123,6 +100,43 @@ def build_app(
     async def edits(http: Request):
         return await images(http, edit=True)
 
+    _video_routes(app, loaded, jobs, progress, served, store)
+    return app
+
+
+def _status_routes(app: FastAPI, jobs: JobQueue, progress: Progress, metrics: Metrics | None, replicas) -> None:
+    """The request counter (a middleware), GET /metrics and GET /health."""
+
+    @app.middleware("http")
+    async def count(http: Request, call_next):
+        start = time.perf_counter()
+        response = await call_next(http)
+        if metrics is not None:
+            endpoint = getattr(http.scope.get("route"), "path", "unmatched")
+            metrics.answered(endpoint, response.status_code, time.perf_counter() - start)
+        return response
+
+    @app.get("/metrics")
+    def prometheus():
+        if metrics is None:
+            return error(501, "/metrics needs prometheus_client: pip install 'dtp[metrics]'.")
+        body, content_type = metrics.text()
+        return Response(body, media_type=content_type)
+
+    @app.get("/health")
+    def health():
+        state = {"status": "ok" if progress.loaded else "loading", **asdict(progress), "waiting": jobs.waiting()}
+        if replicas is not None:  # the counts are every replica's; "job", "step", ... replica 0's
+            state["replicas"] = replicas(progress)
+            for count in ("done", "failed", "batches"):
+                state[count] = sum(replica[count] for replica in state["replicas"])
+        return JSONResponse(state, status_code=200 if progress.loaded else 503)
+
+
+def _video_routes(app: FastAPI, loaded: dict, jobs: JobQueue, progress: Progress, served: Served, store: JobStore):
+    """OpenAI's video job API: create and list (`_video_job_routes`: one job's state, content, delete)."""
+    model_id = served.model_id
+
     @app.post("/v1/videos")
     async def create_video(http: Request):
         if not progress.loaded:
@@ -156,6 +170,12 @@ def build_app(
         first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
         return {"object": "list", "data": page, "first_id": first, "last_id": last, "has_more": len(rows) > limit}
 
+    _video_job_routes(app, jobs, progress, store)
+
+
+def _video_job_routes(app: FastAPI, jobs: JobQueue, progress: Progress, store: JobStore):
+    """GET /v1/videos/{id}, GET /v1/videos/{id}/content, DELETE /v1/videos/{id}."""
+
     @app.get("/v1/videos/{video_id}")
     def retrieve_video(video_id: str):
         row = store.get(video_id)
@@ -186,8 +206,6 @@ def build_app(
         elif not store.delete(video_id):
             return error(409, f"video {video_id!r} is {row['status']}; delete it once it has finished.")
         return {"id": video_id, "object": "video.deleted", "deleted": True}
-
-    return app
 
 
 def queue_stored(store: JobStore, jobs: JobQueue, video_id: str, request):

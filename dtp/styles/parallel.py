@@ -64,6 +64,20 @@ def shard_parameter(param: nn.Parameter, layout, mesh, device=None) -> nn.Parame
     return local_parameter(local, layout, mesh, param.requires_grad)
 
 
+def install_forward(module: nn.Module, forward) -> None:
+    """`forward` as `module`'s own forward. A diffusers HookRegistry on the module (layerwise casting, a cache hook)
+    has already replaced `module.forward` by its chain, whose innermost reference holds the forward it wrapped: ours
+    goes there, so the registry's hooks still run around it (setting `module.forward` would drop them: layerwise
+    casting's fp8 weights then reached `F.linear` uncast)."""
+    refs = getattr(module.__dict__.get("_diffusers_hook"), "_fn_refs", None)
+    if not refs:
+        module.forward = forward
+    elif refs[0].original_forward is not None:  # the innermost hook replaces the forward and calls the original
+        refs[0].original_forward = forward
+    else:
+        refs[0].forward = forward
+
+
 class LinearStyle(ParallelStyle):
     """One planned Linear: partition its parameters by their layouts, then run its forward on local tensors.
 
@@ -87,7 +101,7 @@ class LinearStyle(ParallelStyle):
         if quant.is_quantized(module.weight):  # distribute_module would try to broadcast the torchao subclass
             return quant.distribute_quantized(module, mesh, self._partition, self._input, self._output)
         self._partition("", module, mesh)
-        module.forward = partial(self.run, module)  # an instance attribute: the class stays nn.Linear
+        install_forward(module, partial(self.run, module))  # an instance attribute: the class stays nn.Linear
         return module
 
     def run(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -47,14 +47,10 @@ def run(args) -> int:
     transformer_class(args.model_dir)  # a missing or foreign folder: one CheckpointError, before any process group
     options = load_options(args)
     defaults = pipeline_args(args.pipeline_arg)  # a PlanError before loading
-    if args.max_batch < 1 or args.batch_wait_ms < 0:
-        raise PlanError(f"--max-batch {args.max_batch} / --batch-wait-ms {args.batch_wait_ms}: at least 1 / 0.")
     distributed = under_torchrun()
     rank = int(os.environ.get("RANK", "0"))
     replicas = args.replicas
-    if replicas != 1 and not distributed:
-        raise PlanError(f"--replicas {replicas}: replicas split torchrun's ranks; launch with torchrun.")
-    size, tp = layout(int(os.environ["WORLD_SIZE"]), replicas, options.cp, options.cfg) if distributed else (1, 1)
+    size, tp = _check_serve_options(args, options, distributed)
     replica, leader = rank // size, rank % size == 0
     if rank == 0:
         _check_serving(args.host, args.port)  # before minutes of loading
@@ -97,18 +93,34 @@ def run(args) -> int:
         with _peers(lockstep, distributed, replica if replicas > 1 else None) as lockstep.peers:
             lockstep.run(source if leader else None)
     finally:
-        if router is not None:
-            router.stop(STOP_GRACE_S / 2)
-        if server is not None:
-            server.should_exit = True
-            fail_waiting(jobs)
-        if distributed:
-            dist.destroy_process_group()
-        if store is not None and args.state_dir is None:  # this run's temporary store
-            shutil.rmtree(store.folder, ignore_errors=True)
+        _shut_down(router, server, jobs, store, args, distributed)
     print(f"dtp serve: rank {rank} stopped", file=sys.stderr, flush=True)
     exit_now(0)
     return 0
+
+
+def _shut_down(router, server, jobs, store, args, distributed: bool) -> None:
+    """Stop routing, then HTTP (the waiting requests fail), leave the group, drop a temporary job store."""
+    if router is not None:
+        router.stop(STOP_GRACE_S / 2)
+    if server is not None:
+        server.should_exit = True
+        fail_waiting(jobs)
+    if distributed:
+        dist.destroy_process_group()
+    if store is not None and args.state_dir is None:  # this run's temporary store
+        shutil.rmtree(store.folder, ignore_errors=True)
+
+
+def _check_serve_options(args, options, distributed: bool) -> tuple[int, int]:
+    """PlanError before loading for a bad batching or replica option; (ranks per replica, tp degree)."""
+    if args.max_batch < 1 or args.batch_wait_ms < 0:
+        raise PlanError(f"--max-batch {args.max_batch} / --batch-wait-ms {args.batch_wait_ms}: at least 1 / 0.")
+    if args.replicas != 1 and not distributed:
+        raise PlanError(f"--replicas {args.replicas}: replicas split torchrun's ranks; launch with torchrun.")
+    if not distributed:
+        return 1, 1
+    return layout(int(os.environ["WORLD_SIZE"]), args.replicas, options.cp, options.cfg)
 
 
 def _attempt() -> str:

@@ -100,13 +100,10 @@ def test_to_fake_keeps_tied_parameters_one_parameter():
     assert counted == whole
 
 
-def test_a_shape_cp_cannot_split_fails_alone(tiny_flux):
-    """Traced together, a shape whose 31 prompt tokens cp=2 cannot split raises its ForwardError when it is asked
-    for, and the other shape's figures are unharmed."""
-    from dtp.errors import ForwardError
-
+def test_a_shape_cp_does_not_divide_is_padded(tiny_flux):
+    """Traced together, a shape whose 31 prompt tokens cp=2 does not divide is padded (FLUX.1's cp section pads
+    its text and image splits: any sequence length, docs/cp.md) and both shapes trace; it was a ForwardError."""
     good, odd = Shape(1, 64, 64, 1, 32), Shape(1, 48, 16, 1, 31)
     measurer = Measurer(tiny_flux, torch.float32, cache=False, shapes=(good, odd))
     assert measurer.phase("transformer", Setup(cp=2), good).peak_bytes > 0
-    with pytest.raises(ForwardError, match="not divisible by the cp degree 2"):
-        measurer.phase("transformer", Setup(cp=2), odd)
+    assert measurer.phase("transformer", Setup(cp=2), odd).peak_bytes > 0
