@@ -61,6 +61,10 @@ PHASES = ("text", "denoise", "decode")
 # Submodules a component calls many times alike, replayed after two runs (`repeats.py`): the per-frame decoder.
 REPEATED = dict.fromkeys(FRAME_LOOP_VAES, ("decoder",))
 
+# The fake device the transformer is traced on: "cuda", the kernels a GPU runs (flash attention: no score matrix).
+# A test that compares fit with a run on this CPU traces on "cpu", the kernels that run ran.
+TRANSFORMER_DEVICE = "cuda"
+
 
 @dataclass(frozen=True)
 class Setup:
@@ -138,7 +142,8 @@ class Measurer:
     def _fill(self, name: str, setup: Setup, shapes: list[Shape]) -> None:
         """Figures (or the PlanError that refuses them) of `name` under `setup` at each of `shapes`: from the disk,
         else measured, then written there (refusals are not: the prepare that refuses is quick)."""
-        keys = {s: (self._source(name), self.pipeline.classes[name], name, setup, s, str(self.dtype)) for s in shapes}
+        source, kind = self._source(name), self.pipeline.classes[name]
+        keys = {s: (source, kind, name, setup, s, str(self.dtype), TRANSFORMER_DEVICE) for s in shapes}
         found = {s: self._disk.get(key) if self._disk else None for s, key in keys.items()}
         missing = [s for s, figures in found.items() if figures is None]
         measured = self._measure_phase(name, setup, missing) if missing else {}
@@ -187,7 +192,7 @@ class Measurer:
             except PlanError as exc:  # e.g. an image that is not a whole number of tokens
                 calls[s] = exc
         scale = {path: max(n // depth, 1) for path, n in lengths.items()}
-        if name == self.pipeline.transformer:
+        if name == self.pipeline.transformer and TRANSFORMER_DEVICE == "cuda":
             try:  # what a GPU runs (module docstring)
                 shard = partial(_parallelize, name, setup=setup, device="cuda")
                 traces, weights = trace_sharded(copy.deepcopy(module), setup.world, shard, calls, quant=setup.quant,

@@ -79,7 +79,9 @@ class TpGroup:
 
     def __init__(self, mesh):
         self.mesh = mesh
-        self._group = None
+        # Looked up now, not at the first call: a lazy lookup is a guard (`_group is None`) that flips after the
+        # first forward, so a compiled block would recompile once per block instance.
+        self._group = mesh.get_group()
 
     @property
     def group(self):

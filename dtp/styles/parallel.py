@@ -64,18 +64,36 @@ def shard_parameter(param: nn.Parameter, layout, mesh, device=None) -> nn.Parame
     return local_parameter(local, layout, mesh, param.requires_grad)
 
 
-def install_forward(module: nn.Module, forward) -> None:
-    """`forward` as `module`'s own forward. A diffusers HookRegistry on the module (layerwise casting, a cache hook)
+STYLE_ATTR = "_dtp_style"  # on a Linear whose forward runs on local tensors: its LinearStyle
+_LOCAL_CLASSES: dict[type, type] = {}  # nn.Linear (or a subclass) -> its subclass whose forward asks the style
+
+
+def _style_forward(self, x):
+    return self.__dict__[STYLE_ATTR].run(self, x)
+
+
+def local_class(cls: type) -> type:
+    """`cls` with a forward that runs `module._dtp_style.run(module, x)`: one class (and one `forward` function) for
+    every sharded Linear of that type, so a compiled block traces the same code for all of them. (A per-module
+    `functools.partial` as an instance `forward` is an object dynamo guards by id: one graph per block.)"""
+    if cls not in _LOCAL_CLASSES:
+        _LOCAL_CLASSES[cls] = type(cls.__name__, (cls,), {"forward": _style_forward, "__module__": cls.__module__})
+    return _LOCAL_CLASSES[cls]
+
+
+def install_forward(module: nn.Module, style) -> None:
+    """`style.run` as `module`'s forward. A diffusers HookRegistry on the module (layerwise casting, a cache hook)
     has already replaced `module.forward` by its chain, whose innermost reference holds the forward it wrapped: ours
-    goes there, so the registry's hooks still run around it (setting `module.forward` would drop them: layerwise
-    casting's fp8 weights then reached `F.linear` uncast)."""
+    goes there, so the registry's hooks still run around it (otherwise layerwise casting's fp8 weights would reach
+    `F.linear` uncast)."""
+    module.__dict__[STYLE_ATTR] = style
     refs = getattr(module.__dict__.get("_diffusers_hook"), "_fn_refs", None)
     if not refs:
-        module.forward = forward
+        module.__class__ = local_class(type(module))
     elif refs[0].original_forward is not None:  # the innermost hook replaces the forward and calls the original
-        refs[0].original_forward = forward
+        refs[0].original_forward = partial(style.run, module)
     else:
-        refs[0].forward = forward
+        refs[0].forward = partial(style.run, module)
 
 
 class LinearStyle(ParallelStyle):
@@ -101,7 +119,7 @@ class LinearStyle(ParallelStyle):
         if quant.is_quantized(module.weight):  # distribute_module would try to broadcast the torchao subclass
             return quant.distribute_quantized(module, mesh, self._partition, self._input, self._output)
         self._partition("", module, mesh)
-        install_forward(module, partial(self.run, module))  # an instance attribute: the class stays nn.Linear
+        install_forward(module, self)
         return module
 
     def run(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
