@@ -15,6 +15,7 @@ import io
 
 import numpy as np
 import openai
+import pytest
 from PIL import Image
 
 from dtp.testing.conditioned_pipelines import sample_image, tiny_flux_kontext_pipeline
@@ -35,6 +36,8 @@ def _pixels(data: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float64) / 255
 
 
+# a server launch plus two runs: `full` to keep the suite's time (passed at the merge).
+@pytest.mark.full
 def test_openai_images_edit_equals_dtp_run_image(tmp_path):
     model_dir = tmp_path / "kontext"
     tiny_flux_kontext_pipeline().save_pretrained(model_dir)

@@ -81,6 +81,8 @@ def _served_batches(metrics_text: str) -> dict[str, float]:
     return counts
 
 
+# ~100 s on 2 cores (a 4-rank server): `full` to keep the suite's time; run with DTP_FULL=1 (passed at the merge).
+@pytest.mark.full
 def test_two_replicas_of_tp_2_answer_every_request_once_and_equal_dtp_run(checkpoint):
     model_dir, root = checkpoint
     with serving(model_dir, root / "server.log", "--replicas", "2", nproc=4) as server:

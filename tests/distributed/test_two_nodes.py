@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 
 import numpy as np
+import pytest
 
 from dtp.families.pipelines import tiny_checkpoint
 from dtp.testing.serving import LAUNCHER, free_port, quiet_env
@@ -35,6 +36,8 @@ def two_agents(args: list[str]) -> tuple[list[int], list[str]]:
     return [agent.returncode for agent in agents], logs
 
 
+# two agents x 2 processes and a one-process run (~50 s on 2 cores): `full`; the refusal below stays default.
+@pytest.mark.full
 def test_two_agents_draw_the_one_process_image(tmp_path):
     model_dir = tiny_checkpoint("flux", root=tmp_path)
     common = [*RUN, "--model-dir", str(model_dir)]
