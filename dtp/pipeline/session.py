@@ -75,12 +75,13 @@ def torch_dtype(name: str, device: torch.device) -> torch.dtype:
 def open_pipeline(options: LoadOptions, device: torch.device, *, distributed: bool):
     """The pipeline of `options.model_dir`, sharded over the process group (`distributed`) or whole."""
     dtype = torch_dtype(options.dtype, device)
-    common = dict(torch_dtype=dtype, device=device, quantization_config=quant_config(options), **_kernels(options))
+    common = dict(torch_dtype=dtype, device=device, quantization_config=quant_config(options))
+    common |= kernel_options(options)
     if distributed:
         tp = tp_degree(dist.get_world_size(), options.cp, options.cfg)
         mesh = make_mesh(tp=tp, cp=options.cp, cfg=options.cfg, device_type=device.type)
         pipe = load_pipeline(
-            options.model_dir, mesh, plans=_plans(options), cp_mode=options.cp_mode, pad=options.pad,
+            options.model_dir, mesh, plans=component_plans(options), cp_mode=options.cp_mode, pad=options.pad,
             fsdp=options.fsdp, **common,
         )  # fmt: skip
     else:
@@ -96,7 +97,7 @@ def open_pipeline(options: LoadOptions, device: torch.device, *, distributed: bo
     return pipe
 
 
-def _kernels(options: LoadOptions) -> dict:
+def kernel_options(options: LoadOptions) -> dict:
     """`load_pipeline`'s compile and attention keywords, each only when asked (a default load passes neither)."""
     found = {} if options.compile is None else {"compile": options.compile}
     if options.attention_backend is not None:
@@ -109,7 +110,7 @@ def quant_config(options: LoadOptions):
     return None if options.quant is None else config_for(options.quant)
 
 
-def _plans(options: LoadOptions) -> dict:
+def component_plans(options: LoadOptions) -> dict:
     """`load_pipeline`'s plans: `plan` for the transformer; whole text encoders when asked (also implied by
     offloading them: a sharded encoder's DTensors stay on their mesh's device)."""
     plans = {} if options.plan is None else {"transformer": options.plan}

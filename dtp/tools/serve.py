@@ -172,8 +172,8 @@ def _open_replica(options, device, mesh):
     dtype = session.torch_dtype(options.dtype, device)
     common = dict(torch_dtype=dtype, device=device, quantization_config=session.quant_config(options))
     pipe = session.load_pipeline(
-        options.model_dir, mesh, plans=session._plans(options), cp_mode=options.cp_mode, pad=options.pad,
-        fsdp=options.fsdp, **common, **session._kernels(options),
+        options.model_dir, mesh, plans=session.component_plans(options), cp_mode=options.cp_mode, pad=options.pad,
+        fsdp=options.fsdp, **common, **session.kernel_options(options),
     )  # fmt: skip
     session.add_loras(pipe, options.loras, options.lora_scale, sharded=True)
     if options.offload_text_encoders:

@@ -124,4 +124,5 @@ def test_a_peft_that_sizes_from_full_features_is_refused_before_loading(monkeypa
         lora["transformer.transformer_blocks.0.attn.to_q.lora_B.weight"] = torch.zeros(q.out_features, 2)
         with pytest.raises(PlanError, match="local shard"):
             dtp.load_lora(model, lora, adapter_name="x")
-        assert not hasattr(model, "peft_config") and type(model.transformer_blocks[0].attn.to_q) is nn.Linear
+        to_q = model.transformer_blocks[0].attn.to_q
+        assert not hasattr(model, "peft_config") and isinstance(to_q, nn.Linear) and not hasattr(to_q, "lora_A")
