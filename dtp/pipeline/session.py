@@ -2,6 +2,7 @@
 
     options = LoadOptions(model_dir=..., cp=2, quant="int8wo", loras={"style": "style.safetensors"})
     pipe = open_pipeline(options, device, distributed=True)   # under torchrun: sharded over every rank
+    pipe = open_pipeline(options, device, distributed=True, mesh=replica_mesh)   # over a given mesh
 
 Under torchrun the mesh is built from the degrees (tp = world size / (cp x cfg)); without it the pipeline
 is loaded whole in one process (the reference). LoRAs load under their names at `lora_scale` (a request may
@@ -72,14 +73,19 @@ def torch_dtype(name: str, device: torch.device) -> torch.dtype:
     return parse_dtype(name)
 
 
-def open_pipeline(options: LoadOptions, device: torch.device, *, distributed: bool):
-    """The pipeline of `options.model_dir`, sharded over the process group (`distributed`) or whole."""
+def open_pipeline(options: LoadOptions, device: torch.device, *, distributed: bool, mesh=None):
+    """The pipeline of `options.model_dir`, sharded over the process group (`distributed`) or whole.
+
+    `mesh`: shard over this mesh instead of one built from the degrees over the whole world (`dtp serve
+    --replicas`: this rank's replica, a slice of a larger mesh); it implies `distributed`."""
     dtype = torch_dtype(options.dtype, device)
     common = dict(torch_dtype=dtype, device=device, quantization_config=quant_config(options))
     common |= kernel_options(options)
+    distributed = distributed or mesh is not None
     if distributed:
-        tp = tp_degree(dist.get_world_size(), options.cp, options.cfg)
-        mesh = make_mesh(tp=tp, cp=options.cp, cfg=options.cfg, device_type=device.type)
+        if mesh is None:
+            tp = tp_degree(dist.get_world_size(), options.cp, options.cfg)
+            mesh = make_mesh(tp=tp, cp=options.cp, cfg=options.cfg, device_type=device.type)
         pipe = load_pipeline(
             options.model_dir, mesh, plans=component_plans(options), cp_mode=options.cp_mode, pad=options.pad,
             fsdp=options.fsdp, **common,

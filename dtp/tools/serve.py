@@ -65,11 +65,10 @@ def run(args) -> int:
     if distributed:
         _join_this_attempt(args.timeout)
     device = init_distributed(args.timeout) if distributed else local_device(default_device_type())
-    if replicas == 1:
-        pipe = open_pipeline(options, device, distributed=distributed)
-    else:
+    mesh = None  # the whole world's, from the degrees
+    if replicas > 1:
         mesh = replica_mesh(device.type, replicas, cfg=options.cfg, cp=options.cp, tp=tp)
-        pipe = _open_replica(options, device, mesh)
+    pipe = open_pipeline(options, device, distributed=distributed, mesh=mesh)
     group = dist.new_group(backend="gloo") if distributed else None  # objects travel over gloo, also beside NCCL
     everyone = group
     if replicas > 1:
@@ -163,26 +162,6 @@ def _replica_roles(rank: int, replica: int, replicas: int, jobs: JobQueue, stopp
     recorder = StepRecorder()
     batching["metrics"] = recorder
     return Relay(relays, replica, stopping, recorder), None
-
-
-def _open_replica(options, device, mesh):
-    """`open_pipeline`'s sharded load over `mesh`, this rank's replica (`--replicas`), not the whole world."""
-    from ..pipeline import session
-
-    dtype = session.torch_dtype(options.dtype, device)
-    common = dict(torch_dtype=dtype, device=device, quantization_config=session.quant_config(options))
-    pipe = session.load_pipeline(
-        options.model_dir, mesh, plans=session.component_plans(options), cp_mode=options.cp_mode, pad=options.pad,
-        fsdp=options.fsdp, **common, **session.kernel_options(options),
-    )  # fmt: skip
-    session.add_loras(pipe, options.loras, options.lora_scale, sharded=True)
-    if options.offload_text_encoders:
-        session.offload_text_encoders(pipe)
-    if options.cache is not None:
-        from ..cache import apply_cache
-
-        apply_cache(pipe, options.cache, options.cache_threshold, steps=options.cache_steps)
-    return pipe
 
 
 def _peers(lockstep: Lockstep, distributed: bool, replica: int | None):

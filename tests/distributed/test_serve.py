@@ -36,7 +36,7 @@ FAULT = Path(__file__).resolve().parent / "serve_fault.py"
 SIZE, FAIL_SIZE, STEPS = 32, 48, 2
 SIZES = (SIZE, 16)  # mixed sizes: two batch keys
 REQUESTS = [{"prompt": f"a cat number {i % 3}", "seed": i, "size": f"{SIZES[i % 2]}x{SIZES[i % 2]}",
-             "num_inference_steps": STEPS} for i in range(10)]  # fmt: skip
+             "num_inference_steps": STEPS} for i in range(16)]  # fmt: skip
 BATCH = ("--max-batch", "4", "--batch-wait-ms", "300")
 ONE_LEVEL = 1 / 255
 
@@ -85,11 +85,12 @@ def test_health_and_models(server):
     assert [(m["kind"], m["loras"]) for m in models] == [("image", ["style"])]
 
 
-def test_ten_requests_from_eight_threads_batched_equal_dtp_run(server, checkpoint):
-    """All 200; each PNG equals the one-process `dtp run` of its prompt and seed (the LoRA at its loaded weight),
-    though the server (--max-batch 4) ran them in batches of one size, as its log shows."""
+def test_sixteen_clients_batched_equal_dtp_run(server, checkpoint):
+    """16 concurrent clients, two sizes: all 200; each PNG equals the one-process `dtp run` of its prompt and seed
+    (the LoRA at its loaded weight), though the server (--max-batch 4) ran them in batches of one size, as its log
+    shows."""
     client = server.client
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(len(REQUESTS)) as pool:
         answers = list(pool.map(lambda body: client.post("/v1/images/generations", json=body), REQUESTS))
     assert [a.status_code for a in answers] == [200] * len(REQUESTS), [a.text[:200] for a in answers]
     _, lora, _ = checkpoint
