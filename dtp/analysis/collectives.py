@@ -65,7 +65,11 @@ class ScopedDispatchMode(TorchDispatchMode):
 
 
 # c10d's names of the collectives the functional ops name otherwise (the sharded forward calls the ProcessGroup).
-C10D_NAMES = {"allreduce": "all_reduce", "_allgather_base": "all_gather_into_tensor", "alltoall_base": "all_to_all_single"}
+C10D_NAMES = {
+    "allreduce": "all_reduce",
+    "_allgather_base": "all_gather_into_tensor",
+    "alltoall_base": "all_to_all_single",
+}
 
 
 def collective_op(func) -> str | None:
