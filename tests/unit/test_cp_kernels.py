@@ -1,7 +1,8 @@
 """Ring blocks in fused kernels, proven without a GPU: which aten op each ring step runs on fake CUDA bf16 tensors
 (a fake process group, a recording dispatch mode), the CPU fused path against the fp32 reference, Ulysses' collective
 counts on a fake process group, and the negative controls (the recorder sees fp32 matmuls when they run; a merge
-with the wrong block's LSE; an efficient-kernel LSE left padded; the mask cache off)."""
+with the wrong block's LSE; an efficient-kernel LSE left padded; the mask cache off; a rotation waited for before
+its block)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import dtp
 import dtp.runtime.cp.kernels as kernels_module
+import dtp.runtime.cp.ring as ring_module
 from dtp.analysis.collectives import CollectiveCounter
 from dtp.analysis.fakepg import fake_world
 from dtp.runtime.cp.kernels import CPU_FLASH_KERNEL, REFERENCE, block_kernel
 from dtp.runtime.cp.masks import ForwardMasks, split_mask
 from dtp.runtime.cp.ring import merge, ring_attention
+from dtp.styles.collectives import send_to_next, wait_for
 from dtp.testing.fake_cuda import AtenIndexing, fake_cuda_like
 from dtp.testing.tiny import tiny_inputs, tiny_model
 
@@ -84,6 +87,45 @@ def test_each_ring_step_runs_one_fused_op_and_no_fp32_matmul(world, masked, back
     assert {k: recorder.count(op) for k, op in FUSED_OPS.items()} == {k: CP * (k == kernel) for k in FUSED_OPS}
     assert recorder.fp32_matmuls() == 0 and recorder.fp32_copies() == 0
     assert recorder.count(ROTATION) == CP - 1
+
+
+class _LoggedGroup:
+    """The fake process group, logging when a K/V rotation is issued ("send") and waited for ("wait")."""
+
+    def __init__(self, group, log: list):
+        self.group, self.log = group, log
+        self.size, self.rank = group.size, group.rank
+
+    def alltoall_base(self, *args):
+        work = self.group.alltoall_base(*args)
+        self.log.append("send")
+        return _LoggedWork(work, self.log)
+
+
+class _LoggedWork:
+    def __init__(self, work, log: list):
+        self.work, self.log = work, log
+
+    def wait(self):
+        self.log.append("wait")
+        return self.work.wait()
+
+
+def _ring_events(group, monkeypatch) -> list:
+    log = []
+    block = ring_module.block_attention
+    monkeypatch.setattr(ring_module, "block_attention", lambda *a, **k: (log.append("block"), block(*a, **k))[1])
+    q = torch.randn(1, 6, 2, 8)
+    ring_attention(q, q, q, None, group=_LoggedGroup(group, log))
+    return log
+
+
+def test_the_ring_rotation_overlaps_each_block(world, monkeypatch):
+    """cp=4 on the fake process group: each step's K/V rotation is issued before its block runs and waited for only
+    after it, the last block sends nothing. Negative control: a wait right after the send is seen."""
+    assert _ring_events(world, monkeypatch) == ["send", "block", "wait"] * (CP - 1) + ["block"]
+    monkeypatch.setattr(ring_module, "send_to_next", lambda t, g: (wait_for(send_to_next(t, g)), None, None, t.shape))
+    assert _ring_events(world, monkeypatch)[:3] == ["send", "wait", "block"]
 
 
 def test_negative_control_the_recorder_sees_the_fp32_reference(world):
