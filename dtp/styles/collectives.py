@@ -53,13 +53,28 @@ def all_gather_last(tensor: torch.Tensor, group, size: int | None = None) -> tor
     """The rank pieces of `tensor` ([..., k] on each of `size` ranks) concatenated in rank order along the last dim:
     one all-gather into a [size * d0, ..., k] buffer, then `along_last`."""
     size = group.size() if size is None else size
+    return along_last(_all_gather_rows(tensor, group, size), size)
+
+
+def all_gather_along(tensor: torch.Tensor, group, dim: int) -> torch.Tensor:
+    """Every rank's `tensor` concatenated along `dim` in rank order (as `torch.cat`): one all-gather into a
+    `[size * d0, ...]` buffer, then one copy to move the rank dim next to `dim` (a view when the dims before `dim`
+    are all 1, or `dim` is 0). e.g. cp's output gather: [1, 4096, 64] on 2 ranks -> [1, 8192, 64], a view."""
+    size, dim = group.size(), dim % tensor.ndim
+    stacked = _all_gather_rows(tensor, group, size).view(size, *tensor.shape)
+    return stacked.movedim(0, dim).reshape(*tensor.shape[:dim], size * tensor.shape[dim], *tensor.shape[dim + 1 :])
+
+
+def _all_gather_rows(tensor: torch.Tensor, group, size: int) -> torch.Tensor:
+    """Every rank's `tensor` stacked along dim 0 (`[size * d0, ...]`): the ProcessGroup's all-gather in eager,
+    `dist.all_gather_single` (traced) under compile."""
     tensor = tensor.contiguous()
     gathered = tensor.new_empty((size * tensor.shape[0], *tensor.shape[1:]))
     if torch.compiler.is_compiling():
         dist.all_gather_single(gathered, tensor, group=group)
     else:
         group.all_gather_single(gathered, tensor).wait()
-    return along_last(gathered, size)
+    return gathered
 
 
 def all_to_all(tensor: torch.Tensor, group) -> torch.Tensor:

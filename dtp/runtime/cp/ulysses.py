@@ -40,18 +40,19 @@ def _check_heads(heads: int, cp: int) -> None:
 
 def stacked_to_heads(tensors, group) -> tuple[torch.Tensor, ...]:
     """N tensors `[B, S/cp, H, D]` (the local sequence, all heads) -> N tensors `[B, S, H/cp, D]` (all sequence,
-    local heads) in one all-to-all: the send is `[cp (dest), N, B, s, H/cp, D]`, built by one `stack` of permuted
-    views (no intermediate stacked copy), and the send is dropped once received, before the result is laid out: the
-    activation peak holds two N-tensor buffers besides the inputs, as the three one-tensor exchanges did at most."""
+    local heads) in one all-to-all: the send is `[cp (dest), B, s, N, H/cp, D]`, built by one `stack` of permuted
+    views (no intermediate stacked copy). At B = 1 the received `[cp (source), 1, s, N, H/cp, D]` is already
+    `[1, S, N, H/cp, D]`: the N results are views of it, with no copy (strided along the sequence, as attention
+    kernels take them); at B > 1 one copy lays it out. The send is dropped once received: the activation peak holds
+    two N-tensor buffers besides the inputs, as the three one-tensor exchanges did at most."""
     cp = group.size()
     b, s, h, d = tensors[0].shape
     _check_heads(h, cp)
-    send = torch.stack([t.reshape(b, s, cp, h // cp, d).permute(2, 0, 1, 3, 4) for t in tensors], dim=1)
+    send = torch.stack([t.reshape(b, s, cp, h // cp, d).permute(2, 0, 1, 3, 4) for t in tensors], dim=3)
     shape = send.shape
     recv = all_to_all(send.flatten(), group).view(shape)
-    del send  # [cp (source), N, ...] received: the send buffer is free before the result is laid out
-    heads = recv.permute(1, 2, 0, 3, 4, 5).reshape(len(tensors), b, cp * s, h // cp, d)
-    return heads.unbind(0)
+    del send  # [cp (source), B, s, N, ...] received: the send buffer is free before the result is laid out
+    return recv.transpose(0, 1).reshape(b, cp * s, len(tensors), h // cp, d).unbind(2)
 
 
 def to_heads(query, key, value, group):
