@@ -138,6 +138,7 @@ class TpGroup:
         # Looked up now, not at the first call: a lazy lookup is a guard (`_group is None`) that flips after the
         # first forward, so a compiled block would recompile once per block instance.
         self._group = mesh.get_group()
+        self.rank = mesh.get_local_rank()
 
     @property
     def group(self):
@@ -150,4 +151,4 @@ class TpGroup:
         return self.mesh.size()
 
     def __getstate__(self):
-        return {"mesh": self.mesh, "_group": None}
+        return {"mesh": self.mesh, "_group": None, "rank": self.rank}
