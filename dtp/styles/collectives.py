@@ -77,6 +77,9 @@ def _all_gather_rows(tensor: torch.Tensor, group, size: int) -> torch.Tensor:
     return gathered
 
 
+_ALL_TO_ALL = dist.AllToAllOptions()  # default options, built once: a fresh one cost ~7 µs of host a call
+
+
 def all_to_all(tensor: torch.Tensor, group) -> torch.Tensor:
     """Equal-split all-to-all of `tensor` (dim 0 is `size` chunks, chunk j to rank j) over `group`; synchronous.
 
@@ -86,7 +89,7 @@ def all_to_all(tensor: torch.Tensor, group) -> torch.Tensor:
         return funcol.wait_tensor(funcol.all_to_all_single(tensor, None, None, group))
     tensor = tensor.contiguous()
     out = torch.empty_like(tensor)
-    group.alltoall_base(out, tensor, [], [], dist.AllToAllOptions()).wait()
+    group.alltoall_base(out, tensor, [], [], _ALL_TO_ALL).wait()
     return out
 
 
@@ -104,7 +107,7 @@ def send_to_next(tensor: torch.Tensor, group) -> tuple:
     rank, received = group.rank(), torch.empty_like(sent)
     recv_splits, send_splits = [0] * size, [0] * size
     recv_splits[(rank - 1) % size] = send_splits[(rank + 1) % size] = sent.numel()
-    work = group.alltoall_base(received, sent, recv_splits, send_splits, dist.AllToAllOptions())
+    work = group.alltoall_base(received, sent, recv_splits, send_splits, _ALL_TO_ALL)
     return received, work, sent, tensor.shape
 
 

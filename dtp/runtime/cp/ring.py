@@ -73,11 +73,11 @@ def ring_attention(
         incoming = send_to_next(kv, group) if step < cp - 1 else None  # issued first
         source = (rank - step) % cp
         k, v = kv.narrow(-1, 0, d_k), kv.narrow(-1, d_k, d_v)
-        block = block_attention(query, k, v, None if masks is None else masks[source], scale, kernel=kernel)
+        block = kernel.run(query, k, v, None if masks is None else masks[source], scale)
         out, lse = block if out is None else merge(out, lse, *block)
         if incoming is not None:
             kv = wait_for(incoming)  # after this block's compute
-    return out.to(query.dtype)
+    return out if out.dtype == query.dtype else out.to(query.dtype)
 
 
 __all__ = ["block_attention", "merge", "reference_block", "ring_attention"]

@@ -30,12 +30,11 @@ from .masks import gather_key_mask
 from .sequence import dense
 
 
-def _check_heads(heads: int, cp: int) -> None:
-    if heads % cp:
-        raise ForwardError(
-            f"Ulysses attention: {heads} heads per rank (after tp) are not divisible by cp={cp}; "
-            f"use cp_mode='ring' or a cp that divides {heads}."
-        )
+def _refuse_heads(heads: int, cp: int) -> None:
+    raise ForwardError(
+        f"Ulysses attention: {heads} heads per rank (after tp) are not divisible by cp={cp}; "
+        f"use cp_mode='ring' or a cp that divides {heads}."
+    )
 
 
 def stacked_to_heads(tensors, group) -> tuple[torch.Tensor, ...]:
@@ -44,14 +43,17 @@ def stacked_to_heads(tensors, group) -> tuple[torch.Tensor, ...]:
     views (no intermediate stacked copy). At B = 1 the received `[cp (source), 1, s, N, H/cp, D]` is already
     `[1, S, N, H/cp, D]`: the N results are views of it, with no copy (strided along the sequence, as attention
     kernels take them); at B > 1 one copy lays it out. The send is dropped once received: the activation peak holds
-    two N-tensor buffers besides the inputs, as the three one-tensor exchanges did at most."""
+    two N-tensor buffers besides the inputs, as the three one-tensor exchanges did at most. Host time is the cost
+    that matters at these sizes, so the op count is kept low (`all_to_all` splits dim 0 as it is, no flatten)."""
     cp = group.size()
     b, s, h, d = tensors[0].shape
-    _check_heads(h, cp)
-    send = torch.stack([t.reshape(b, s, cp, h // cp, d).permute(2, 0, 1, 3, 4) for t in tensors], dim=3)
-    shape = send.shape
-    recv = all_to_all(send.flatten(), group).view(shape)
+    if h % cp:
+        _refuse_heads(h, cp)
+    send = torch.stack([t.view(b, s, cp, h // cp, d).permute(2, 0, 1, 3, 4) for t in tensors], dim=3)
+    recv = all_to_all(send, group)
     del send  # [cp (source), B, s, N, ...] received: the send buffer is free before the result is laid out
+    if b == 1:
+        return recv.view(1, cp * s, len(tensors), h // cp, d).unbind(2)
     return recv.transpose(0, 1).reshape(b, cp * s, len(tensors), h // cp, d).unbind(2)
 
 
@@ -67,8 +69,8 @@ def heads_to_seq(x: torch.Tensor, group) -> torch.Tensor:
     cp = group.size()
     b, s_full, h_local, d = x.shape
     s = s_full // cp
-    send = dense(x.reshape(b, cp, s, h_local, d).permute(1, 0, 2, 3, 4))  # [cp (dest), B, s, h/cp, D]
-    recv = all_to_all(send.flatten(), group).view(send.shape)  # [cp (head group), ...]
+    send = dense(x.view(b, cp, s, h_local, d).transpose(0, 1))  # [cp (dest), B, s, h/cp, D]
+    recv = all_to_all(send, group)  # [cp (head group), B, s, h/cp, D]
     return recv.permute(1, 2, 0, 3, 4).reshape(b, s, cp * h_local, d)
 
 
