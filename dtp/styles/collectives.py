@@ -21,6 +21,8 @@ have nothing to overlap. Under gloo, deferred waits were seen to corrupt the hea
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -57,24 +59,36 @@ def all_gather_last(tensor: torch.Tensor, group, size: int | None = None) -> tor
 
 
 def all_gather_along(tensor: torch.Tensor, group, dim: int) -> torch.Tensor:
-    """Every rank's `tensor` concatenated along `dim` in rank order (as `torch.cat`): one all-gather into a
-    `[size * d0, ...]` buffer, then one copy to move the rank dim next to `dim` (a view when the dims before `dim`
-    are all 1, or `dim` is 0). e.g. cp's output gather: [1, 4096, 64] on 2 ranks -> [1, 8192, 64], a view."""
+    """Every rank's `tensor` concatenated along `dim` in rank order (as `torch.cat`): one all-gather. When the dims
+    before `dim` are all 1 (or `dim` is 0) the rank order along `dim` is the memory order of the gathered rows: it
+    gathers straight into the result (e.g. cp's output gather: [1, 4096, 64] on 2 ranks -> [1, 8192, 64]); else into a
+    `[size * d0, ...]` buffer, then one copy moves the rank dim next to `dim`."""
     size, dim = group.size(), dim % tensor.ndim
+    tensor = tensor.contiguous()
+    shape = (*tensor.shape[:dim], size * tensor.shape[dim], *tensor.shape[dim + 1 :])
+    if math.prod(tensor.shape[:dim]) == 1:
+        out = tensor.new_empty(shape)
+        _all_gather_into(out.view(size * tensor.shape[0], *tensor.shape[1:]), tensor, group)
+        return out
     stacked = _all_gather_rows(tensor, group, size).view(size, *tensor.shape)
-    return stacked.movedim(0, dim).reshape(*tensor.shape[:dim], size * tensor.shape[dim], *tensor.shape[dim + 1 :])
+    return stacked.movedim(0, dim).reshape(shape)
 
 
 def _all_gather_rows(tensor: torch.Tensor, group, size: int) -> torch.Tensor:
-    """Every rank's `tensor` stacked along dim 0 (`[size * d0, ...]`): the ProcessGroup's all-gather in eager,
-    `dist.all_gather_single` (traced) under compile."""
+    """Every rank's `tensor` stacked along dim 0 (`[size * d0, ...]`)."""
     tensor = tensor.contiguous()
     gathered = tensor.new_empty((size * tensor.shape[0], *tensor.shape[1:]))
+    _all_gather_into(gathered, tensor, group)
+    return gathered
+
+
+def _all_gather_into(gathered: torch.Tensor, tensor: torch.Tensor, group) -> None:
+    """Every rank's contiguous `tensor` into `gathered` (`[size * d0, ...]`, rank order): the ProcessGroup's
+    all-gather in eager, `dist.all_gather_single` (traced) under compile."""
     if torch.compiler.is_compiling():
         dist.all_gather_single(gathered, tensor, group=group)
     else:
         group.all_gather_single(gathered, tensor).wait()
-    return gathered
 
 
 _ALL_TO_ALL = dist.AllToAllOptions()  # default options, built once: a fresh one cost ~7 µs of host a call
