@@ -20,7 +20,7 @@ import dtp.runtime.cp.kernels as kernels_module
 import dtp.runtime.cp.ring as ring_module
 from dtp.analysis.collectives import CollectiveCounter
 from dtp.analysis.fakepg import fake_world
-from dtp.runtime.cp.kernels import CPU_FLASH_KERNEL, REFERENCE, block_kernel
+from dtp.runtime.cp.kernels import CPU_FLASH_KERNEL, REFERENCE, BlockKernel, block_kernel
 from dtp.runtime.cp.masks import ForwardMasks, split_mask
 from dtp.runtime.cp.ring import merge, ring_attention
 from dtp.styles.collectives import send_to_next, wait_for
@@ -112,9 +112,13 @@ class _LoggedWork:
 
 
 def _ring_events(group, monkeypatch) -> list:
-    log = []
-    block = ring_module.block_attention
-    monkeypatch.setattr(ring_module, "block_attention", lambda *a, **k: (log.append("block"), block(*a, **k))[1])
+    log, choose = [], ring_module.block_kernel
+
+    def logged(*args):
+        kernel = choose(*args)
+        return BlockKernel(kernel.name, lambda *a: (log.append("block"), kernel.run(*a))[1])
+
+    monkeypatch.setattr(ring_module, "block_kernel", logged)
     q = torch.randn(1, 6, 2, 8)
     ring_attention(q, q, q, None, group=_LoggedGroup(group, log))
     return log
