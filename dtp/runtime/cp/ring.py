@@ -73,7 +73,7 @@ def ring_attention(
         incoming = send_to_next(kv, group) if step < cp - 1 else None  # issued first
         source = (rank - step) % cp
         k, v = kv.narrow(-1, 0, d_k), kv.narrow(-1, d_k, d_v)
-        block = kernel.run(query, k, v, None if masks is None else masks[source], scale)
+        block = block_attention(query, k, v, None if masks is None else masks[source], scale, kernel=kernel)
         out, lse = block if out is None else merge(out, lse, *block)
         if incoming is not None:
             kv = wait_for(incoming)  # after this block's compute
