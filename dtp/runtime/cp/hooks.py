@@ -1,19 +1,17 @@
 """Forward hooks that cut planned tensors into this rank's sequence chunk and gather outputs back.
 
 Inputs are matched by forward() parameter name whether they arrive positionally or by keyword
-(Z-Image calls its blocks positionally, Flux by keyword), so the hook binds them to the signature.
+(Z-Image calls its blocks positionally, Flux by keyword), by the positions of the signature (`arguments.Binder`).
 """
 
 from __future__ import annotations
 
-import inspect
-
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ...errors import ForwardError
 from ...plan.cp import GatherRule, SplitRule
+from ..arguments import Binder
 from .sequence import flat_chunk, gather_chunks, local_chunk, own_chunk, padded_chunk
 
 
@@ -76,25 +74,36 @@ class SplitInputs:
     ):
         self.path, self.rules, self.rank, self.cp = path, rules, rank, cp
         self.pads = PadState() if pads is None else pads
-        self.signature = inspect.signature(module.forward)
+        self.binder = Binder(module.forward)
+        self.names = tuple(dict.fromkeys([r.name for r in rules] + [n for r in rules for n in r.segments or ()]))
 
     def __call__(self, module, args, kwargs):
-        bound = self.signature.bind(*args, **kwargs)
+        if not self.binder.exact:  # *args / **kwargs in the signature: bind
+            bound = self.binder.signature.bind(*args, **kwargs)
+            self._cut(bound.arguments)
+            return bound.args, bound.kwargs
+        passed = {name: self.binder.get(args, kwargs, name) for name in self.names}
+        arguments = dict(passed)
+        self._cut(arguments)
+        changed = {name: value for name, value in arguments.items() if value is not passed[name]}
+        return self.binder.replace(args, kwargs, changed)
+
+    def _cut(self, arguments) -> None:
+        """Replace the planned entries of `arguments` (name -> value passed, None if not) by their local chunks."""
         # Joint tensors last: their segment lengths are read from the other inputs once those are local.
         for rule in sorted(self.rules, key=lambda r: bool(r.segments)):
-            value = bound.arguments.get(rule.name)
+            value = arguments.get(rule.name)
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
             if rule.count:
-                bound.arguments[rule.name] = self._count(value, rule.name, what)
+                arguments[rule.name] = self._count(value, rule.name, what)
             elif rule.pad is not None:
-                bound.arguments[rule.name] = self._split_padded(value, rule, what)
+                arguments[rule.name] = self._split_padded(value, rule, what)
             elif rule.segments:
-                bound.arguments[rule.name] = self._split_segments(value, rule, bound.arguments, what)
+                arguments[rule.name] = self._split_segments(value, rule, arguments, what)
             else:
-                bound.arguments[rule.name] = self._split(value, rule, what)
-        return bound.args, bound.kwargs
+                arguments[rule.name] = self._split(value, rule, what)
 
     def _count(self, value, name: str, what: str) -> int:
         """This rank's share of an int sizing the split grid's outer dim (`SplitRule.count`): its whole slices."""
@@ -212,7 +221,7 @@ class GatherOutput:
         slot = self.pads.slots[self.rule.trim]  # the padded sequence this output is: drop its pad rows (at its end)
         if not slot.padded:
             return whole
-        if whole.shape[self.rule.dim] != slot.local * dist.get_world_size(self.group):
+        if whole.shape[self.rule.dim] != slot.local * self.group.size():
             raise ForwardError(
                 f"cp gather of {what}: {whole.shape[self.rule.dim]} rows, not the {slot.local} x cp padded "
                 f"'{self.rule.trim}' sequence whose pad rows `trim` drops."
