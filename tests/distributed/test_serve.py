@@ -226,6 +226,13 @@ def test_openai_client_streams_each_step_then_the_image(server):
     completed = events[-1]  # of STEPS steps, as the reference
     assert (completed.output_format, completed.size) == ("png", PLAIN["size"])
     assert np.abs(_pixels(completed.b64_json) - _pixels(reference)).max() == 0
+    with ThreadPoolExecutor(2) as pool:  # a streamed request in a batch with a plain one (the log says batch of 2)
+        batches = server.log.read_text().count("batch of 2")
+        plain = pool.submit(client.images.generate, **PLAIN, extra_body={**EXTRA, "seed": 7})
+        events = list(client.images.generate(**PLAIN, stream=True, extra_body=EXTRA))
+    assert [event.type for event in events].count("image_generation.progress") == STEPS
+    assert np.abs(_pixels(events[-1].b64_json) - _pixels(reference)).max() <= ONE_LEVEL + 1e-9
+    assert plain.result().data[0].b64_json and server.log.read_text().count("batch of 2") == batches + 1
     with server.client.stream("POST", "/v1/images/generations", json={**PLAIN, **EXTRA, "stream": True}) as answer:
         assert answer.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in answer.iter_lines() if line.startswith("event: ")]
