@@ -118,6 +118,11 @@ def _check_serve_options(args, options, distributed: bool) -> tuple[int, int]:
         raise PlanError(f"--max-batch {args.max_batch} / --batch-wait-ms {args.batch_wait_ms}: at least 1 / 0.")
     if args.replicas != 1 and not distributed:
         raise PlanError(f"--replicas {args.replicas}: replicas split torchrun's ranks; launch with torchrun.")
+    if args.replicas > 1 and options.ulysses not in (None, 1, options.cp):
+        raise PlanError(
+            f"--replicas {args.replicas} with --ulysses {options.ulysses}: a replica's mesh is a plain cp axis; serve "
+            f"USP without --replicas, or give each replica plain Ulysses (--ulysses {options.cp}) or ring (1)."
+        )
     if not distributed:
         return 1, 1
     return layout(int(os.environ["WORLD_SIZE"]), args.replicas, options.cp, options.cfg)
@@ -172,8 +177,8 @@ def _open_replica(options, device, mesh):
     dtype = session.torch_dtype(options.dtype, device)
     common = dict(torch_dtype=dtype, device=device, quantization_config=session.quant_config(options))
     pipe = session.load_pipeline(
-        options.model_dir, mesh, plans=session.component_plans(options), cp_mode=options.cp_mode, pad=options.pad,
-        fsdp=options.fsdp, **common, **session.kernel_options(options),
+        options.model_dir, mesh, plans=session.component_plans(options), cp_mode=session.shard_mode(options),
+        pad=options.pad, fsdp=options.fsdp, **common, **session.kernel_options(options),
     )  # fmt: skip
     session.add_loras(pipe, options.loras, options.lora_scale, sharded=True)
     if options.offload_text_encoders:
