@@ -3,7 +3,9 @@ gloo ranks (ring 2 x ulysses 2), one spawned group. Each against one process wit
 - Wan (tiny, 4 heads); DTP_FULL=1 adds Qwen-Image (batch 2, text key mask), HunyuanVideo and LTX-Video (measured
   Qwen-Image ..., Wan 3.3e-7, HunyuanVideo 5.7e-7, LTX-Video 4.1e-7);
 - pad: Wan with 3 frames of 1 x 3 patches (9 tokens; padded to 12: rank 3 holds pad only);
-- fsdp: Wan with fsdp=True (weights over the 4 cp ranks) under USP.
+- fsdp: Wan with fsdp=True (weights over the 4 cp ranks) under USP;
+- compile (DTP_FULL=1): Wan's repeated blocks compiled with `fullgraph=True` (dynamo's "eager" backend traces what
+  inductor would: a graph break raises), against one process.
 Qwen-Image 2.1 (block-causal, `ring_refused`) is refused before anything changes: PlanError naming ring.
 Negative controls on the padded Wan: the ring merging a Ulysses group's key blocks in the wrong order (the pad keys
 of cp rank 3 land on rank 2's), and a group's heads taken from the wrong rank on the way back; both miss by far
@@ -40,7 +42,7 @@ def _inputs(name: str) -> dict:
         inputs = tiny_inputs(QWEN, batch=2)
         inputs["encoder_hidden_states_mask"][1, -3:] = 0  # sample 1: its last 3 text tokens are padding
         return inputs
-    if name == "wan_odd":  # 3 latent frames of 1 x 3 patches: 9 tokens, cp=4 pads them to 12
+    if name in ("wan_odd", "wan_compile"):  # 3 latent frames of 1 x 3 patches: 9 tokens, cp=4 pads them to 12
         inputs = tiny_inputs(WAN, batch=2)
         batch, channels = inputs["hidden_states"].shape[:2]
         inputs["hidden_states"] = torch.randn(batch, channels, 3, 2, 6, generator=torch.Generator().manual_seed(3))
@@ -90,8 +92,11 @@ def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def _forward(cls: str, mesh, inputs: dict, **options) -> torch.Tensor:
-    return output_tensor(dtp.parallelize(tiny_model(cls), mesh, cp_mode="ring", **options)(**inputs)).float()
+def _forward(cls: str, mesh, inputs: dict, compiled: bool = False, **options) -> torch.Tensor:
+    model = dtp.parallelize(tiny_model(cls), mesh, cp_mode="ring", **options)
+    if compiled:
+        model.compile_repeated_blocks(fullgraph=True, backend="eager")
+    return output_tensor(model(**inputs)).float()
 
 
 def _run(rank: int, world: int) -> dict:
@@ -99,8 +104,9 @@ def _run(rank: int, world: int) -> dict:
     mesh = dtp.make_mesh(cp=4, ulysses=2)
     models = MODELS if full_run() else tuple(m for m in MODELS if m not in FULL_ONLY)
     cases = [(name, name, {}) for name in models] + [("wan_odd", WAN, {}), ("wan_fsdp", WAN, dict(fsdp=True))]
+    cases += [("wan_compile", WAN, dict(compiled=True))] if full_run() else []
     for case, cls, options in cases:
-        inputs = _inputs("wan_odd" if case == "wan_odd" else cls)
+        inputs = _inputs(case if case in ("wan_odd", "wan_compile") else cls)
         with torch.no_grad():
             ref = output_tensor(tiny_model(cls)(**inputs)).float()
         with _CountBlocks() as blocks:
@@ -130,7 +136,9 @@ def runs():
 
 
 @pytest.mark.parametrize(
-    "case", [pytest.param(m, marks=pytest.mark.full) if m in FULL_ONLY else m for m in MODELS] + ["wan_odd", "wan_fsdp"]
+    "case",
+    [pytest.param(m, marks=pytest.mark.full) if m in FULL_ONLY else m for m in MODELS]
+    + ["wan_odd", "wan_fsdp", pytest.param("wan_compile", marks=pytest.mark.full)],
 )
 def test_usp_parity(runs, case):
     """ring 2 x ulysses 2: within 1e-5 of one process on every rank; ring blocks ran (2 per attention call)."""
