@@ -1,7 +1,7 @@
 """USP (Ulysses x ring) on more models and composed with the other options: `dtp.make_mesh(cp=4, ulysses=2)` on 4
 gloo ranks (ring 2 x ulysses 2), one spawned group. Each against one process within 1e-5 of max |ref|:
 - Wan (tiny, 4 heads); DTP_FULL=1 adds Qwen-Image (batch 2, text key mask), HunyuanVideo and LTX-Video (measured
-  Qwen-Image ..., Wan 3.3e-7, HunyuanVideo 5.7e-7, LTX-Video 4.1e-7);
+  Qwen-Image 3.5e-7, Wan 3.3e-7, HunyuanVideo 5.7e-7, LTX-Video 4.1e-7; the compiled padded Wan 2.2e-7);
 - pad: Wan with 3 frames of 1 x 3 patches (9 tokens; padded to 12: rank 3 holds pad only);
 - fsdp: Wan with fsdp=True (weights over the 4 cp ranks) under USP;
 - compile (DTP_FULL=1): Wan's repeated blocks compiled with `fullgraph=True` (dynamo's "eager" backend traces what
@@ -109,8 +109,10 @@ def _run(rank: int, world: int) -> dict:
         inputs = _inputs(case if case in ("wan_odd", "wan_compile") else cls)
         with torch.no_grad():
             ref = output_tensor(tiny_model(cls)(**inputs)).float()
+        torch._dynamo.utils.counters.clear()
         with _CountBlocks() as blocks:
             results[case] = (_error(_forward(cls, mesh, inputs, **options), ref), blocks.calls)
+        results[case, "graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         if case == "wan_odd":
             for name, (module, attribute, bug) in CONTROLS.items():
                 real = getattr(module, attribute)
@@ -146,6 +148,13 @@ def test_usp_parity(runs, case):
         error, blocks = results[case]
         print(f"{case}: {error:.2e} vs one process, {blocks} ring blocks")
         assert error <= TOL and blocks > 0, (rank, case, error, blocks)
+
+
+@pytest.mark.full
+def test_usp_compiled(runs):
+    """The compiled case really compiled: dynamo captured graphs (one per distinct block), none for eager cases."""
+    for results in runs:
+        assert results["wan_compile", "graphs"] > 0 and results["wan_odd", "graphs"] == 0, results
 
 
 @pytest.mark.parametrize("control", list(CONTROLS))
