@@ -3,9 +3,10 @@ pad keys masked in attention and its pad rows dropped at the gather (plan `pad` 
 
 One 4-process gloo group. Default run, at cp=2 (tp=2), each against one process within 1e-5 of max |ref|:
 FLUX.1 with 7 text and 15 image tokens (both padded: text `first`, image `last` among each attention's keys) and
-Wan with a 3-frame 1 x 3 grid (9 tokens), in both modes; Qwen-Image 2.1 with a condition image and a padded prompt
-(37 joint tokens; block-causal, Ulysses only). DTP_FULL=1 adds the same at cp=4 (tp=1), and LTX-Video with a 1 x 3 x 3
-grid (9 tokens; measured 1.7e-7..2.3e-7 at cp=2 and 4, both modes). Negative control: the pad
+Wan with a 3-frame 1 x 3 grid (9 tokens; per-token timesteps, as Wan 2.2 TI2V passes them), in both modes;
+Qwen-Image 2.1 with a condition image and a padded prompt (37 joint tokens; block-causal, Ulysses only). DTP_FULL=1
+adds the same at cp=4 (tp=1), LTX-Video with a 1 x 3 x 3 grid (9 tokens; measured 1.7e-7..2.3e-7 at cp=2 and 4,
+both modes) and Wan VACE with its video and control video of 3 x 1 x 3 (2.5e-7..3.3e-7). Negative control: the pad
 keys left unmasked (`key_valid` -> None, and Qwen-Image 2.1's adapter not extending its key mask) misses by far
 (measured 1.9e-2..2.2e-2; exact runs 4e-7..7e-7).
 """
@@ -24,18 +25,22 @@ from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_mode
 
 TOL = 1e-5
 FLUX, WAN, QWEN21 = "FluxTransformer2DModel", "WanTransformer3DModel", PLAN_CLASSES["qwenimage21"]
-LTX = "LTXVideoTransformer3DModel"  # DTP_FULL=1: its video tokens are Wan's kind of padded split
+LTX, VACE = "LTXVideoTransformer3DModel", "WanVACETransformer3DModel"  # DTP_FULL=1: Wan's kind of padded split
+FULL_ONLY = (LTX, VACE)
 CASES = [(FLUX, "ulysses"), (FLUX, "ring"), (WAN, "ulysses"), (WAN, "ring"), (QWEN21, "ulysses")]
-CASES += [pytest.param(LTX, mode, marks=pytest.mark.full) for mode in ("ulysses", "ring")]
+CASES += [pytest.param(cls, mode, marks=pytest.mark.full) for cls in FULL_ONLY for mode in ("ulysses", "ring")]
 
 
 def _inputs(cls: str) -> dict:
     if cls == FLUX:
         return tiny_inputs(FLUX, batch=2, img_tokens=15, txt_tokens=7)
-    if cls == WAN:  # 3 latent frames of 1 x 3 patches: 9 tokens
-        inputs = tiny_inputs(WAN, batch=2)
-        batch, channels = inputs["hidden_states"].shape[:2]
-        inputs["hidden_states"] = torch.randn(batch, channels, 3, 2, 6, generator=torch.Generator().manual_seed(3))
+    if cls in (WAN, VACE):  # 3 latent frames of 1 x 3 patches: 9 tokens (VACE: its control video alike)
+        inputs = tiny_inputs(cls, batch=2)
+        g = torch.Generator().manual_seed(3)
+        for name in ("hidden_states", "control_hidden_states") if cls == VACE else ("hidden_states",):
+            inputs[name] = torch.randn(*inputs[name].shape[:2], 3, 2, 6, generator=g)
+        if cls == WAN:  # Wan 2.2 TI2V's per-token timesteps [B, S]: padded with the tokens
+            inputs["timestep"] = torch.randint(0, 1000, (2, 9), generator=g)
         return inputs
     if cls == LTX:  # 1 frame of 3 x 3 patches: 9 tokens
         inputs = tiny_inputs(LTX, batch=2)
@@ -78,7 +83,7 @@ def _unmasked_pads(self, key_valid, length, query):
 def _run(rank: int, world: int) -> dict:
     results = {}
     degrees = (2, 4) if full_run() else (2,)
-    for cls in (FLUX, WAN, QWEN21, LTX) if full_run() else (FLUX, WAN, QWEN21):
+    for cls in (FLUX, WAN, QWEN21, *FULL_ONLY) if full_run() else (FLUX, WAN, QWEN21):
         inputs = _inputs(cls)
         with torch.no_grad():
             ref = output_tensor(tiny_model(cls)(**inputs)).float()
@@ -116,7 +121,7 @@ def test_padded_split_is_exact(runs, cls, mode, cp):
         assert found <= TOL, (rank, cls, mode, cp, found)
 
 
-@pytest.mark.parametrize("cls", [FLUX, WAN, QWEN21, pytest.param(LTX, marks=pytest.mark.full)])
+@pytest.mark.parametrize("cls", [FLUX, WAN, QWEN21, *(pytest.param(c, marks=pytest.mark.full) for c in FULL_ONLY)])
 def test_unmasked_pad_keys_fail(runs, cls):
     """Negative control: the pad keys left in attention miss 1e-5 by far."""
     for results in runs:
