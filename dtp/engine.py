@@ -163,7 +163,7 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
     padding = None
     if parallelism.pad:
         padding = pad_resolved(resolved, model, tp, tp * ulysses)  # heads split over tp, then over Ulysses
-        _check_pad_applies(padding, cp, cp_mode)
+        _check_pad_applies(padding, ulysses)
         resolved = padding.resolved
     else:
         check_unpadded(resolved, model, tp, partial(supported_tp, model, resolved, cp, cp_mode, True, ulysses))
@@ -185,15 +185,15 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
     return Prepared(resolved, cp_resolved, parallelism, padding)
 
 
-def _check_pad_applies(padding: Padding, cp: int, cp_mode: str) -> None:
+def _check_pad_applies(padding: Padding, ulysses: int) -> None:
     """Padding is written into the tp shards, so at tp=1 nothing is padded: a plan that needs padding there (only
-    Ulysses asks for it, heads a multiple of cp) would fail at its first forward instead."""
+    Ulysses asks for it, heads a multiple of its degree) would fail at its first forward instead."""
     if padding.tp > 1 or padding.is_noop:
         return
     heads = ", ".join(f"{h.path}: {h.heads} -> {h.padded_heads}" for h in padding.heads if h.padded_heads != h.heads)
     raise PlanError(
-        f"pad=True at tp=1 pads nothing (padding lives in the tp shards), but Ulysses cp={cp} needs heads padded "
-        f"({heads}); use cp_mode='ring', a mesh with tp > 1, or a cp that divides the heads."
+        f"pad=True at tp=1 pads nothing (padding lives in the tp shards), but Ulysses over {ulysses} ranks needs heads "
+        f"padded ({heads}); use cp_mode='ring', a mesh with tp > 1, or a Ulysses degree that divides the heads."
     )
 
 
