@@ -1,11 +1,11 @@
 """USP (Ulysses x ring) on more models and composed with the other options: `dtp.make_mesh(cp=4, ulysses=2)` on 4
 gloo ranks (ring 2 x ulysses 2), one spawned group. Each against one process within 1e-5 of max |ref|:
-- Wan (tiny, 4 heads); DTP_FULL=1 adds Qwen-Image (batch 2, text key mask), HunyuanVideo and LTX-Video (measured
-  Qwen-Image 3.5e-7, Wan 3.3e-7, HunyuanVideo 5.7e-7, LTX-Video 4.1e-7; the compiled padded Wan 2.2e-7);
-- pad: Wan with 3 frames of 1 x 3 patches (9 tokens; padded to 12: rank 3 holds pad only);
-- fsdp: Wan with fsdp=True (weights over the 4 cp ranks) under USP;
-- compile (DTP_FULL=1): Wan's repeated blocks compiled with `fullgraph=True` (dynamo's "eager" backend traces what
-  inductor would: a graph break raises), against one process.
+- pad (the default run): Wan (tiny, 4 heads) with 3 frames of 1 x 3 patches (9 tokens; padded to 12: rank 3 holds
+  pad only), 2.2e-7;
+- DTP_FULL=1: Qwen-Image (batch 2, text key mask), Wan, HunyuanVideo and LTX-Video at their tiny lengths (3.5e-7,
+  3.3e-7, 5.7e-7, 4.1e-7); fsdp: Wan with fsdp=True (weights over the 4 cp ranks), 3.3e-7; compile: the padded
+  Wan's repeated blocks compiled with `fullgraph=True` (dynamo's "eager" backend traces what inductor would: a graph
+  break raises), 2.2e-7.
 Qwen-Image 2.1 (block-causal, `ring_refused`) is refused before anything changes: PlanError naming ring.
 Negative controls on the padded Wan: the ring merging a Ulysses group's key blocks in the wrong order (the pad keys
 of cp rank 3 land on rank 2's), and a group's heads taken from the wrong rank on the way back; both miss by far
@@ -34,7 +34,6 @@ QWEN, WAN, HUNYUAN, LTX = (
 )
 QWEN21 = PLAN_CLASSES["qwenimage21"]
 MODELS = (QWEN, WAN, HUNYUAN, LTX)
-FULL_ONLY = (QWEN, HUNYUAN, LTX)  # one more kind each (dual-stream mask, token refiner, per-token timestep)
 
 
 def _inputs(name: str) -> dict:
@@ -102,9 +101,10 @@ def _forward(cls: str, mesh, inputs: dict, compiled: bool = False, **options) ->
 def _run(rank: int, world: int) -> dict:
     results = {}
     mesh = dtp.make_mesh(cp=4, ulysses=2)
-    models = MODELS if full_run() else tuple(m for m in MODELS if m not in FULL_ONLY)
-    cases = [(name, name, {}) for name in models] + [("wan_odd", WAN, {}), ("wan_fsdp", WAN, dict(fsdp=True))]
-    cases += [("wan_compile", WAN, dict(compiled=True))] if full_run() else []
+    cases = [("wan_odd", WAN, {})]  # the default run: USP with a padded split, and the controls on it
+    if full_run():
+        cases += [(name, name, {}) for name in MODELS]
+        cases += [("wan_fsdp", WAN, dict(fsdp=True)), ("wan_compile", WAN, dict(compiled=True))]
     for case, cls, options in cases:
         inputs = _inputs(case if case in ("wan_odd", "wan_compile") else cls)
         with torch.no_grad():
@@ -138,9 +138,7 @@ def runs():
 
 
 @pytest.mark.parametrize(
-    "case",
-    [pytest.param(m, marks=pytest.mark.full) if m in FULL_ONLY else m for m in MODELS]
-    + ["wan_odd", "wan_fsdp", pytest.param("wan_compile", marks=pytest.mark.full)],
+    "case", ["wan_odd", *(pytest.param(c, marks=pytest.mark.full) for c in (*MODELS, "wan_fsdp", "wan_compile"))]
 )
 def test_usp_parity(runs, case):
     """ring 2 x ulysses 2: within 1e-5 of one process on every rank; ring blocks ran (2 per attention call)."""
