@@ -6,7 +6,8 @@ gloo ranks (ring 2 x ulysses 2), one spawned group, DTP_FULL=1 (the default run 
 - Qwen-Image (batch 2, text key mask), Wan, HunyuanVideo and LTX-Video at their tiny lengths (3.5e-7,
   3.3e-7, 5.7e-7, 4.1e-7); fsdp: Wan with fsdp=True (weights over the 4 cp ranks), 3.3e-7; compile: the padded
   Wan's repeated blocks compiled with `fullgraph=True` (dynamo's "eager" backend traces what inductor would: a graph
-  break raises), 2.2e-7.
+  break raises), 2.2e-7; LoRA: the padded Wan with a LoRA on every Linear (`dtp.load_lora` against diffusers'
+  `load_lora_adapter` on one process), 4.7e-7.
 Qwen-Image 2.1 (block-causal, `ring_refused`) is refused before anything changes: PlanError naming ring.
 Negative controls on the padded Wan: the ring merging a Ulysses group's key blocks in the wrong order (the pad keys
 of cp rank 3 land on rank 2's), and a group's heads taken from the wrong rank on the way back; both miss by far
@@ -16,7 +17,7 @@ of cp rank 3 land on rank 2's), and a group's heads taken from the wrong rank on
 from __future__ import annotations
 
 import pytest
-from usp_cases import CONTROLS, MODELS, TOL, WAN, block_causal_refusal, run_case, run_controls
+from usp_cases import CONTROLS, MODELS, TOL, WAN, block_causal_refusal, run_case, run_controls, run_lora_case
 
 import dtp
 from dtp.testing.launch import spawn
@@ -32,6 +33,7 @@ CASES = {name: (name, {}) for name in MODELS} | {
 def _run(rank: int, world: int) -> dict:
     mesh = dtp.make_mesh(cp=4, ulysses=2)
     results = {case: run_case(mesh, case, cls, options) for case, (cls, options) in CASES.items()}
+    results["wan_lora"] = run_lora_case(mesh)
     return results | run_controls(mesh) | {"qwen21": block_causal_refusal(mesh)}
 
 
@@ -40,13 +42,19 @@ def runs():
     return spawn(_run, 4)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [*CASES, "wan_lora"])
 def test_usp_parity(runs, case):
     """ring 2 x ulysses 2: within 1e-5 of one process on every rank; ring blocks ran (2 per attention call)."""
     for rank, results in enumerate(runs):
         found = results[case]
         print(f"{case}: {found['error']:.2e} vs one process, {found['blocks']} ring blocks")
         assert found["error"] <= TOL and found["blocks"] > 0, (rank, case, found)
+
+
+def test_usp_lora_changes_the_output(runs):
+    """The LoRA case is not trivially exact: the adapter moves the output far beyond the tolerance."""
+    for results in runs:
+        assert results["wan_lora"]["lora_effect"] > 100 * TOL, results["wan_lora"]
 
 
 def test_usp_compiled(runs):

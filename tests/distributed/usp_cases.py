@@ -121,3 +121,22 @@ def block_causal_refusal(mesh) -> tuple[str, bool] | None:
     except dtp.PlanError as error:
         return str(error), all(torch.equal(before[name], p) for name, p in model.state_dict().items())
     return None
+
+
+def run_lora_case(mesh) -> dict:
+    """The padded Wan with a LoRA on every Linear: dtp's loader on the USP-sharded model against diffusers' own on
+    one process (`lora_cases.random_lora`, seed 10)."""
+    from lora_cases import random_lora
+
+    inputs = inputs_for("wan_odd")
+    lora = random_lora(tiny_model(WAN), seed=10)
+    reference = tiny_model(WAN)
+    reference.load_lora_adapter(lora, adapter_name="a", prefix="transformer")
+    model = dtp.parallelize(tiny_model(WAN), mesh, cp_mode="ring")
+    dtp.load_lora(model, lora, adapter_name="a")
+    with torch.no_grad():
+        ref = output_tensor(reference(**inputs)).float()
+        plain = output_tensor(tiny_model(WAN)(**inputs)).float()
+        with CountBlocks() as blocks:
+            out = output_tensor(model(**inputs)).float()
+    return dict(error=error_of(out, ref), blocks=blocks.calls, lora_effect=error_of(plain, ref))
