@@ -2,7 +2,7 @@
 gloo ranks (ring 2 x ulysses 2), one spawned group, DTP_FULL=1 (the default run has the padded Wan and the refusal in
 `test_cp_usp.py`'s group). Each against one process within 1e-5 of max |ref|:
 - pad: Wan (tiny, 4 heads) with 3 frames of 1 x 3 patches (9 tokens; padded to 12: rank 3 holds
-  pad only), 2.2e-7;
+  pad only), 2.2e-7; HunyuanVideo with 9 video and 7 text tokens (its key mask's segments padded alike), 2.6e-7;
 - Qwen-Image (batch 2, text key mask), Wan, HunyuanVideo and LTX-Video at their tiny lengths (3.5e-7,
   3.3e-7, 5.7e-7, 4.1e-7); fsdp: Wan with fsdp=True (weights over the 4 cp ranks), 3.3e-7; compile: the padded
   Wan's repeated blocks compiled with `fullgraph=True` (dynamo's "eager" backend traces what inductor would: a graph
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cache_cases import cached_run
-from usp_cases import CONTROLS, MODELS, TOL, WAN, block_causal_refusal, run_case, run_controls, run_lora_case
+from usp_cases import CONTROLS, HUNYUAN, MODELS, TOL, WAN, block_causal_refusal, run_case, run_controls, run_lora_case
 
 import dtp
 from dtp.testing.launch import spawn
@@ -28,6 +28,7 @@ from dtp.testing.launch import spawn
 pytestmark = pytest.mark.full  # the default run has the padded Wan and the refusal in test_cp_usp.py's group
 CASES = {name: (name, {}) for name in MODELS} | {
     "wan_odd": (WAN, {}),
+    "hunyuan_odd": (HUNYUAN, {}),
     "wan_fsdp": (WAN, dict(fsdp=True)),
     "wan_compile": (WAN, dict(compiled=True)),
 }

@@ -23,10 +23,20 @@ MODELS = (QWEN, WAN, HUNYUAN, LTX)
 
 
 def inputs_for(name: str) -> dict:
-    """A case's inputs: a model's tiny ones, Qwen-Image with a text key mask, "wan_odd" / "wan_compile" 9 tokens."""
+    """A case's inputs: a model's tiny ones, Qwen-Image with a text key mask; "wan_odd" / "wan_compile": 9 Wan
+    tokens; "hunyuan_odd": 9 HunyuanVideo video tokens and 7 text tokens."""
     if name == QWEN:
         inputs = tiny_inputs(QWEN, batch=2)
         inputs["encoder_hidden_states_mask"][1, -3:] = 0  # sample 1: its last 3 text tokens are padding
+        return inputs
+    if name == "hunyuan_odd":  # a 1 x 3 x 3 patch grid (9 video tokens) and 7 text tokens, sample 1 with 5 real
+        inputs = tiny_inputs(HUNYUAN, batch=2)
+        g = torch.Generator().manual_seed(3)
+        inputs["hidden_states"] = torch.randn(*inputs["hidden_states"].shape[:2], 1, 6, 6, generator=g)
+        inputs["encoder_hidden_states"] = torch.randn(2, 7, inputs["encoder_hidden_states"].shape[2], generator=g)
+        mask = torch.ones(2, 7, dtype=inputs["encoder_attention_mask"].dtype)
+        mask[1, 5:] = 0
+        inputs["encoder_attention_mask"] = mask
         return inputs
     if name in ("wan_odd", "wan_compile"):  # 3 latent frames of 1 x 3 patches: 9 tokens, cp=4 pads them to 12
         inputs = tiny_inputs(WAN, batch=2)
@@ -87,7 +97,7 @@ def usp_forward(cls: str, mesh, inputs: dict, compiled: bool = False, **options)
 
 def run_case(mesh, case: str, cls: str, options: dict) -> dict:
     """One case on `mesh` against one process: {"error", "blocks" (ring blocks run), "graphs" (dynamo's)}."""
-    inputs = inputs_for(case if case in ("wan_odd", "wan_compile") else cls)
+    inputs = inputs_for(case if case in ("wan_odd", "wan_compile", "hunyuan_odd") else cls)
     with torch.no_grad():
         ref = output_tensor(tiny_model(cls)(**inputs)).float()
     torch._dynamo.utils.counters.clear()
