@@ -117,6 +117,11 @@ def _check_serve_options(args, options, distributed: bool) -> tuple[int, int]:
         raise PlanError(f"--max-batch {args.max_batch} / --batch-wait-ms {args.batch_wait_ms}: at least 1 / 0.")
     if args.replicas != 1 and not distributed:
         raise PlanError(f"--replicas {args.replicas}: replicas split torchrun's ranks; launch with torchrun.")
+    if args.replicas > 1 and options.ulysses not in (None, 1, options.cp):
+        raise PlanError(
+            f"--replicas {args.replicas} with --ulysses {options.ulysses}: a replica's mesh is a plain cp axis; serve "
+            f"USP without --replicas, or give each replica plain Ulysses (--ulysses {options.cp}) or ring (1)."
+        )
     if not distributed:
         return 1, 1
     return layout(int(os.environ["WORLD_SIZE"]), args.replicas, options.cp, options.cfg)

@@ -37,6 +37,12 @@ class PadState:
 
     def __init__(self):
         self.slots = {"first": PadSlot(), "last": PadSlot()}
+        self.names: dict[str, str] = {}  # input name -> its slot (`PadRule.at`), for the joint tensors cut by segments
+
+    def slot_of(self, name: str) -> PadSlot | None:
+        """The slot of the padded input `name` when this forward padded it, else None."""
+        slot = self.slots.get(self.names.get(name, ""))
+        return slot if slot is not None and slot.padded else None
 
     def reset(self, *unused) -> None:
         """Nothing padded: a forward pre-hook on the model, ahead of every split hook, so a slot is padded only when
@@ -125,20 +131,31 @@ class SplitInputs:
         slot, local = self.pads.slots[rule.pad.at], chunk.shape[rule.dim]
         slot.local, slot.valid, slot.total = local, valid, value.shape[rule.dim]
         slot.padded = local * self.cp != slot.total
+        self.pads.names[rule.name] = rule.pad.at
         return chunk
 
     def _split_segments(self, value, rule: SplitRule, arguments: dict, what: str):
-        """Cut each segment of a joint tensor on its own (see `SplitRule.segments`)."""
+        """Cut each segment of a joint tensor on its own (see `SplitRule.segments`). A segment whose input was padded
+        (`PadState.slot_of`) has its unpadded length here: it is zero-padded (False in a bool mask) like its input
+        first, so each rank's cut lines up with its tokens (HunyuanVideo's key mask over [video, text])."""
         if not isinstance(value, torch.Tensor) or any(arguments.get(n) is None for n in rule.segments):
             raise ForwardError(f"cp split of {what}: needs a tensor and the inputs {', '.join(rule.segments)}.")
-        lengths = [arguments[n].shape[1] * self.cp for n in rule.segments]
+        slots = [self.pads.slot_of(n) for n in rule.segments]
+        lengths = [s.total if s else arguments[n].shape[1] * self.cp for n, s in zip(rule.segments, slots)]
         if sum(lengths) != value.shape[rule.dim]:
             raise ForwardError(
                 f"cp split of {what}: dim {rule.dim} has {value.shape[rule.dim]} elements, not the "
                 f"{' + '.join(map(str, lengths))} of its segments {', '.join(rule.segments)}."
             )
-        pieces = value.split(lengths, dim=rule.dim)
-        return torch.cat([self._split(p, rule, f"{what} segment {n}") for p, n in zip(pieces, rule.segments)], rule.dim)
+        pieces = []
+        for piece, name, slot in zip(value.split(lengths, dim=rule.dim), rule.segments, slots):
+            if slot is not None:
+                pad = slot.local * self.cp - slot.total
+                piece = torch.cat(
+                    [piece, piece.new_zeros(*piece.shape[: rule.dim], pad, *piece.shape[rule.dim + 1 :])], rule.dim
+                )
+            pieces.append(self._split(piece, rule, f"{what} segment {name}"))
+        return torch.cat(pieces, rule.dim)
 
     def _split(self, value, rule: SplitRule, what: str):
         """A tensor, or a tuple/list of tensors (RoPE (cos, sin) pairs passed as one argument): each is cut."""
