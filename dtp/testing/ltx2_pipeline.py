@@ -1,10 +1,11 @@
-"""A tiny random-weight LTX2Pipeline in memory (video + audio): up to four transformer calls per denoising step.
+"""A tiny random-weight LTX2Pipeline in memory (video + audio): up to four transformer passes per denoising step.
 
     LTX2Pipeline   LTX2VideoTransformer3DModel (dtp.families.ltx2's tiny config: video 4 heads of 16, audio 4 heads
-                   of 8, 2 blocks), LTX2TextConnectors (1 block each, width 32), AutoencoderKLLTX2Video (dtp.testing.
-                   tiny_vae's, 8 latent channels: 9 x 32 x 32 pixels <-> 2 x 2 x 2 latents, 8 video tokens), AutoencoderKLLTX2Audio (8 mel
-                   bins), LTX2Vocoder, a 2-layer Gemma 3 text encoder of width 32 and the byte-level tokenizer of the
-                   tiny Qwen-Image pipeline (one token per byte), flow-matching scheduler
+                   of 8, 2 blocks), LTX2TextConnectors (1 block each, width 32), AutoencoderKLLTX2Video
+                   (dtp.testing.tiny_vae's, 8 latent channels: 9 x 32 x 32 pixels -> 2 x 2 x 2 latents, 8 video
+                   tokens), AutoencoderKLLTX2Audio (8 mel bins), LTX2Vocoder, a 2-layer Gemma 3 text encoder of
+                   width 32 and the byte-level tokenizer of the tiny Qwen-Image pipeline (one token per byte),
+                   flow-matching scheduler
 
 Every weight is drawn from a fixed seed and perturbed (`perturb`), the same on every rank. With `LTX2_CALL` and the
 guidance of `LTX2_GUIDANCE` a step makes the four passes of diffusers 0.42.1's LTX-2 loop:
@@ -74,7 +75,8 @@ def tiny_ltx2_pipeline():
     )
     assert TINY["cross_attention_dim"] == 64 and TINY["audio_cross_attention_dim"] == 32
     torch.manual_seed(1)
-    vae = AutoencoderKLLTX2Video(**{**TINY_VAE_CONFIGS["AutoencoderKLLTX2Video"], "latent_channels": TINY["in_channels"]})
+    vae_config = TINY_VAE_CONFIGS["AutoencoderKLLTX2Video"] | {"latent_channels": TINY["in_channels"]}
+    vae = AutoencoderKLLTX2Video(**vae_config)
     vae.use_framewise_encoding = vae.use_framewise_decoding = False
     torch.manual_seed(4)
     audio_vae = AutoencoderKLLTX2Audio(

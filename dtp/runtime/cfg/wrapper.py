@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -57,6 +58,8 @@ from .batch import batch_size, join_parts, rows, split_arguments
 from .exchange import agree_min, gather_parts
 from .hooks import SHARED, hook_view
 from .host import HostGroups, host_groups
+from .passes import check_passes
+from .steps import NOT_TAKEN, Steps, refuse_split_cache, run_step, signature, verify
 from .tree import differences, hold, matches, release
 
 CFG_ATTR = "_dtp_cfg"  # on a model with the cfg axis installed: its CfgParallel
@@ -95,6 +98,12 @@ class CfgParallel:
     model: nn.Module | None = None
     context: object = None  # the diffusers CacheContext the pipeline set for the current call, if any
     batch_split: bool = False  # a call's batch is being split over the groups now (read by dtp's cache layer)
+    pipeline: object = None  # a weak reference to the pipeline that calls the model, when dtp was given it
+
+    @functools.cached_property
+    def steps(self) -> Steps:
+        """The step path's state (`steps.py`): every pass of a step over the groups, one exchange."""
+        return Steps(self.groups, self.group)
 
     @functools.cached_property
     def axis(self):
@@ -113,13 +122,62 @@ class CfgParallel:
         bound = self.signature.bind(*args, **kwargs)
         arguments = dict(bound.arguments)
         self._check_hooks()
+        check_passes(self.pipeline() if self.pipeline is not None else None, self.groups)
         if self.context is not None:
             arguments[CONTEXT_KEY] = self.context.name
+        sig = signature(arguments)
+        output = self._step_path(arguments, sig)
+        if output is NOT_TAKEN:
+            output = self._per_call(arguments)
+            self.steps.observe(arguments, sig, output)
+        return output
+
+    def _per_call(self, arguments: dict):
         batch = batch_size(arguments)
         if batch is not None and batch >= self.groups:
             self.pending = self.last = None
             return self._batch(arguments, batch)
         return self._pair_or_whole(arguments)
+
+    def _step_path(self, arguments: dict, sig: tuple):
+        """The call's output on the step path (`steps.py`), or NOT_TAKEN: the first call of a learned step runs
+        every group's passes and one exchange; a later call is answered from it when it equals its prediction."""
+        steps = self.steps
+        if steps.pending:
+            return self._later(arguments)
+        steps.boundary(sig)
+        if steps.cycle is None or sig != steps.start:
+            return NOT_TAKEN
+        cached = hook_view(self.model)[1] if self.model is not None else None
+        if cached == SHARED:  # a state shared by the calls needs every call on every group
+            steps.drop()
+            return NOT_TAKEN
+        if cached is not None:
+            refuse_split_cache(self.groups, steps.cycle)
+        outputs, held = run_step(self, steps.cycle, arguments)
+        steps.pending, steps.checked, steps.ran = list(zip(held[1:], outputs[1:])), {}, True
+        steps.stats.steps += 1
+        self.pending = self.last = None  # the pair path's state
+        return outputs[0]
+
+    def _later(self, arguments: dict):
+        """A later call of a step the step path ran: the exchanged output when it is the predicted call (agreed)."""
+        steps = self.steps
+        held, output = steps.pending[0]
+        (hit,) = self._agree([int(verify(arguments, held, steps.checked))])
+        if hit:
+            steps.pending.pop(0)
+            steps.stats.answered += 1
+            return output
+        steps.stats.missed += 1
+        steps.drop()
+        if self.model is not None and hook_view(self.model)[1] is not None:
+            raise ForwardError(
+                f"cfg={self.groups}: a cache is on and this call is not the predicted call of the step (the passes "
+                "changed from one step to the next); each cfg group's cache state already took the calls its "
+                "group ran. Run this pipeline with cfg=1 when a cache is on, or keep its guidance the same every step."
+            )
+        return NOT_TAKEN
 
     def _check_hooks(self) -> None:
         found = hook_view(self.model)[0] if self.model is not None else []
@@ -229,14 +287,18 @@ def _changes(arguments: dict, template: dict | None) -> bool:
     return bool(template) and any(not matches(arguments.get(k), v, values=False) for k, v in template.items())
 
 
-def install_cfg(model: nn.Module, mesh) -> CfgParallel:
-    """Spread `model`'s calls over the mesh's cfg groups (see the module docstring); idempotent."""
+def install_cfg(model: nn.Module, mesh, *, pipeline=None) -> CfgParallel:
+    """Spread `model`'s calls over the mesh's cfg groups (see the module docstring); idempotent. `pipeline`: the
+    pipeline that calls it (weakly held), whose passes per step dtp may know (`passes.py`)."""
     existing = getattr(model, CFG_ATTR, None)
     if existing is not None:
+        if pipeline is not None:
+            existing.pipeline = weakref.ref(pipeline)
         return existing
     check_cfg(model, mesh)
     forward = model.forward
     wrapper = CfgParallel(forward, mesh, inspect.signature(forward), model=model, host=host_groups(mesh))
+    wrapper.pipeline = weakref.ref(pipeline) if pipeline is not None else None
     model.forward = wrapper
     if hasattr(model, "cache_context"):  # diffusers' CacheMixin: record the context of each call
         model.cache_context = _recording_context(model, wrapper)
