@@ -17,6 +17,12 @@ from __future__ import annotations
 from ...errors import PlanError
 
 GUIDANCE = ("do_classifier_free_guidance", "do_spatio_temporal_guidance", "do_modality_isolation_guidance")
+# The arguments of LTX-2's STG and modality calls that are rows of the first call's doubled batch by construction:
+# the loop passes `latents` (and `audio_latents`) to them and `torch.cat([latents] * 2)` to the first call
+# (diffusers 0.42.1 pipeline_ltx2.py, the denoising loop; the same in its image-to-video, condition and LoRA
+# variants). A new object each step, so identity cannot vouch for them: the step path compares them on the device
+# and reads the result once per generation (`steps.Steps.check_deferred`), not once per step.
+TRUSTED_ROWS = frozenset({"hidden_states", "audio_hidden_states"})
 
 
 def guidance_passes(pipe) -> int | None:
@@ -29,6 +35,12 @@ def guidance_passes(pipe) -> int | None:
     except AttributeError:  # the scales are set by __call__: none yet
         return None
     return (2 if cfg else 1) + stg + modality
+
+
+def trusted_rows(pipe) -> frozenset:
+    """The arguments the step path compares on the device only, for `pipe` (TRUSTED_ROWS for LTX-2's pipelines)."""
+    known = pipe is not None and all(isinstance(getattr(type(pipe), name, None), property) for name in GUIDANCE)
+    return TRUSTED_ROWS if known else frozenset()
 
 
 def check_passes(pipe, groups: int) -> None:

@@ -228,6 +228,8 @@ class Steps:
     pending: list = field(default_factory=list)  # [(held predicted arguments, output)] of the step's later calls
     checked: dict = field(default_factory=dict)  # tensors of this step's later calls already read equal (`verify`)
     ran: bool = False  # the step path ran: a cache's per-context states now differ between groups
+    trusted: frozenset = frozenset()  # argument names compared on the device only (`passes.trusted_rows`)
+    unverified: object = None  # a device bool: some trusted argument differed (`defer`, `check_deferred`)
     stats: StepStats = field(default_factory=StepStats)
 
     # ---- the per-call paths' calls: recorded until a step repeats ----
@@ -260,10 +262,30 @@ class Steps:
             self.cycle = Cycle(calls, learn_sources(calls))
             self.start = calls[0].signature
 
-    def drop(self) -> None:
-        """Forget the cycle and the pending answers (learn again from the next step's first call)."""
-        self.stats.dropped += len(self.pending)
+    def defer(self, pairs: list) -> None:
+        """Compare trusted pairs on the device, without a read: any difference is kept for `check_deferred`."""
+        if pairs:
+            differs = torch.stack([(a != b).any() for a, b in pairs]).any()
+            self.unverified = differs if self.unverified is None else self.unverified | differs
+
+    def check_deferred(self) -> None:
+        """ForwardError when a trusted argument differed from its prediction since the last check (one read)."""
+        differs, self.unverified = self.unverified, None
+        if differs is not None and bool(differs):
+            raise ForwardError(
+                f"cfg={self.groups}: a later call of a step passed other latents than the rows of its first call that "
+                "dtp trusts this pipeline to pass (runtime/cfg/passes.py TRUSTED_ROWS); the result is wrong. Run it "
+                "with cfg=1 and report the pipeline."
+            )
+
+    def drop(self, *, early: bool = False) -> None:
+        """Forget the cycle and the pending answers (learn again from the next step's first call); `early`: the call
+        that did not match begins the next step (the pending calls never came), else it is a later call that differs."""
+        missed = 0 if early or not self.pending else 1
+        self.stats.missed += missed
+        self.stats.dropped += len(self.pending) - missed
         self.cycle, self.pending, self.record = None, [], []
+        self.check_deferred()
 
 
 def _batch(arguments: dict) -> int:
@@ -340,20 +362,28 @@ def _fill(tree, tensors: list[torch.Tensor]):
     return map_tensors(tree, lambda _: next(it), Leaf)
 
 
-def verify(arguments: dict, held: dict, checked: dict) -> bool:
+def verify(arguments: dict, held: dict, checked: dict, trusted: frozenset = frozenset(), deferred=None) -> bool:
     """Whether a later call equals its held prediction: identity, version and views without a read; the tensors left
     (different objects of the same shape) in ONE fused read, remembered in `checked` for the step (LTX-2's modality
-    call passes the same latents object the STG call did)."""
-    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-    if not _structure(arguments, held, pairs):
+    call passes the same latents object the STG call did). Arguments named in `trusted` (`passes.trusted_rows`) are
+    not read: their pairs are appended to `deferred` (compared on the device later, `Steps.defer`)."""
+    if arguments.keys() != held.keys():
         return False
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    later: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for name, value in arguments.items():
+        if not _structure(value, held[name], later if name in trusted and deferred is not None else pairs):
+            return False
     todo = [(a, b) for a, b in pairs if checked.get((id(a), a._version, id(b))) is not True]
     if todo:
         equal = bool(torch.stack([(a == b).all() for a, b in todo]).all())
         if not equal:
             return False
-        for a, b in todo:
-            checked[(id(a), a._version, id(b))] = True
+    later = [(a, b) for a, b in later if checked.get((id(a), a._version, id(b))) is not True]
+    for a, b in todo + later:
+        checked[(id(a), a._version, id(b))] = True
+    if deferred is not None:
+        deferred += later
     return True
 
 

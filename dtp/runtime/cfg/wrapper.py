@@ -58,7 +58,7 @@ from .batch import batch_size, join_parts, rows, split_arguments
 from .exchange import agree_min, gather_parts
 from .hooks import SHARED, hook_view
 from .host import HostGroups, host_groups
-from .passes import check_passes
+from .passes import check_passes, trusted_rows
 from .steps import NOT_TAKEN, Steps, refuse_split_cache, run_step, signature, verify
 from .tree import differences, hold, matches, release
 
@@ -144,7 +144,7 @@ class CfgParallel:
         every group's passes and one exchange; a later call is answered from it when it equals its prediction."""
         steps = self.steps
         if steps.pending:
-            return self._later(arguments)
+            return self._later(arguments, sig)
         steps.boundary(sig)
         if steps.cycle is None or sig != steps.start:
             return NOT_TAKEN
@@ -160,17 +160,19 @@ class CfgParallel:
         self.pending = self.last = None  # the pair path's state
         return outputs[0]
 
-    def _later(self, arguments: dict):
+    def _later(self, arguments: dict, sig: tuple):
         """A later call of a step the step path ran: the exchanged output when it is the predicted call (agreed)."""
         steps = self.steps
         held, output = steps.pending[0]
-        (hit,) = self._agree([int(verify(arguments, held, steps.checked))])
+        deferred: list = []
+        trusted = trusted_rows(self.pipeline() if self.pipeline is not None else None)
+        (hit,) = self._agree([int(verify(arguments, held, steps.checked, trusted, deferred))])
         if hit:
+            steps.defer(deferred)
             steps.pending.pop(0)
             steps.stats.answered += 1
             return output
-        steps.stats.missed += 1
-        steps.drop()
+        steps.drop(early=sig == steps.start)  # a step that began early: its predicted calls never came
         if self.model is not None and hook_view(self.model)[1] is not None:
             raise ForwardError(
                 f"cfg={self.groups}: a cache is on and this call is not the predicted call of the step (the passes "
@@ -322,6 +324,15 @@ def _recording_context(model: nn.Module, wrapper: CfgParallel):
                 wrapper.context = None
 
     return cache_context
+
+
+def check_predictions(model: nn.Module | None) -> None:
+    """ForwardError when a later call of a step the cfg step path ran differed from its prediction in an argument
+    compared on the device only (`passes.TRUSTED_ROWS`); one host read. `dtp run` / `dtp serve` call it after each
+    generation; a caller of the pipeline itself may too. Nothing to do without the cfg axis."""
+    wrapper = getattr(model, CFG_ATTR, None)
+    if wrapper is not None:
+        wrapper.steps.check_deferred()
 
 
 def remove_cfg(model: nn.Module) -> None:
