@@ -46,12 +46,21 @@ def generate(pipe, case: str, **extra) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(out.frames, dtype=np.float32), np.asarray(out.audio, dtype=np.float32)
 
 
-def count_syncs(pipe) -> dict[str, float]:
-    """Host reads per step of steps 2..STEPS of the "ltx2" case (`dtp.testing.syncs`)."""
-    with StepSyncs(first=1, steps=STEPS) as syncs:
-        generate(pipe, "ltx2", callback_on_step_end=syncs.end_step)
+def count_syncs(pipe) -> tuple[dict[str, float], dict[str, int]]:
+    """Host reads per step of steps 2..STEPS of the "ltx2" case (`dtp.testing.syncs`), and the collectives of its
+    last step by op (`dtp.analysis.collectives`; on a CPU mesh the host agreements are gloo all-reduces too)."""
+    from dtp.analysis.collectives import CollectiveCounter
+
+    marks = []
+
+    def end_step(pipe, step, timestep, callback_kwargs):
+        marks.append(counter.counts())
+        return syncs.end_step(pipe, step, timestep, callback_kwargs)
+
+    with CollectiveCounter() as counter, StepSyncs(first=1, steps=STEPS) as syncs:
+        generate(pipe, "ltx2", callback_on_step_end=end_step)
     assert syncs.steps == STEPS - 1, dict(syncs.counts)
-    return syncs.per_step()
+    return syncs.per_step(), dict(marks[-1] - marks[-2])
 
 
 def references(cases) -> dict:

@@ -56,10 +56,16 @@ def test_paths_taken(results):
 def test_host_reads_per_step(results):
     """Steps 2..3 read what diffusers' one-process pipeline reads, no more: the step's latents, a new object each
     step, are compared on the device (`passes.TRUSTED_ROWS`), read once after the generation."""
-    mine, theirs = results[0]["syncs"], count_syncs(tiny_ltx2_pipeline())
+    (mine, _), (theirs, _) = results[0]["syncs"], count_syncs(tiny_ltx2_pipeline())
     print(f"dtp cfg=2 {mine}\ndiffusers {theirs}")
     for kind, count in mine.items():
         assert count <= theirs[kind], (kind, mine, theirs)
+
+
+def test_one_exchange_per_step(results):
+    """A step on the step path: one all_gather (every pass's output), the two later calls' hit flags agreed."""
+    _, collectives = results[0]["syncs"]
+    assert collectives == {"allgather": 1, "all_reduce": 2}, collectives  # c10d names: all_gather of a list
 
 
 def test_a_degree_that_does_not_divide_the_passes_is_refused(results):
