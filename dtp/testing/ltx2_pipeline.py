@@ -2,8 +2,8 @@
 
     LTX2Pipeline   LTX2VideoTransformer3DModel (dtp.families.ltx2's tiny config: video 4 heads of 16, audio 4 heads
                    of 8, 2 blocks), LTX2TextConnectors (1 block each, width 32), AutoencoderKLLTX2Video
-                   (dtp.testing.tiny_vae's, 8 latent channels: 9 x 32 x 32 pixels -> 2 x 2 x 2 latents, 8 video
-                   tokens), AutoencoderKLLTX2Audio (8 mel bins), LTX2Vocoder, a 2-layer Gemma 3 text encoder of
+                   (`VIDEO_VAE`, 8 latent channels: 9 x 32 x 32 pixels <-> 3 x 4 x 4 latents, 48 video tokens),
+                   AutoencoderKLLTX2Audio (8 mel bins), LTX2Vocoder, a 2-layer Gemma 3 text encoder of
                    width 32 and the byte-level tokenizer of the tiny Qwen-Image pipeline (one token per byte),
                    flow-matching scheduler
 
@@ -23,9 +23,32 @@ from ..families.ltx2 import TINY
 from .perturb import perturb
 from .tiny import tiny_model
 from .tiny_text import tiny_text_model
-from .tiny_vae import TINY_VAE_CONFIGS
 
 TRANSFORMER_CLASS = "LTX2VideoTransformer3DModel"
+# Two spatio-temporal levels and 2 x 2 patches: x8 in height and width, x4 in time, both ways (the ratios the
+# pipeline reads from the config are the ones the decoder undoes: 9 x 32 x 32 pixels <-> 3 x 4 x 4 latents).
+VIDEO_VAE = dict(
+    in_channels=3,
+    out_channels=3,
+    latent_channels=TINY["in_channels"],
+    block_out_channels=(8, 16),
+    down_block_types=("LTX2VideoDownBlock3D",) * 2,
+    layers_per_block=(1, 1, 1),
+    spatio_temporal_scaling=(True, True),
+    downsample_type=("spatiotemporal", "spatiotemporal"),
+    decoder_block_out_channels=(8, 16),
+    decoder_layers_per_block=(1, 1, 1),
+    decoder_spatio_temporal_scaling=(True, True),
+    upsample_type=("spatiotemporal", "spatiotemporal"),
+    decoder_inject_noise=(False,) * 3,
+    upsample_residual=(False, False),
+    upsample_factor=(1, 1),
+    timestep_conditioning=False,
+    patch_size=2,
+    patch_size_t=1,
+    encoder_causal=True,
+    decoder_causal=False,
+)
 MEL_BINS = 8
 # 9 frames of 32 x 32 pixels at 25 fps, prompts of 16 tokens; sizes the tiny VAEs take.
 LTX2_CALL = dict(height=32, width=32, num_frames=9, frame_rate=25.0, max_sequence_length=16, use_cross_timestep=False)
@@ -75,8 +98,7 @@ def tiny_ltx2_pipeline():
     )
     assert TINY["cross_attention_dim"] == 64 and TINY["audio_cross_attention_dim"] == 32
     torch.manual_seed(1)
-    vae_config = TINY_VAE_CONFIGS["AutoencoderKLLTX2Video"] | {"latent_channels": TINY["in_channels"]}
-    vae = AutoencoderKLLTX2Video(**vae_config)
+    vae = AutoencoderKLLTX2Video(**VIDEO_VAE)
     vae.use_framewise_encoding = vae.use_framewise_decoding = False
     torch.manual_seed(4)
     audio_vae = AutoencoderKLLTX2Audio(
