@@ -259,7 +259,8 @@ class Steps:
             return
         calls, self.record = self.record, []
         if self.qualifies(calls):
-            self.cycle = Cycle(calls, learn_sources(calls))
+            sources = learn_sources(calls)
+            self.cycle = Cycle([_keep_held(call, kept) for call, kept in zip(calls, sources)], sources)
             self.start = calls[0].signature
 
     def defer(self, pairs: list) -> None:
@@ -286,6 +287,12 @@ class Steps:
         self.stats.dropped += len(self.pending) - missed
         self.cycle, self.pending, self.record = None, [], []
         self.check_deferred()
+
+
+def _keep_held(call: Call, sources: dict) -> Call:
+    """`call` holding only the arguments a prediction takes from it (HELD): the step's latents are let go."""
+    kept = {name: value for name, value in call.arguments.items() if sources.get(name, Source(FIRST)).kind == HELD}
+    return Call(kept, call.signature, call.batch, call.output)
 
 
 def _batch(arguments: dict) -> int:
