@@ -39,8 +39,8 @@ def _outputs(folder) -> list[str]:
     return ["--output", str(folder / "out.mp4"), "--save-pixels", str(folder / "pixels.npy")]
 
 
-@pytest.mark.parametrize(
-    "mesh", [pytest.param(["--tp", "2"], id="tp2"), pytest.param(["--cfg", "2"], id="cfg2", marks=pytest.mark.full)]
+@pytest.mark.parametrize(  # the ranks not given to cp or cfg go to tp: 2 processes and no flag = tp=2
+    "mesh", [pytest.param([], id="tp2"), pytest.param(["--cfg", "2"], id="cfg2", marks=pytest.mark.full)]
 )
 def test_two_ranks_draw_the_one_process_video(saved, tmp_path, mesh):
     """Every frame of the 2-rank run equals the one-process run's; the mp4 holds the 9 frames asked."""
