@@ -163,3 +163,12 @@ def test_a_cache_refuses_a_call_split_over_groups():
     refuse_split_cache(2, cycle)
     with pytest.raises(ForwardError, match="rows \\[0, 1\\) of call 0"):
         refuse_split_cache(4, cycle)
+
+
+def test_cost_of_a_step_on_the_step_path():
+    """LTX-2 at cfg=2 on 2 ranks: one all_gather of the 4 passes' outputs, the 2 later calls' flags; no header."""
+    from dtp.runtime.cfg.cost import step_passes_exchange
+
+    assert step_passes_exchange(100, 4, 3, 2, 2) == [("all_gather", 400, 2), ("all_reduce", 8, 2), ("all_reduce", 8, 2)]
+    with pytest.raises(AssertionError):
+        step_passes_exchange(100, 3, 2, 2, 2)
