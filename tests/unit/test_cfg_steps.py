@@ -1,6 +1,6 @@
 """The cfg step path without processes: which group runs which pass, what a step's later calls are learned from,
-how they are predicted and verified (reads counted), and the refusals (a degree that does not divide a known
-pipeline's passes; a cache with one call's rows split over groups)."""
+how they are predicted and verified (reads counted), the refusal of a degree that does not divide a known
+pipeline's passes, and the step's cost."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from dtp.runtime.cfg.steps import (
     assignment,
     leaf_tree,
     learn_sources,
-    refuse_split_cache,
     signature,
     verify,
 )
@@ -155,14 +154,6 @@ def test_known_passes_and_the_refusal():
     check_passes(object(), 3)
     with pytest.raises(PlanError, match=r"cfg=2 does not divide the 3 transformer passes.*\[1, 3\]"):
         check_passes(_Guided(True, False, True), 2)
-
-
-def test_a_cache_refuses_a_call_split_over_groups():
-    """With a cache on, cfg=4 would split the doubled batch over two groups: refused; cfg=2 keeps calls whole."""
-    cycle = Cycle([_call(dict(hidden_states=torch.zeros(b, 2))) for b in (2, 1, 1)], [{}, {}, {}])
-    refuse_split_cache(2, cycle)
-    with pytest.raises(ForwardError, match="rows \\[0, 1\\) of call 0"):
-        refuse_split_cache(4, cycle)
 
 
 def test_cost_of_a_step_on_the_step_path():

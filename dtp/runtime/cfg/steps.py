@@ -26,9 +26,10 @@ runs a later call runs it when the step's *first* call comes, on arguments predi
            to the first); equal, the exchanged output, else the call runs in full (exact) and the step is learned
            anew. Every decision is agreed over the mesh on host groups (`host.py`).
 
-Refused: a cache on while the passes of one call are split over groups (each group's cache state would see part
-of a batch), or while the passes change from one step to the next (`ForwardError`); K not dividing the passes of
-a pipeline whose passes dtp knows (`passes.py`: a `PlanError` at the first call, before the transformer runs).
+With a cache on the path stands aside: the per-call paths keep every cache state's calls as one process makes them
+(here a group would run whole a call whose rows the learning step split, its state seeing half a batch, then a
+whole one). Refused: K not dividing the passes of a pipeline whose passes dtp knows (`passes.py`: a `PlanError` at
+the first call, before the transformer runs).
 A learned step K does not divide (an unknown pipeline) stays on the per-call paths: exact, without this speedup.
 """
 
@@ -424,17 +425,3 @@ def _structure(value, held, pairs: list) -> bool:
             and all(_structure(x, y, pairs) for x, y in zip(value, held))
         )
     return _same_object(value, held)
-
-
-def refuse_split_cache(groups: int, cycle: Cycle) -> None:
-    """ForwardError when a cache is on and K would split one call's rows over groups (each group's cache state would
-    see part of the batch one process sees)."""
-    for g in range(groups):
-        for i, start, stop in assignment(cycle.batches, groups, g):
-            if (start, stop) != (0, cycle.calls[i].batch):
-                raise ForwardError(
-                    f"cfg={groups}: a cache is on and cfg group {g} would run rows [{start}, {stop}) of call {i} "
-                    f"(batch {cycle.calls[i].batch}) of a step of {cycle.passes} passes over {len(cycle.calls)} "
-                    "calls; its cache state would see part of the batch. Use a cfg degree that gives every group "
-                    f"whole calls (a divisor of {len(cycle.calls)} calls that keeps them whole), or no cache."
-                )

@@ -59,7 +59,7 @@ from .exchange import agree_min, gather_parts
 from .hooks import SHARED, hook_view
 from .host import HostGroups, host_groups
 from .passes import check_passes, trusted_rows
-from .steps import NOT_TAKEN, Steps, refuse_split_cache, run_step, signature, verify
+from .steps import NOT_TAKEN, Steps, run_step, signature, verify
 from .tree import differences, hold, matches, release
 
 CFG_ATTR = "_dtp_cfg"  # on a model with the cfg axis installed: its CfgParallel
@@ -129,8 +129,13 @@ class CfgParallel:
         output = self._step_path(arguments, sig)
         if output is NOT_TAKEN:
             output = self._per_call(arguments)
-            self.steps.observe(arguments, sig, output)
+            if self._cache_state() is None:  # a cache keeps the per-call paths (see `_step_path`): nothing to learn
+                self.steps.observe(arguments, sig, output)
         return output
+
+    def _cache_state(self):
+        """SHARED / PER_CONTEXT when a stateful hook (a cache) is on the model, else None (`hooks.hook_view`)."""
+        return hook_view(self.model)[1] if self.model is not None else None
 
     def _per_call(self, arguments: dict):
         batch = batch_size(arguments)
@@ -145,15 +150,15 @@ class CfgParallel:
         steps = self.steps
         if steps.pending:
             return self._later(arguments, sig)
+        if self._cache_state() is not None:
+            # A cache stays on the per-call paths, which keep each cache state's calls as one process makes them: on
+            # this path a group would run whole a call whose rows the learning step split over the groups (LTX-2's
+            # doubled batch at cfg=2), and its state would see half a batch, then a whole one.
+            steps.drop()
+            return NOT_TAKEN
         steps.boundary(sig)
         if steps.cycle is None or sig != steps.start:
             return NOT_TAKEN
-        cached = hook_view(self.model)[1] if self.model is not None else None
-        if cached == SHARED:  # a state shared by the calls needs every call on every group
-            steps.drop()
-            return NOT_TAKEN
-        if cached is not None:
-            refuse_split_cache(self.groups, steps.cycle)
         outputs, held = run_step(self, steps.cycle, arguments)
         steps.pending, steps.checked, steps.ran = list(zip(held[1:], outputs[1:])), {}, True
         steps.stats.steps += 1
@@ -173,11 +178,11 @@ class CfgParallel:
             steps.stats.answered += 1
             return output
         steps.drop(early=sig == steps.start)  # a step that began early: its predicted calls never came
-        if self.model is not None and hook_view(self.model)[1] is not None:
+        if self._cache_state() is not None:
             raise ForwardError(
-                f"cfg={self.groups}: a cache is on and this call is not the predicted call of the step (the passes "
-                "changed from one step to the next); each cfg group's cache state already took the calls its "
-                "group ran. Run this pipeline with cfg=1 when a cache is on, or keep its guidance the same every step."
+                f"cfg={self.groups}: a cache was enabled while a step ran on the cfg step path and this call is not "
+                "the predicted one; each cfg group's cache state took only the calls its group ran. Enable the cache "
+                "before the generation (the step path then stands aside) or run with cfg=1."
             )
         return NOT_TAKEN
 
