@@ -1,8 +1,9 @@
 """`dtp run` of the tiny released-shape LTX-2 pipeline (video + audio: Gemma 3, its connectors, the video VAE, the audio
 VAE and the vocoder), saved with save_pretrained: one process (the reference, in this process) vs torchrun with 2
 gloo ranks at tp=2 (the transformer and Gemma 3 sharded, the video VAE split by rows), default guidance (classifier-
-free, STG at block 1, modality: 3 calls and 4 passes per step); with DTP_FULL=1 also cfg=2 (the step path: the
-doubled batch on group 0, the STG and modality calls on group 1). Every frame's fp32 pixels within mean 1e-6 and max
+free, STG at block 1, modality: 3 calls and 4 passes per step), and cfg=2 (the step path: the doubled batch on
+group 0, the STG and modality calls on group 1). `full` (DTP_FULL=1): the cfg step path's default test is
+test_cfg_steps_2.py. Every frame's fp32 pixels within mean 1e-6 and max
 1e-4 of one process; the mp4 decodes to the 9 frames of 32 x 32 asked.
 """
 
@@ -17,6 +18,8 @@ from dtp.pipeline.outputs import read_video
 from dtp.testing.ltx2_pipeline import tiny_ltx2_pipeline
 from dtp.testing.serving import LAUNCHER, quiet_env
 from dtp.tools.cli import main
+
+pytestmark = pytest.mark.full  # a save, one process and a torchrun of 2 ranks each: ~20 s of CPU (suite budget)
 
 MEAN_BOUND, MAX_BOUND = 1e-6, 1e-4
 FRAMES, SIZE = 9, 32
@@ -40,7 +43,7 @@ def _outputs(folder) -> list[str]:
 
 
 @pytest.mark.parametrize(  # the ranks not given to cp or cfg go to tp: 2 processes and no flag = tp=2
-    "mesh", [pytest.param([], id="tp2"), pytest.param(["--cfg", "2"], id="cfg2", marks=pytest.mark.full)]
+    "mesh", [pytest.param([], id="tp2"), pytest.param(["--cfg", "2"], id="cfg2")]
 )
 def test_two_ranks_draw_the_one_process_video(saved, tmp_path, mesh):
     """Every frame of the 2-rank run equals the one-process run's; the mp4 holds the 9 frames asked."""
