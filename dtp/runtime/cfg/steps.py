@@ -69,7 +69,8 @@ class Leaf:
 
 @dataclass
 class Call:
-    """One call of a step as seen: its arguments (held), signature, batch and output tree (leaves as `Leaf`)."""
+    """One call of a step as seen: its arguments (the objects, not held: learning compares values), signature, batch
+    and output tree (leaves as `Leaf`)."""
 
     arguments: dict
     signature: tuple
@@ -91,6 +92,10 @@ class Cycle:
     @property
     def passes(self) -> int:
         return sum(self.batches)
+
+    def rows(self) -> list[frozenset]:
+        """Per call, the arguments predicted as rows of the first call's (only these may be trusted)."""
+        return [frozenset(n for n, source in sources.items() if source.kind == ROWS) for sources in self.sources]
 
     def predict(self, first: dict) -> list[dict]:
         """The arguments of every call of the step whose first call has `first` (the first included, as given)."""
@@ -127,7 +132,7 @@ class StepStats:
 def signature(value) -> object:
     """A hashable description of a call's arguments: tensors by shape, dtype and device, other leaves by value."""
     if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), value.dtype, value.device.type)
+        return (value.shape, value.dtype, value.device)
     if isinstance(value, dict):
         return tuple((k, signature(v)) for k, v in value.items())
     if isinstance(value, (tuple, list)):
@@ -226,7 +231,7 @@ class Steps:
     record: list[Call] = field(default_factory=list)
     cycle: Cycle | None = None
     start: tuple | None = None  # the signature of a step's first call, once a cycle was learned
-    pending: list = field(default_factory=list)  # [(held predicted arguments, output)] of the step's later calls
+    pending: list = field(default_factory=list)  # [(held prediction, output, ROWS names)] of the step's later calls
     checked: dict = field(default_factory=dict)  # tensors of this step's later calls already read equal (`verify`)
     ran: bool = False  # the step path ran: a cache's per-context states now differ between groups
     trusted: frozenset = frozenset()  # argument names compared on the device only (`passes.trusted_rows`)
@@ -242,7 +247,7 @@ class Steps:
         if len(self.record) >= MAX_CALLS:
             self.record = []
             return
-        self.record.append(Call(hold(arguments), sig, _batch(arguments), leaf_tree(output)))
+        self.record.append(Call(dict(arguments), sig, _batch(arguments), leaf_tree(output)))  # learning reads values
 
     def qualifies(self, calls: list[Call]) -> bool:
         """Whether a recorded step runs on this path: more than one call and not two calls of one batch (the pair

@@ -160,7 +160,7 @@ class CfgParallel:
         if steps.cycle is None or sig != steps.start:
             return NOT_TAKEN
         outputs, held = run_step(self, steps.cycle, arguments)
-        steps.pending, steps.checked, steps.ran = list(zip(held[1:], outputs[1:])), {}, True
+        steps.pending, steps.checked, steps.ran = list(zip(held[1:], outputs[1:], steps.cycle.rows()[1:])), {}, True
         steps.stats.steps += 1
         self.pending = self.last = None  # the pair path's state
         return outputs[0]
@@ -168,9 +168,9 @@ class CfgParallel:
     def _later(self, arguments: dict, sig: tuple):
         """A later call of a step the step path ran: the exchanged output when it is the predicted call (agreed)."""
         steps = self.steps
-        held, output = steps.pending[0]
+        held, output, rows = steps.pending[0]
         deferred: list = []
-        trusted = trusted_rows(self.pipeline() if self.pipeline is not None else None)
+        trusted = trusted_rows(self.pipeline() if self.pipeline is not None else None) & rows
         (hit,) = self._agree([int(verify(arguments, held, steps.checked, trusted, deferred))])
         if hit:
             steps.defer(deferred)
