@@ -18,6 +18,10 @@ three paths, the same on every rank:
              prediction only costs the speedup of that step.
   whole      anything else (a batch of 1 with nothing to predict yet: the first step's two calls, from
              which the prediction is learned): every group runs the call itself.
+  step       a step of several calls that is neither a pair nor one batch (LTX-2: a doubled batch, then the
+             STG and modality calls; 4 passes), learned from one step on the paths above: at each later step's
+             first call every group runs its share of the passes and one all_gather joins them; the later calls
+             are answered from it (`steps.py`). Tried before the others on every call.
 
     step 0: call A (whole), call B (whole; learns: B = A with {encoder_hidden_states, mask, ...} of B)
     step 1: call A' -> group 0 runs A', group 1 runs A' with B's prompt arguments, exchange; call B' == that?
