@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..runtime.cfg import CFG_ATTR
+from ..runtime.cfg import CFG_ATTR, check_predictions
 from ..runtime.compile import CompileWatch, is_compiled
 from ..runtime.memory import local_param_bytes
 from .request import Request, call_parameters, check_request, pipe_kwargs
@@ -48,6 +48,7 @@ def run_request(pipe, request: Request, *, on_step=None) -> Generation:
             **timer.call_kwargs(),
             **pipe_kwargs(pipe, request),
         )
+    check_predictions(getattr(pipe, "transformer", None))  # the cfg step path: one read per generation
     outputs, video = pixels_of(out)
     report = None if watch is None else watch.report()
     return Generation(outputs=outputs, video=video, step_seconds=timer.seconds, compile=report)
