@@ -9,19 +9,16 @@ test_cfg_steps_2.py. Every frame's fp32 pixels within mean 1e-6 and max
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
 
 from dtp.pipeline.outputs import read_video
 from dtp.testing.ltx2_pipeline import tiny_ltx2_pipeline
-from dtp.testing.serving import LAUNCHER, quiet_env
+from dtp.testing.run_cli import MAX_BOUND, MEAN_BOUND, torchrun_dtp
 from dtp.tools.cli import main
 
 pytestmark = pytest.mark.full  # a save, one process and a torchrun of 2 ranks each: ~20 s of CPU (suite budget)
 
-MEAN_BOUND, MAX_BOUND = 1e-6, 1e-4
 FRAMES, SIZE = 9, 32
 ARGS = ["--steps", "2", "--height", str(SIZE), "--width", str(SIZE), "--frames", str(FRAMES), "--prompt", "a cat"]
 ARGS += ["--pipeline-arg", "spatio_temporal_guidance_blocks=[1]", "--pipeline-arg", "max_sequence_length=16"]
@@ -48,8 +45,7 @@ def _outputs(folder) -> list[str]:
 def test_two_ranks_draw_the_one_process_video(saved, tmp_path, mesh):
     """Every frame of the 2-rank run equals the one-process run's; the mp4 holds the 9 frames asked."""
     argv = ["--model-dir", str(saved / "model"), *ARGS, *_outputs(tmp_path), *mesh]
-    command = [*LAUNCHER, "--standalone", "--nproc-per-node=2", "-m", "dtp", "run", *argv]
-    done = subprocess.run(command, env=quiet_env(), capture_output=True, text=True, timeout=900)
+    done = torchrun_dtp(argv)
     assert done.returncode == 0, done.stderr[-3000:]
     reference, pixels = np.load(saved / "ref" / "pixels.npy"), np.load(tmp_path / "pixels.npy")
     assert reference.shape == pixels.shape == (FRAMES, SIZE, SIZE, 3)
