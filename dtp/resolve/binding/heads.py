@@ -25,7 +25,7 @@ from ...errors import PlanError
 from ...plan import Plan
 from ...policy import is_int
 from .constraints import Constraint
-from .globs import expand
+from .globs import attention_optional, expand
 from .linears import LinearSpec
 from .text_attention import transformers_attention_counts
 
@@ -159,7 +159,7 @@ def resolve_attention(plan: Plan, model: nn.Module, linears: list[LinearSpec]) -
         return [attention_spec(path, model.get_submodule(path), "<inferred>") for path in owners]
     listed: dict[str, AttentionSpec] = {}
     for key in plan.attention:
-        for path, module in expand(model, key, plan.name):
+        for path, module in expand(model, key, plan.name, optional=attention_optional(plan, key)):
             spec = attention_spec(path, module, key)
             if spec is None:
                 raise PlanError(

@@ -158,7 +158,10 @@ def representatives(model: nn.Module, resolved: Resolved) -> dict[str, list[int]
     for prefix in sorted(prefixes):
         if any(prefix.startswith(f"{other}.") for other in prefixes):  # a list inside a list: the outer one thins
             continue
-        elements = model.get_submodule(prefix)
+        try:
+            elements = model.get_submodule(prefix)
+        except AttributeError:  # an optional rule's list that this config leaves out (None, or never created)
+            continue
         if not isinstance(elements, nn.ModuleList):
             continue
         kinds: dict[str, int] = {}
