@@ -225,6 +225,8 @@ def shard_meta(clone: nn.Module, resolved: Resolved, tp: int, where: Callable = 
             if layout is not None:
                 local = torch.empty(layout.local_shape(param.shape, tp), dtype=param.dtype, device="meta")
                 module._parameters[name] = nn.Parameter(local, requires_grad=False)
+        if isinstance(module, nn.Embedding):  # padding_idx only shapes the gradient; a local table may not hold it
+            module.padding_idx = None
         # a gathered output is whole again; an all-reduced one (rowwise, experts) already has its full width locally
         if isinstance(spec, LinearSpec) and spec.style.collective == "all_gather" and not spec.style.is_embedding:
             module.register_forward_hook(_gather_hook(sum(spec.sizes)))
