@@ -151,7 +151,9 @@ class Tracer:
         if spec is None or not isinstance(output, torch.Tensor):
             return
         if spec.style.shard_dim == 0 and not spec.style.gathers_output:
-            set_tag(output, {path: (0, sum(spec.sizes))})
+            # a depthwise conv filters the sharded channels it is fed: they still come from the layer before it
+            passed = tag_of(output) if getattr(spec.style, "depthwise", False) else {}
+            set_tag(output, {**passed, path: (0, sum(spec.sizes))})
             self.ran.append(path)
         else:
             set_tag(output, {})

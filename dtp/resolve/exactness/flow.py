@@ -229,7 +229,10 @@ def shard_meta(clone: nn.Module, resolved: Resolved, tp: int, where: Callable = 
             module.padding_idx = None
         # a gathered output is whole again; an all-reduced one (rowwise, experts) already has its full width locally
         if isinstance(spec, LinearSpec) and spec.style.collective == "all_gather" and not spec.style.is_embedding:
-            module.register_forward_hook(_gather_hook(sum(spec.sizes)))
+            module.register_forward_hook(_gather_hook(sum(spec.sizes), spec.style.gathered_dim))
+        if isinstance(spec, LinearSpec):  # a depthwise conv's groups
+            for name, value in spec.style.local_attributes(module, spec, tp).items():
+                setattr(module, name, value)
     for spec in resolved.norms:  # runtime/norms.py swaps them for ShardedRMSNorm: local features, local weight
         if where(spec.path) is None:
             continue
@@ -259,9 +262,11 @@ class _LocalNorm(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def _gather_hook(width: int):
+def _gather_hook(width: int, dim: int = -1):
     def hook(module, args, output):
-        return output.new_empty((*output.shape[:-1], width))
+        shape = list(output.shape)
+        shape[dim] = width
+        return output.new_empty(shape)
 
     return hook
 
