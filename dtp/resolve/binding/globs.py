@@ -5,10 +5,11 @@ are skipped (SD3's last block is context-only and sets `attn.to_add_out = None`;
 `norm1_context` without `linear`), and the rule may match nothing at all (Wan 2.2 Animate without
 `added_kv_proj_dim`: `attn2.add_k_proj` is None and `attn2.norm_added_k` is never created; FramePack without
 `has_image_proj`: `image_projection` is None). What keeps the flag from hiding a wrong key: a module that is
-missing (not None) must be one the code can create, i.e. the name is assigned as `self.<name>` in the source file
-of the module that lacks it or of the model's class (`declared`). `attn2.norm_addedk` is in no such file: a
-PlanError, optional or not. An element that has the path but not as the module kind the rule targets is checked
-by the caller.
+missing (not None) in every element must be one the code can create, i.e. the name is assigned as `self.<name>` in
+the source file of the module that lacks it or of the model's class (`declared`). `attn2.norm_addedk` is in no such
+file: a PlanError, optional or not. Elements lacking a member that others have are skipped as before (NucleusMoE's
+dense blocks have `img_mlp.net`, its MoE blocks `img_mlp.experts`). An element that has the path but not as the
+module kind the rule targets is checked by the caller.
 """
 
 from __future__ import annotations
@@ -44,15 +45,20 @@ def expand(model: nn.Module, key: str, plan_name: str, *, optional: bool = False
         if optional:
             return []
         raise PlanError(f"plan {plan_name}, key '{key}': '{prefix}' is an empty ModuleList; the key matches nothing.")
-    matches, lacking = [], False
+    matches, missing = [], []
     for index, element in enumerate(container):
         base = f"{prefix}.{index}" if prefix else str(index)
         path = f"{base}.{suffix}" if suffix else base
-        if optional and suffix and _optional_gap(element, base, suffix, model, key, plan_name):
-            lacking = True
-            continue
-        matches.append((path, _get(element, base, suffix, key, plan_name) if suffix else element))
-    assert matches or lacking
+        gap = _gap(element, base, suffix) if optional and suffix else None
+        if gap is None:
+            matches.append((path, _get(element, base, suffix, key, plan_name) if suffix else element))
+        elif gap is not _NONE:
+            missing.append(gap)
+    # Elements that lack the member beside ones that have it are what `optional` is for (NucleusMoE's dense and
+    # MoE blocks); a member no element has must be one the code creates.
+    if not matches:
+        for walked, holder, atom in missing:
+            _require_declared(walked, holder, atom, model, key, plan_name)
     return matches
 
 
@@ -64,25 +70,42 @@ def attention_optional(plan, key: str) -> bool:
     return bool(under) and all(rule.optional for rule in under)
 
 
+_NONE = object()  # `_gap`: the path stops at a None module
+
+
 def _optional_gap(root: nn.Module, root_path: str, rel: str, model: nn.Module, key: str, plan_name: str) -> bool:
     """Whether `rel` under `root` stops at a module that is None or missing; a missing one must be `declared`."""
+    gap = _gap(root, root_path, rel)
+    if gap is not None and gap is not _NONE:
+        _require_declared(*gap, model, key, plan_name)
+    return gap is not None
+
+
+def _gap(root: nn.Module, root_path: str, rel: str):
+    """None when `rel` under `root` is a module all the way; `_NONE` when it stops at a None; else (walked path,
+    the module lacking the atom, the atom)."""
     module, walked = root, root_path
     for atom in rel.split("."):
         walked = f"{walked}.{atom}" if walked else atom
         child = getattr(module, atom, _ABSENT)
         if child is None:
-            return True
+            return _NONE
         if not isinstance(child, nn.Module):
-            if child is _ABSENT and declared(atom, module, model):
-                return True
-            what = "does not exist" if child is _ABSENT else f"is a {type(child).__name__}, not a module"
-            raise PlanError(
-                f"plan {plan_name}, key '{key}': '{walked}' {what}, and no code of {type(module).__name__} or "
-                f"{type(model).__name__} creates a module '{atom}': check the path (`optional` skips modules that "
-                f"some configs leave out, not a name that is wrong)."
-            )
+            return walked, module, atom
         module = child
-    return False
+    return None
+
+
+def _require_declared(walked: str, holder: nn.Module, atom: str, model: nn.Module, key: str, plan_name: str):
+    if declared(atom, holder, model):
+        return
+    child = getattr(holder, atom, _ABSENT)
+    what = "does not exist" if child is _ABSENT else f"is a {type(child).__name__}, not a module"
+    raise PlanError(
+        f"plan {plan_name}, key '{key}': '{walked}' {what}, and no code of {type(holder).__name__} or "
+        f"{type(model).__name__} creates a module '{atom}': check the path (`optional` skips modules that "
+        f"some configs leave out, not a name that is wrong)."
+    )
 
 
 def declared(name: str, holder: nn.Module, model: nn.Module) -> bool:
