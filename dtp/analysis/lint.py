@@ -42,7 +42,7 @@ from ..families import FAMILIES
 from ..families.tiny import tiny_inputs, tiny_model
 from ..plan import Plan, plan_for
 from ..resolve import Resolved, resolve
-from ..resolve.binding.globs import expand
+from ..resolve.binding.globs import attention_optional, expand
 from ..resolve.binding.heads import attention_spec, resolve_attention
 from ..resolve.binding.linears import resolve_linears
 from ..resolve.binding.norms import resolve_norms
@@ -92,7 +92,11 @@ def bind(model: nn.Module, plan: Plan | None, checks: bool = True) -> Resolved:
     if plan.attention is None:
         attention = resolve_attention(plan, model, linears)
     else:
-        found = [attention_spec(p, m, key) for key in plan.attention for p, m in expand(model, key, plan.name)]
+        found = [
+            attention_spec(path, module, key)
+            for key in plan.attention
+            for path, module in expand(model, key, plan.name, optional=attention_optional(plan, key))
+        ]
         attention = [spec for spec in found if spec is not None]
     try:
         norms = resolve_norms(plan, model, linears, [spec.path for spec in attention])
@@ -147,7 +151,9 @@ class Tracer:
         if spec is None or not isinstance(output, torch.Tensor):
             return
         if spec.style.shard_dim == 0 and not spec.style.gathers_output:
-            set_tag(output, {path: (0, sum(spec.sizes))})
+            # a depthwise conv filters the sharded channels it is fed: they still come from the layer before it
+            passed = tag_of(output) if getattr(spec.style, "depthwise", False) else {}
+            set_tag(output, {**passed, path: (0, sum(spec.sizes))})
             self.ran.append(path)
         else:
             set_tag(output, {})

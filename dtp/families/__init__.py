@@ -67,6 +67,7 @@ from . import (
     mochi,
     motif_video,
     nucleusmoe,
+    omnigen,
     ovisimage,
     pixart,
     prx,
@@ -146,6 +147,8 @@ _MODULES = (
     kandinsky6_sr,
     cosmos3_omni,
     anyflow,
+    # round 10 (issue 45)
+    omnigen,
 )
 
 

@@ -33,9 +33,7 @@ TINY = {
 }
 
 RELEASED = {"added_kv_proj_dim": 5120}  # Wan2.2-Animate-14B (diffusers' convert_wan_to_diffusers.py); the rest defaults
-# attn2 of the image branch takes the last 512 tokens of encoder_hidden_states as text, the rest as image (hard-coded
-# in diffusers' WanAttnProcessor): the prompt is always 512 tokens (umT5's padded length) when that branch exists.
-TEXT_TOKENS = 512
+TEXT_TOKENS = wan.I2V_TEXT_TOKENS  # with the image branch, attn2 takes the last 512 key tokens as the text (Wan I2V)
 
 GEOMETRY = wan.GEOMETRY  # Wan 2.1's VAE (4x in time, 8x in space) and clip
 

@@ -12,7 +12,7 @@ A dtp plan dict (a YAML file reads into one) looks like::
       transformer_blocks.*.attn.to_add_out: {style: rowwise, optional: true}   # None in the last block
 
 Rule values: a style name, or a mapping with `style` and optionally `blocks` (packed styles only)
-and `optional` (a boolean, keys with `*` only). The styles:
+and `optional` (a boolean). The styles:
 
 - `colwise` / `rowwise` / `packed_*` / `colwise_gathered`: nn.Linear splits (see `dtp/styles/`).
 - `rmsnorm_across_heads`: an RMSNorm (torch `nn.RMSNorm` or diffusers `RMSNorm`) whose width is a
@@ -27,10 +27,12 @@ and `optional` (a boolean, keys with `*` only). The styles:
   RoPE `rope: {style: shard_output, dim: -1}` (cos/sin over heads x head_dim), Mochi's per-head
   `rope: {style: shard_output, dim: -2}` ([S, heads, head_dim / 2]). Width 64 at tp = 2: rank r
   keeps columns 32 r : 32 (r + 1), the features of its heads.
-- `optional: true` skips the list elements that lack the member on the key's path (None, as in
-  SD3's and Mochi's context-only last block, or not there, as Mochi's last `norm1_context.linear`).
-  A path that no element has, while some element lacks it outright (not None), is still a
-  PlanError: a typo. A member that is None in every element is fine (SD3.5-Large has no `attn2`).
+- `optional: true`: the module exists under some configs only. List elements that lack the member on the key's
+  path are skipped (None, as in SD3's and Mochi's context-only last block, or not there, as Mochi's last
+  `norm1_context.linear`), and the rule may match nothing (Wan 2.2 Animate without `added_kv_proj_dim`). A module
+  that is missing (not None) must be one the model's code creates under some config (`self.<name> = ...` in its
+  source, `resolve/binding/globs.py::declared`); a typo is still a PlanError. An `attention:` glob whose `tp` rules
+  are all optional is optional too.
 
 Attention modules (`attention:` globs, or inferred) get their head counts and widths rewritten
 to per-rank values; kv heads (GQA, e.g. Lumina2's 24 q / 8 kv heads) are counted from the k width
@@ -138,11 +140,6 @@ def _parse_value(key: str, value, name: str) -> tuple[Style, tuple[int, ...] | N
 def _parse_optional(key: str, optional, name: str) -> bool:
     if not isinstance(optional, bool):
         raise PlanError(f"plan {name}: key '{key}': `optional` must be true or false, got {optional!r}.")
-    if optional and "*" not in key:
-        raise PlanError(
-            f"plan {name}: key '{key}': `optional: true` needs a `*` key (it skips list elements whose member is "
-            f"None); a key naming one module either exists or is a mistake."
-        )
     return optional
 
 

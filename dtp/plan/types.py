@@ -20,10 +20,11 @@ class Rule:
     style: how the Linear (or, for `rmsnorm_across_heads`, the RMSNorm) at `key` is split.
     blocks: for packed styles, proportional integers (`[1, 1]`) or absolute sizes; `None` reads
         them from the Linear's `_tp_packed_col_blocks` / `_tp_packed_row_blocks`.
-    optional: only with `*`: elements of the list that lack the member (None, or not there) are
-        skipped (SD3's and Mochi's context-only last block has `to_add_out = None`, `ff_context =
-        None`). A path that no element has, where some element lacks it outright, is still an
-        error: the flag says "some blocks lack this", never "the key may be wrong" (`globs.py`).
+    optional: the module exists in some blocks or under some configs only: elements of the list that lack
+        the member (None, or not there) are skipped (SD3's and Mochi's context-only last block has `to_add_out =
+        None`, `ff_context = None`), and the key may match nothing (Wan 2.2 Animate without `added_kv_proj_dim`).
+        A missing module must be one the model's code creates under some config; a name no code creates is
+        still an error: the flag says "some configs lack this", never "the key may be wrong" (`globs.py`).
     """
 
     key: str

@@ -55,6 +55,7 @@ class Style(metaclass=_StyleMeta):
     collective: ClassVar[str | None] = None
     # diffusers stores absolute packed block sizes on the Linear under this attribute at __init__
     blocks_attr: ClassVar[str | None] = None
+    gathered_dim: ClassVar[int] = -1  # the output dim a gathering style all-gathers (a conv's channels: 1)
 
     def accepts(self, module) -> str | None:
         """None when `module` can be split by this style, else why not (a linear style takes an nn.Linear)."""
@@ -63,6 +64,10 @@ class Style(metaclass=_StyleMeta):
         return (
             None if isinstance(module, nn.Linear) else f"not an nn.Linear; '{self.name}' applies to Linear layers only"
         )
+
+    def local_attributes(self, module, spec, tp: int) -> dict:
+        """Module attributes that become per-rank values when the module is split (a depthwise conv's groups)."""
+        return {}
 
     def parallel_style(self, spec, *, device=None, weights_local: bool = False):
         """The torch ParallelStyle that shards the module `spec` resolved (kind "linear" only)."""

@@ -25,7 +25,7 @@ from ...errors import PlanError
 from ...plan import Plan
 from ...policy import is_int
 from .constraints import Constraint
-from .globs import expand
+from .globs import attention_optional, expand
 from .linears import LinearSpec
 from .text_attention import transformers_attention_counts
 
@@ -123,12 +123,24 @@ def attention_spec(path: str, module: nn.Module, key: str) -> AttentionSpec | No
     values = tuple(
         (attr, getattr(module, attr)) for attr in HEAD_ATTRS + WIDTH_ATTRS if is_int(getattr(module, attr, None))
     )
+    values += _head_wide_out_dim(module)
     # A processor that derives its kv heads from the widths only (Lumina2: `to_k` width // head_dim, no kv
     # count attribute) reads the shared layout right too: each rank's k/v hold whole kv heads (kv_share.py,
     # the rule transformers attention uses). Modules with a kv count attribute keep the stricter rule.
     kv_heads = derived_kv_heads(module)
     shares = kv_heads is not None and not any(is_int(getattr(module, a, None)) for a in KV_COUNTS)
     return AttentionSpec(path=path, key=key, values=values, kv_heads=kv_heads, shares_kv=shares)
+
+
+def _head_wide_out_dim(module: nn.Module) -> tuple[tuple[str, int], ...]:
+    """`out_dim` as a width to rewrite, when it equals the q width (heads x head_dim). diffusers' `Attention` keeps
+    the output projection's width there, and in 0.42.1 only two processors read it after `__init__`, both as the
+    attention output's width: OmniGen reshapes the heads' output to `attn.out_dim` before `to_out`, Cosmos 2.5's image
+    branch takes `attn.out_dim // attn.heads` as the head width. Per rank that width is the local heads' (OmniGen
+    4 heads of 16 at tp=2: out_dim 64 -> 32). An `out_dim` that differs from the q width is left alone."""
+    out_dim = getattr(module, "out_dim", None)
+    q_width = _width(module, ("inner_dim",), "to_q")
+    return (("out_dim", out_dim),) if is_int(out_dim) and out_dim == q_width else ()
 
 
 def derived_kv_heads(module: nn.Module) -> int | None:
@@ -159,7 +171,7 @@ def resolve_attention(plan: Plan, model: nn.Module, linears: list[LinearSpec]) -
         return [attention_spec(path, model.get_submodule(path), "<inferred>") for path in owners]
     listed: dict[str, AttentionSpec] = {}
     for key in plan.attention:
-        for path, module in expand(model, key, plan.name):
+        for path, module in expand(model, key, plan.name, optional=attention_optional(plan, key)):
             spec = attention_spec(path, module, key)
             if spec is None:
                 raise PlanError(

@@ -158,7 +158,10 @@ def representatives(model: nn.Module, resolved: Resolved) -> dict[str, list[int]
     for prefix in sorted(prefixes):
         if any(prefix.startswith(f"{other}.") for other in prefixes):  # a list inside a list: the outer one thins
             continue
-        elements = model.get_submodule(prefix)
+        try:
+            elements = model.get_submodule(prefix)
+        except AttributeError:  # an optional rule's list that this config leaves out (None, or never created)
+            continue
         if not isinstance(elements, nn.ModuleList):
             continue
         kinds: dict[str, int] = {}
@@ -222,9 +225,14 @@ def shard_meta(clone: nn.Module, resolved: Resolved, tp: int, where: Callable = 
             if layout is not None:
                 local = torch.empty(layout.local_shape(param.shape, tp), dtype=param.dtype, device="meta")
                 module._parameters[name] = nn.Parameter(local, requires_grad=False)
+        if isinstance(module, nn.Embedding):  # padding_idx only shapes the gradient; a local table may not hold it
+            module.padding_idx = None
         # a gathered output is whole again; an all-reduced one (rowwise, experts) already has its full width locally
         if isinstance(spec, LinearSpec) and spec.style.collective == "all_gather" and not spec.style.is_embedding:
-            module.register_forward_hook(_gather_hook(sum(spec.sizes)))
+            module.register_forward_hook(_gather_hook(sum(spec.sizes), spec.style.gathered_dim))
+        if isinstance(spec, LinearSpec):  # a depthwise conv's groups
+            for name, value in spec.style.local_attributes(module, spec, tp).items():
+                setattr(module, name, value)
     for spec in resolved.norms:  # runtime/norms.py swaps them for ShardedRMSNorm: local features, local weight
         if where(spec.path) is None:
             continue
@@ -254,9 +262,11 @@ class _LocalNorm(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def _gather_hook(width: int):
+def _gather_hook(width: int, dim: int = -1):
     def hook(module, args, output):
-        return output.new_empty((*output.shape[:-1], width))
+        shape = list(output.shape)
+        shape[dim] = width
+        return output.new_empty(shape)
 
     return hook
 

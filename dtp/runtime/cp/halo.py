@@ -12,6 +12,8 @@ up to the order of the sum (~1e-7). Only the 2p received rows and p output rows 
 stays near the one-process one / cp (a whole [above | own | below] strip adds 2p / (H / cp) to the Mix-FFN's
 largest tensors: 50 % for Sana 1.6B at 1024² and cp = 8, 4 rows a rank). Example: H = 8, cp = 4, p = 1: rank 1
 holds rows 2-3; row 2 gains kernel row 0 times row 1, row 3 gains kernel row 2 times row 4.
+A conv split by tp as well (`styles/conv.py`) adds its halo term on its own channels: a conv whose output is gathered
+(Sana-Video's `conv_temp`, conv_colwise_gathered) gathers the term's channels too (p rows, one small all-gather).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...neighbours import neighbour_rows
+from ...styles.collectives import local
+from ...styles.parallel import STYLE_ATTR
 
 
 class ConvHalo:
@@ -56,8 +60,12 @@ def _rows_term(conv: nn.Module, rows: torch.Tensor, dim: int, first: int, pad_af
         rows = torch.cat([rows, zeros] if pad_after else [zeros, rows], dim=dim)
     padding = list(conv.padding)
     padding[dim - 2] = 0
-    weight = conv.weight.narrow(dim, first, p)  # weight [out, in / groups, *kernel]: kernel rows at the same dim
-    return _CONV[len(padding)](rows, weight, None, conv.stride, tuple(padding), conv.dilation, conv.groups)
+    weight = local(conv.weight).narrow(dim, first, p)  # [out, in / groups, *kernel]: kernel rows at the same dim
+    term = _CONV[len(padding)](rows, weight, None, conv.stride, tuple(padding), conv.dilation, conv.groups)
+    style = conv.__dict__.get(STYLE_ATTR)  # split by tp too (styles/conv.py): this rank's output channels
+    if style is not None and style.spec.style.gathers_output:  # ... of an output gathered whole: gather the term too
+        term = style.gather(term)
+    return term
 
 
 def install_halo(conv: nn.Module, path: str, dim: int, rows: int, group, rank: int, cp: int) -> list:
