@@ -7,6 +7,8 @@ module really routed (Ulysses: one `to_heads` per call; ring: cp key blocks per 
 negative control that must miss by far:
 - LTX-2 (a rule per stream: video and audio tokens each cut with their own RoPE coords): the cross-modal
   attentions given the text's rule (`local`: the rank's queries over the rank's keys of the other stream).
+- Helios (a split at a global token index, `tail`: [history_r | current_r] per rank): the tokens cut contiguously
+  instead, so that a rank's current tokens are the wrong global ones.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 import torch
 
 import dtp
+import dtp.runtime.cp.hooks as hooks_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.resolve import resolve, resolve_cp
@@ -27,7 +30,9 @@ from dtp.testing.tiny import PLAN_CLASSES, tiny_inputs, tiny_model
 
 TOL = 1e-5
 MESHES = ((2, 2, "ulysses"), (2, 2, "ring"), (4, 1, "ring")) + (((4, 1, "ulysses"),) if full_run() else ())
-FAMILIES = ("ltx2",)
+FAMILIES = ("ltx2", "helios")
+# Helios: 64 current tokens (2 frames of 2 x 16) and 44 history tokens (short 32, mid 8, long 4): each divides by 4
+IMG_TOKENS = {"helios": 64}
 
 
 def _model(name: str, **overrides):
@@ -35,7 +40,7 @@ def _model(name: str, **overrides):
 
 
 def _inputs(name: str) -> dict:
-    return tiny_inputs(PLAN_CLASSES[name], batch=2, img_tokens=16)
+    return tiny_inputs(PLAN_CLASSES[name], batch=2, img_tokens=IMG_TOKENS.get(name, 16))
 
 
 def _outputs(output) -> list[torch.Tensor]:
@@ -65,7 +70,7 @@ class _Counter:
 
 @torch.no_grad()
 def _run(model, mesh, mode: str, inputs: dict, refs: list, plan) -> dict:
-    model = dtp.parallelize(model, mesh, plan, cp_mode=mode)
+    model = dtp.parallelize(model, mesh, dtp.load_plan(plan) if isinstance(plan, str) else plan, cp_mode=mode)
     with _Counter(ulysses_module, "to_heads") as a2a, _Counter(ring_module, "block_attention") as blocks:
         outs = _outputs(model(**inputs))
     return dict(
@@ -93,14 +98,53 @@ def _local(name: str, globs: tuple[str, ...]):
     return dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, local_attention=plan.cp.local_attention + globs))
 
 
-def _controls(meshes: dict) -> dict:
-    results = {}
-    inputs = _inputs("ltx2")
+def _without_tail(name: str):
+    """`name`'s plan with every `tail` split made a plain contiguous cut (the count still divided by cp): a rank
+    then takes the last original_context_length / cp tokens of its contiguous chunk for its current tokens."""
+    plan = dtp.load_plan(name)
+    splits = tuple(dataclasses.replace(rule, tail=None) for rule in plan.cp.splits)
+    return dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, splits=splits))
+
+
+def _control(name: str, mesh, mode: str, plan) -> dict:
+    inputs = _inputs(name)
     with torch.no_grad():
-        refs = _outputs(_model("ltx2")(**inputs))
-    cross_modal = ("transformer_blocks.*.audio_to_video_attn", "transformer_blocks.*.video_to_audio_attn")
-    results["ltx2", "control"] = _run(_model("ltx2"), meshes[2, 2], "ring", inputs, refs, _local("ltx2", cross_modal))
+        refs = _outputs(_model(name)(**inputs))
+    return _run(_model(name), mesh, mode, inputs, refs, plan)
+
+
+def _helios_odd() -> dict:
+    """Helios with 1 current frame of 2 x 3 tokens (6) and its histories cut to the same 4 x 6 latent grid: at cp=4
+    both runs are padded (current 6 -> 8)."""
+    inputs = _inputs("helios")
+    for key in ("hidden_states", "latents_history_short", "latents_history_mid", "latents_history_long"):
+        inputs[key] = inputs[key][..., :4, :6].contiguous()
+    inputs["hidden_states"] = inputs["hidden_states"][:, :, :1].contiguous()
+    inputs["indices_hidden_states"] = inputs["indices_hidden_states"][:, :1]
+    return inputs
+
+
+def _padded(meshes: dict) -> dict:
+    inputs, results = _helios_odd(), {}
+    with torch.no_grad():
+        refs = _outputs(_model("helios")(**inputs))
+    for cp, tp, mode in ((4, 1, "ring"), (2, 2, "ulysses")):
+        results["helios", "padded", cp, tp, mode] = _run(_model("helios"), meshes[cp, tp], mode, inputs, refs, "helios")
+    unmasked = hooks_module.PadState.key_valid
+    hooks_module.PadState.key_valid = lambda self, keys, batch, device: None
+    try:  # negative control: the same padding, the pad keys not masked
+        results["helios", "pad_control"] = _run(_model("helios"), meshes[4, 1], "ring", inputs, refs, "helios")
+    finally:
+        hooks_module.PadState.key_valid = unmasked
     return results
+
+
+def _controls(meshes: dict) -> dict:
+    cross_modal = ("transformer_blocks.*.audio_to_video_attn", "transformer_blocks.*.video_to_audio_attn")
+    return {
+        ("ltx2", "control"): _control("ltx2", meshes[2, 2], "ring", _local("ltx2", cross_modal)),
+        ("helios", "control"): _control("helios", meshes[4, 1], "ring", _without_tail("helios")),
+    }
 
 
 def _all(rank: int, world: int) -> dict:
@@ -110,6 +154,7 @@ def _all(rank: int, world: int) -> dict:
     for name in FAMILIES:
         results.update(_family(name, meshes))
     results.update(_controls(meshes))
+    results.update(_padded(meshes))
     return results
 
 
@@ -137,3 +182,25 @@ def test_ltx2_cross_modal_attention_with_the_text_rule_fails(four):
     the rank's chunk of the other stream) at (2, 2) ring are far off."""
     for results in four:
         assert results["ltx2", "control"]["rel"] > 1e-3, results["ltx2", "control"]
+
+
+def test_helios_contiguous_cut_at_the_wrong_offset_fails(four):
+    """Negative control: Helios' [history | current] cut contiguously (no `tail`), the local count still
+    original_context_length / cp: each rank's "current" tokens are the wrong ones, far off at (4, 1) ring."""
+    for results in four:
+        assert results["helios", "control"]["rel"] > 1e-2, results["helios", "control"]
+
+
+@pytest.mark.parametrize("cp,tp,mode", ((4, 1, "ring"), (2, 2, "ulysses")))
+def test_helios_any_history_and_current_length_is_padded_exactly(four, cp, tp, mode):
+    """Helios, 6 current tokens and a history cp does not divide: both runs zero-padded, the pad keys masked, the
+    current pad rows dropped at the gather: max |out - ref| <= 1e-5 * max |ref|."""
+    for results in four:
+        r = results["helios", "padded", cp, tp, mode]
+        assert r["shape_ok"] and r["rel"] <= TOL, r
+
+
+def test_helios_unmasked_pad_keys_fail(four):
+    """Negative control: the same padding at (4, 1) ring with the pad keys left unmasked is far off."""
+    for results in four:
+        assert results["helios", "pad_control"]["rel"] > 1e-2, results["helios", "pad_control"]

@@ -118,7 +118,6 @@ def test_layer_pre_norms_are_not_taken_for_norms_across_heads():
 # Round 5 plans that refuse cp in their header, and a word of the reason prepare must name.
 CP_REFUSED = {
     "wan_animate": "face adapter",
-    "helios": "original_context_length",
     "hunyuanvideo_framepack": "original_context_length",
     "consisid": "text_seq_length",
     "latte": "reshapes the tokens",

@@ -167,7 +167,7 @@ def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module) 
     if rule.output:
         return
     params = inspect.signature(module.forward).parameters
-    for name in (rule.name, *rule.segments):
+    for name in (rule.name, *rule.segments, *((rule.tail,) if rule.tail else ())):
         if name not in params:
             raise PlanError(
                 f"plan {plan_name}, cp key '{rule.key}': '{path or '<model>'}' ({type(module).__name__}) has no "

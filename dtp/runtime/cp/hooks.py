@@ -15,6 +15,7 @@ from torch import nn
 from ...errors import ForwardError
 from ...plan.cp import GatherRule, SplitRule
 from .sequence import flat_chunk, gather_chunks, local_chunk, own_chunk, padded_chunk
+from .tail import tail_chunk
 
 
 class PadSlot:
@@ -77,17 +78,23 @@ class SplitInputs:
         self.path, self.rules, self.rank, self.cp = path, rules, rank, cp
         self.pads = PadState() if pads is None else pads
         self.signature = inspect.signature(module.forward)
+        self.tails = {}  # per call: a `tail` split's length input -> this rank's tail length (`_split_tail`)
 
     def __call__(self, module, args, kwargs):
         bound = self.signature.bind(*args, **kwargs)
-        # Joint tensors last: their segment lengths are read from the other inputs once those are local.
-        for rule in sorted(self.rules, key=lambda r: bool(r.segments)):
+        given = dict(bound.arguments)  # global values: a `tail` length is read before a `count` split divides it
+        self.tails = {}
+        # Joint tensors last: their segment lengths are read from the other inputs once those are local; counts after
+        # the tails that set them.
+        for rule in sorted(self.rules, key=lambda r: (bool(r.segments), r.count)):
             value = bound.arguments.get(rule.name)
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
             if rule.count:
                 bound.arguments[rule.name] = self._count(value, rule.name, what)
+            elif rule.tail is not None:
+                bound.arguments[rule.name] = self._split_tail(value, rule, given.get(rule.tail), what)
             elif rule.pad is not None:
                 bound.arguments[rule.name] = self._split_padded(value, rule, what)
             elif rule.segments:
@@ -96,10 +103,26 @@ class SplitInputs:
                 bound.arguments[rule.name] = self._split(value, rule, what)
         return bound.args, bound.kwargs
 
+    def _split_tail(self, value, rule: SplitRule, tail, what: str):
+        """[head_r | tail_r] (`tail.py`); with `pad`, the head and the tail are the `first` and `last` padded
+        sequences."""
+        chunk, head, rest = tail_chunk(
+            value, rule.dim, tail, self.rank, self.cp, what, rule.expected_dims, pad=rule.pad is not None
+        )
+        self.tails[rule.tail] = rest.local
+        if rule.pad is not None:
+            for slot, piece in ((self.pads.slots["first"], head), (self.pads.slots["last"], rest)):
+                slot.local, slot.valid, slot.total = piece.local, piece.valid, piece.total
+                slot.padded = piece.local * self.cp != piece.total
+        return chunk
+
     def _count(self, value, name: str, what: str) -> int:
-        """This rank's share of an int sizing the split grid's outer dim (`SplitRule.count`): its whole slices."""
+        """This rank's share of an int sizing the split grid's outer dim (`SplitRule.count`): its whole slices; or,
+        for the length of a `tail` split in the same call, the rank's tail length (pad included)."""
         if isinstance(value, bool) or not isinstance(value, int):
             raise ForwardError(f"cp split of {what}: a grid size (`count: true`) must be an int, got {value!r}.")
+        if name in self.tails:
+            return self.tails[name]
         if value % self.cp:
             raise ForwardError(
                 f"cp split of {what}: the token grid's outer size {name}={value} does not divide by the cp degree "
