@@ -7,6 +7,10 @@ module really routed (Ulysses: one `to_heads` per call; ring: cp key blocks per 
 negative control that must miss by far:
 - LTX-2 (a rule per stream: video and audio tokens each cut with their own RoPE coords): the cross-modal
   attentions given the text's rule (`local`: the rank's queries over the rank's keys of the other stream).
+- HunyuanVideo 1.5 (the text mask cut with its tokens, padded, so the processor's own [video_r, text_r] mask
+  lines up): the mask left whole on every rank (the processor then crops it to the local length).
+- Wan 2.2 Animate (the face adapter's per-token frame from the rank's global token range): every rank told its
+  tokens start at token 0.
 - Helios (a split at a global token index, `tail`: [history_r | current_r] per rank): the tokens cut contiguously
   instead, so that a rank's current tokens are the wrong global ones.
 """
@@ -19,6 +23,7 @@ import pytest
 import torch
 
 import dtp
+import dtp.runtime.cp.frames as frames_module
 import dtp.runtime.cp.hooks as hooks_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
@@ -30,9 +35,11 @@ from dtp.testing.tiny import PLAN_CLASSES, tiny_inputs, tiny_model
 
 TOL = 1e-5
 MESHES = ((2, 2, "ulysses"), (2, 2, "ring"), (4, 1, "ring")) + (((4, 1, "ulysses"),) if full_run() else ())
-FAMILIES = ("ltx2", "helios")
+FAMILIES = ("ltx2", "helios", "hunyuanvideo15", "wan_animate", "anyflow")
 # Helios: 64 current tokens (2 frames of 2 x 16) and 44 history tokens (short 32, mid 8, long 4): each divides by 4
 IMG_TOKENS = {"helios": 64}
+# HunyuanVideo 1.5: 10 MLLM + 5 ByT5 + 4 image tokens = 19 joint text tokens (padded at cp = 2 and 4), prompts padded
+TXT_TOKENS = {"hunyuanvideo15": 10}
 
 
 def _model(name: str, **overrides):
@@ -40,7 +47,32 @@ def _model(name: str, **overrides):
 
 
 def _inputs(name: str) -> dict:
-    return tiny_inputs(PLAN_CLASSES[name], batch=2, img_tokens=IMG_TOKENS.get(name, 16))
+    inputs = tiny_inputs(
+        PLAN_CLASSES[name], batch=2, img_tokens=IMG_TOKENS.get(name, 16), txt_tokens=TXT_TOKENS.get(name, 8)
+    )
+    return CUSTOM[name](inputs) if name in CUSTOM else inputs
+
+
+def _wan_animate_three_frames(inputs: dict) -> dict:
+    """3 latent frames of 2 x 2 tokens (12): at cp=4 rank 1 holds tokens 3..5, the end of frame 0 and the start of
+    frame 1, so the face adapter's per-token frames matter (pose latents: 2 frames; face crops: 5, which the face
+    encoder's two stride-2 causal convs and its padding frame turn into 3 motion frames)."""
+    g = torch.Generator().manual_seed(11)
+    latent, pose, face = inputs["hidden_states"], inputs["pose_hidden_states"], inputs["face_pixel_values"]
+    inputs["hidden_states"] = torch.randn(2, latent.shape[1], 3, 4, 4, generator=g)
+    inputs["pose_hidden_states"] = torch.randn(2, pose.shape[1], 2, 4, 4, generator=g)
+    inputs["face_pixel_values"] = torch.rand(2, 3, 5, *face.shape[-2:], generator=g) * 2 - 1
+    return inputs
+
+
+def _hunyuanvideo15_eighteen_tokens(inputs: dict) -> dict:
+    """3 latent frames of 2 x 3 tokens (18): padded to 20 at cp=4 (the text, 19 tokens, to 20 as well)."""
+    latent = inputs["hidden_states"]
+    inputs["hidden_states"] = torch.randn(2, latent.shape[1], 3, 2, 3, generator=torch.Generator().manual_seed(12))
+    return inputs
+
+
+CUSTOM = {"wan_animate": _wan_animate_three_frames, "hunyuanvideo15": _hunyuanvideo15_eighteen_tokens}
 
 
 def _outputs(output) -> list[torch.Tensor]:
@@ -86,7 +118,8 @@ def _family(name: str, meshes: dict) -> dict:
     reference = _model(name)
     with torch.no_grad():
         refs = _outputs(reference(**inputs))
-    results = {(name, "modules"): len(resolve_cp(resolve(plan, reference), reference).attention)}
+    routed = [spec for spec in resolve_cp(resolve(plan, reference), reference).attention if not spec.linear]
+    results = {(name, "modules"): len(routed)}  # adapters that run the attention themselves route nothing
     for cp, tp, mode in MESHES:
         results[name, cp, tp, mode] = _run(_model(name), meshes[cp, tp], mode, inputs, refs, plan)
     return results
@@ -106,11 +139,22 @@ def _without_tail(name: str):
     return dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, splits=splits))
 
 
+def _without_split(name: str, key: str, tensor: str):
+    """`name`'s plan without its split of `tensor` at `key` (that tensor reaches the module whole on every rank)."""
+    plan = dtp.load_plan(name)
+    splits = tuple(rule for rule in plan.cp.splits if (rule.key, rule.name) != (key, tensor))
+    return dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, splits=splits))
+
+
 def _control(name: str, mesh, mode: str, plan) -> dict:
+    """`name` run with a broken `plan`: its result, or, where the break raises instead, the error (rel = inf)."""
     inputs = _inputs(name)
     with torch.no_grad():
         refs = _outputs(_model(name)(**inputs))
-    return _run(_model(name), mesh, mode, inputs, refs, plan)
+    try:
+        return _run(_model(name), mesh, mode, inputs, refs, plan)
+    except Exception as error:  # noqa: BLE001 - a control may fail loudly as well as silently
+        return dict(rel=float("inf"), error=repr(error)[:200])
 
 
 def _helios_odd() -> dict:
@@ -139,11 +183,28 @@ def _padded(meshes: dict) -> dict:
     return results
 
 
+def _wan_animate_offset_control(mesh) -> dict:
+    """The face adapter told that every rank's tokens start at global token 0 (a wrong global offset)."""
+    offset = frames_module.WanAnimateFaceCpProcessor.offset
+    frames_module.WanAnimateFaceCpProcessor.offset = lambda self, local: 0
+    try:
+        return _control("wan_animate", mesh, "ring", "wan_animate")
+    finally:
+        frames_module.WanAnimateFaceCpProcessor.offset = offset
+
+
 def _controls(meshes: dict) -> dict:
     cross_modal = ("transformer_blocks.*.audio_to_video_attn", "transformer_blocks.*.video_to_audio_attn")
     return {
         ("ltx2", "control"): _control("ltx2", meshes[2, 2], "ring", _local("ltx2", cross_modal)),
         ("helios", "control"): _control("helios", meshes[4, 1], "ring", _without_tail("helios")),
+        ("wan_animate", "control"): _wan_animate_offset_control(meshes[4, 1]),
+        ("hunyuanvideo15", "control"): _control(
+            "hunyuanvideo15",
+            meshes[2, 2],
+            "ulysses",
+            _without_split("hunyuanvideo15", "transformer_blocks.*", "attention_mask"),
+        ),
     }
 
 
@@ -204,3 +265,25 @@ def test_helios_unmasked_pad_keys_fail(four):
     """Negative control: the same padding at (4, 1) ring with the pad keys left unmasked is far off."""
     for results in four:
         assert results["helios", "pad_control"]["rel"] > 1e-2, results["helios", "pad_control"]
+
+
+def test_hunyuanvideo15_whole_text_mask_fails(four):
+    """Negative control: HunyuanVideo 1.5's text mask reaching every block whole (not cut with the text) at (2, 2)
+    Ulysses: the processor pads / crops it to the rank's [video_r, text_r] length, the wrong keys masked: far off."""
+    for results in four:
+        r = results["hunyuanvideo15", "control"]
+        assert r["rel"] > 1e-2, r
+
+
+def test_report(four):
+    """Prints rank 0's figures (`pytest -s`), the numbers docs/cp.md quotes."""
+    for key, r in sorted(four[0].items(), key=str):
+        if isinstance(r, dict):
+            print(key, f"{r['rel']:.2e}", r.get("error", ""))
+
+
+def test_wan_animate_face_adapter_with_a_wrong_offset_fails(four):
+    """Negative control: Wan Animate's face adapter at (4, 1) ring with every rank's global offset taken as 0 (its
+    tokens paired with the first frames' motion tokens): far off."""
+    for results in four:
+        assert results["wan_animate", "control"]["rel"] > 1e-2, results["wan_animate", "control"]

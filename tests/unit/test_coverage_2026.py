@@ -117,7 +117,6 @@ def test_layer_pre_norms_are_not_taken_for_norms_across_heads():
 
 # Round 5 plans that refuse cp in their header, and a word of the reason prepare must name.
 CP_REFUSED = {
-    "wan_animate": "face adapter",
     "hunyuanvideo_framepack": "original_context_length",
     "consisid": "text_seq_length",
     "latte": "reshapes the tokens",
@@ -132,7 +131,6 @@ CP_REFUSED_FULL = {
     "kandinsky6": "audio stream attends to all video tokens",
     "kandinsky6_sr": "NABLA's block mask",
     "cosmos3_omni": "one packed, unbatched sequence",
-    "anyflow": "not written yet",
 }
 
 

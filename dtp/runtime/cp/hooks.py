@@ -155,9 +155,12 @@ class SplitInputs:
         return torch.cat([self._split(p, rule, f"{what} segment {n}") for p, n in zip(pieces, rule.segments)], rule.dim)
 
     def _split(self, value, rule: SplitRule, what: str):
-        """A tensor, or a tuple/list of tensors (RoPE (cos, sin) pairs passed as one argument): each is cut."""
+        """A tensor, or a tuple/list of tensors (RoPE (cos, sin) pairs passed as one argument), or a dict of them
+        (AnyFlow's {"query": freqs, "key": freqs}): each is cut."""
         if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
             return type(value)(self._split(v, rule, f"{what}[{i}]") for i, v in enumerate(value))
+        if isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
+            return {k: self._split(v, rule, f"{what}[{k!r}]") for k, v in value.items()}
         if not isinstance(value, torch.Tensor):
             raise ForwardError(f"cp split of {what}: got a {type(value).__name__}, not a tensor (or tuple of them).")
         return local_chunk(value, rule.dim, self.rank, self.cp, what, rule.expected_dims)
