@@ -40,6 +40,7 @@ same types.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..errors import PlanError
@@ -85,6 +86,9 @@ class SplitRule:
         40 history + 24 current tokens, cp = 4: rank 1 keeps history 10..19 and current 6..11 (tokens 46..51).
         With `pad` (`at: first`), the head and the tail are each zero-padded to a multiple of cp, as the forward's
         `first` and `last` padded sequences: the listed attentions mask both pad runs, `trim: last` drops the tail's.
+    strided: rank r keeps elements r, r + cp, ... of `dim` (`runtime/cp/strided.py`): for a per-sample tensor repeated
+        once per token position ([B x P] rows, sample-major; Latte's temporal timesteps), whose rows each rank needs
+        one per local position of each sample, the batch B unknown to the hook.
     """
 
     key: str
@@ -98,6 +102,7 @@ class SplitRule:
     flatten: bool = False
     count: bool = False
     tail: str | None = None
+    strided: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ class CpPlan:
     halo: tuple[HaloRule, ...] = ()  # convolutions over the split token grid: halo rows from the neighbours
 
 
-_SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims", "pad", "flatten", "tail"}
+_SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims", "pad", "flatten", "tail", "strided"}
 _SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo"}
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
@@ -251,7 +256,11 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
         raise PlanError(f"{where}: `tail` names an int input of the same module (a plain input split), got {tail!r}.")
     if tail is not None and pad is not None and pad.at != "first":
         raise PlanError(f"{where}: with `tail`, `pad.at` is `first` (the head's run; the tail's is `last`).")
-    return SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten, tail=tail)
+    strided = spec.get("strided", False)
+    if not isinstance(strided, bool) or (strided and (output or segments or pad is not None or tail is not None)):
+        raise PlanError(f"{where}: `strided` (true / false) is a plain input split, got {strided!r}.")
+    rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
+    return dataclasses.replace(rule, tail=tail, strided=strided)
 
 
 def _pad_rule(spec, where: str) -> PadRule:

@@ -11,6 +11,9 @@ negative control that must miss by far:
   lines up): the mask left whole on every rank (the processor then crops it to the local length).
 - Wan 2.2 Animate (the face adapter's per-token frame from the rank's global token range): every rank told its
   tokens start at token 0.
+- Latte (cut along the patches: spatial attention over CP, temporal attention local after the forward's own
+  reshape; the temporal timesteps, one per sample repeated per position, cut strided): those timesteps cut
+  contiguously (a rank's rows from the wrong sample).
 - Helios (a split at a global token index, `tail`: [history_r | current_r] per rank): the tokens cut contiguously
   instead, so that a rank's current tokens are the wrong global ones.
 """
@@ -35,7 +38,7 @@ from dtp.testing.tiny import PLAN_CLASSES, tiny_inputs, tiny_model
 
 TOL = 1e-5
 MESHES = ((2, 2, "ulysses"), (2, 2, "ring"), (4, 1, "ring")) + (((4, 1, "ulysses"),) if full_run() else ())
-FAMILIES = ("ltx2", "helios", "hunyuanvideo15", "wan_animate", "anyflow")
+FAMILIES = ("ltx2", "helios", "hunyuanvideo15", "wan_animate", "anyflow", "kandinsky5", "latte")
 # Helios: 64 current tokens (2 frames of 2 x 16) and 44 history tokens (short 32, mid 8, long 4): each divides by 4
 IMG_TOKENS = {"helios": 64}
 # HunyuanVideo 1.5: 10 MLLM + 5 ByT5 + 4 image tokens = 19 joint text tokens (padded at cp = 2 and 4), prompts padded
@@ -139,6 +142,13 @@ def _without_tail(name: str):
     return dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, splits=splits))
 
 
+def _unstrided(name: str):
+    """`name`'s plan with its strided cuts made contiguous (rank r keeps rows [r n / cp, (r + 1) n / cp))."""
+    plan = dtp.load_plan(name)
+    splits = tuple(dataclasses.replace(rule, strided=False) for rule in plan.cp.splits)
+    return dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, splits=splits))
+
+
 def _without_split(name: str, key: str, tensor: str):
     """`name`'s plan without its split of `tensor` at `key` (that tensor reaches the module whole on every rank)."""
     plan = dtp.load_plan(name)
@@ -199,6 +209,7 @@ def _controls(meshes: dict) -> dict:
         ("ltx2", "control"): _control("ltx2", meshes[2, 2], "ring", _local("ltx2", cross_modal)),
         ("helios", "control"): _control("helios", meshes[4, 1], "ring", _without_tail("helios")),
         ("wan_animate", "control"): _wan_animate_offset_control(meshes[4, 1]),
+        ("latte", "control"): _control("latte", meshes[4, 1], "ring", _unstrided("latte")),
         ("hunyuanvideo15", "control"): _control(
             "hunyuanvideo15",
             meshes[2, 2],
@@ -287,3 +298,10 @@ def test_wan_animate_face_adapter_with_a_wrong_offset_fails(four):
     tokens paired with the first frames' motion tokens): far off."""
     for results in four:
         assert results["wan_animate", "control"]["rel"] > 1e-2, results["wan_animate", "control"]
+
+
+def test_latte_contiguous_temporal_timesteps_fail(four):
+    """Negative control: Latte's temporal timesteps ([B x P] rows) cut contiguously at (4, 1) ring: a rank's rows
+    come from the wrong sample (batch 2, two timesteps): far off."""
+    for results in four:
+        assert results["latte", "control"]["rel"] > 1e-2, results["latte", "control"]

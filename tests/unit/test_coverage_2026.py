@@ -119,12 +119,10 @@ def test_layer_pre_norms_are_not_taken_for_norms_across_heads():
 CP_REFUSED = {
     "hunyuanvideo_framepack": "original_context_length",
     "consisid": "text_seq_length",
-    "latte": "reshapes the tokens",
     "ideogram4": "block-diagonal mask",
     "nucleusmoe": "expert-choice routing",
     "allegro": "one nested argument",
     "joyimage_edit": "one nested argument",
-    "kandinsky5": "flattens the channels-last grid",
 }
 # Round 9's refusals repeat a covered kind of check: run with DTP_FULL=1.
 CP_REFUSED_FULL = {

@@ -71,6 +71,12 @@ class CpAttention:
             )
         if args.get("parallel_config") is not None:
             raise ForwardError("this model also has a diffusers parallel_config; use either dtp CP or diffusers CP.")
+        if args.get("attn_mask") is not None and not isinstance(args["attn_mask"], torch.Tensor):
+            raise ForwardError(
+                f"context-parallel attention takes tensor masks only, got a {type(args['attn_mask']).__name__} (a "
+                f"flex / block-sparse mask chosen over the whole sequence, e.g. Kandinsky 5's NABLA sparse_params); "
+                f"run without it or with cp=1."
+            )
         whole = whole_mask(args.get("attn_mask"), query, key, self.group)
         if whole is not None:
             return self._whole_mask_attention(original, args, whole)

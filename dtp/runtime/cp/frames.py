@@ -23,15 +23,20 @@ import torch.nn.functional as F
 from ...errors import ForwardError
 
 
-def frame_of_tokens(start: int, count: int, tokens: int, frames: int, device) -> torch.Tensor:
-    """The frame of each of the global tokens [start, start + count) of a frame-major sequence of `tokens` tokens in
-    `frames` equal frames. 16 tokens, 2 frames, start 4, count 8: [0, 0, 0, 0, 1, 1, 1, 1]."""
+def frame_size(tokens: int, frames: int) -> int:
+    """Tokens per frame of a frame-major sequence of `tokens` tokens in `frames` equal frames."""
     if tokens % frames:
         raise ForwardError(
             f"per-frame attention: {tokens} video tokens are not {frames} equal frames (the face adapter pairs them "
             f"by position)."
         )
-    return torch.arange(start, start + count, device=device) // (tokens // frames)
+    return tokens // frames
+
+
+def frame_of_tokens(start: int, count: int, per_frame: int, device) -> torch.Tensor:
+    """The frame of each of the global tokens [start, start + count), `per_frame` tokens a frame.
+    Start 4, count 8, 8 a frame: [0, 0, 0, 0, 1, 1, 1, 1]."""
+    return torch.arange(start, start + count, device=device) // per_frame
 
 
 class WanAnimateFaceCpProcessor:
@@ -52,8 +57,9 @@ class WanAnimateFaceCpProcessor:
         batch, frames, n, _ = encoder_hidden_states.shape
         local = hidden_states.shape[1]
         tokens = local * dist.get_world_size(self.group)
-        frame = frame_of_tokens(self.offset(local), local, tokens, frames, hidden_states.device)  # [S_local]
-        first, last = int(frame[0]), int(frame[-1])  # host ints from the shapes and the rank, not device data
+        start, per_frame = self.offset(local), frame_size(tokens, frames)
+        frame = frame_of_tokens(start, local, per_frame, hidden_states.device)  # [S_local]
+        first, last = start // per_frame, (start + local - 1) // per_frame  # from shapes and the rank: no device read
         seen = encoder_hidden_states[:, first : last + 1].flatten(1, 2)  # [B, (last - first + 1) N, C]
 
         query = attn.norm_q(attn.to_q(hidden_states).unflatten(2, (attn.heads, -1)))

@@ -15,6 +15,7 @@ from torch import nn
 from ...errors import ForwardError
 from ...plan.cp import GatherRule, SplitRule
 from .sequence import flat_chunk, gather_chunks, local_chunk, own_chunk, padded_chunk
+from .strided import strided_chunk
 from .tail import tail_chunk
 
 
@@ -93,6 +94,9 @@ class SplitInputs:
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
             if rule.count:
                 bound.arguments[rule.name] = self._count(value, rule.name, what)
+            elif rule.strided:
+                cut = strided_chunk(value, rule.dim, self.rank, self.cp, what, rule.expected_dims)
+                bound.arguments[rule.name] = cut
             elif rule.tail is not None:
                 bound.arguments[rule.name] = self._split_tail(value, rule, given.get(rule.tail), what)
             elif rule.pad is not None:
