@@ -89,6 +89,9 @@ class SplitRule:
     strided: rank r keeps elements r, r + cp, ... of `dim` (`runtime/cp/strided.py`): for a per-sample tensor repeated
         once per token position ([B x P] rows, sample-major; Latte's temporal timesteps), whose rows each rank needs
         one per local position of each sample, the batch B unknown to the hook.
+    element: the input is a tuple whose element `element` (a tensor, or a tuple of them) is cut; the other elements
+        pass whole. Allegro's blocks take image_rotary_emb = ((t, h, w) frequency tables, (t, h, w) position ids
+        [1, S]): the position ids are cut with their tokens (`element: 1`), the tables stay whole.
     """
 
     key: str
@@ -103,6 +106,7 @@ class SplitRule:
     count: bool = False
     tail: str | None = None
     strided: bool = False
+    element: int | None = None
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,18 @@ class CpPlan:
     halo: tuple[HaloRule, ...] = ()  # convolutions over the split token grid: halo rows from the neighbours
 
 
-_SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims", "pad", "flatten", "tail", "strided"}
+_SPLIT_FIELDS = {
+    "dim",
+    "expected_dims",
+    "output",
+    "segments",
+    "when_dims",
+    "pad",
+    "flatten",
+    "tail",
+    "strided",
+    "element",
+}
 _SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo"}
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
@@ -259,8 +274,11 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     strided = spec.get("strided", False)
     if not isinstance(strided, bool) or (strided and (output or segments or pad is not None or tail is not None)):
         raise PlanError(f"{where}: `strided` (true / false) is a plain input split, got {strided!r}.")
+    element = spec.get("element")
+    if element is not None and (not is_int(element) or element < 0 or output or segments or pad is not None):
+        raise PlanError(f"{where}: `element` is the index (>= 0) of the cut element of a tuple input, got {element!r}.")
     rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
-    return dataclasses.replace(rule, tail=tail, strided=strided)
+    return dataclasses.replace(rule, tail=tail, strided=strided, element=element)
 
 
 def _pad_rule(spec, where: str) -> PadRule:

@@ -121,7 +121,6 @@ CP_REFUSED = {
     "consisid": "text_seq_length",
     "ideogram4": "block-diagonal mask",
     "nucleusmoe": "expert-choice routing",
-    "allegro": "one nested argument",
     "joyimage_edit": "one nested argument",
 }
 # Round 9's refusals repeat a covered kind of check: run with DTP_FULL=1.

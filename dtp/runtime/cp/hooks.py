@@ -94,6 +94,8 @@ class SplitInputs:
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
             if rule.count:
                 bound.arguments[rule.name] = self._count(value, rule.name, what)
+            elif rule.element is not None:
+                bound.arguments[rule.name] = self._split_element(value, rule, what)
             elif rule.strided:
                 cut = strided_chunk(value, rule.dim, self.rank, self.cp, what, rule.expected_dims)
                 bound.arguments[rule.name] = cut
@@ -106,6 +108,14 @@ class SplitInputs:
             else:
                 bound.arguments[rule.name] = self._split(value, rule, what)
         return bound.args, bound.kwargs
+
+    def _split_element(self, value, rule: SplitRule, what: str):
+        """A tuple input with its element `rule.element` cut (`SplitRule.element`), the others whole."""
+        if not isinstance(value, (tuple, list)) or len(value) <= rule.element:
+            raise ForwardError(f"cp split of {what}: expected a tuple with an element {rule.element}, got {value!r}.")
+        items = list(value)
+        items[rule.element] = self._split(items[rule.element], rule, f"{what}[{rule.element}]")
+        return type(value)(items)
 
     def _split_tail(self, value, rule: SplitRule, tail, what: str):
         """[head_r | tail_r] (`tail.py`); with `pad`, the head and the tail are the `first` and `last` padded
