@@ -1,7 +1,7 @@
 """Context parallelism for the video families whose plans used to refuse it (issue 45): gloo parity.
 
 ONE 4-process group for the whole module. For each family, a tiny model (perturbed weights, batch 2) at
-(cp, tp) = (2, 2) Ulysses and ring and (4, 1) ring ((4, 1) Ulysses with DTP_FULL=1), against one process:
+(cp, tp) = (2, 2) Ulysses and ring ((4, 1) ring and Ulysses with DTP_FULL=1), against one process:
 max |out - ref| <= 1e-5 * max |ref| for EVERY output (LTX-2's video and audio samples), and every CP attention
 module really routed (Ulysses: one `to_heads` per call; ring: cp key blocks per call). Each new mechanism has a
 negative control that must miss by far:
@@ -37,7 +37,8 @@ from dtp.testing.scope import full_run
 from dtp.testing.tiny import PLAN_CLASSES, tiny_inputs, tiny_model
 
 TOL = 1e-5
-MESHES = ((2, 2, "ulysses"), (2, 2, "ring"), (4, 1, "ring")) + (((4, 1, "ulysses"),) if full_run() else ())
+# (2, 2) is cp=2 Ulysses and ring with tp=2 beside; (4, 1) (cp=4: partial frames, more pad) with DTP_FULL=1
+MESHES = ((2, 2, "ulysses"), (2, 2, "ring")) + (((4, 1, "ring"), (4, 1, "ulysses")) if full_run() else ())
 FAMILIES = ("ltx2", "helios", "hunyuanvideo15", "wan_animate", "anyflow", "kandinsky5", "latte", "allegro")
 # Helios: 64 current tokens (2 frames of 2 x 16) and 44 history tokens (short 32, mid 8, long 4): each divides by 4
 IMG_TOKENS = {"helios": 64}
