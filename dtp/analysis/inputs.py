@@ -145,6 +145,9 @@ def _video_inputs(class_name, geometry: Geometry, config, dtype, size, txt: int,
     kwargs["hidden_states"] = torch.empty(shape, dtype=latent.dtype, device="meta")
     for name in geometry.grid_inputs:  # e.g. Wan VACE's control video: the same grid, its own channels
         kwargs[name] = torch.empty((batch, kwargs[name].shape[1], f, h, w), dtype=kwargs[name].dtype, device="meta")
+    regrid = FAMILIES[class_name].regrid  # inputs that follow the grid otherwise (Helios' histories)
+    if regrid is not None:
+        kwargs = regrid(kwargs, (f, h, w))
     tokens = (f // geometry.patch_t) * (h // geometry.patch) * (w // geometry.patch)
     frames, height, width = size
     pixels = f"{frames} frames of {height}x{width} px = latent video {f} x {h} x {w}"

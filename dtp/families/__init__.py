@@ -162,12 +162,16 @@ class Family:
     released: dict
     inputs: Callable
     geometry: Geometry = IMAGE
+    regrid: Callable | None = None
+    """Optional `regrid(kwargs, (f, h, w))`: a video family whose other inputs follow the latent grid (Helios'
+    history latents and frame indices) resizes them to a full-size grid, after `hidden_states` was replaced."""
 
 
 def family_of(module) -> Family:
-    """The `Family` a family module declares; `GEOMETRY` is optional (the image default, `geometry.IMAGE`)."""
+    """The `Family` a family module declares; `GEOMETRY` and `regrid` are optional (the image default)."""
     geometry = getattr(module, "GEOMETRY", IMAGE)
-    return Family(module.CLASS_NAME, module.PLAN, module.TINY, module.RELEASED, module.inputs, geometry)
+    regrid = getattr(module, "regrid", None)
+    return Family(module.CLASS_NAME, module.PLAN, module.TINY, module.RELEASED, module.inputs, geometry, regrid)
 
 
 FAMILIES: dict[str, Family] = {m.CLASS_NAME: family_of(m) for m in _MODULES}

@@ -29,3 +29,13 @@ def inputs(cfg, g, batch, img, txt):
         "timestep": timestep,
         "r_timestep": timestep // 2,
     }
+
+
+def regrid(kwargs, grid):
+    """Full-size inputs (`analysis/inputs.py`): per-frame timesteps for the f latent frames of the full-size grid."""
+    f = grid[0]
+    timestep = kwargs["timestep"]
+    batch = timestep.shape[0]
+    kwargs["timestep"] = torch.empty((batch, f), dtype=timestep.dtype, device=timestep.device)
+    kwargs["r_timestep"] = torch.empty((batch, f), dtype=timestep.dtype, device=timestep.device)
+    return kwargs

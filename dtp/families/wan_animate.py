@@ -57,3 +57,18 @@ def inputs(cfg, g, batch, img, txt):
         face_pixel_values=torch.rand(batch, 3, face_frames, side, side, generator=g) * 2 - 1,
         return_dict=False,
     )
+
+
+def regrid(kwargs, grid):
+    """Full-size inputs (`analysis/inputs.py`): pose latents of f - 1 frames on the latent grid and 4 (f - 1) - 3 face
+    crops (the pipeline's 77 for 21 latent frames), which the face encoder's two stride-2 causal convs and its padding
+    frame turn into f motion frames."""
+    f, h, w = grid
+    pose, face = kwargs["pose_hidden_states"], kwargs["face_pixel_values"]
+    batch = pose.shape[0]
+    kwargs["pose_hidden_states"] = torch.empty(
+        (batch, pose.shape[1], f - 1, h, w), dtype=pose.dtype, device=pose.device
+    )
+    shape = (batch, face.shape[1], max(1, 4 * (f - 1) - 3), *face.shape[-2:])
+    kwargs["face_pixel_values"] = torch.empty(shape, dtype=face.dtype, device=face.device)
+    return kwargs

@@ -40,6 +40,7 @@ same types.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..errors import PlanError
@@ -77,6 +78,20 @@ class SplitRule:
         their tokens with the global (height, width) before the Mix-FFN; rank r's N / cp contiguous tokens are
         height / cp whole rows. 64 x 64 grid, cp = 4: every rank gets height 16. A count cp does not divide is a
         ForwardError at call time (the rows would not split whole).
+    tail: the tensor is [head | tail] along `dim`, the tail's length given by the module's int input of this name
+        (its global value, read before a `count` split of it): head and tail are each cut into cp chunks and the
+        rank keeps [head_r | tail_r] (`runtime/cp/tail.py`). Helios' blocks split their tokens at the global
+        `original_context_length` into [history, current]; with both cut on their own, every rank's chunk is
+        [history_r | current_r] and `original_context_length: {count: true}` hands it the local current count.
+        40 history + 24 current tokens, cp = 4: rank 1 keeps history 10..19 and current 6..11 (tokens 46..51).
+        With `pad` (`at: first`), the head and the tail are each zero-padded to a multiple of cp, as the forward's
+        `first` and `last` padded sequences: the listed attentions mask both pad runs, `trim: last` drops the tail's.
+    strided: rank r keeps elements r, r + cp, ... of `dim` (`runtime/cp/strided.py`): for a per-sample tensor repeated
+        once per token position ([B x P] rows, sample-major; Latte's temporal timesteps), whose rows each rank needs
+        one per local position of each sample, the batch B unknown to the hook.
+    element: the input is a tuple whose element `element` (a tensor, or a tuple of them) is cut; the other elements
+        pass whole. Allegro's blocks take image_rotary_emb = ((t, h, w) frequency tables, (t, h, w) position ids
+        [1, S]): the position ids are cut with their tokens (`element: 1`), the tables stay whole.
     """
 
     key: str
@@ -89,6 +104,9 @@ class SplitRule:
     pad: PadRule | None = None
     flatten: bool = False
     count: bool = False
+    tail: str | None = None
+    strided: bool = False
+    element: int | None = None
 
 
 @dataclass(frozen=True)
@@ -147,7 +165,18 @@ class CpPlan:
     halo: tuple[HaloRule, ...] = ()  # convolutions over the split token grid: halo rows from the neighbours
 
 
-_SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims", "pad", "flatten"}
+_SPLIT_FIELDS = {
+    "dim",
+    "expected_dims",
+    "output",
+    "segments",
+    "when_dims",
+    "pad",
+    "flatten",
+    "tail",
+    "strided",
+    "element",
+}
 _SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo"}
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
@@ -237,7 +266,19 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     flatten = spec.get("flatten", False)
     if not isinstance(flatten, bool) or (flatten and not output):
         raise PlanError(f"{where}: `flatten` (a token grid output cut after flattening) needs `output: true`.")
-    return SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
+    tail = spec.get("tail")
+    if tail is not None and (not isinstance(tail, str) or output or segments):
+        raise PlanError(f"{where}: `tail` names an int input of the same module (a plain input split), got {tail!r}.")
+    if tail is not None and pad is not None and pad.at != "first":
+        raise PlanError(f"{where}: with `tail`, `pad.at` is `first` (the head's run; the tail's is `last`).")
+    strided = spec.get("strided", False)
+    if not isinstance(strided, bool) or (strided and (output or segments or pad is not None or tail is not None)):
+        raise PlanError(f"{where}: `strided` (true / false) is a plain input split, got {strided!r}.")
+    element = spec.get("element")
+    if element is not None and (not is_int(element) or element < 0 or output or segments or pad is not None):
+        raise PlanError(f"{where}: `element` is the index (>= 0) of the cut element of a tuple input, got {element!r}.")
+    rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
+    return dataclasses.replace(rule, tail=tail, strided=strided, element=element)
 
 
 def _pad_rule(spec, where: str) -> PadRule:

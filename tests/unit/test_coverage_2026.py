@@ -117,23 +117,17 @@ def test_layer_pre_norms_are_not_taken_for_norms_across_heads():
 
 # Round 5 plans that refuse cp in their header, and a word of the reason prepare must name.
 CP_REFUSED = {
-    "wan_animate": "face adapter",
-    "helios": "original_context_length",
     "hunyuanvideo_framepack": "original_context_length",
     "consisid": "text_seq_length",
-    "latte": "reshapes the tokens",
     "ideogram4": "block-diagonal mask",
     "nucleusmoe": "expert-choice routing",
-    "allegro": "one nested argument",
     "joyimage_edit": "one nested argument",
-    "kandinsky5": "flattens the channels-last grid",
 }
 # Round 9's refusals repeat a covered kind of check: run with DTP_FULL=1.
 CP_REFUSED_FULL = {
     "kandinsky6": "audio stream attends to all video tokens",
     "kandinsky6_sr": "NABLA's block mask",
     "cosmos3_omni": "one packed, unbatched sequence",
-    "anyflow": "not written yet",
 }
 
 

@@ -33,6 +33,11 @@ SDPA_NAME = "scaled_dot_product_attention"
 # route; under CP their sums over tokens are all-reduced on the cp group instead, whatever cp_mode says.
 LINEAR_ROUTE = "linear"
 LINEAR_PROCESSORS = ("SanaLinearAttnProcessor2_0", "SanaLinearAttnProcessor3_0")
+# Per-frame cross-attention with a CP adapter (runtime/cp/frames.py): each token attends to its own frame's keys,
+# whole on every rank; the adapter finds the frame from the token's global index, so it exchanges nothing.
+FRAME_ROUTE = "frames"
+FRAME_PROCESSORS = ("WanAnimateFaceBlockAttnProcessor",)
+ADAPTER_ROUTES = (LINEAR_ROUTE, FRAME_ROUTE)  # the adapter runs the whole attention: nothing to dispatch or scope
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,8 @@ class CpAttentionSpec:
     path: str
     heads: int
     tp_sharded: bool  # True: TP leaves heads / tp per rank
-    linear: bool = False  # linear attention: its token sums are all-reduced; no Ulysses head split, any cp
+    linear: bool = False  # an adapter runs it (`ADAPTER_ROUTES`: linear attention's all-reduced sums, per-frame
+    # attention's local keys): no Ulysses head split, any cp
 
     def local_heads(self, tp: int) -> int:
         return self.heads // tp if self.tp_sharded else self.heads
@@ -117,7 +123,7 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     # injection blocks only); a path wrong in every block is still an error
     local = {path for key in plan.cp.local_attention for path, _ in _expand(model, key, plan.name, optional=True)}
     attention = tuple(
-        CpAttentionSpec(path, heads, path in tp_paths, LINEAR_ROUTE in attention_routes(module))
+        CpAttentionSpec(path, heads, path in tp_paths, bool(set(ADAPTER_ROUTES) & set(attention_routes(module))))
         for path, module, heads in _attention_modules(plan.name, model)
         if path not in local
     )
@@ -173,7 +179,7 @@ def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module) 
     if rule.output:
         return
     params = inspect.signature(module.forward).parameters
-    for name in (rule.name, *rule.segments):
+    for name in (rule.name, *rule.segments, *((rule.tail,) if rule.tail else ())):
         if name not in params:
             raise PlanError(
                 f"plan {plan_name}, cp key '{rule.key}': '{path or '<model>'}' ({type(module).__name__}) has no "
@@ -232,6 +238,8 @@ def attention_routes(attn: nn.Module) -> tuple[str, ...]:
     processor = getattr(attn, "processor", None)
     if type(processor).__name__ in LINEAR_PROCESSORS:
         return (LINEAR_ROUTE,)
+    if type(processor).__name__ in FRAME_PROCESSORS:
+        return (FRAME_ROUTE,)
     names = _code_names(type(processor).__call__.__code__) if processor is not None else set()
     routes = []
     if DISPATCH_NAME in names and processor_module(attn) is not None:

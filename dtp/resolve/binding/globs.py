@@ -1,4 +1,5 @@
-"""Plan keys to module paths: `blocks.*.attn.to_q` over an `nn.ModuleList`, or one exact path.
+"""Plan keys to module paths: `blocks.*.attn.to_q` over an `nn.ModuleList`, or one exact path (`blocks.-1`: the last
+element of a ModuleList).
 
 A rule's `optional: true` says "this module exists under some configs only": list elements that lack the member
 are skipped (SD3's last block is context-only and sets `attn.to_add_out = None`; Mochi's last block has a
@@ -28,9 +29,10 @@ _ABSENT = object()
 def expand(model: nn.Module, key: str, plan_name: str, *, optional: bool = False) -> list[tuple[str, nn.Module]]:
     """`[(path, module)]` that `key` addresses; PlanError when the path or the glob is wrong."""
     if "*" not in key:
-        if optional and _optional_gap(model, "", key, model, key, plan_name):
+        path = _from_end(model, key)
+        if optional and _optional_gap(model, "", path, model, key, plan_name):
             return []
-        return [(key, _get(model, "", key, key, plan_name))]
+        return [(path, _get(model, "", path, key, plan_name))]
     prefix, _, suffix = key.partition("*")
     prefix, suffix = prefix.rstrip("."), suffix.lstrip(".")
     if optional and prefix and _optional_gap(model, "", prefix, model, key, plan_name):
@@ -160,3 +162,15 @@ def _get(root: nn.Module, root_path: str, rel: str, key: str, plan_name: str) ->
             )
         module = child
     return module
+
+
+def _from_end(model: nn.Module, key: str) -> str:
+    """`key` with each negative index into an `nn.ModuleList` made positive: `blocks.-1` is the last block whatever
+    the config's depth (Kandinsky 5 gathers at its last visual block's output). Other atoms are left to `_get`."""
+    module, atoms = model, []
+    for atom in key.split("."):
+        if isinstance(module, nn.ModuleList) and atom.startswith("-") and atom[1:].isdigit() and len(module):
+            atom = str(len(module) - int(atom[1:])) if int(atom[1:]) <= len(module) else atom
+        atoms.append(atom)
+        module = module._modules.get(atom) if module is not None else None
+    return ".".join(atoms)

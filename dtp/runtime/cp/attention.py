@@ -33,7 +33,7 @@ from torch import nn
 
 from ...errors import ForwardError
 from ...policy import ring_kernel_family
-from ...resolve.binding.cp import DISPATCH_NAME, LINEAR_ROUTE, attention_routes, processor_module
+from ...resolve.binding.cp import ADAPTER_ROUTES, DISPATCH_NAME, attention_routes, processor_module
 from ..arguments import Binder
 from ..probe import body_runs
 from .adapters import install_adapter
@@ -71,6 +71,12 @@ class CpAttention:
             )
         if args.get("parallel_config") is not None:
             raise ForwardError("this model also has a diffusers parallel_config; use either dtp CP or diffusers CP.")
+        if args.get("attn_mask") is not None and not isinstance(args["attn_mask"], torch.Tensor):
+            raise ForwardError(
+                f"context-parallel attention takes tensor masks only, got a {type(args['attn_mask']).__name__} (a "
+                f"flex / block-sparse mask chosen over the whole sequence, e.g. Kandinsky 5's NABLA sparse_params); "
+                f"run without it or with cp=1."
+            )
         whole = whole_mask(args.get("attn_mask"), query, key, self.group)
         if whole is not None:
             return self._whole_mask_attention(original, args, whole)
@@ -252,10 +258,10 @@ def install_attention(path: str, attn: nn.Module, attention) -> list:
     `attention(original, args)` is called instead of `dispatch_attention_fn(**args)` while `attn`
     runs (`CpAttention` in production; anything with that signature, e.g. a recorder in tests).
     """
-    linear = LINEAR_ROUTE in attention_routes(attn)  # read before the adapter replaces the processor
+    own = set(ADAPTER_ROUTES) & set(attention_routes(attn))  # read before the adapter replaces the processor
     handles = install_adapter(attn, attention)
-    if linear:  # the adapter all-reduces its own token sums (`linear.py`): nothing to dispatch or scope
-        assert handles, f"no CP adapter for linear attention {type(attn.processor).__name__}"
+    if own:  # the adapter runs the attention (`linear.py`: token sums all-reduced; `frames.py`): nothing to scope
+        assert handles, f"no CP adapter for {type(attn.processor).__name__}"
         return handles
     module = processor_module(attn)
     if module is not None:

@@ -13,6 +13,8 @@ from ...errors import ForwardError
 from ...plan.cp import GatherRule, SplitRule
 from ..arguments import Binder
 from .sequence import flat_chunk, gather_chunks, local_chunk, own_chunk, padded_chunk
+from .strided import strided_chunk
+from .tail import tail_chunk
 
 
 class PadSlot:
@@ -81,7 +83,10 @@ class SplitInputs:
         self.path, self.rules, self.rank, self.cp = path, rules, rank, cp
         self.pads = PadState() if pads is None else pads
         self.binder = Binder(module.forward)
-        self.names = tuple(dict.fromkeys([r.name for r in rules] + [n for r in rules for n in r.segments or ()]))
+        inputs = [r.name for r in rules] + [n for r in rules for n in r.segments or ()]
+        inputs += [r.tail for r in rules if r.tail is not None]  # a `tail` split reads its length input
+        self.names = tuple(dict.fromkeys(inputs))
+        self.tails = {}  # per call: a `tail` split's length input -> this rank's tail length (`_split_tail`)
 
     def __call__(self, module, args, kwargs):
         if not self.binder.exact:  # *args / **kwargs in the signature: bind
@@ -96,14 +101,23 @@ class SplitInputs:
 
     def _cut(self, arguments) -> None:
         """Replace the planned entries of `arguments` (name -> value passed, None if not) by their local chunks."""
-        # Joint tensors last: their segment lengths are read from the other inputs once those are local.
-        for rule in sorted(self.rules, key=lambda r: bool(r.segments)):
+        given = dict(arguments)  # global values: a `tail` length is read before a `count` split divides it
+        self.tails = {}
+        # Joint tensors last: their segment lengths are read from the other inputs once those are local; counts after
+        # the tails that set them.
+        for rule in sorted(self.rules, key=lambda r: (bool(r.segments), r.count)):
             value = arguments.get(rule.name)
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
             if rule.count:
                 arguments[rule.name] = self._count(value, rule.name, what)
+            elif rule.element is not None:
+                arguments[rule.name] = self._split_element(value, rule, what)
+            elif rule.strided:
+                arguments[rule.name] = strided_chunk(value, rule.dim, self.rank, self.cp, what, rule.expected_dims)
+            elif rule.tail is not None:
+                arguments[rule.name] = self._split_tail(value, rule, given.get(rule.tail), what)
             elif rule.pad is not None:
                 arguments[rule.name] = self._split_padded(value, rule, what)
             elif rule.segments:
@@ -111,10 +125,34 @@ class SplitInputs:
             else:
                 arguments[rule.name] = self._split(value, rule, what)
 
+    def _split_element(self, value, rule: SplitRule, what: str):
+        """A tuple input with its element `rule.element` cut (`SplitRule.element`), the others whole."""
+        if not isinstance(value, (tuple, list)) or len(value) <= rule.element:
+            raise ForwardError(f"cp split of {what}: expected a tuple with an element {rule.element}, got {value!r}.")
+        items = list(value)
+        items[rule.element] = self._split(items[rule.element], rule, f"{what}[{rule.element}]")
+        return type(value)(items)
+
+    def _split_tail(self, value, rule: SplitRule, tail, what: str):
+        """[head_r | tail_r] (`tail.py`); with `pad`, the head and the tail are the `first` and `last` padded
+        sequences."""
+        chunk, head, rest = tail_chunk(
+            value, rule.dim, tail, self.rank, self.cp, what, rule.expected_dims, pad=rule.pad is not None
+        )
+        self.tails[rule.tail] = rest.local
+        if rule.pad is not None:
+            for slot, piece in ((self.pads.slots["first"], head), (self.pads.slots["last"], rest)):
+                slot.local, slot.valid, slot.total = piece.local, piece.valid, piece.total
+                slot.padded = piece.local * self.cp != piece.total
+        return chunk
+
     def _count(self, value, name: str, what: str) -> int:
-        """This rank's share of an int sizing the split grid's outer dim (`SplitRule.count`): its whole slices."""
+        """This rank's share of an int sizing the split grid's outer dim (`SplitRule.count`): its whole slices; or,
+        for the length of a `tail` split in the same call, the rank's tail length (pad included)."""
         if isinstance(value, bool) or not isinstance(value, int):
             raise ForwardError(f"cp split of {what}: a grid size (`count: true`) must be an int, got {value!r}.")
+        if name in self.tails:
+            return self.tails[name]
         if value % self.cp:
             raise ForwardError(
                 f"cp split of {what}: the token grid's outer size {name}={value} does not divide by the cp degree "
@@ -158,9 +196,12 @@ class SplitInputs:
         return torch.cat(pieces, rule.dim)
 
     def _split(self, value, rule: SplitRule, what: str):
-        """A tensor, or a tuple/list of tensors (RoPE (cos, sin) pairs passed as one argument): each is cut."""
+        """A tensor, or a tuple/list of tensors (RoPE (cos, sin) pairs passed as one argument), or a dict of them
+        (AnyFlow's {"query": freqs, "key": freqs}): each is cut."""
         if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
             return type(value)(self._split(v, rule, f"{what}[{i}]") for i, v in enumerate(value))
+        if isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
+            return {k: self._split(v, rule, f"{what}[{k!r}]") for k, v in value.items()}
         if not isinstance(value, torch.Tensor):
             raise ForwardError(f"cp split of {what}: got a {type(value).__name__}, not a tensor (or tuple of them).")
         return local_chunk(value, rule.dim, self.rank, self.cp, what, rule.expected_dims)
