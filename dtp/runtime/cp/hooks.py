@@ -39,12 +39,22 @@ class PadState:
 
     def __init__(self):
         self.slots = {"first": PadSlot(), "last": PadSlot()}
+        # split id ("<path>.<input name or output index>") -> (rows a rank, whole unpadded rows) of this forward's
+        # cut along the split dim: how a rank knows its global token range (`runtime/cp/kept.py` reads it)
+        self.lengths: dict[str, tuple[int, int]] = {}
 
     def reset(self, *unused) -> None:
         """Nothing padded: a forward pre-hook on the model, ahead of every split hook, so a slot is padded only when
         a split of this forward padded it (an absent input, e.g. a None modulation mask, leaves it as it is)."""
         for slot in self.slots.values():
             slot.padded = False
+        self.lengths.clear()
+
+    def note(self, path: str, name, whole, local, dim: int, total: int | None = None) -> None:
+        """Record a cut tensor's rows a rank and whole rows (`lengths`); tuples (RoPE pairs) and counts are not."""
+        if isinstance(whole, torch.Tensor) and isinstance(local, torch.Tensor):
+            key = f"{path}.{name}" if path else str(name)
+            self.lengths[key] = (local.shape[dim], whole.shape[dim] if total is None else total)
 
     @property
     def padded(self) -> bool:
@@ -94,6 +104,8 @@ class SplitInputs:
                 bound.arguments[rule.name] = self._split_segments(value, rule, bound.arguments, what)
             else:
                 bound.arguments[rule.name] = self._split(value, rule, what)
+            total = self.pads.slots[rule.pad.at].total if rule.pad is not None else None
+            self.pads.note(self.path, rule.name, value, bound.arguments[rule.name], rule.dim, total)
         return bound.args, bound.kwargs
 
     def _count(self, value, name: str, what: str) -> int:
@@ -110,6 +122,8 @@ class SplitInputs:
         return value // self.cp
 
     def _split_padded(self, value, rule: SplitRule, what: str):
+        if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            return type(value)(self._split_padded(v, rule, f"{what}[{i}]") for i, v in enumerate(value))  # RoPE pairs
         if not isinstance(value, torch.Tensor):
             raise ForwardError(f"cp split of {what}: got a {type(value).__name__}, not a tensor.")
         chunk, valid = padded_chunk(value, rule.dim, self.rank, self.cp, what, rule.expected_dims)
@@ -123,13 +137,30 @@ class SplitInputs:
         if not isinstance(value, torch.Tensor) or any(arguments.get(n) is None for n in rule.segments):
             raise ForwardError(f"cp split of {what}: needs a tensor and the inputs {', '.join(rule.segments)}.")
         lengths = [arguments[n].shape[1] * self.cp for n in rule.segments]
+        padded = [self._unpadded(n, arguments[n].shape[1]) for n in rule.segments]
+        if sum(lengths) != value.shape[rule.dim] and sum(padded) == value.shape[rule.dim]:
+            lengths = padded  # a segment cut with `pad` (FramePack's text): its piece of the mask is padded alike
         if sum(lengths) != value.shape[rule.dim]:
             raise ForwardError(
                 f"cp split of {what}: dim {rule.dim} has {value.shape[rule.dim]} elements, not the "
                 f"{' + '.join(map(str, lengths))} of its segments {', '.join(rule.segments)}."
             )
         pieces = value.split(lengths, dim=rule.dim)
-        return torch.cat([self._split(p, rule, f"{what} segment {n}") for p, n in zip(pieces, rule.segments)], rule.dim)
+        cut = [
+            padded_chunk(p, rule.dim, self.rank, self.cp, f"{what} segment {n}")[0]
+            if p.shape[rule.dim] % self.cp else self._split(p, rule, f"{what} segment {n}")
+            for p, n in zip(pieces, rule.segments)
+        ]  # fmt: skip
+        return torch.cat(cut, rule.dim)
+
+    def _unpadded(self, name: str, local: int) -> int:
+        """The whole length of segment `name` with `local` rows a rank: its unpadded length when a padded split of
+        this forward cut it (`PadState.lengths`; zero-padding a bool mask's piece masks its pad keys, as `PadState`
+        does), else local x cp."""
+        for key, (rows, total) in self.pads.lengths.items():
+            if key.rsplit(".", 1)[-1] == name and rows == local:
+                return total
+        return local * self.cp
 
     def _split(self, value, rule: SplitRule, what: str):
         """A tensor, or a tuple/list of tensors (RoPE (cos, sin) pairs passed as one argument): each is cut."""
@@ -165,7 +196,10 @@ class SplitOutputs:
                 items[rule.name] = self._split_padded(items[rule.name], rule, what)
                 continue
             cut = flat_chunk if rule.flatten else own_chunk
-            items[rule.name] = cut(items[rule.name], rule.dim, self.rank, self.cp, what, rule.expected_dims)
+            whole = items[rule.name]
+            items[rule.name] = cut(whole, rule.dim, self.rank, self.cp, what, rule.expected_dims)
+            if not rule.flatten:
+                self.pads.note(self.path, rule.name, whole, items[rule.name], rule.dim)
         return items[0] if single else type(output)(items)
 
     def _split_padded(self, x: torch.Tensor, rule: SplitRule, what: str) -> torch.Tensor:
