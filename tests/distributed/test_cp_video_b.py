@@ -69,6 +69,13 @@ def _family(name: str, meshes: dict) -> dict:
         results[name, axis, mode] = _rel(model, inputs, whole)
     # batch 1: FramePack trims the condition to the prompt's length (4 image + 7 text = 11 tokens: padded to 12)
     results[name, "batch1"] = _rel(dtp.parallelize(tiny_model(cls), meshes["cp"], cp_mode="ring"), one, single)
+    if name == "consisid":  # 9 video tokens (1 frame of 3 x 3 patches) and 7 text tokens: both padded at cp=2
+        small = dict(sample_height=6, sample_width=6, max_text_seq_length=7)
+        inputs = {**inputs, "hidden_states": inputs["hidden_states"][:, :1, :, :6, :6]}
+        inputs["encoder_hidden_states"] = inputs["encoder_hidden_states"][:, :7]
+        ref = output_tensor(tiny_model(cls, **small)(**inputs)).float()
+        model = dtp.parallelize(tiny_model(cls, **small), meshes["tp"], cp_mode="ulysses")
+        results[name, "padded"] = _rel(model, inputs, ref)
     return results
 
 
@@ -128,6 +135,13 @@ def test_batch_one(four, name):
     """Batch 1 at cp=2 ring (FramePack then trims its prompt to the prompt's length): within 1e-5 relative."""
     for results in four:
         assert results[name, "batch1"] <= TOL, (name, results[name, "batch1"])
+
+
+def test_consisid_lengths_cp_does_not_divide(four):
+    """ConsisID with 9 video and 7 text tokens at (cp=2, tp=2): both padded, pad keys masked, the video's pad row
+    dropped at the gather: within 1e-5 relative."""
+    for results in four:
+        assert results["consisid", "padded"] <= TOL, results["consisid", "padded"]
 
 
 def test_framepack_wrong_offset_fails(four):
