@@ -188,7 +188,8 @@ def cp_plan_from_mapping(data, name: str) -> CpPlan:
         if not isinstance(data["refused"], str) or not data["refused"].strip():
             raise PlanError(f"plan {name}: cp.refused must say why the model cannot take CP, got {data['refused']!r}.")
         return CpPlan(splits=(), gathers=(), refused=data["refused"].strip())
-    if set(data) <= _SECTION_FIELDS and all(isinstance(data.get(k, {}), dict) for k in ("split", "gather", "halo", "keep")):
+    sections = ("split", "gather", "halo", "keep")
+    if set(data) <= _SECTION_FIELDS and all(isinstance(data.get(k, {}), dict) for k in sections):
         return _from_dtp(data, name)
     return _from_diffusers(data, name)
 
@@ -238,7 +239,8 @@ def _keep_rule(key, tensor, spec, name: str) -> KeepRule:
     _check_key(key, name)
     fields = set(spec) if isinstance(spec, dict) else set()
     strings = isinstance(spec, dict) and all(isinstance(v, str) and v for v in spec.values())
-    if not strings or not (isinstance(tensor, str) or is_int(tensor)) or "of" not in fields or len(fields & {"last", "after"}) != 1:
+    named = isinstance(tensor, str) or is_int(tensor)
+    if not strings or not named or "of" not in fields or len(fields & {"last", "after"}) != 1:
         raise PlanError(
             f"{where}: expected {{of: split id, last: module path, gather: module path?}} or {{of: split id, after: "
             f"split id}} (see dtp/plan/cp.py KeepRule), got {spec!r}."

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.distributed.device_mesh import init_device_mesh
 
 import dtp
 import dtp.runtime.cp.kept as kept_module
-from torch.distributed.device_mesh import init_device_mesh
 from dtp.analysis.launch import spawn
 from dtp.testing.scope import full_run
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model

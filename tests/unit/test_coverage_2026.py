@@ -119,8 +119,6 @@ def test_layer_pre_norms_are_not_taken_for_norms_across_heads():
 CP_REFUSED = {
     "wan_animate": "face adapter",
     "helios": "original_context_length",
-    "hunyuanvideo_framepack": "original_context_length",
-    "consisid": "text_seq_length",
     "latte": "reshapes the tokens",
     "ideogram4": "block-diagonal mask",
     "nucleusmoe": "expert-choice routing",

@@ -123,9 +123,7 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
         for path, conv in _expand(model, rule.key, plan.name)
     )
     keeps = _keeps(plan, model, splits)
-    return CpResolved(
-        plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps
-    )
+    return CpResolved(plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps)
 
 
 def _keeps(plan, model: nn.Module, splits) -> tuple:

@@ -154,5 +154,6 @@ def install_keeps(model: nn.Module, keeps, pads: PadState, group, rank: int, cp:
         else:
             handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
         if rule.gather is not None:
-            handles.append(model.get_submodule(rule.gather).register_forward_hook(GatherKept(rule.gather, group, state)))
+            gather = GatherKept(rule.gather, group, state)
+            handles.append(model.get_submodule(rule.gather).register_forward_hook(gather))
     return handles
