@@ -40,6 +40,7 @@ same types.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..errors import PlanError
@@ -89,6 +90,7 @@ class SplitRule:
     pad: PadRule | None = None
     flatten: bool = False
     count: bool = False
+    item: int | None = None  # `name[i]` in the plan: cut element i of a tuple input only (a None element passes)
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,7 @@ class CpPlan:
 
 _SPLIT_FIELDS = {"dim", "expected_dims", "output", "segments", "when_dims", "pad", "flatten"}
 _SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep"}
+_ITEM = re.compile(r"(\w+)\[(\d+)\]")
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
 
@@ -287,7 +290,12 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     flatten = spec.get("flatten", False)
     if not isinstance(flatten, bool) or (flatten and not output):
         raise PlanError(f"{where}: `flatten` (a token grid output cut after flattening) needs `output: true`.")
-    return SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
+    item = None
+    if isinstance(tensor, str) and _ITEM.fullmatch(tensor):  # `name[i]`: element i of a tuple input
+        tensor, item = _ITEM.fullmatch(tensor)[1], int(_ITEM.fullmatch(tensor)[2])
+        if segments or flatten or when is not None:
+            raise PlanError(f"{where}: an element split (`name[i]`) takes dim, expected_dims and pad only.")
+    return SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten, item=item)
 
 
 def _pad_rule(spec, where: str) -> PadRule:
@@ -348,7 +356,7 @@ def _checked(plan: CpPlan, name: str) -> CpPlan:
         raise PlanError(f"plan {name}: every padded cp split (`pad`) must name the same `attention`.")
     seen = set()
     for rule in plan.splits:
-        ident = (rule.key, rule.name, rule.output)
+        ident = (rule.key, rule.name, rule.output, rule.item)
         if ident in seen:
             raise PlanError(f"plan {name}: cp split of '{rule.name}' at '{rule.key}' is listed twice.")
         seen.add(ident)

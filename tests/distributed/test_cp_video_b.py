@@ -14,6 +14,8 @@ rows before the slice left at their local length (the slice then eats video rows
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -25,7 +27,7 @@ from dtp.testing.scope import full_run
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 
 TOL = 1e-5
-FAMILIES = ("hunyuanvideo_framepack", "consisid")
+FAMILIES = ("hunyuanvideo_framepack", "consisid", "joyimage_edit")
 MESHES = (("cp", "ulysses"), ("cp", "ring"), ("tp", "ulysses")) + ((("tp", "ring"),) if full_run() else ())
 
 
@@ -76,6 +78,20 @@ def _family(name: str, meshes: dict) -> dict:
         ref = output_tensor(tiny_model(cls, **small)(**inputs)).float()
         model = dtp.parallelize(tiny_model(cls, **small), meshes["tp"], cp_mode="ulysses")
         results[name, "padded"] = _rel(model, inputs, ref)
+    if name == "joyimage_edit":  # mrope: text RoPE tables too (`image_rotary_emb[1]`); 7 text tokens, padded at cp=2
+        inputs = {**inputs, "encoder_hidden_states": inputs["encoder_hidden_states"][:, :7]}
+        ref = output_tensor(tiny_model(cls, rope_type="mrope")(**inputs)).float()
+        model = dtp.parallelize(tiny_model(cls, rope_type="mrope"), meshes["tp"], cp_mode="ring")
+        results[name, "padded"] = _rel(model, inputs, ref)
+        plan = dtp.load_plan(name)  # control: the text RoPE cut with the image's rule (its pad slot)
+        image_rule = next(r for r in plan.cp.splits if r.item == 0)
+        splits = tuple(dataclasses.replace(r, pad=image_rule.pad) if r.item == 1 else r for r in plan.cp.splits)
+        plan = dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, splits=splits))
+        model = dtp.parallelize(tiny_model(cls, rope_type="mrope"), meshes["tp"], plan, cp_mode="ring")
+        try:
+            results[name, "text_rope_image_rule"] = _rel(model, inputs, ref)
+        except dtp.ForwardError as error:  # the image's pad slot now holds the text's lengths: its gather trims wrong
+            results[name, "text_rope_image_rule"] = str(error)
     return results
 
 
@@ -142,6 +158,15 @@ def test_consisid_lengths_cp_does_not_divide(four):
     dropped at the gather: within 1e-5 relative."""
     for results in four:
         assert results["consisid", "padded"] <= TOL, results["consisid", "padded"]
+
+
+def test_joyimage_mrope_padded(four):
+    """JoyImage Edit with mrope (text RoPE tables, `image_rotary_emb[1]`) and 7 text tokens at (cp=2, tp=2) ring:
+    both streams padded, within 1e-5 relative; the text tables cut with the image's rule (its pad slot): far off."""
+    for results in four:
+        assert results["joyimage_edit", "padded"] <= TOL, results["joyimage_edit", "padded"]
+        wrong = results["joyimage_edit", "text_rope_image_rule"]
+        assert isinstance(wrong, str) or wrong > 1e-2, wrong
 
 
 def test_framepack_wrong_offset_fails(four):

@@ -123,7 +123,6 @@ CP_REFUSED = {
     "ideogram4": "block-diagonal mask",
     "nucleusmoe": "expert-choice routing",
     "allegro": "one nested argument",
-    "joyimage_edit": "one nested argument",
     "kandinsky5": "flattens the channels-last grid",
 }
 # Round 9's refusals repeat a covered kind of check: run with DTP_FULL=1.

@@ -92,6 +92,9 @@ class SplitInputs:
         bound = self.signature.bind(*args, **kwargs)
         # Joint tensors last: their segment lengths are read from the other inputs once those are local.
         for rule in sorted(self.rules, key=lambda r: bool(r.segments)):
+            if rule.item is not None:  # one element of a nested argument (JoyImage's ((image RoPE), text RoPE))
+                bound.arguments[rule.name] = self._split_item(bound.arguments.get(rule.name), rule)
+                continue
             value = bound.arguments.get(rule.name)
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
@@ -107,6 +110,19 @@ class SplitInputs:
             total = self.pads.slots[rule.pad.at].total if rule.pad is not None else None
             self.pads.note(self.path, rule.name, value, bound.arguments[rule.name], rule.dim, total)
         return bound.args, bound.kwargs
+
+    def _split_item(self, value, rule: SplitRule):
+        """Cut element `rule.item` of a tuple argument (None elements, and a None argument, pass)."""
+        if value is None:
+            return None
+        what = f"input '{rule.name}'[{rule.item}] of '{self.path or '<model>'}'"
+        if not isinstance(value, (tuple, list)) or rule.item >= len(value):
+            raise ForwardError(f"cp split of {what}: expected a tuple with element {rule.item}, got {type(value)}.")
+        items = list(value)
+        if items[rule.item] is not None:
+            cut = self._split_padded if rule.pad is not None else self._split
+            items[rule.item] = cut(items[rule.item], rule, what)
+        return type(value)(items)
 
     def _count(self, value, name: str, what: str) -> int:
         """This rank's share of an int sizing the split grid's outer dim (`SplitRule.count`): its whole slices."""
