@@ -120,7 +120,6 @@ CP_REFUSED = {
     "wan_animate": "face adapter",
     "helios": "original_context_length",
     "latte": "reshapes the tokens",
-    "ideogram4": "block-diagonal mask",
     "nucleusmoe": "expert-choice routing",
     "allegro": "one nested argument",
     "kandinsky5": "flattens the channels-last grid",
