@@ -16,6 +16,11 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
         proj_out: {dim: 1, expected_dims: 3}
       local: [blocks.*.attn2]                  # optional: attention whose keys stay whole on every rank
       halo: {blocks.*.ff.conv_depth: {dim: 2}} # optional: convolutions over the token grid's split rows
+      keep: {norm_final: {input: {of: blocks.0.hidden_states, after: blocks.0.encoder_hidden_states}}}
+                                               # optional: a slice by a global count after the blocks (`KeepRule`)
+
+A split key `name[i]` cuts element i of a tuple input only (JoyImage's RoPE argument ((image cos, sin), text
+tables)): each element with its own rule (`pad` slot), a None element passing.
 
 `cp: {refused: "why"}` instead says the model cannot take CP; any cp > 1 is then a PlanError quoting it.
 `ring_refused: "why"` beside `split`/`gather` says the model takes Ulysses only (e.g. a per-query mask that
