@@ -294,6 +294,12 @@ def _row_note(row: dict) -> str | None:
     return None
 
 
+def _compiled(row: dict) -> tuple:
+    """(compiled ms or None, the eager / compiled cell: a ratio, or why nothing was compiled)."""
+    compiled = row.get("compiled_ms")
+    return compiled, f"{row['eager_ms'] / compiled:.2f}x" if compiled else row.get("compiled", "")
+
+
 def tables(setup: Setup) -> list[str]:
     """The markdown of the rank grid, the attention backends and the ring kernel rows."""
     lines = ["", "## One rank's work (fake process group: compute and host time, no communication)", ""]
@@ -308,8 +314,7 @@ def tables(setup: Setup) -> list[str]:
         if note:
             lines.append(f"{head} {note} | | | | | | | |")
             continue
-        compiled = r.get("compiled_ms")
-        speed = f"{r['eager_ms'] / compiled:.2f}x" if compiled else r.get("compiled", "")
+        compiled, speed = _compiled(r)
         compile_s = f"{r['compile_s']:.1f}" if "compile_s" in r else ""
         ideal = (_ms(r.get("eager_vs_ideal")), _ms(r.get("compiled_vs_ideal")))
         lines.append(
@@ -322,8 +327,7 @@ def tables(setup: Setup) -> list[str]:
         note = _row_note(r)
         head = f"| {r['model'].removesuffix('Model')} | {r['mesh']} | {r['backend']} |"
         body = note and f" {note} | | |"
-        compiled = r.get("compiled_ms")
-        speed = f"{r['eager_ms'] / compiled:.2f}x" if compiled else r.get("compiled", "")
+        compiled, speed = _compiled(r)
         body = body or f" {_ms(r.get('eager_ms'))} | {_ms(compiled)} | {speed} |"
         lines.append(head + body)
     lines += ["", "## Ring block: `ring.block_attention` (bf16 in) vs the fp32 reference", ""]

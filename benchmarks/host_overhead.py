@@ -4,6 +4,7 @@
     python benchmarks/host_overhead.py --repeats 41    # more alternated runs per row (default 21)
     python benchmarks/host_overhead.py --only "tp=2"   # one mesh (repeatable); prints, writes nothing
     python benchmarks/host_overhead.py --fsdp-variants # (cp=2, fsdp) with FSDP2's options varied; appends to the file
+    python benchmarks/host_overhead.py --fsdp-phases   # where (cp=2, fsdp)'s host time goes in FSDP2; appends
 
 Each row builds the family's TINY model (seed 0) and the same weights sharded by dtp on rank 0 of the mesh
 (`dtp.testing.host`), then calls the two in turn (3 warm-up calls, then `repeats` alternated ones, no grad) and
@@ -17,8 +18,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
+import statistics
 import sys
+import time
+from collections import defaultdict
 from pathlib import Path
 from unittest import mock
 
@@ -115,13 +120,100 @@ def fsdp_rows(repeats: int) -> str:
     return "\n".join(lines)
 
 
+# FSDP2's phases of one unit's forward (torch 2.13's private names): a unit's pre-forward hook waits for its
+# all-gather and copies the gathered parameters out, then issues its prefetch window's all-gathers (copy-in, the
+# collective); its post-forward hook frees the gathered parameters.
+FSDP_PHASES = (
+    ("pre-forward hook (total)", "_fsdp_state:FSDPState._pre_forward"),
+    ("  wait for the unit's gather + copy-out", "_fsdp_param_group:FSDPParamGroup.wait_for_unshard"),
+    ("    copy-out (split into parameters)", "_fsdp_collectives:foreach_all_gather_copy_out"),
+    ("  prefetch: issue the window's gathers", "_fsdp_param_group:FSDPParamGroup._prefetch_unshard"),
+    ("    copy-in + all-gather call", "_fsdp_collectives:foreach_all_gather"),
+    ("post-forward hook (total)", "_fsdp_state:FSDPState._post_forward"),
+    ("  reshard (free the gathered parameters)", "_fsdp_param_group:FSDPParamGroup.reshard"),
+)
+
+
+def _timer(fn, label: str, spent: dict, calls: dict):
+    def timed(*args, **kwargs):
+        start = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[label] += time.thread_time() - start
+            calls[label] += 1
+
+    return timed
+
+
+@contextlib.contextmanager
+def fsdp_timers(spent: dict, calls: dict):
+    """FSDP2's phase functions wrapped to add their thread CPU time into `spent` (and counts into `calls`), patched
+    on their classes and modules before `fully_shard` binds its hooks; restored after."""
+    with contextlib.ExitStack() as stack:
+        for label, where in FSDP_PHASES:
+            module_name, name = where.split(":")
+            owner = importlib.import_module(f"torch.distributed.fsdp._fully_shard.{module_name}")
+            *cls, attr = name.split(".")
+            target = getattr(owner, cls[0]) if cls else owner
+
+            timed = _timer(getattr(target, attr), label, spent, calls)
+            stack.enter_context(mock.patch.object(target, attr, timed))
+            if not cls:  # a module-level function is also called by the name other FSDP2 modules imported
+                for other in ("_fsdp_param_group",):
+                    module = importlib.import_module(f"torch.distributed.fsdp._fully_shard.{other}")
+                    if hasattr(module, attr):
+                        stack.enter_context(mock.patch.object(module, attr, timed))
+        yield
+
+
+def fsdp_phase_rows(repeats: int) -> str:
+    """Per model: ms per forward of (cp=2, fsdp) in each FSDP2 phase (with the timers' own cost), beside the forward
+    with the same timers and the unsharded one."""
+    mesh = next(m for m in MESHES if m.fsdp)
+    lines = ["| model | units | phase | ms / forward | calls / forward |", "|---|---:|---|---:|---:|"]
+    for class_name in MODELS:
+        spent, calls = defaultdict(float), defaultdict(int)
+        with fsdp_timers(spent, calls), fake_world(mesh.world):
+            reference, sharded = sharded_pair(class_name, mesh)
+            inputs = tiny_inputs(class_name, mesh)
+            units = sum(1 for m in sharded.modules() if isinstance(m, torch.distributed.fsdp.FSDPModule))
+            with torch.no_grad():
+                for _ in range(3):
+                    sharded(**inputs)
+                spent.clear(), calls.clear()
+                times = []
+                for _ in range(repeats):
+                    start = time.thread_time()
+                    sharded(**inputs)
+                    times.append(time.thread_time() - start)
+            ref_s, _ = alternated_medians(reference, reference, inputs, repeats=repeats)
+        model = class_name.replace("Transformer2DModel", "").replace("Transformer3DModel", "")
+        lines.append(f"| {model} | {units} | whole forward (timers on) | {statistics.median(times) * 1e3:.2f} | 1 |")
+        lines.append(f"| {model} | | diffusers' unsharded forward | {ref_s * 1e3:.2f} | 1 |")
+        for label, _ in FSDP_PHASES:
+            lines.append(f"| {model} | | {label} | {spent[label] / repeats * 1e3:.2f} | {calls[label] / repeats:.0f} |")
+        print("\n".join(lines[-len(FSDP_PHASES) - 2 :]), flush=True)
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--only", action="append", help="a mesh name (e.g. 'tp=2'); prints only")
     parser.add_argument("--fsdp-variants", action="store_true", help="(cp=2, fsdp) under FSDP2 options; appends")
+    parser.add_argument("--fsdp-phases", action="store_true", help="(cp=2, fsdp)'s time in FSDP2's phases; appends")
     args = parser.parse_args(argv)
     core = pin_one_core()
+    if args.fsdp_phases:
+        text = fsdp_phase_rows(args.repeats)
+        with RESULT.open("a") as out:
+            out.write(
+                "\n## Where (cp=2, fsdp)'s host time goes in FSDP2\n\n"
+                f"`python benchmarks/host_overhead.py --fsdp-phases` (median forward / mean phase time over "
+                f"{args.repeats} calls, thread CPU time; nested rows are part of the row above)\n\n{text}\n"
+            )
+        return 0
     if args.fsdp_variants:
         text = fsdp_rows(args.repeats)
         with RESULT.open("a") as out:

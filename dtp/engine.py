@@ -42,6 +42,7 @@ module's style for its torch ParallelStyle.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -52,7 +53,7 @@ from .cache import attach as attach_cache
 from .cache import check_cache
 from .errors import PlanError
 from .plan import Plan, plan_for
-from .policy import check_cp_mode
+from .policy import check_cp_mode, ulysses_degree
 from .quant import check_quantized
 from .resolve import CpResolved, Resolved, resolve, resolve_cp
 from .resolve.exactness.exact import check_exact
@@ -147,6 +148,8 @@ def prepare_with(model: nn.Module, parallelism: Parallelism, plan: Plan | None =
     options = {"cp_mode": cp_mode, "pad": parallelism.pad, "fsdp": parallelism.fsdp}
     if parallelism.attention_backend is not None:  # absent when unset: fingerprints of earlier setups unchanged
         options["attention_backend"] = parallelism.attention_backend
+    if prepared.cp_resolved is not None and parallelism.ulysses not in (1, parallelism.cp):  # USP; else unchanged
+        options["ulysses"] = parallelism.ulysses
     check_agree(mesh, fingerprint(model, prepared.resolved, prepared.cp_resolved, mesh, options))
     return prepared
 
@@ -154,23 +157,23 @@ def prepare_with(model: nn.Module, parallelism: Parallelism, plan: Plan | None =
 def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None) -> Prepared:
     """Steps 2-7 and 9: everything this rank can check on its own (the options were checked building
     `parallelism`)."""
-    tp, cp, cp_mode = parallelism.tp, parallelism.cp, parallelism.cp_mode
+    tp, cp, cp_mode, ulysses = parallelism.tp, parallelism.cp, parallelism.cp_mode, parallelism.ulysses
     resolved = resolve(plan if plan is not None else plan_for(model), model)
     check_quantized(model, resolved.linears, resolved.plan.name)
     padding = None
     if parallelism.pad:
-        padding = pad_resolved(resolved, model, tp, tp * _head_factor(cp, cp_mode))
-        _check_pad_applies(padding, cp, cp_mode)
+        padding = pad_resolved(resolved, model, tp, tp * ulysses)  # heads split over tp, then over Ulysses
+        _check_pad_applies(padding, ulysses)
         resolved = padding.resolved
     else:
-        check_unpadded(resolved, model, tp, lambda: supported_tp(model, resolved, cp, cp_mode, pad=True))
+        check_unpadded(resolved, model, tp, partial(supported_tp, model, resolved, cp, cp_mode, True, ulysses))
     resolved = share_kv(resolved, model, tp)
     check_exact(resolved, model, tp)
     cp_resolved = None
     if cp > 1:
         cp_resolved = resolve_cp(resolved, model)
         cp_resolved = pad_cp(cp_resolved, padding) if padding is not None else cp_resolved
-        cp_resolved.check(tp, cp, cp_mode)
+        cp_resolved.check(tp, cp, cp_mode, ulysses)
     if parallelism.device is not None:
         parallelism = parallelism.with_device(local_device(parallelism.device))
         check_device(parallelism.device, parallelism.tp_mesh)
@@ -182,21 +185,22 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
     return Prepared(resolved, cp_resolved, parallelism, padding)
 
 
-def _check_pad_applies(padding: Padding, cp: int, cp_mode: str) -> None:
+def _check_pad_applies(padding: Padding, ulysses: int) -> None:
     """Padding is written into the tp shards, so at tp=1 nothing is padded: a plan that needs padding there (only
-    Ulysses asks for it, heads a multiple of cp) would fail at its first forward instead."""
+    Ulysses asks for it, heads a multiple of its degree) would fail at its first forward instead."""
     if padding.tp > 1 or padding.is_noop:
         return
     heads = ", ".join(f"{h.path}: {h.heads} -> {h.padded_heads}" for h in padding.heads if h.padded_heads != h.heads)
     raise PlanError(
-        f"pad=True at tp=1 pads nothing (padding lives in the tp shards), but Ulysses cp={cp} needs heads padded "
-        f"({heads}); use cp_mode='ring', a mesh with tp > 1, or a cp that divides the heads."
+        f"pad=True at tp=1 pads nothing (padding lives in the tp shards), but Ulysses over {ulysses} ranks needs heads "
+        f"padded ({heads}); use cp_mode='ring', a mesh with tp > 1, or a Ulysses degree that divides the heads."
     )
 
 
-def _head_factor(cp: int, cp_mode: str) -> int:
-    """Padded heads are multiples of tp * this: cp under Ulysses (each rank's heads are split over cp)."""
-    return cp if cp > 1 and cp_mode == "ulysses" else 1
+def _head_factor(cp: int, cp_mode: str, ulysses: int | None = None) -> int:
+    """Padded heads are multiples of tp * this: the Ulysses degree (each rank's heads are split over it; cp under
+    plain Ulysses, U under USP, 1 under ring)."""
+    return ulysses_degree(cp, cp_mode, ulysses) if cp > 1 else 1
 
 
 def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) -> nn.Module:
@@ -250,8 +254,11 @@ def move_unsharded(model: nn.Module, device) -> None:
                 module._buffers[name] = buffer.to(device)
 
 
-def supported_tp(model: nn.Module, resolved: Resolved, cp: int, cp_mode: str, pad: bool = False) -> list[int]:
-    """`resolved.candidates()` narrowed to the degrees that also work with `cp` ranks in `cp_mode`.
+def supported_tp(
+    model: nn.Module, resolved: Resolved, cp: int, cp_mode: str, pad: bool = False, ulysses: int | None = None
+) -> list[int]:
+    """`resolved.candidates()` narrowed to the degrees that also work with `cp` ranks in `cp_mode` (USP: Ulysses
+    degree `ulysses`, ring over the rest; None: `cp_mode`'s).
 
     pad=True: every degree from 1 to the smallest head count that padding serves (`padding.pad_candidates`).
     """
@@ -264,9 +271,9 @@ def supported_tp(model: nn.Module, resolved: Resolved, cp: int, cp_mode: str, pa
         return pad_candidates(
             resolved,
             model,
-            _head_factor(cp, cp_mode),
-            lambda t, padding: pad_cp(cp_resolved, padding).allows(t, cp, cp_mode),
+            _head_factor(cp, cp_mode, ulysses),
+            lambda t, padding: pad_cp(cp_resolved, padding).allows(t, cp, cp_mode, ulysses),
         )
     if cp_resolved is None:
         return resolved.candidates()
-    return [t for t in resolved.candidates() if cp_resolved.allows(t, cp, cp_mode)]
+    return [t for t in resolved.candidates() if cp_resolved.allows(t, cp, cp_mode, ulysses)]

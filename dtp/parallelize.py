@@ -48,14 +48,21 @@ def parallelize(
 
 
 def tp_candidates(
-    model: nn.Module, plan: Plan | None = None, *, cp: int = 1, cp_mode: str = "ulysses", pad: bool = False
+    model: nn.Module,
+    plan: Plan | None = None,
+    *,
+    cp: int = 1,
+    cp_mode: str = "ulysses",
+    pad: bool = False,
+    ulysses: int | None = None,
 ) -> list[int]:
     """The TP degrees `model` supports under `plan` (default: `plan_for(model)`), e.g. [1, 2, 4, 8].
 
     With `cp > 1`, only the degrees that also work with that many context-parallel ranks in
     `cp_mode` (Ulysses: (heads / tp) % cp == 0; the plan needs a `cp` section).
     With `pad=True`, every degree from 1 up to the smallest head count the plan touches (Z-Image: 1..30).
+    `ulysses=U` (USP, `make_mesh(cp=cp, ulysses=U)`): the heads split over U only, ring over cp / U.
     """
     check_degree(cp, "cp")
     resolved = resolve(plan if plan is not None else plan_for(model), model)
-    return supported_tp(model, resolved, cp, cp_mode, pad=pad)
+    return supported_tp(model, resolved, cp, cp_mode, pad=pad, ulysses=ulysses)

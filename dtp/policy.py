@@ -45,6 +45,25 @@ def check_cp_mode(mode) -> str:
     return mode
 
 
+def ulysses_degree(cp: int, cp_mode: str, ulysses: int | None = None) -> int:
+    """The Ulysses degree U of a `cp`-rank context-parallel split (USP: ring degree cp / U, Ulysses inside).
+
+    None keeps `cp_mode`'s meaning: "ulysses" is U = cp, "ring" is U = 1. A given U must divide cp; 1 < U < cp is
+    USP, whatever `cp_mode` says. cp=8, ulysses=4 -> 4 (ring 2); cp=8, cp_mode="ring" -> 1; cp=8, ulysses=3 ->
+    PlanError.
+    """
+    check_cp_mode(cp_mode)
+    if ulysses is None:
+        return cp if cp_mode == "ulysses" else 1
+    check_degree(ulysses, "ulysses")
+    if cp % ulysses:
+        divisors = ", ".join(str(d) for d in range(1, cp + 1) if cp % d == 0)
+        raise PlanError(
+            f"ulysses={ulysses} does not divide cp={cp}; the ring degree is cp / ulysses. Choose one of {divisors}."
+        )
+    return ulysses
+
+
 # `attention_backend=` short names -> diffusers' `AttentionBackendName` value (None: the model's default, "native").
 _TO_DIFFUSERS = {
     "auto": None,

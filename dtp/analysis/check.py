@@ -87,15 +87,18 @@ def check(
     peak: bool = False,
     kernels: bool = False,
     attention: str | None = None,
+    ulysses: int | None = None,
 ) -> dict:
     """The `dtp check` report as a dict; PlanError on a bad target, config, degree or plan. `cfg` > 1 adds the cfg
     exchange (`add_cfg`); `peak` (with `forward`) the activation peak at (cp, tp) from the same trace as the
     collectives, next to one rank's (`forward.peak_report`); `kernels` traces on fake CUDA tensors and adds what the
-    GPU runs (`kernels.kernels_report`), under the attention backend `attention` (None: auto)."""
+    GPU runs (`kernels.kernels_report`), under the attention backend `attention` (None: auto). `ulysses`: USP's Ulysses
+    degree inside cp (`make_mesh(cp=C, ulysses=U)`; None: cp_mode's)."""
     _check_degrees(tp, cp)
     class_name, the_plan = _target(target, plan)
     device = "cuda" if kernels else "cpu"
     options = dict(tp=tp, cp=cp, cp_mode=cp_mode, dtype=dtype, pad=pad, quant=quant, forward=forward, device=device)
+    options["ulysses"] = ulysses
     model_config = read_config(config) if config else None
     shape = ForwardShape(resolution=resolution, frames=frames, text_tokens=text_tokens)
     with attention_backend(attention, device):
@@ -157,7 +160,7 @@ class _Traced:
 
 
 def _measure(
-    class_name, plan, *, config, shape, tp, cp, cp_mode, dtype, pad, quant, forward, device
+    class_name, plan, *, config, shape, tp, cp, cp_mode, dtype, pad, quant, forward, device, ulysses=None
 ) -> tuple[dict, _Traced]:
     """(report, the traced forward): the layout figures while sharding, then one whole-depth trace (collectives,
     activation peak, output bytes) of the sharded model with its cp hooks, as `parallelize` leaves it, on fake
@@ -170,6 +173,7 @@ def _measure(
     if forward and class_name in FAMILIES:
         inputs = forward_inputs(class_name, dict(model.config), parse_dtype(dtype), shape)
     layout = dict(class_name=class_name, config=config, dtype=dtype, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad)
+    layout["ulysses"] = ulysses
     shard = _CheckShard(plan, layout, quant, quantized, device)
     calls = {"forward": Call(inputs.kwargs)} if inputs is not None else {}
     traces, _ = trace_sharded(model, tp * cp, shard, calls, catch=(Exception,), device=device)
@@ -196,8 +200,8 @@ class _CheckShard:
         self.lengths: dict = {}
 
     def __call__(self, module) -> None:
-        tp, cp, cp_mode, pad = (self.layout[k] for k in ("tp", "cp", "cp_mode", "pad"))
-        mesh = fake_mesh(tp=tp, cp=cp, device=self.device)
+        tp, cp, cp_mode, pad, ulysses = (self.layout[k] for k in ("tp", "cp", "cp_mode", "pad", "ulysses"))
+        mesh = fake_mesh(tp=tp, cp=cp, device=self.device, ulysses=ulysses)
         measured = module if self.quantized is None else self.quantized
         prepared = prepare(measured, mesh, self.plan, cp_mode=cp_mode, pad=pad)
         self.report = _prepared_report(measured, prepared, quant=self.quant, **self.layout)
@@ -211,10 +215,12 @@ class _CheckShard:
         self.lengths = truncate_blocks(module, keep=1, skip=INDEXED_LISTS) if alike_blocks(module) else {}
 
 
-def _prepared_report(model, prepared, *, class_name, config, dtype, tp, cp, cp_mode, pad, quant) -> dict:
+def _prepared_report(model, prepared, *, class_name, config, dtype, tp, cp, cp_mode, pad, quant, ulysses) -> dict:
     """The layout figures of `prepared` on the unsharded `model`: what a rank holds, what stays whole, padding."""
     unpadded = prepared.padding.unpadded if prepared.padding is not None else prepared.resolved
-    report = _layout_report(model, unpadded, class_name, config, dtype, tp, cp, cp_mode, pad)
+    report = _layout_report(model, unpadded, class_name, config, dtype, tp, cp, cp_mode, pad, ulysses)
+    if cp > 1:
+        report["ulysses"], report["ring"] = prepared.parallelism.ulysses, prepared.parallelism.ring
     report["quant"] = quant
     report["padding"] = overhead(prepared.padding, model) if prepared.padding is not None else None
     return report
@@ -236,7 +242,7 @@ def _peak(class_name, plan, traced: _Traced, config, shape, options) -> dict:
         return {"error": str(exc)}
 
 
-def _layout_report(model, resolved: Resolved, class_name, config, dtype, tp, cp, cp_mode, pad) -> dict:
+def _layout_report(model, resolved: Resolved, class_name, config, dtype, tp, cp, cp_mode, pad, ulysses=None) -> dict:
     total = local_param_bytes(model)  # the model is not sharded yet: every parameter whole (quantized: data + scales)
     return {
         "model": class_name,
@@ -251,7 +257,7 @@ def _layout_report(model, resolved: Resolved, class_name, config, dtype, tp, cp,
         "ideal_bytes": total // tp,
         "cp_mode": cp_mode if cp > 1 else None,
         "pad": pad,
-        "candidates": supported_tp(model, resolved, cp, cp_mode, pad=pad),
+        "candidates": supported_tp(model, resolved, cp, cp_mode, pad=pad, ulysses=ulysses),
         "replicated": replicated_modules(model, resolved)[:TOP_REPLICATED],
     }
 
@@ -385,6 +391,7 @@ def check_pipeline(
     dtype: str = "bf16",
     pad: bool = False,
     whole_text_encoders: bool = False,
+    ulysses: int | None = None,
 ) -> dict:
     """The `dtp check PIPELINE` report: every component of a released pipeline at full size, sharded by
     `parallelize_pipeline` on rank 0 of a fake group of `cp * tp` ranks, or whole with the reason.
@@ -395,7 +402,7 @@ def check_pipeline(
     _check_degrees(tp, cp)
     released = released_pipeline(name)
     with fake_world(tp * cp):
-        mesh = make_mesh(tp=tp, cp=cp, device_type="cpu")
+        mesh = make_mesh(tp=tp, cp=cp, device_type="cpu", ulysses=ulysses)
         modules = build_pipeline(released, parse_dtype(dtype))
         rows = [
             _component_row(n, m, mesh, cp_mode=cp_mode, pad=pad, whole=whole_text_encoders and _is_text_encoder(n))

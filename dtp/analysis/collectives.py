@@ -65,7 +65,11 @@ class ScopedDispatchMode(TorchDispatchMode):
 
 
 # c10d's names of the collectives the functional ops name otherwise (the sharded forward calls the ProcessGroup).
-C10D_NAMES = {"allreduce": "all_reduce", "_allgather_base": "all_gather_into_tensor"}
+C10D_NAMES = {
+    "allreduce": "all_reduce",
+    "_allgather_base": "all_gather_into_tensor",
+    "alltoall_base": "all_to_all_single",
+}
 
 
 def collective_op(func) -> str | None:
@@ -99,7 +103,7 @@ class CollectiveCounter(ScopedDispatchMode):
         out = func(*args, **(kwargs or {}))
         op = collective_op(func)
         if op is not None:
-            self.records.append(Collective(op, _result_bytes(out), self.scope))
+            self.records.append(Collective(op, max(_result_bytes(out), _result_bytes(args[:1])), self.scope))
         return out
 
     def counts(self, scope: str | None = None) -> Counter:
@@ -121,7 +125,8 @@ def _let_flex_attention_through(mode_type: type) -> None:
 
 
 def _result_bytes(out) -> int:
-    # c10d ops return (tensors, work); functional ones return the result tensor.
+    # c10d ops return (tensors, work) or, like `alltoall_base_`, only the work (its output is then their first
+    # argument); functional ones return the result tensor.
     return sum(t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
 
 

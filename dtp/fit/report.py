@@ -126,3 +126,19 @@ def _component_order(name: str) -> tuple:
 def _colors(names: list[str]) -> dict[str, str]:
     text = iter(TEXT_COLORS * 3)
     return {n: COMPONENT_COLORS.get(n) or next(text) for n in names}
+
+
+def row_ulysses(row: dict) -> int:
+    """A row's Ulysses degree inside cp: its own "ulysses" where the row has one (USP rows), else its cp_mode's."""
+    if row.get("ulysses") is not None:
+        return row["ulysses"]
+    return row["cp"] if row["cp"] > 1 and row.get("cp_mode") == "ulysses" else 1
+
+
+def keep_ulysses(report: dict, ulysses: int) -> dict:
+    """`dtp fit --ulysses U`: the report with only the rows whose cp > 1 runs Ulysses degree U (U = 1: ring)."""
+    rows = [row for row in report["rows"] if row["cp"] > 1 and row["cp"] % ulysses == 0 and row_ulysses(row) == ulysses]
+    kept = dict(report, rows=rows)
+    if not rows:
+        kept["reason"] = f"no row with cp > 1 runs Ulysses degree {ulysses} (--ulysses {ulysses}); drop --ulysses"
+    return kept

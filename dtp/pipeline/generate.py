@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..runtime.cfg import CFG_ATTR
+from ..runtime.cfg import CFG_ATTR, check_predictions
 from ..runtime.compile import CompileWatch, is_compiled
 from ..runtime.memory import local_param_bytes
-from .request import Request, check_request, pipe_kwargs
+from .request import Request, call_parameters, check_request, pipe_kwargs
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,10 @@ def run_request(pipe, request: Request, *, on_step=None) -> Generation:
             prompt=request.prompt,
             generator=torch.Generator("cpu").manual_seed(request.seed),
             output_type="np",
-            callback_on_step_end=timer.end_step,
+            **timer.call_kwargs(),
             **pipe_kwargs(pipe, request),
         )
+    check_predictions(getattr(pipe, "transformer", None))  # the cfg step path: one read per generation
     outputs, video = pixels_of(out)
     report = None if watch is None else watch.report()
     return Generation(outputs=outputs, video=video, step_seconds=timer.seconds, compile=report)
@@ -110,13 +111,31 @@ class StepTimer:
         self._marks: list[tuple] = []  # (start, end) of each step
         self._start = None
         self._cuda = pipe.device.type == "cuda"
+        self._callback = True
+
+    def call_kwargs(self) -> dict:
+        """The pipeline's step callback when its `__call__` takes one; {} when it does not (HunyuanVideo 1.5):
+        then a step ends at the scheduler's `step` (`__enter__` wraps it)."""
+        return {"callback_on_step_end": self.end_step} if self._callback else {}
 
     def __enter__(self):
         self._hook = self.pipe.transformer.register_forward_pre_hook(self._begin)
+        self._callback = "callback_on_step_end" in call_parameters(self.pipe)
+        if not self._callback:
+            scheduler, step = self.pipe.scheduler, self.pipe.scheduler.step
+
+            def timed_step(*args, **kwargs):
+                result = step(*args, **kwargs)
+                self.end_step(self.pipe, self.steps, None, {})
+                return result
+
+            scheduler.step = timed_step  # an instance attribute over the class's method, removed on exit
         return self
 
     def __exit__(self, *exc):
         self._hook.remove()
+        if not self._callback:
+            del self.pipe.scheduler.step
         self.seconds = [_elapsed(start, end) for start, end in self._marks]
 
     def _mark(self):

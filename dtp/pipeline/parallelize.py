@@ -144,7 +144,7 @@ def parallelize_with(
     for name, ready in prepared.items():  # ... then the mutations
         apply(modules[name], ready)
     for name in denoisers:  # a planned one has it from `apply` already (idempotent)
-        install_cfg(modules[name], mesh)
+        install_cfg(modules[name], mesh, pipeline=pipe)
     for name, checked in vaes.items():
         if not isinstance(checked, str):
             install_vae(modules[name], checked, mesh)

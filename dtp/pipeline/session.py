@@ -2,6 +2,7 @@
 
     options = LoadOptions(model_dir=..., cp=2, quant="int8wo", loras={"style": "style.safetensors"})
     pipe = open_pipeline(options, device, distributed=True)   # under torchrun: sharded over every rank
+    pipe = open_pipeline(options, device, distributed=True, mesh=replica_mesh)   # over a given mesh
 
 Under torchrun the mesh is built from the degrees (tp = world size / (cp x cfg)); without it the pipeline
 is loaded whole in one process (the reference). LoRAs load under their names at `lora_scale` (a request may
@@ -18,7 +19,7 @@ import torch.distributed as dist
 from ..adapters import load_lora_weights
 from ..choices import DEFAULT_TIMEOUT_S
 from ..errors import PlanError
-from ..policy import parse_dtype
+from ..policy import parse_dtype, ulysses_degree
 from ..quant import config_for
 from ..runtime.launch import tp_degree
 from ..runtime.mesh import make_mesh
@@ -36,6 +37,8 @@ class LoadOptions:
     cp: int = 1
     cfg: int = 1
     cp_mode: str = "ulysses"
+    ulysses: int | None = None  # USP: the Ulysses degree inside cp (None: cp_mode's, `policy.ulysses_degree`)
+    allow_cross_node: bool = False  # accept tp / Ulysses groups spanning nodes (`runtime/nodes.py`)
     pad: bool = False
     dtype: str = "auto"  # auto: bfloat16 on accelerators, float32 on CPU
     quant: str | None = None  # a dtp.quant scheme for the transformer's Linears
@@ -72,16 +75,22 @@ def torch_dtype(name: str, device: torch.device) -> torch.dtype:
     return parse_dtype(name)
 
 
-def open_pipeline(options: LoadOptions, device: torch.device, *, distributed: bool):
-    """The pipeline of `options.model_dir`, sharded over the process group (`distributed`) or whole."""
+def open_pipeline(options: LoadOptions, device: torch.device, *, distributed: bool, mesh=None):
+    """The pipeline of `options.model_dir`, sharded over the process group (`distributed`) or whole.
+
+    `mesh`: shard over this mesh instead of one built from the degrees over the whole world (`dtp serve
+    --replicas`: this rank's replica, a slice of a larger mesh); it implies `distributed`."""
     dtype = torch_dtype(options.dtype, device)
     common = dict(torch_dtype=dtype, device=device, quantization_config=quant_config(options))
     common |= kernel_options(options)
+    distributed = distributed or mesh is not None
     if distributed:
-        tp = tp_degree(dist.get_world_size(), options.cp, options.cfg)
-        mesh = make_mesh(tp=tp, cp=options.cp, cfg=options.cfg, device_type=device.type)
+        if mesh is None:
+            mesh, cp_mode = pipeline_mesh(options, device)
+        else:
+            cp_mode = shard_mode(options)
         pipe = load_pipeline(
-            options.model_dir, mesh, plans=component_plans(options), cp_mode=options.cp_mode, pad=options.pad,
+            options.model_dir, mesh, plans=component_plans(options), cp_mode=cp_mode, pad=options.pad,
             fsdp=options.fsdp, **common,
         )  # fmt: skip
     else:
@@ -95,6 +104,25 @@ def open_pipeline(options: LoadOptions, device: torch.device, *, distributed: bo
 
         apply_cache(pipe, options.cache, options.cache_threshold, steps=options.cache_steps)
     return pipe
+
+
+def pipeline_mesh(options: LoadOptions, device: torch.device):
+    """(the mesh over the process group, the cp_mode to shard with): tp = world size / (cp x cfg); `ulysses`
+    U = cp is Ulysses, U = 1 ring, 1 < U < cp USP (`make_mesh(cp=C, ulysses=U)`), the mode its groups mean."""
+    tp = tp_degree(dist.get_world_size(), options.cp, options.cfg)
+    mesh = make_mesh(
+        tp=tp, cp=options.cp, cfg=options.cfg, device_type=device.type,
+        ulysses=ulysses_degree(options.cp, options.cp_mode, options.ulysses), allow_cross_node=options.allow_cross_node,
+    )  # fmt: skip
+    return mesh, shard_mode(options)
+
+
+def shard_mode(options: LoadOptions) -> str:
+    """The cp_mode a `--ulysses U` means: "ring" for U = 1, "ulysses" otherwise (USP's groups decide the rest);
+    `cp_mode` itself without --ulysses."""
+    if options.ulysses is None:
+        return options.cp_mode
+    return "ring" if ulysses_degree(options.cp, options.cp_mode, options.ulysses) == 1 else "ulysses"
 
 
 def kernel_options(options: LoadOptions) -> dict:

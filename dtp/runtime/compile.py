@@ -68,7 +68,7 @@ def compile_blocks(model: nn.Module, *, backend: str = DEFAULT_BACKEND, fullgrap
     """Compile the `forward` of each of `repeated_blocks(model)` in place (lazy: traced at its first call, one graph
     per block class reused by every instance); returns how many. Compiling a model twice is a no-op.
 
-    Every mesh axis traces: tp's and Ulysses' collectives and ring's K/V rotation are functional collectives
+    Every mesh axis traces: under compile tp's and Ulysses' collectives and ring's K/V rotation are functional ones
     (`runtime/cp/ring.py`: `permute_tensor`, no P2P), so `fullgraph=True` holds on tp, cp and cfg meshes alike.
     """
     if getattr(model, COMPILED_ATTR, None) is not None:

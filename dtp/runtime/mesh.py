@@ -52,7 +52,8 @@ def make_mesh(
     (ring, ulysses), Ulysses innermost (consecutive cp ranks, a node's), ring degree cp / ulysses; CP attention then
     runs Ulysses all-to-all inside each group of `ulysses` ranks and ring attention over the groups, whatever
     `cp_mode`. cp=4, ulysses=2, tp=1: Ulysses groups {0, 1}, {2, 3}; ring groups {0, 2}, {1, 3}. None, 1 or cp: the
-    plain mesh (`cp_mode` "ring" is ulysses=1, "ulysses" is ulysses=cp).
+    plain mesh (`cp_mode` "ring" is ulysses=1, "ulysses" is ulysses=cp); ulysses=cp also checks the `cp` groups as
+    Ulysses groups against the nodes (`dtp run` passes it for --cp-mode ulysses).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
@@ -73,7 +74,7 @@ def make_mesh(
     else:
         mesh = init_device_mesh(device_type, (cfg, cp, tp), mesh_dim_names=(CFG_AXIS, CP_AXIS, TP_AXIS))
     allow = INTRA_NODE_AXES if allow_cross_node is True else tuple(allow_cross_node or ())
-    check_mesh_nodes(mesh, allow)
+    check_mesh_nodes(mesh, allow, {ULYSSES_AXIS: CP_AXIS} if ulysses == cp else None)  # plain Ulysses: cp's groups
     if ulysses is not None and ulysses not in (1, cp):
         _usp_mesh(mesh, device_type, cfg, cp, tp, ulysses, allow)
     return mesh

@@ -45,13 +45,16 @@ def axis_groups(mesh, axis: str) -> list[list[int]]:
     return moved.reshape(-1, moved.shape[-1]).tolist()
 
 
-def check_axes_within_nodes(mesh, nodes: list[str], allow: tuple[str, ...] = ()) -> None:
+def check_axes_within_nodes(mesh, nodes: list[str], allow: tuple[str, ...] = (), held: dict | None = None) -> None:
     """PlanError when a group of an intra-node axis (tp, Ulysses) spans ranks of several nodes, unless its axis
-    is in `allow`."""
+    is in `allow`. held: {axis: the mesh axis holding it} (plain Ulysses, `make_mesh(cp=C, ulysses=C)`: the
+    Ulysses groups are the `cp` axis's: {"ulysses": "cp"})."""
+    held = held or {}
     for axis in INTRA_NODE_AXES:
-        if axis not in (mesh.mesh_dim_names or ()) or axis in allow or mesh[axis].size() == 1:
+        name = held.get(axis, axis)
+        if name not in (mesh.mesh_dim_names or ()) or axis in allow or mesh[name].size() == 1:
             continue
-        for group in axis_groups(mesh, axis):
+        for group in axis_groups(mesh, name):
             spanned = sorted({nodes[rank] for rank in group})
             if len(spanned) > 1:
                 per_node = max(sum(nodes[r] == node for r in range(len(nodes))) for node in spanned)
@@ -63,9 +66,9 @@ def check_axes_within_nodes(mesh, nodes: list[str], allow: tuple[str, ...] = ())
                 )
 
 
-def check_mesh_nodes(mesh, allow: tuple[str, ...] = ()) -> None:
+def check_mesh_nodes(mesh, allow: tuple[str, ...] = (), held: dict | None = None) -> None:
     """`check_axes_within_nodes` with the nodes read from the launch; skipped on one rank or torch's fake group
     (full-size analysis builds meshes of any size in one process)."""
     if dist.get_world_size() == 1 or dist.get_backend() == "fake":
         return
-    check_axes_within_nodes(mesh, rank_nodes(), allow)
+    check_axes_within_nodes(mesh, rank_nodes(), allow, held)

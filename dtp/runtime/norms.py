@@ -38,10 +38,13 @@ class ShardedRMSNorm(nn.Module):
         return self.tp.mesh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # On plain tensors: the per-row sums of squares are a fresh [..., 1] tensor, summed over tp in place.
-        squares = all_reduce(x.float().pow(2).sum(-1, keepdim=True), self.tp.group)
+        # On plain tensors: the per-row sums of squares are a fresh [..., 1] tensor, summed over tp in place, then
+        # turned into 1 / rms in place (no fresh tensor per op; no `float()` call on fp32: host time is what a small
+        # norm costs).
+        xf = x if x.dtype == torch.float32 else x.float()
+        squares = all_reduce(xf.pow(2).sum(-1, keepdim=True), self.tp.group)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
-        y = x * torch.rsqrt(squares / self.width + eps)
+        y = x * squares.div_(self.width).add_(eps).rsqrt_()
         if self.weight is None:
             return y.to(x.dtype)
         weight = local(self.weight)

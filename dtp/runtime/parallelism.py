@@ -30,8 +30,8 @@ from torch import nn
 
 from ..errors import PlanError
 from ..plan.transformers import is_transformers_model
-from ..policy import check_attention_backend, check_cp_mode, check_degree
-from .mesh import CP_AXIS, TP_AXIS, cfg_degree, cp_degree, make_mesh, non_tp_submesh, tp_submesh
+from ..policy import check_attention_backend, check_cp_mode, check_degree, ulysses_degree
+from .mesh import CP_AXIS, TP_AXIS, cfg_degree, cp_degree, make_mesh, non_tp_submesh, tp_submesh, usp_groups
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class Parallelism:
     tp, cp, cfg: the degrees; None reads them from an adopted mesh (1 when building one); a degree given with
         a mesh must equal the mesh's.
     fsdp: shard every weight over the non-tp axes of `root` as well (FSDP2, `runtime/fsdp.py`).
-    cp_mode: context-parallel attention, "ulysses" or "ring" (used when the `cp` axis is > 1).
+    cp_mode: context-parallel attention, "ulysses" or "ring" (used when the `cp` axis is > 1); a USP mesh
+        (`make_mesh(cp=C, ulysses=U)`, 1 < U < C) runs Ulysses x ring whatever it says (`ulysses`, `ring`).
     pad: zero-pad heads and widths the TP degree does not divide (exact).
     device: where slices (and then everything else) go; None leaves parameters where they are.
     attention_backend: the attention kernel (`choices.ATTENTION_BACKENDS`; None or "auto": the model's default),
@@ -76,7 +77,7 @@ class Parallelism:
             built = make_mesh(tp=self.tp or 1, cp=self.cp or 1, cfg=self.cfg or 1)
             object.__setattr__(self, "mesh", built)
         self._adopt(self.mesh)
-        ring = self.cp_mode if self.cp > 1 else None
+        ring = ("ring" if self.ring > 1 else "ulysses") if self.cp > 1 else None  # USP's blocks run ring's kernels
         object.__setattr__(self, "attention_backend", check_attention_backend(self.attention_backend, ring))
         if self.root is None:
             object.__setattr__(self, "root", self.mesh)
@@ -123,6 +124,20 @@ class Parallelism:
     def cp_mesh(self):
         """The `cp` axis (only when `cp` > 1)."""
         return self.mesh[CP_AXIS]
+
+    @property
+    def ulysses(self) -> int:
+        """The Ulysses degree inside `cp`: the USP side mesh's (`make_mesh(cp=C, ulysses=U)`), else `cp_mode`'s
+        (cp under "ulysses", 1 under "ring"). Heads must split over it; ring attention runs over cp / ulysses."""
+        if self.cp == 1:
+            return 1
+        usp = usp_groups(self.mesh)
+        return usp[1].size() if usp is not None else ulysses_degree(self.cp, self.cp_mode)
+
+    @property
+    def ring(self) -> int:
+        """The ring degree: cp / ulysses (1 under plain Ulysses, cp under plain ring)."""
+        return self.cp // self.ulysses
 
     @property
     def fsdp_degree(self) -> int:

@@ -1,15 +1,16 @@
 """OpenAI's image and video API bodies as dtp `Request`s: every field OpenAI's client sends is known here.
 
     body = read_body(raw, content_type)                     # JSON, or multipart/form-data as the client uploads
-    request, output = image_request(body, pipe, ...)        # /v1/images/generations and /v1/images/edits
+    request, output, stream = image_request(body, pipe, ...)    # /v1/images/generations and /v1/images/edits
     request = video_request(body, pipe, ...)                # /v1/videos
 
 Of OpenAI's image fields dtp ignores what does not apply (`user`, `safety_identifier`, `moderation`, `complexity`,
-`input_fidelity`, `partial_images`, `background` "auto" / "opaque": every image is opaque), accepts `quality`
+`input_fidelity`, `partial_images` 0, `background` "auto" / "opaque": every image is opaque), accepts `quality`
 without changing the generation (the step count is `num_inference_steps`), honours `output_format` png / jpeg /
-webp with `output_compression`, and refuses with a PlanError (a 400) naming the value what it cannot honour:
-`style`, `background` "transparent", `response_format` "url", gif / svg output and their fields, `mask`,
-`markup`, `stream`. A multipart form carries strings: numbers and `lora[NAME]` weights are read from them.
+webp with `output_compression` and `stream` (server-sent events of the step progress, `sse`), and refuses with a
+PlanError (a 400) naming the value what it cannot honour: `style`, `background` "transparent", `response_format`
+"url", gif / svg output and their fields, `mask`, `markup`, `partial_images` above 0 with `stream`. A multipart
+form carries strings: numbers and `lora[NAME]` weights are read from them.
 """
 
 from __future__ import annotations
@@ -116,11 +117,18 @@ def _openai_fields(body: dict) -> tuple[dict, dict]:
     background = body.pop("background", None)
     if background not in (None, "auto", "opaque"):
         raise PlanError(f"background {background!r}: dtp makes opaque images only; use 'opaque' or 'auto'.")
-    if body.pop("stream", None):
-        raise PlanError("stream true: dtp answers when the generation ends; leave stream out (or use /v1/videos).")
+    stream = body.pop("stream", None)
+    if stream not in (None, True, False):
+        raise PlanError(f"stream {stream!r}: true or false.")
+    taken["stream"] = bool(stream)
     partial = body.pop("partial_images", None)
     if partial is not None and (isinstance(partial, bool) or not isinstance(partial, int) or not 0 <= partial <= 3):
         raise PlanError(f"partial_images {partial!r}: an integer from 0 to 3 (dtp sends none).")
+    if stream and partial:
+        raise PlanError(
+            f"partial_images {partial}: dtp streams the step progress, not partial images (each would cost a VAE "
+            "decode on every rank in the middle of the generation); use 0 or leave it out."
+        )
     response_format = body.pop("response_format", None)
     if response_format not in (None, "b64_json"):
         raise PlanError(f"response_format {response_format!r}: this server answers b64_json only (it keeps no files).")
@@ -193,7 +201,8 @@ def _as_base64_image(value, name: str) -> str:
 
 
 def image_request(body: dict, pipe, served: Served, *, edit: bool = False):
-    """(the checked Request, its Output) of an images body; PlanError (a 400) for anything wrong with it."""
+    """(the checked Request, its Output, whether it streams) of an images body; PlanError (a 400) for anything
+    wrong with it."""
     body, taken = _openai_fields(body)
     _check_model(taken, served)
     if edit:
@@ -208,7 +217,10 @@ def image_request(body: dict, pipe, served: Served, *, edit: bool = False):
         body["image"] = _as_base64_image(body["image"], "image")
     request, _ = request_from_json(body, HTTP_FIELDS, load_image=decode_image_base64)
     request = _finish(request, pipe, served)
-    return request, _output(taken, makes_video(pipe))
+    video = makes_video(pipe)
+    if taken["stream"] and video:
+        raise PlanError("stream true: a video is not streamed; POST /v1/videos and poll its progress instead.")
+    return request, _output(taken, video), taken["stream"]
 
 
 def video_request(body: dict, pipe, served: Served):
@@ -225,6 +237,8 @@ def video_request(body: dict, pipe, served: Served):
         body["image"] = _as_base64_image(reference, "input_reference")
     body, taken = _openai_fields(body)
     _check_model(taken, served)
+    if taken["stream"]:
+        raise PlanError("stream true: a video job is not streamed; poll GET /v1/videos/{id} for its progress.")
     if taken.get("output_format") not in (None, "mp4"):
         raise PlanError(f"output_format {taken['output_format']!r}: a video job answers an mp4.")
     if seconds is not None:

@@ -8,6 +8,8 @@
                                        num_inference_steps, negative_prompt, guidance_scale, true_cfg_scale,
                                        image (base64), num_frames, fps, lora {name: weight}
                                        -> {"created", "data": [{"b64_json"}], "output_format": "png" | ... | "mp4"}
+                                       `stream: true`: text/event-stream, an event per step then the
+                                       image (`sse`)
     POST   /v1/images/edits            the same as a multipart form with the image as a file (OpenAI's images.edit)
     POST   /v1/videos                  OpenAI's video job (JSON or multipart): answered at once, status "queued"
     GET    /v1/videos                  the jobs, OpenAI's cursor page (after, limit, order)
@@ -39,6 +41,7 @@ from ..pipeline.request import makes_video
 from .api import Served, image_request, read_body, video_request
 from .jobs import JobFailed, JobQueue, Output, Progress
 from .metrics import Metrics
+from .sse import stream_job
 from .store import JobStore
 
 LOADING = "the model is still loading; GET /health says when it is ready."
@@ -79,9 +82,12 @@ def build_app(
             return error(503, LOADING)
         try:
             body = read_body(await http.body(), http.headers.get("content-type", ""))
-            request, output = image_request(body, loaded["pipe"], served, edit=edit)
+            request, output, stream = image_request(body, loaded["pipe"], served, edit=edit)
         except PlanError as exc:
             return error(400, str(exc))
+        if stream:  # server-sent events: each step, then the image (`sse`)
+            response = stream_job(jobs, request, output, prefix="image_edit" if edit else "image_generation")
+            return error(503, "the queue is full; retry later.") if response is None else response
         job = jobs.put(request, output=output)
         if job is None:
             return error(503, "the queue is full; retry later.")

@@ -63,6 +63,9 @@ class Job:
     record: str | None = None  # the job store's id ("video_..."): a job of the video API
     on_start: Callable[[], None] | None = None  # rank 0 calls it as the ranks start the job (the store: in progress)
     on_interrupt: Callable[[str], None] | None = None  # rank 0 calls it when a rank died in the job: the reason
+    # rank 0 calls it after each denoising step: (step, steps or None); a streamed request (`sse`). Such a job runs
+    # on replica 0 (the others report no steps back)
+    on_step: Callable[[int, int | None], None] | None = None
     cancelled: bool = False
     queued_at: float = field(default_factory=time.monotonic)
 
@@ -108,25 +111,27 @@ class JobQueue:
         batch = self.get_batch(timeout)
         return batch[0] if batch else None
 
-    def get_batch(self, timeout: float, *, size: int = 1, wait_s: float = 0.0, key=None) -> list[Job]:
+    def get_batch(self, timeout: float, *, size: int = 1, wait_s: float = 0.0, key=None, only=None) -> list[Job]:
         """The next job not cancelled (none after `timeout` seconds) and, up to `size` in all, the waiting jobs whose
-        `key(request)` equals its key (not None), waiting up to `wait_s` for more."""
+        `key(request)` equals its key (not None), waiting up to `wait_s` for more. `only(job)`: take only such jobs
+        (a replica other than 0 leaves the streamed ones)."""
         deadline = time.monotonic() + timeout
+        wanted = only or (lambda job: True)
         with self._ready:
-            first = self._pop(lambda job: True)
+            first = self._pop(wanted)
             while first is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
                 self._ready.wait(remaining)
-                first = self._pop(lambda job: True)
+                first = self._pop(wanted)
             batch = [first]
             shape = key(first.request) if key is not None and size > 1 else None
             if shape is None:
                 return batch
             deadline = time.monotonic() + wait_s
             while len(batch) < size:
-                same = self._pop(lambda job: key(job.request) == shape)
+                same = self._pop(lambda job: wanted(job) and key(job.request) == shape)
                 if same is not None:
                     batch.append(same)
                 elif not self._ready.wait(max(0.0, deadline - time.monotonic())):

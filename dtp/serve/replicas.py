@@ -7,6 +7,7 @@
     Relay (a leader)     the leader's job source for its Lockstep loop: the batches the Router sent, replied to once
                          answered
 
+A streamed image request (`sse`: an event per denoising step) runs on replica 0 only, whose steps rank 0 sees.
 Replica k holds ranks k * size ... (k + 1) * size - 1; its first rank is its leader, which runs the lockstep loop
 of its replica as rank 0 does for replica 0 (broadcast within the replica's gloo group, agree, log). Routing is by
 pulling: replica 0's loop and each Router thread take the next batch only when their replica has nothing running, so
@@ -127,7 +128,9 @@ class Router:
 
     def _feed(self, state: ReplicaState) -> None:
         while True:
-            batch = self.jobs.get_batch(TAKE_S, size=self.max_batch, wait_s=self.batch_wait_s, key=batch_key)
+            batch = self.jobs.get_batch(
+                TAKE_S, size=self.max_batch, wait_s=self.batch_wait_s, key=batch_key, only=_reports_no_steps
+            )
             with self._lock:
                 if self._stopped:
                     for job in batch:
@@ -167,6 +170,11 @@ class Router:
                 job.future.set_exception(JobFailed(answer))
             else:
                 job.future.set_result(answer)
+
+
+def _reports_no_steps(job: Job) -> bool:
+    """A job a replica other than 0 may run: its steps are not reported back, so a streamed one runs on replica 0."""
+    return job.on_step is None
 
 
 class StepRecorder:

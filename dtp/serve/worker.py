@@ -173,6 +173,11 @@ class Lockstep:
         self.progress.step = step
         if self.progress.steps is None:  # the pipeline's default step count, known once it runs
             self.progress.steps = getattr(self.pipe, "_num_timesteps", None)
+        for job in self._batch:  # rank 0: a streamed request's event (`sse`)
+            if job.on_step is not None:
+                # a client's event must never fail the step: rank 0 alone raising would leave the others in a collective
+                with contextlib.suppress(Exception):
+                    job.on_step(step, self.progress.steps)
 
     def _agree(self, outcome: str | None) -> list:
         if self.world == 1:

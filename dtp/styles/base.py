@@ -100,7 +100,7 @@ class Style(metaclass=_StyleMeta):
 
     @property
     def splits_bias(self) -> bool:
-        """Colwise biases follow the output features; rowwise biases are added once, after the reduce."""
+        """Colwise biases follow the output features; rowwise biases are added once (by tp rank 0)."""
         return self.shard_dim == 0
 
     @property

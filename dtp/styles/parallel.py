@@ -5,7 +5,7 @@ Each style implements `ParallelStyle._apply(module, mesh)`: it cuts the paramete
 issuing its collective itself (`collectives.py`). The math is torch's Colwise/RowwiseParallel's:
 
     colwise  y_r = x W_r^T + b_r             (W split by output rows, bias with them; y stays sharded)
-    rowwise  y   = sum_r x_r W_r^T + b       (W split by input columns; one all-reduce; b added once, after it)
+    rowwise  y   = sum_r x_r W_r^T + b       (W split by input columns; one all-reduce; b added once, by rank 0)
     gathered y   = all_gather_r(x W_r^T + b_r)   (colwise, then the full feature order on every rank)
 
 Why a forward replacement and not hooks around DTensor math: each Linear call then costs one Python call more than
@@ -125,10 +125,13 @@ class LinearStyle(ParallelStyle):
     def run(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The Linear's forward on this rank's tensors (see the module docstring); a weight quantized after
         sharding (`dtp.quantize`: torchao's subclass around DTensors) goes through DTensor math instead."""
-        weight = module.weight
+        weight, bias = module._parameters["weight"], module._parameters["bias"]  # what `module.weight` returns
         if not isinstance(weight, DTensor):
-            return self._output(module, F.linear(self._input(module, (x,), self.tp.mesh)[0], weight, module.bias))
-        return self.compute(x, local(weight), local(module.bias))
+            return self._output(module, F.linear(self._input(module, (x,), self.tp.mesh)[0], weight, bias))
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return self.compute(x, weight.to_local(), local(bias))
+        # `collectives.local` inlined (each Linear of a forward pays this path; every parameter here is a DTensor)
+        return self.compute(x, weight._local_tensor, None if bias is None else bias._local_tensor)
 
     def compute(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, weight, bias)
@@ -166,15 +169,15 @@ class Colwise(LinearStyle):
 
 
 class Rowwise(LinearStyle):
-    """rowwise / packed_rowwise: input sharded on its last dim; the partial sums are all-reduced, then the
-    (replicated) bias is added once. Adding it on every rank before the reduce would count it tp times."""
+    """rowwise / packed_rowwise: input sharded on its last dim; the partial sums are all-reduced, the (replicated)
+    bias added once: by tp rank 0 to its partial sum, in its matmul (vLLM's `RowParallelLinear` does the same), so
+    no op is added for it. Adding it on every rank before the reduce would count it tp times."""
 
     input_placement = Shard(-1)
     output_placement = Replicate()
 
     def compute(self, x, weight, bias):
-        y = all_reduce(F.linear(x, weight), self.tp.group)
-        return y if bias is None else y + bias
+        return all_reduce(F.linear(x, weight, bias if self.tp.rank == 0 else None), self.tp.group)
 
 
 class GatheredColwise(LinearStyle):

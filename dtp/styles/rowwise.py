@@ -1,4 +1,4 @@
-"""rowwise and packed_rowwise: W columns (input features) split; one all-reduce; the bias added once, after it.
+"""rowwise and packed_rowwise: W columns (input features) split; one all-reduce; the bias added once (rank 0's matmul).
 
     y = sum_r x_r W_r^T + b
 

@@ -42,6 +42,7 @@ def _pipeline_or_model(args) -> dict:
             dtype=args.dtype,
             pad=args.pad,
             whole_text_encoders=args.whole_text_encoders,
+            ulysses=args.ulysses,
         )
         if not (args.fsdp and args.cfg > 1):  # with --fsdp, --cfg is an axis the weights are divided over
             add_cfg(report, args.cfg)  # refuses cfg > 1: the exchange needs one model's measured output
@@ -66,6 +67,7 @@ def _pipeline_or_model(args) -> dict:
         peak=args.peak,
         kernels=args.kernels,
         attention=args.attention_backend,
+        ulysses=args.ulysses,
     )
 
 
@@ -119,6 +121,12 @@ def _axis_line(r: dict) -> str:
     return f"cp={r['cp']}: weights are replicated along cp, so the memory figures are per tp group."
 
 
+def _cp_label(r: dict) -> str:
+    """ "ulysses", "ring", or USP's "ulysses 2 x ring 2"."""
+    ulysses, ring = r.get("ulysses"), r.get("ring")
+    return f"ulysses {ulysses} x ring {ring}" if ulysses and ring and ulysses > 1 and ring > 1 else r["cp_mode"]
+
+
 def format_report(r: dict) -> str:
     lines = [
         f"dtp check: {r['model']}, plan {r['plan']}, tp={r['tp']} cp={r['cp']} "
@@ -131,7 +139,7 @@ def format_report(r: dict) -> str:
         f"  ideal total/tp       {'':12} {_gb(r['ideal_bytes'])}",
         f"  ratio per-rank/ideal {r['ratio']:10.3f}",
         f"  supported tp         {_degrees(r['candidates'])}"
-        + (f" (with cp={r['cp']}, {r['cp_mode']})" if r["cp"] > 1 else "")
+        + (f" (with cp={r['cp']}, {_cp_label(r)})" if r["cp"] > 1 else "")
         + (" (pad=True)" if r["pad"] else ""),
     ]
     if r.get("padding"):

@@ -105,6 +105,13 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
         "--cp", type=int, default=1, help="context-parallel degree under torchrun: tp = world size / cp (default 1)"
     )
     p.add_argument("--cp-mode", choices=CP_MODES, default="ulysses", help="CP attention (default ulysses)")
+    add_ulysses(p)
+    p.add_argument(
+        "--allow-cross-node",
+        action="store_true",
+        help="accept tp or Ulysses groups that span nodes (default: refused with the axis named, as their traffic "
+        "is on every layer's critical path)",
+    )
     p.add_argument(
         "--cfg",
         type=int,
@@ -115,6 +122,19 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pad", action="store_true", help="zero-pad heads and widths tp does not divide (exact)")
     _add_kernel_options(p)
     _add_weight_options(p)
+
+
+def add_ulysses(p: argparse.ArgumentParser) -> None:
+    """`--ulysses U` (run, serve, check, fit): the Ulysses degree inside --cp (USP)."""
+    p.add_argument(
+        "--ulysses",
+        type=int,
+        default=None,
+        metavar="U",
+        help="USP: Ulysses all-to-all inside groups of U consecutive cp ranks, ring attention over the cp / U groups "
+        "(U divides --cp; heads / tp need only divide U, so cp may exceed the head count). U = cp is --cp-mode "
+        "ulysses, U = 1 ring (default: --cp-mode's)",
+    )
 
 
 def _add_kernel_options(p: argparse.ArgumentParser) -> None:
@@ -312,6 +332,7 @@ def _check(p: argparse.ArgumentParser) -> None:
         default="ulysses",
         help="context-parallel attention whose head constraint applies with --cp > 1 (default ulysses)",
     )
+    add_ulysses(p)
     p.add_argument(
         "--pad",
         action="store_true",
@@ -443,6 +464,7 @@ def _fit(p: argparse.ArgumentParser) -> None:
         help="cost the rows as `dtp run --compile` runs them (default: eager, x1.46 compute as measured on an H200)",
     )
     add_attention_backend(p)
+    add_ulysses(p)
 
 
 def _demo_module():

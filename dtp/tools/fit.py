@@ -9,7 +9,7 @@ import sys
 from ..choices import FIT_TABLE_ROWS
 from ..errors import PlanError
 from ..fit import fit
-from ..fit.report import format_table, plot
+from ..fit.report import format_table, keep_ulysses, plot
 
 TABLE_ROWS = FIT_TABLE_ROWS  # rows printed without --all
 
@@ -47,6 +47,8 @@ def run(args) -> int:
     except PlanError as exc:
         print(json.dumps({"error": str(exc)}) if args.json else f"dtp fit: {exc}", file=sys.stderr)
         return 1
+    if args.ulysses is not None:
+        report = keep_ulysses(report, args.ulysses)
     if args.plot:
         plot(report, args.plot)
     print(json.dumps(report, indent=1) if args.json else format_table(report, None if args.all else TABLE_ROWS))

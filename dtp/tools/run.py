@@ -81,6 +81,8 @@ def load_options(args) -> LoadOptions:
         cp=args.cp,
         cfg=args.cfg,
         cp_mode=args.cp_mode,
+        ulysses=args.ulysses,
+        allow_cross_node=args.allow_cross_node,
         pad=args.pad,
         dtype=args.dtype,
         quant=args.quant,

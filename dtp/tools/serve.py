@@ -65,11 +65,10 @@ def run(args) -> int:
     if distributed:
         _join_this_attempt(args.timeout)
     device = init_distributed(args.timeout) if distributed else local_device(default_device_type())
-    if replicas == 1:
-        pipe = open_pipeline(options, device, distributed=distributed)
-    else:
+    mesh = None  # the whole world's, from the degrees
+    if replicas > 1:
         mesh = replica_mesh(device.type, replicas, cfg=options.cfg, cp=options.cp, tp=tp)
-        pipe = _open_replica(options, device, mesh)
+    pipe = open_pipeline(options, device, distributed=distributed, mesh=mesh)
     group = dist.new_group(backend="gloo") if distributed else None  # objects travel over gloo, also beside NCCL
     everyone = group
     if replicas > 1:
@@ -118,6 +117,11 @@ def _check_serve_options(args, options, distributed: bool) -> tuple[int, int]:
         raise PlanError(f"--max-batch {args.max_batch} / --batch-wait-ms {args.batch_wait_ms}: at least 1 / 0.")
     if args.replicas != 1 and not distributed:
         raise PlanError(f"--replicas {args.replicas}: replicas split torchrun's ranks; launch with torchrun.")
+    if args.replicas > 1 and options.ulysses not in (None, 1, options.cp):
+        raise PlanError(
+            f"--replicas {args.replicas} with --ulysses {options.ulysses}: a replica's mesh is a plain cp axis; serve "
+            f"USP without --replicas, or give each replica plain Ulysses (--ulysses {options.cp}) or ring (1)."
+        )
     if not distributed:
         return 1, 1
     return layout(int(os.environ["WORLD_SIZE"]), args.replicas, options.cp, options.cfg)
@@ -163,26 +167,6 @@ def _replica_roles(rank: int, replica: int, replicas: int, jobs: JobQueue, stopp
     recorder = StepRecorder()
     batching["metrics"] = recorder
     return Relay(relays, replica, stopping, recorder), None
-
-
-def _open_replica(options, device, mesh):
-    """`open_pipeline`'s sharded load over `mesh`, this rank's replica (`--replicas`), not the whole world."""
-    from ..pipeline import session
-
-    dtype = session.torch_dtype(options.dtype, device)
-    common = dict(torch_dtype=dtype, device=device, quantization_config=session.quant_config(options))
-    pipe = session.load_pipeline(
-        options.model_dir, mesh, plans=session.component_plans(options), cp_mode=options.cp_mode, pad=options.pad,
-        fsdp=options.fsdp, **common, **session.kernel_options(options),
-    )  # fmt: skip
-    session.add_loras(pipe, options.loras, options.lora_scale, sharded=True)
-    if options.offload_text_encoders:
-        session.offload_text_encoders(pipe)
-    if options.cache is not None:
-        from ..cache import apply_cache
-
-        apply_cache(pipe, options.cache, options.cache_threshold, steps=options.cache_steps)
-    return pipe
 
 
 def _peers(lockstep: Lockstep, distributed: bool, replica: int | None):

@@ -4,12 +4,15 @@ max |ref|: 16 image + 8 text tokens, and 15 + 7 (padded: the pad keys' mask trav
 `cp_mode`s run USP on such a mesh (measured 4.0e-7, 4.1e-7). Negative controls (padded case): the ring merging a
 Ulysses group's key masks in the wrong order (each group's two blocks swapped: rank 3's pad keys land on rank 2's;
 3.8e-2), and a group's heads taken from the wrong rank on the way back (the head groups rolled by one; 0.45).
+In the same group: Wan with 9 video tokens (padded; 2.2e-7) and Qwen-Image 2.1 refused (block-causal: Ulysses only);
+the other models, fsdp and compile under USP: `test_cp_usp_models.py` (DTP_FULL=1).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from usp_cases import WAN, block_causal_refusal, run_case
 
 import dtp
 import dtp.runtime.cp.attention as attention_module
@@ -86,6 +89,8 @@ def _run(rank: int, world: int) -> dict:
         results["indivisible"] = None
     except dtp.PlanError as error:
         results["indivisible"] = str(error)
+    results["wan_odd"] = run_case(mesh, "wan_odd", WAN, {})  # the other models: test_cp_usp_models.py (full)
+    results["qwen21"] = block_causal_refusal(mesh)
     return results
 
 
@@ -110,6 +115,22 @@ def test_usp_controls_fail(runs, control):
     for results in runs:
         print(f"{control}: {results[control]:.2e} vs one process")
         assert results[control] > 100 * TOL, (control, results[control])
+
+
+def test_usp_padded_wan(runs):
+    """Wan with 9 video tokens (padded to 12; rank 3 holds pad only) under ring 2 x ulysses 2: exact."""
+    for results in runs:
+        found = results["wan_odd"]
+        print(f"Wan 9 tokens: {found['error']:.2e} vs one process, {found['blocks']} ring blocks")
+        assert found["error"] <= TOL and found["blocks"] > 0, found
+
+
+def test_block_causal_model_refuses_usp(runs):
+    """Qwen-Image 2.1 takes Ulysses only (`ring_refused`): a ring degree of 2 is a PlanError, the model untouched."""
+    for results in runs:
+        assert results["qwen21"] is not None
+        message, unchanged = results["qwen21"]
+        assert "ring attention cannot run this model" in message and unchanged, message
 
 
 def test_ulysses_must_divide_cp(runs):

@@ -15,7 +15,6 @@ too. Qwen-Image-Edit has no case: see `dtp.testing.conditioned_pipelines`.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
@@ -28,10 +27,8 @@ from dtp.testing.conditioned_pipelines import (
     tiny_wan_i2v_pipeline,
     tiny_wan_video_pipeline,
 )
-from dtp.testing.serving import LAUNCHER, quiet_env
-from dtp.tools.cli import main
+from dtp.testing.run_cli import assert_close, generate
 
-MEAN_BOUND, MAX_BOUND = 1e-6, 1e-4
 FRAMES = 5
 BUILDERS = {
     "wan": tiny_wan_video_pipeline,
@@ -81,30 +78,10 @@ def _args(saved, kind: str) -> list[str]:
     return [*model, "--image", str(saved / "in32.png"), *KONTEXT]
 
 
-def _torchrun(argv: list[str]) -> subprocess.CompletedProcess:
-    command = [*LAUNCHER, "--standalone", "--nproc-per-node=2", "-m", "dtp", "run", *argv]
-    return subprocess.run(command, env=quiet_env(), capture_output=True, text=True, timeout=600)
-
-
 def _generate(saved, kind: str, out, *, mesh: list[str] | None, extra=()) -> str:
     """`dtp run` of `kind` writing under `out`: in this process (mesh None) or under torchrun; returns its stderr."""
-    out.mkdir(exist_ok=True)
     suffix = "png" if kind in IMAGE_KINDS else "mp4"
-    argv = [*_args(saved, kind), "--dtype", "fp32", "--output", str(out / f"out.{suffix}")]
-    argv += ["--save-pixels", str(out / "pixels.npy"), *extra]
-    argv += [] if "--prompts" in extra else ["--prompt", "a cat"]
-    if mesh is None:
-        assert main(["run", *argv]) in (0, 1)
-        return ""
-    done = _torchrun([*argv, *mesh])
-    assert done.returncode in (0, 1), done.stderr[-3000:]
-    return done.stderr
-
-
-def _assert_close(pixels: np.ndarray, reference: np.ndarray) -> None:
-    assert pixels.shape == reference.shape
-    diff = np.abs(pixels.astype(np.float64) - reference)
-    assert diff.mean() <= MEAN_BOUND and diff.max() <= MAX_BOUND, (diff.mean(), diff.max())
+    return generate(_args(saved, kind), out, suffix=suffix, mesh=mesh, extra=extra)
 
 
 @pytest.mark.parametrize(
@@ -121,7 +98,7 @@ def test_two_ranks_draw_the_one_process_pixels(saved, tmp_path, kind, mesh):
     _generate(saved, kind, tmp_path / "ref", mesh=None)
     _generate(saved, kind, tmp_path / "two", mesh=mesh)
     reference, pixels = (np.load(tmp_path / run / "pixels.npy") for run in ("ref", "two"))
-    _assert_close(pixels, reference)
+    assert_close(pixels, reference)
     if kind in IMAGE_KINDS:
         assert reference.shape == (32, 32, 3)
     else:
@@ -147,6 +124,4 @@ def test_prompts_file_loads_once_and_skips_a_bad_line(saved, tmp_path):
         assert read_video(tmp_path / run / "out-3.mp4").shape == (FRAMES, 16, 16, 3)
         assert not (tmp_path / run / "out-2.mp4").exists()
     for line in (1, 3):
-        _assert_close(
-            np.load(tmp_path / "two" / f"pixels-{line}.npy"), np.load(tmp_path / "ref" / f"pixels-{line}.npy")
-        )
+        assert_close(np.load(tmp_path / "two" / f"pixels-{line}.npy"), np.load(tmp_path / "ref" / f"pixels-{line}.npy"))

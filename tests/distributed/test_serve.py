@@ -36,7 +36,7 @@ FAULT = Path(__file__).resolve().parent / "serve_fault.py"
 SIZE, FAIL_SIZE, STEPS = 32, 48, 2
 SIZES = (SIZE, 16)  # mixed sizes: two batch keys
 REQUESTS = [{"prompt": f"a cat number {i % 3}", "seed": i, "size": f"{SIZES[i % 2]}x{SIZES[i % 2]}",
-             "num_inference_steps": STEPS} for i in range(10)]  # fmt: skip
+             "num_inference_steps": STEPS} for i in range(16)]  # fmt: skip
 BATCH = ("--max-batch", "4", "--batch-wait-ms", "300")
 ONE_LEVEL = 1 / 255
 
@@ -85,11 +85,12 @@ def test_health_and_models(server):
     assert [(m["kind"], m["loras"]) for m in models] == [("image", ["style"])]
 
 
-def test_ten_requests_from_eight_threads_batched_equal_dtp_run(server, checkpoint):
-    """All 200; each PNG equals the one-process `dtp run` of its prompt and seed (the LoRA at its loaded weight),
-    though the server (--max-batch 4) ran them in batches of one size, as its log shows."""
+def test_sixteen_clients_batched_equal_dtp_run(server, checkpoint):
+    """16 concurrent clients, two sizes: all 200; each PNG equals the one-process `dtp run` of its prompt and seed
+    (the LoRA at its loaded weight), though the server (--max-batch 4) ran them in batches of one size, as its log
+    shows."""
     client = server.client
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(len(REQUESTS)) as pool:
         answers = list(pool.map(lambda body: client.post("/v1/images/generations", json=body), REQUESTS))
     assert [a.status_code for a in answers] == [200] * len(REQUESTS), [a.text[:200] for a in answers]
     _, lora, _ = checkpoint
@@ -163,7 +164,6 @@ REFUSED = {
     "svg": ({"model": "x"}, "svg"),
     "frame_count": (4, "frame_count 4"),
     "frame_duration_ms": (100, "frame_duration_ms 100"),
-    "stream": (True, "stream"),
     "quality": ("ultra", "'ultra'"),
     "model": ("dall-e-3", "'dall-e-3'"),
 }
@@ -209,6 +209,39 @@ def test_openai_client_each_accepted_value(server):
         for value in values:
             answer = client.images.generate(**PLAIN, **{name: value}, extra_body=EXTRA)
             assert np.abs(_pixels(answer.data[0].b64_json) - reference).max() == 0, (name, value)
+
+
+def test_openai_client_streams_each_step_then_the_image(server):
+    """images.generate(stream=True) with the official client: one progress event per denoising step, exactly (1 ...
+    steps: 2 steps give 2 events, 3 give 3), then the completed event with the non-streamed image; the answer is
+    text/event-stream; partial_images > 0 a 400 naming it; a generation that fails on rank 1 an error event (the
+    client raises)."""
+    client = _openai(server)
+    reference = client.images.generate(**PLAIN, extra_body=EXTRA).data[0].b64_json
+    for steps in (STEPS + 1, STEPS):
+        events = list(client.images.generate(**PLAIN, stream=True, extra_body={**EXTRA, "num_inference_steps": steps}))
+        kinds = [event.type for event in events]
+        assert kinds == ["image_generation.progress"] * steps + ["image_generation.completed"], kinds
+        assert [(event.step, event.steps) for event in events[:-1]] == [(k, steps) for k in range(1, steps + 1)]
+    completed = events[-1]  # of STEPS steps, as the reference
+    assert (completed.output_format, completed.size) == ("png", PLAIN["size"])
+    assert np.abs(_pixels(completed.b64_json) - _pixels(reference)).max() == 0
+    with ThreadPoolExecutor(2) as pool:  # a streamed request in a batch with a plain one (the log says batch of 2)
+        batches = server.log.read_text().count("batch of 2")
+        plain = pool.submit(client.images.generate, **PLAIN, extra_body={**EXTRA, "seed": 7})
+        events = list(client.images.generate(**PLAIN, stream=True, extra_body=EXTRA))
+    assert [event.type for event in events].count("image_generation.progress") == STEPS
+    assert np.abs(_pixels(events[-1].b64_json) - _pixels(reference)).max() <= ONE_LEVEL + 1e-9
+    assert plain.result().data[0].b64_json and server.log.read_text().count("batch of 2") == batches + 1
+    with server.client.stream("POST", "/v1/images/generations", json={**PLAIN, **EXTRA, "stream": True}) as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in answer.iter_lines() if line.startswith("event: ")]
+    assert lines == ["event: image_generation.progress"] * STEPS + ["event: image_generation.completed"], lines
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.images.generate(**PLAIN, stream=True, partial_images=2, extra_body=EXTRA)
+    assert "partial_images 2" in refused.value.body["message"]
+    with pytest.raises(openai.APIError, match="rank 1: RuntimeError: planted failure"):
+        list(client.images.generate(**{**PLAIN, "size": f"{FAIL_SIZE}x{FAIL_SIZE}"}, stream=True, extra_body=EXTRA))
 
 
 def _png(pixels: np.ndarray) -> str:

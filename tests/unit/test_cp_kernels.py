@@ -1,7 +1,8 @@
 """Ring blocks in fused kernels, proven without a GPU: which aten op each ring step runs on fake CUDA bf16 tensors
 (a fake process group, a recording dispatch mode), the CPU fused path against the fp32 reference, Ulysses' collective
 counts on a fake process group, and the negative controls (the recorder sees fp32 matmuls when they run; a merge
-with the wrong block's LSE; an efficient-kernel LSE left padded; the mask cache off)."""
+with the wrong block's LSE; an efficient-kernel LSE left padded; the mask cache off; a rotation waited for before
+its block)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import dtp
 import dtp.runtime.cp.kernels as kernels_module
+import dtp.runtime.cp.ring as ring_module
 from dtp.analysis.collectives import CollectiveCounter
 from dtp.analysis.fakepg import fake_world
-from dtp.runtime.cp.kernels import CPU_FLASH_KERNEL, REFERENCE, block_kernel
+from dtp.runtime.cp.kernels import CPU_FLASH_KERNEL, REFERENCE, BlockKernel, block_kernel
 from dtp.runtime.cp.masks import ForwardMasks, split_mask
 from dtp.runtime.cp.ring import merge, ring_attention
+from dtp.styles.collectives import send_to_next, wait_for
 from dtp.testing.fake_cuda import AtenIndexing, fake_cuda_like
 from dtp.testing.tiny import tiny_inputs, tiny_model
 
@@ -30,6 +33,7 @@ FUSED_OPS = {
     "efficient": "aten._scaled_dot_product_efficient_attention.default",
     "cudnn": "aten._scaled_dot_product_cudnn_attention.default",
 }
+ROTATION = "c10d.alltoall_base_.default"  # one K/V rotation in eager: the ProcessGroup's all-to-all (send_to_next)
 MATMULS = ("aten.mm.", "aten.bmm.", "aten.matmul.", "aten.baddbmm.", "aten.addmm.")
 
 
@@ -82,7 +86,50 @@ def test_each_ring_step_runs_one_fused_op_and_no_fp32_matmul(world, masked, back
     assert (out.dtype, tuple(out.shape), out.device.type) == (torch.bfloat16, (1, 70, 4, 64), "cuda")
     assert {k: recorder.count(op) for k, op in FUSED_OPS.items()} == {k: CP * (k == kernel) for k in FUSED_OPS}
     assert recorder.fp32_matmuls() == 0 and recorder.fp32_copies() == 0
-    assert recorder.count("_c10d_functional.all_to_all_single.default") == CP - 1  # K/V rotation, funcol
+    assert recorder.count(ROTATION) == CP - 1
+
+
+class _LoggedGroup:
+    """The fake process group, logging when a K/V rotation is issued ("send") and waited for ("wait")."""
+
+    def __init__(self, group, log: list):
+        self.group, self.log = group, log
+        self.size, self.rank = group.size, group.rank
+
+    def alltoall_base(self, *args):
+        work = self.group.alltoall_base(*args)
+        self.log.append("send")
+        return _LoggedWork(work, self.log)
+
+
+class _LoggedWork:
+    def __init__(self, work, log: list):
+        self.work, self.log = work, log
+
+    def wait(self):
+        self.log.append("wait")
+        return self.work.wait()
+
+
+def _ring_events(group, monkeypatch) -> list:
+    log, choose = [], ring_module.block_kernel
+
+    def logged(*args):
+        kernel = choose(*args)
+        return BlockKernel(kernel.name, lambda *a: (log.append("block"), kernel.run(*a))[1])
+
+    monkeypatch.setattr(ring_module, "block_kernel", logged)
+    q = torch.randn(1, 6, 2, 8)
+    ring_attention(q, q, q, None, group=_LoggedGroup(group, log))
+    return log
+
+
+def test_the_ring_rotation_overlaps_each_block(world, monkeypatch):
+    """cp=4 on the fake process group: each step's K/V rotation is issued before its block runs and waited for only
+    after it, the last block sends nothing. Negative control: a wait right after the send is seen."""
+    assert _ring_events(world, monkeypatch) == ["send", "block", "wait"] * (CP - 1) + ["block"]
+    monkeypatch.setattr(ring_module, "send_to_next", lambda t, g: (wait_for(send_to_next(t, g)), None, None, t.shape))
+    assert _ring_events(world, monkeypatch)[:3] == ["send", "wait", "block"]
 
 
 def test_negative_control_the_recorder_sees_the_fp32_reference(world):
@@ -224,5 +271,5 @@ def test_tiny_flux_ring_forward_runs_on_fake_cuda():
             with torch.no_grad(), AtenIndexing(), OpRecorder() as recorder:
                 model(**fake)
     assert recorder.count(FUSED_OPS["flash"]) == 2 * attentions
-    assert recorder.count("_c10d_functional.all_to_all_single.default") == attentions
+    assert recorder.count(ROTATION) == attentions
     assert recorder.fp32_matmuls() == 0

@@ -117,7 +117,7 @@ def test_local_glob_skips_blocks_without_the_attention():
 def _bound(hook: SplitInputs, **kwargs) -> dict:
     """The hook's (args, kwargs) bound back to the block's parameter names."""
     args, kwargs = hook(None, (), kwargs)
-    return dict(hook.signature.bind(*args, **kwargs).arguments)
+    return dict(hook.binder.signature.bind(*args, **kwargs).arguments)
 
 
 def test_segmented_split_lines_up_with_each_ranks_tokens():

@@ -19,7 +19,7 @@ from torch import nn
 
 from ...errors import PlanError
 from ...plan.cp import GatherRule, SplitRule
-from ...policy import check_cp_mode, check_degree
+from ...policy import check_degree, ulysses_degree
 from .globs import expand
 from .heads import query_heads
 from .resolved import Resolved
@@ -59,29 +59,35 @@ class CpResolved:
     halos: tuple[tuple[str, int, int], ...] = ()  # (conv path, row dim, halo rows per side): `CpPlan.halo`
     keeps: tuple[tuple[str, object], ...] = ()  # (module path, `plan.cp.KeepRule`): slices by a global count
 
-    def check(self, tp: int, cp: int, mode: str) -> None:
-        """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp)."""
-        check_cp_mode(mode)
+    def check(self, tp: int, cp: int, mode: str, ulysses: int | None = None) -> None:
+        """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp).
+
+        ulysses: the Ulysses degree inside cp (USP: ring over cp / ulysses); None: `mode`'s (cp or 1). The heads
+        split over the Ulysses degree only, so cp may exceed the head count with ring outside (4 heads, cp=8,
+        ulysses=4: ring 2); a model whose plan refuses ring refuses any ring degree above 1."""
         check_degree(cp, f"plan {self.plan_name}: cp")
-        if mode == "ring" and cp > 1 and self.ring_refused is not None:
+        ulysses = ulysses_degree(cp, mode, ulysses)
+        if cp // ulysses > 1 and self.ring_refused is not None:
             raise PlanError(
                 f"plan {self.plan_name}: ring attention cannot run this model: {self.ring_refused} "
                 f"Use cp_mode='ulysses' (needs (heads / tp) % cp == 0), or cp=1."
             )
-        if mode != "ulysses":
+        if ulysses == 1:
             return
         for spec in (s for s in self.attention if not s.linear):
             local = spec.local_heads(tp)
-            if local % cp:
+            if local % ulysses:
+                degree = "cp" if ulysses == cp else "ulysses"
                 raise PlanError(
-                    f"plan {self.plan_name}: Ulysses needs (heads / tp) % cp == 0, but '{spec.path}' has "
-                    f"{spec.heads} heads, {local} per rank at tp={tp}, and cp={cp} does not divide {local}. "
-                    f"Use cp_mode='ring', or cp/tp with ({spec.heads} / tp) % cp == 0."
+                    f"plan {self.plan_name}: Ulysses needs (heads / tp) % {degree} == 0, but '{spec.path}' has "
+                    f"{spec.heads} heads, {local} per rank at tp={tp}, and {degree}={ulysses} does not divide "
+                    f"{local}. Use cp_mode='ring', a Ulysses degree U dividing {local} with ring over the rest "
+                    f"(make_mesh(cp={cp}, ulysses=U), --ulysses U), or cp/tp with ({spec.heads} / tp) % cp == 0."
                 )
 
-    def allows(self, tp: int, cp: int, mode: str) -> bool:
+    def allows(self, tp: int, cp: int, mode: str, ulysses: int | None = None) -> bool:
         try:
-            self.check(tp, cp, mode)
+            self.check(tp, cp, mode, ulysses)
         except PlanError:
             return False
         return True

@@ -1,7 +1,7 @@
 """Planned Linears (and Embeddings): which rule matched each one, and the `Layout` of its weight and bias.
 
 The bias rule lives here and only here: a colwise bias follows the output features (split like the
-weight's rows); a rowwise bias is added once, after the all-reduce, so every rank holds it whole.
+weight's rows); a rowwise bias is added once (tp rank 0 adds it to its partial sum), so every rank holds it whole.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ three paths, the same on every rank:
              prediction only costs the speedup of that step.
   whole      anything else (a batch of 1 with nothing to predict yet: the first step's two calls, from
              which the prediction is learned): every group runs the call itself.
+  step       a step of several calls that is neither a pair nor one batch (LTX-2: a doubled batch, then the
+             STG and modality calls; 4 passes), learned from one step on the paths above: at each later step's
+             first call every group runs its share of the passes and one all_gather joins them; the later calls
+             are answered from it (`steps.py`). Tried before the others on every call.
 
     step 0: call A (whole), call B (whole; learns: B = A with {encoder_hidden_states, mask, ...} of B)
     step 1: call A' -> group 0 runs A', group 1 runs A' with B's prompt arguments, exchange; call B' == that?
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -57,6 +62,8 @@ from .batch import batch_size, join_parts, rows, split_arguments
 from .exchange import agree_min, gather_parts
 from .hooks import SHARED, hook_view
 from .host import HostGroups, host_groups
+from .passes import check_passes, trusted_rows
+from .steps import NOT_TAKEN, Steps, run_step, signature, verify
 from .tree import differences, hold, matches, release
 
 CFG_ATTR = "_dtp_cfg"  # on a model with the cfg axis installed: its CfgParallel
@@ -95,6 +102,12 @@ class CfgParallel:
     model: nn.Module | None = None
     context: object = None  # the diffusers CacheContext the pipeline set for the current call, if any
     batch_split: bool = False  # a call's batch is being split over the groups now (read by dtp's cache layer)
+    pipeline: object = None  # a weak reference to the pipeline that calls the model, when dtp was given it
+
+    @functools.cached_property
+    def steps(self) -> Steps:
+        """The step path's state (`steps.py`): every pass of a step over the groups, one exchange."""
+        return Steps(self.groups, self.group)
 
     @functools.cached_property
     def axis(self):
@@ -113,13 +126,69 @@ class CfgParallel:
         bound = self.signature.bind(*args, **kwargs)
         arguments = dict(bound.arguments)
         self._check_hooks()
+        check_passes(self.pipeline() if self.pipeline is not None else None, self.groups)
         if self.context is not None:
             arguments[CONTEXT_KEY] = self.context.name
+        sig = signature(arguments)
+        output = self._step_path(arguments, sig)
+        if output is NOT_TAKEN:
+            output = self._per_call(arguments)
+            if self._cache_state() is None:  # a cache keeps the per-call paths (see `_step_path`): nothing to learn
+                self.steps.observe(arguments, sig, output)
+        return output
+
+    def _cache_state(self):
+        """SHARED / PER_CONTEXT when a stateful hook (a cache) is on the model, else None (`hooks.hook_view`)."""
+        return hook_view(self.model)[1] if self.model is not None else None
+
+    def _per_call(self, arguments: dict):
         batch = batch_size(arguments)
         if batch is not None and batch >= self.groups:
             self.pending = self.last = None
             return self._batch(arguments, batch)
         return self._pair_or_whole(arguments)
+
+    def _step_path(self, arguments: dict, sig: tuple):
+        """The call's output on the step path (`steps.py`), or NOT_TAKEN: the first call of a learned step runs
+        every group's passes and one exchange; a later call is answered from it when it equals its prediction."""
+        steps = self.steps
+        if steps.pending:
+            return self._later(arguments, sig)
+        if self._cache_state() is not None:
+            # A cache stays on the per-call paths, which keep each cache state's calls as one process makes them: on
+            # this path a group would run whole a call whose rows the learning step split over the groups (LTX-2's
+            # doubled batch at cfg=2), and its state would see half a batch, then a whole one.
+            steps.drop()
+            return NOT_TAKEN
+        steps.boundary(sig)
+        if steps.cycle is None or sig != steps.start:
+            return NOT_TAKEN
+        outputs, held = run_step(self, steps.cycle, arguments)
+        steps.pending, steps.checked, steps.ran = list(zip(held[1:], outputs[1:], steps.cycle.rows()[1:])), {}, True
+        steps.stats.steps += 1
+        self.pending = self.last = None  # the pair path's state
+        return outputs[0]
+
+    def _later(self, arguments: dict, sig: tuple):
+        """A later call of a step the step path ran: the exchanged output when it is the predicted call (agreed)."""
+        steps = self.steps
+        held, output, rows = steps.pending[0]
+        deferred: list = []
+        trusted = trusted_rows(self.pipeline() if self.pipeline is not None else None) & rows
+        (hit,) = self._agree([int(verify(arguments, held, steps.checked, trusted, deferred))])
+        if hit:
+            steps.defer(deferred)
+            steps.pending.pop(0)
+            steps.stats.answered += 1
+            return output
+        steps.drop(early=sig == steps.start)  # a step that began early: its predicted calls never came
+        if self._cache_state() is not None:
+            raise ForwardError(
+                f"cfg={self.groups}: a cache was enabled while a step ran on the cfg step path and this call is not "
+                "the predicted one; each cfg group's cache state took only the calls its group ran. Enable the cache "
+                "before the generation (the step path then stands aside) or run with cfg=1."
+            )
+        return NOT_TAKEN
 
     def _check_hooks(self) -> None:
         found = hook_view(self.model)[0] if self.model is not None else []
@@ -229,14 +298,18 @@ def _changes(arguments: dict, template: dict | None) -> bool:
     return bool(template) and any(not matches(arguments.get(k), v, values=False) for k, v in template.items())
 
 
-def install_cfg(model: nn.Module, mesh) -> CfgParallel:
-    """Spread `model`'s calls over the mesh's cfg groups (see the module docstring); idempotent."""
+def install_cfg(model: nn.Module, mesh, *, pipeline=None) -> CfgParallel:
+    """Spread `model`'s calls over the mesh's cfg groups (see the module docstring); idempotent. `pipeline`: the
+    pipeline that calls it (weakly held), whose passes per step dtp may know (`passes.py`)."""
     existing = getattr(model, CFG_ATTR, None)
     if existing is not None:
+        if pipeline is not None:
+            existing.pipeline = weakref.ref(pipeline)
         return existing
     check_cfg(model, mesh)
     forward = model.forward
     wrapper = CfgParallel(forward, mesh, inspect.signature(forward), model=model, host=host_groups(mesh))
+    wrapper.pipeline = weakref.ref(pipeline) if pipeline is not None else None
     model.forward = wrapper
     if hasattr(model, "cache_context"):  # diffusers' CacheMixin: record the context of each call
         model.cache_context = _recording_context(model, wrapper)
@@ -260,6 +333,15 @@ def _recording_context(model: nn.Module, wrapper: CfgParallel):
                 wrapper.context = None
 
     return cache_context
+
+
+def check_predictions(model: nn.Module | None) -> None:
+    """ForwardError when a later call of a step the cfg step path ran differed from its prediction in an argument
+    compared on the device only (`passes.TRUSTED_ROWS`); one host read. `dtp run` / `dtp serve` call it after each
+    generation; a caller of the pipeline itself may too. Nothing to do without the cfg axis."""
+    wrapper = getattr(model, CFG_ATTR, None)
+    if wrapper is not None:
+        wrapper.steps.check_deferred()
 
 
 def remove_cfg(model: nn.Module) -> None:

@@ -26,7 +26,6 @@ Why not wrap the processor object: diffusers filters processor kwargs by
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +34,7 @@ from torch import nn
 from ...errors import ForwardError
 from ...policy import ring_kernel_family
 from ...resolve.binding.cp import DISPATCH_NAME, LINEAR_ROUTE, attention_routes, processor_module
+from ..arguments import Binder
 from ..probe import body_runs
 from .adapters import install_adapter
 from .masks import ForwardMasks, gather_key_mask, split_mask, whole_mask
@@ -156,15 +156,13 @@ def patch_dispatch(module) -> None:
     original = getattr(module, DISPATCH_NAME)
     if getattr(original, "_dtp_cp_original", None) is not None:
         return
-    signature = inspect.signature(original)
+    binder = Binder(original)
 
     def dispatch(*args, **kwargs):
         scope = _ACTIVE[-1] if _ACTIVE else None
         if scope is None:
             return original(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return scope.route(original, dict(bound.arguments))
+        return scope.route(original, binder.arguments(args, kwargs))
 
     dispatch._dtp_cp_original = original
     dispatch.__doc__ = original.__doc__

@@ -1,19 +1,17 @@
 """Forward hooks that cut planned tensors into this rank's sequence chunk and gather outputs back.
 
 Inputs are matched by forward() parameter name whether they arrive positionally or by keyword
-(Z-Image calls its blocks positionally, Flux by keyword), so the hook binds them to the signature.
+(Z-Image calls its blocks positionally, Flux by keyword), by the positions of the signature (`arguments.Binder`).
 """
 
 from __future__ import annotations
 
-import inspect
-
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ...errors import ForwardError
 from ...plan.cp import GatherRule, SplitRule
+from ..arguments import Binder
 from .sequence import flat_chunk, gather_chunks, local_chunk, own_chunk, padded_chunk
 
 
@@ -42,6 +40,12 @@ class PadState:
         # split id ("<path>.<input name or output index>") -> (rows a rank, whole unpadded rows) of this forward's
         # cut along the split dim: how a rank knows its global token range (`runtime/cp/kept.py` reads it)
         self.lengths: dict[str, tuple[int, int]] = {}
+        self.names: dict[str, str] = {}  # input name -> its slot (`PadRule.at`), for the joint tensors cut by segments
+
+    def slot_of(self, name: str) -> PadSlot | None:
+        """The slot of the padded input `name` when this forward padded it, else None."""
+        slot = self.slots.get(self.names.get(name, ""))
+        return slot if slot is not None and slot.padded else None
 
     def reset(self, *unused) -> None:
         """Nothing padded: a forward pre-hook on the model, ahead of every split hook, so a slot is padded only when
@@ -86,30 +90,41 @@ class SplitInputs:
     ):
         self.path, self.rules, self.rank, self.cp = path, rules, rank, cp
         self.pads = PadState() if pads is None else pads
-        self.signature = inspect.signature(module.forward)
+        self.binder = Binder(module.forward)
+        self.names = tuple(dict.fromkeys([r.name for r in rules] + [n for r in rules for n in r.segments or ()]))
 
     def __call__(self, module, args, kwargs):
-        bound = self.signature.bind(*args, **kwargs)
+        if not self.binder.exact:  # *args / **kwargs in the signature: bind
+            bound = self.binder.signature.bind(*args, **kwargs)
+            self._cut(bound.arguments)
+            return bound.args, bound.kwargs
+        passed = {name: self.binder.get(args, kwargs, name) for name in self.names}
+        arguments = dict(passed)
+        self._cut(arguments)
+        changed = {name: value for name, value in arguments.items() if value is not passed[name]}
+        return self.binder.replace(args, kwargs, changed)
+
+    def _cut(self, arguments) -> None:
+        """Replace the planned entries of `arguments` (name -> value passed, None if not) by their local chunks."""
         # Joint tensors last: their segment lengths are read from the other inputs once those are local.
         for rule in sorted(self.rules, key=lambda r: bool(r.segments)):
             if rule.item is not None:  # one element of a nested argument (JoyImage's ((image RoPE), text RoPE))
-                bound.arguments[rule.name] = self._split_item(bound.arguments.get(rule.name), rule)
+                arguments[rule.name] = self._split_item(arguments.get(rule.name), rule)
                 continue
-            value = bound.arguments.get(rule.name)
+            value = arguments.get(rule.name)
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
             if rule.count:
-                bound.arguments[rule.name] = self._count(value, rule.name, what)
+                arguments[rule.name] = self._count(value, rule.name, what)
             elif rule.pad is not None:
-                bound.arguments[rule.name] = self._split_padded(value, rule, what)
+                arguments[rule.name] = self._split_padded(value, rule, what)
             elif rule.segments:
-                bound.arguments[rule.name] = self._split_segments(value, rule, bound.arguments, what)
+                arguments[rule.name] = self._split_segments(value, rule, arguments, what)
             else:
-                bound.arguments[rule.name] = self._split(value, rule, what)
+                arguments[rule.name] = self._split(value, rule, what)
             total = self.pads.slots[rule.pad.at].total if rule.pad is not None else None
-            self.pads.note(self.path, rule.name, value, bound.arguments[rule.name], rule.dim, total)
-        return bound.args, bound.kwargs
+            self.pads.note(self.path, rule.name, value, arguments[rule.name], rule.dim, total)
 
     def _split_item(self, value, rule: SplitRule):
         """Cut element `rule.item` of a tuple argument (None elements, and a None argument, pass)."""
@@ -146,37 +161,31 @@ class SplitInputs:
         slot, local = self.pads.slots[rule.pad.at], chunk.shape[rule.dim]
         slot.local, slot.valid, slot.total = local, valid, value.shape[rule.dim]
         slot.padded = local * self.cp != slot.total
+        self.pads.names[rule.name] = rule.pad.at
         return chunk
 
     def _split_segments(self, value, rule: SplitRule, arguments: dict, what: str):
-        """Cut each segment of a joint tensor on its own (see `SplitRule.segments`)."""
+        """Cut each segment of a joint tensor on its own (see `SplitRule.segments`). A segment whose input was padded
+        (`PadState.slot_of`) has its unpadded length here: it is zero-padded (False in a bool mask) like its input
+        first, so each rank's cut lines up with its tokens (HunyuanVideo's key mask over [video, text])."""
         if not isinstance(value, torch.Tensor) or any(arguments.get(n) is None for n in rule.segments):
             raise ForwardError(f"cp split of {what}: needs a tensor and the inputs {', '.join(rule.segments)}.")
-        lengths = [arguments[n].shape[1] * self.cp for n in rule.segments]
-        padded = [self._unpadded(n, arguments[n].shape[1]) for n in rule.segments]
-        if sum(lengths) != value.shape[rule.dim] and sum(padded) == value.shape[rule.dim]:
-            lengths = padded  # a segment cut with `pad` (FramePack's text): its piece of the mask is padded alike
+        slots = [self.pads.slot_of(n) for n in rule.segments]
+        lengths = [s.total if s else arguments[n].shape[1] * self.cp for n, s in zip(rule.segments, slots)]
         if sum(lengths) != value.shape[rule.dim]:
             raise ForwardError(
                 f"cp split of {what}: dim {rule.dim} has {value.shape[rule.dim]} elements, not the "
                 f"{' + '.join(map(str, lengths))} of its segments {', '.join(rule.segments)}."
             )
-        pieces = value.split(lengths, dim=rule.dim)
-        cut = [
-            padded_chunk(p, rule.dim, self.rank, self.cp, f"{what} segment {n}")[0]
-            if p.shape[rule.dim] % self.cp else self._split(p, rule, f"{what} segment {n}")
-            for p, n in zip(pieces, rule.segments)
-        ]  # fmt: skip
-        return torch.cat(cut, rule.dim)
-
-    def _unpadded(self, name: str, local: int) -> int:
-        """The whole length of segment `name` with `local` rows a rank: its unpadded length when a padded split of
-        this forward cut it (`PadState.lengths`; zero-padding a bool mask's piece masks its pad keys, as `PadState`
-        does), else local x cp."""
-        for key, (rows, total) in self.pads.lengths.items():
-            if key.rsplit(".", 1)[-1] == name and rows == local:
-                return total
-        return local * self.cp
+        pieces = []
+        for piece, name, slot in zip(value.split(lengths, dim=rule.dim), rule.segments, slots):
+            if slot is not None:
+                pad = slot.local * self.cp - slot.total
+                piece = torch.cat(
+                    [piece, piece.new_zeros(*piece.shape[: rule.dim], pad, *piece.shape[rule.dim + 1 :])], rule.dim
+                )
+            pieces.append(self._split(piece, rule, f"{what} segment {name}"))
+        return torch.cat(pieces, rule.dim)
 
     def _split(self, value, rule: SplitRule, what: str):
         """A tensor, or a tuple/list of tensors (RoPE (cos, sin) pairs passed as one argument): each is cut."""
@@ -262,7 +271,7 @@ class GatherOutput:
         slot = self.pads.slots[self.rule.trim]  # the padded sequence this output is: drop its pad rows (at its end)
         if not slot.padded:
             return whole
-        if whole.shape[self.rule.dim] != slot.local * dist.get_world_size(self.group):
+        if whole.shape[self.rule.dim] != slot.local * self.group.size():
             raise ForwardError(
                 f"cp gather of {what}: {whole.shape[self.rule.dim]} rows, not the {slot.local} x cp padded "
                 f"'{self.rule.trim}' sequence whose pad rows `trim` drops."

@@ -101,7 +101,7 @@ def _cudnn(q, k, v, mask, scale: float):
 
 def _cpu_flash(q, k, v, mask, scale: float):
     """torch's CPU flash kernel on fp32 copies (one per block; CPU only), mask as a `[B, 1, 1, S_k]` bias."""
-    qf, kf, vf = (_bhsd(t.float()) for t in (q, k, v))
+    qf, kf, vf = (_bhsd(t if t.dtype == torch.float32 else t.float()) for t in (q, k, v))
     bias = None if mask is None else additive_bias(mask, torch.float32, 1, 1)
     out, lse = aten._scaled_dot_product_flash_attention_for_cpu(qf, kf, vf, 0.0, False, attn_mask=bias, scale=scale)
     return _blind_rows_zero(_bhsd(out), lse, mask)

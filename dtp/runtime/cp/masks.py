@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 
 from ...errors import ForwardError
+from ...styles.collectives import all_gather_last
 from .sequence import dense
 
 
@@ -67,11 +67,11 @@ def key_mask(attn_mask: torch.Tensor | None, batch: int, keys: int) -> torch.Ten
 
 def gather_key_mask(mask: torch.Tensor | None, group) -> torch.Tensor | None:
     """Concatenate every rank's `[B, S_local]` mask along keys, in rank order (bool travels as uint8): one
-    functional all-gather (traced by torch.compile)."""
+    all-gather (`styles.collectives.all_gather_last`: the ProcessGroup's in eager, traced under torch.compile)."""
     if mask is None:
         return None
     wire = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
-    full = funcol.all_gather_single(dense(wire), 1, group)
+    full = all_gather_last(dense(wire), group)
     return full.bool() if mask.dtype == torch.bool else full
 
 

@@ -12,19 +12,20 @@ the multiply, never copied), and the sum is cast back to the query dtype at the 
 masked has lse = -inf and weight 0.
 
 Each block runs in the fused kernel `kernels.block_kernel` chooses once per call (flash / efficient / cuDNN on
-CUDA, torch's CPU flash kernel on CPU, portable fp32 math elsewhere). The K/V rotation is a functional
-collective (`permute_tensor`, an all-to-all with one non-empty split) issued before the block's compute and
-waited for when the next step first reads it, so transfer and compute overlap, and `torch.compile(fullgraph=True)`
-traces it (P2P `batch_isend_irecv` broke the graph).
+CUDA, torch's CPU flash kernel on CPU, portable fp32 math elsewhere). The K/V rotation
+(`styles.collectives.send_to_next`, an all-to-all with one non-empty split each way) is issued before the block's
+compute and waited for when the next step first reads it, so transfer and compute overlap: in eager the
+ProcessGroup's own async call (~10 µs of host; the functional `permute_tensor` cost ~290 µs), under
+`torch.compile(fullgraph=True)` the functional `permute_tensor`, which dynamo traces (P2P `batch_isend_irecv` broke
+the graph).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 
 from ...errors import ForwardError
+from ...styles.collectives import send_to_next, wait_for
 from .kernels import block_kernel, reference_block
 from .masks import gather_key_mask
 
@@ -39,17 +40,13 @@ def block_attention(q, k, v, mask, scale: float, backend: str | None = None, ker
 
 
 def merge(out_a, lse_a, out_b, lse_b):
-    """Combine two partial results over disjoint key sets (fp32); see the module docstring."""
+    """Combine two partial results over disjoint key sets (fp32); see the module docstring. A row neither block sees
+    has lse = logaddexp(-inf, -inf) = -inf: its weights are computed against 0 instead (`nan_to_num`), exp(-inf) = 0.
+    Both weights come from one exp of the stacked LSEs (10 ops a merge, host time being what a step costs)."""
     lse = torch.logaddexp(lse_a, lse_b)
-    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    w_a = torch.exp(lse_a - safe).transpose(1, 2).unsqueeze(-1)  # [B, Sq, H, 1]
-    w_b = torch.exp(lse_b - safe).transpose(1, 2).unsqueeze(-1)
-    return out_a * w_a + out_b * w_b, lse
-
-
-def ring_shift(cp: int) -> list[int]:
-    """`permute_tensor`'s map for one ring step: group rank m sends to m + 1 (mod cp)."""
-    return [(m + 1) % cp for m in range(cp)]
+    weights = torch.exp(torch.stack((lse_a, lse_b)) - lse.nan_to_num(neginf=0.0))  # [2, B, H, Sq]
+    w_a, w_b = weights.transpose(2, 3).unsqueeze(-1).unbind(0)  # [B, Sq, H, 1] each
+    return torch.addcmul(out_a * w_a, out_b, w_b), lse
 
 
 def ring_attention(
@@ -64,24 +61,23 @@ def ring_attention(
         raise ForwardError(
             f"ring attention needs as many k/v heads as q heads, got q {query.shape[2]}, k {key.shape[2]}."
         )
-    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    cp, rank = group.size(), group.rank()
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     masks = gather_key_mask(mask, group) if full_mask is None else full_mask
     masks = None if masks is None else masks.chunk(cp, dim=1)
     d_k, d_v = key.shape[-1], value.shape[-1]
     kernel = block_kernel(query.device.type, query.dtype, masks is not None, backend, (d_k, d_v))
     kv = torch.cat([key, value], dim=-1)  # one message per step: [B, S/cp, H, Dk + Dv], contiguous
-    shape, shift = kv.shape, ring_shift(cp)
     out = lse = None
     for step in range(cp):
-        incoming = funcol.permute_tensor(kv.flatten(), shift, group) if step < cp - 1 else None  # issued first
+        incoming = send_to_next(kv, group) if step < cp - 1 else None  # issued first
         source = (rank - step) % cp
         k, v = kv.narrow(-1, 0, d_k), kv.narrow(-1, d_k, d_v)
         block = block_attention(query, k, v, None if masks is None else masks[source], scale, kernel=kernel)
         out, lse = block if out is None else merge(out, lse, *block)
         if incoming is not None:
-            kv = incoming.view(shape)  # waited for when the next step reads it, after this block's compute
-    return out.to(query.dtype)
+            kv = wait_for(incoming)  # after this block's compute
+    return out if out.dtype == query.dtype else out.to(query.dtype)
 
 
-__all__ = ["block_attention", "merge", "reference_block", "ring_attention", "ring_shift"]
+__all__ = ["block_attention", "merge", "reference_block", "ring_attention"]

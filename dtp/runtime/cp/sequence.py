@@ -10,9 +10,9 @@ the plan marks the split `pad` (`padded_chunk`) and its attention masks the pad 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ...errors import ForwardError
+from ...styles.collectives import all_gather_along
 
 
 def local_chunk(x: torch.Tensor, dim: int, rank: int, cp: int, what: str, expected_dims: int | None = None):
@@ -64,10 +64,7 @@ def gather_chunks(x: torch.Tensor, dim: int, group, what: str, expected_dims: in
     """All-gather every rank's chunk of `x` on `group` and concatenate them along `dim`, in rank order."""
     if expected_dims is not None and x.ndim != expected_dims:
         raise ForwardError(f"cp gather of {what}: expected a {expected_dims}-D tensor, got shape {tuple(x.shape)}.")
-    x = dense(x)
-    chunks = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(chunks, x, group=group)
-    return torch.cat(chunks, dim=dim)
+    return all_gather_along(dense(x), group, dim)
 
 
 def padded_chunk(x: torch.Tensor, dim: int, rank: int, cp: int, what: str, expected_dims: int | None = None):

@@ -1,0 +1,93 @@
+"""Tiny random-weight versions of released video pipelines, whole (every component diffusers' pipeline takes), for
+`dtp run` end to end:
+
+    WanVACEPipeline         the tiny Wan text-to-video parts (`conditioned_pipelines.tiny_wan_video_pipeline`)
+                            with a VACE transformer: its control branch sees the zero "video" and full mask the
+                            pipeline makes without a conditioning video (4 latent channels x 2 + 2 x 2 mask = 12)
+    HunyuanVideo15Pipeline  Qwen2.5-VL text model (width 32 = text_embed_dim), ByT5 glyph encoder (width 24 =
+                            text_embed_2_dim; byte tokenizer, built without files), the 3-level HunyuanVideo 1.5
+                            VAE of `tiny_vae` (x4 in space and time: 5 frames <-> 2 latent frames) and diffusers'
+                            ClassifierFreeGuidance guider. The pipeline pads the chat-formatted prompt to 1000 tokens
+                            after cropping the 108 of its template (as released): the text sequence is 1000 long
+
+Every weight is drawn from a fixed seed, the same on every rank.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..families.pipelines import qwen_tokenizer
+from .conditioned_pipelines import tiny_wan_video_pipeline
+from .tiny import TINY_CONFIGS, tiny_model
+from .tiny_vae import tiny_vae
+
+WAN_VACE_CALL = dict(height=16, width=16, num_frames=5, max_sequence_length=16)
+HUNYUAN15_CALL = dict(height=32, width=32, num_frames=5)
+_BYT5_VOCAB = 384  # 256 bytes + 3 specials + 125 extra ids: ByT5Tokenizer's fixed vocabulary
+# System and user text in the chat markers (the pipeline formats a system message and the prompt as a chat).
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>{% endif %}"
+)
+
+
+def tiny_wan_vace_pipeline():
+    """The tiny WanVACEPipeline (text to video; no conditioning video, reference images or masks)."""
+    from diffusers import WanVACEPipeline
+
+    parts = tiny_wan_video_pipeline().components
+    vae = parts["vae"]
+    control = 2 * vae.config.z_dim + vae.config.scale_factor_spatial**2  # inactive + reactive latents, the mask
+    transformer = tiny_model("WanVACETransformer3DModel", seed=0, vace_in_channels=control)
+    keep = ("tokenizer", "text_encoder", "vae", "scheduler")
+    return WanVACEPipeline(**{name: parts[name] for name in keep}, transformer=transformer)
+
+
+def tiny_hunyuanvideo15_pipeline():
+    """The tiny HunyuanVideo15Pipeline (text to video)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+
+    config = TINY_CONFIGS["HunyuanVideo15Transformer3DModel"]
+    tokenizer = qwen_tokenizer()
+    tokenizer.chat_template = _CHAT_TEMPLATE
+    width = config["text_embed_dim"]
+    torch.manual_seed(2)
+    text_encoder = Qwen2_5_VLTextModel(
+        Qwen2_5_VLTextConfig(
+            vocab_size=-(-len(tokenizer) // 8) * 8,  # padded to split over tp, as the released table is
+            hidden_size=width,
+            intermediate_size=2 * width,
+            num_hidden_layers=3,  # the pipeline takes the third hidden state from the end
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            rope_scaling={"type": "mrope", "mrope_section": [1, 1, width // 8 - 2]},
+        )
+    ).eval()
+    glyph = config["text_embed_2_dim"]
+    torch.manual_seed(3)
+    text_encoder_2 = T5EncoderModel(
+        T5Config(
+            vocab_size=_BYT5_VOCAB,
+            d_model=glyph,
+            d_kv=glyph // 4,
+            d_ff=2 * glyph,
+            num_layers=1,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            feed_forward_proj="gated-gelu",
+        )
+    ).eval()
+    return HunyuanVideo15Pipeline(
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=tiny_model("HunyuanVideo15Transformer3DModel", seed=0),
+        vae=tiny_vae("AutoencoderKLHunyuanVideo15", seed=1),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),  # the released one's: a fixed shift, no mu
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=ByT5Tokenizer(),
+        guider=ClassifierFreeGuidance(guidance_scale=3.0),
+    )
