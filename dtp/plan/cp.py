@@ -16,6 +16,11 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
         proj_out: {dim: 1, expected_dims: 3}
       local: [blocks.*.attn2]                  # optional: attention whose keys stay whole on every rank
       halo: {blocks.*.ff.conv_depth: {dim: 2}} # optional: convolutions over the token grid's split rows
+      keep: {norm_final: {input: {of: blocks.0.hidden_states, after: blocks.0.encoder_hidden_states}}}
+                                               # optional: a slice by a global count after the blocks (`KeepRule`)
+
+A split key `name[i]` cuts element i of a tuple input only (JoyImage's RoPE argument ((image cos, sin), text
+tables)): each element with its own rule (`pad` slot), a None element passing.
 
 `cp: {refused: "why"}` instead says the model cannot take CP; any cp > 1 is then a PlanError quoting it.
 `ring_refused: "why"` beside `split`/`gather` says the model takes Ulysses only (e.g. a per-query mask that
@@ -41,6 +46,7 @@ same types.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from ..errors import PlanError
@@ -107,6 +113,7 @@ class SplitRule:
     tail: str | None = None
     strided: bool = False
     element: int | None = None
+    item: int | None = None  # `name[i]` in the plan: cut element i of a tuple input only (a None element passes)
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,32 @@ class HaloRule:
 
 
 @dataclass(frozen=True)
+class KeepRule:
+    """The forward keeps part of a split sequence by a *global* count after the blocks (a slice outside any module):
+    a hook on the module at `key` rewrites its input `name` (a str; a pre-hook) or output element `name` (an int, 0
+    for a bare tensor; a forward hook) so that the forward's slice, run on a rank's chunk, leaves that rank's own
+    tokens (`runtime/cp/kept.py`). `key` may end in a negative index (`single_transformer_blocks.-1`: the last block,
+    whatever the depth). `of` is the split id (`"<module path>.<input name or output index>"`) whose chunk the
+    tensor holds; exactly one of:
+
+    last: a module path: the forward keeps the last n tokens, n the length (dim 1) of that module's output this
+        forward (FramePack: `hidden_states[:, -n:]`, n = the noisy latents' tokens after the history tokens). Rank r
+        of cp holds global rows [r c, (r + 1) c) of the `of` sequence (c rows a rank, S = c cp); it keeps the ones in
+        [S - n, S), which may be none; `gather` (a module path) then all-gathers those ragged chunks in rank order.
+    after: a split id: the input is [that split's chunk, the `of` chunk] and the forward drops the first T rows, T
+        the whole (unpadded) length of that split (ConsisID: `cat([text, video])[:, T:]`): the input becomes
+        [T zero rows, the `of` chunk], so the slice leaves the rank's `of` chunk (gathered by a plain `gather`).
+    """
+
+    key: str
+    name: str | int
+    of: str
+    last: str | None = None
+    after: str | None = None
+    gather: str | None = None
+
+
+@dataclass(frozen=True)
 class CpPlan:
     """A parsed `cp` section: the splits and the gathers, in file order."""
 
@@ -163,6 +196,7 @@ class CpPlan:
     refused: str | None = None  # `cp: {refused: why}`: this model cannot take CP; cp > 1 is a PlanError saying why
     ring_refused: str | None = None  # `ring_refused: why`: Ulysses only; cp_mode='ring' is a PlanError saying why
     halo: tuple[HaloRule, ...] = ()  # convolutions over the split token grid: halo rows from the neighbours
+    keep: tuple[KeepRule, ...] = ()  # slices by a global count after the blocks (`KeepRule`)
 
 
 _SPLIT_FIELDS = {
@@ -177,7 +211,8 @@ _SPLIT_FIELDS = {
     "strided",
     "element",
 }
-_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo"}
+_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep"}
+_ITEM = re.compile(r"(\w+)\[(\d+)\]")
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
 
@@ -190,7 +225,8 @@ def cp_plan_from_mapping(data, name: str) -> CpPlan:
         if not isinstance(data["refused"], str) or not data["refused"].strip():
             raise PlanError(f"plan {name}: cp.refused must say why the model cannot take CP, got {data['refused']!r}.")
         return CpPlan(splits=(), gathers=(), refused=data["refused"].strip())
-    if set(data) <= _SECTION_FIELDS and all(isinstance(data.get(k, {}), dict) for k in ("split", "gather", "halo")):
+    sections = ("split", "gather", "halo", "keep")
+    if set(data) <= _SECTION_FIELDS and all(isinstance(data.get(k, {}), dict) for k in sections):
         return _from_dtp(data, name)
     return _from_diffusers(data, name)
 
@@ -209,7 +245,13 @@ def _from_dtp(data: dict, name: str) -> CpPlan:
         raise PlanError(f"plan {name}: cp.ring_refused must say why ring attention cannot run, got {ring_refused!r}.")
     ring_refused = None if ring_refused is None else ring_refused.strip()
     halo = tuple(_halo_rule(key, spec, name) for key, spec in data.get("halo", {}).items())
-    cp_plan = CpPlan(tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused, halo=halo)
+    keep = tuple(
+        _keep_rule(key, tensor, spec, name) for key, entries in data.get("keep", {}).items()
+        for tensor, spec in (entries or {}).items()
+    )  # fmt: skip
+    cp_plan = CpPlan(
+        tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused, halo=halo, keep=keep
+    )
     return _checked(cp_plan, name)
 
 
@@ -227,6 +269,22 @@ def _halo_rule(key, spec, name: str) -> HaloRule:
     if not isinstance(spec, dict) or set(spec) != {"dim"}:
         raise PlanError(f"{where}: expected {{dim: int}} (the conv input's row dim, 2 for [B, C, H, W]), got {spec!r}.")
     return HaloRule(key, _int(spec["dim"], where, "dim"))
+
+
+def _keep_rule(key, tensor, spec, name: str) -> KeepRule:
+    where = f"plan {name}: cp.keep['{key}']['{tensor}']"
+    _check_key(key, name)
+    fields = set(spec) if isinstance(spec, dict) else set()
+    strings = isinstance(spec, dict) and all(isinstance(v, str) and v for v in spec.values())
+    named = isinstance(tensor, str) or is_int(tensor)
+    if not strings or not named or "of" not in fields or len(fields & {"last", "after"}) != 1:
+        raise PlanError(
+            f"{where}: expected {{of: split id, last: module path, gather: module path?}} or {{of: split id, after: "
+            f"split id}} (see dtp/plan/cp.py KeepRule), got {spec!r}."
+        )
+    if fields - {"of", "last", "after", "gather"} or ("gather" in fields and "last" not in fields):
+        raise PlanError(f"{where}: unknown fields, or `gather` without `last`: {spec!r}.")
+    return KeepRule(key, tensor, spec["of"], spec.get("last"), spec.get("after"), spec.get("gather"))
 
 
 def _count_rule(key, tensor, spec, where: str) -> SplitRule:
@@ -277,8 +335,13 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     element = spec.get("element")
     if element is not None and (not is_int(element) or element < 0 or output or segments or pad is not None):
         raise PlanError(f"{where}: `element` is the index (>= 0) of the cut element of a tuple input, got {element!r}.")
+    item = None
+    if isinstance(tensor, str) and _ITEM.fullmatch(tensor):  # `name[i]`: element i of a tuple input
+        tensor, item = _ITEM.fullmatch(tensor)[1], int(_ITEM.fullmatch(tensor)[2])
+        if segments or flatten or when is not None or tail is not None or strided or element is not None:
+            raise PlanError(f"{where}: an element split (`name[i]`) takes dim, expected_dims and pad only.")
     rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
-    return dataclasses.replace(rule, tail=tail, strided=strided, element=element)
+    return dataclasses.replace(rule, tail=tail, strided=strided, element=element, item=item)
 
 
 def _pad_rule(spec, where: str) -> PadRule:
@@ -329,7 +392,7 @@ def _from_diffusers(data: dict, name: str) -> CpPlan:
 def _checked(plan: CpPlan, name: str) -> CpPlan:
     if not plan.splits:
         raise PlanError(f"plan {name}: the `cp` section splits nothing; name the inputs to cut along the sequence.")
-    if not plan.gathers:
+    if not plan.gathers and not any(rule.gather for rule in plan.keep):
         raise PlanError(
             f"plan {name}: the `cp` section gathers nothing, so the output would stay split; add a `gather` entry."
         )
@@ -339,7 +402,7 @@ def _checked(plan: CpPlan, name: str) -> CpPlan:
         raise PlanError(f"plan {name}: every padded cp split (`pad`) must name the same `attention`.")
     seen = set()
     for rule in plan.splits:
-        ident = (rule.key, rule.name, rule.output)
+        ident = (rule.key, rule.name, rule.output, rule.item)
         if ident in seen:
             raise PlanError(f"plan {name}: cp split of '{rule.name}' at '{rule.key}' is listed twice.")
         seen.add(ident)

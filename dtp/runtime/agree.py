@@ -160,12 +160,13 @@ def plan_items(resolved, cp_resolved) -> Items:
     ]
     items += [(f"attention '{s.path}'", ", ".join(f"{a}={v}" for a, v in s.values)) for s in resolved.attention]
     if cp_resolved is not None:
-        items += [(f"cp split '{path}' {rule.name!r}", repr(rule)) for path, rule in cp_resolved.splits]
+        items += [(f"cp split '{path}' {rule.name!r}[{rule.item}]", repr(rule)) for path, rule in cp_resolved.splits]
         items += [(f"cp gather '{path}'", repr(rule)) for path, rule in cp_resolved.gathers]
         items += [
             (f"cp attention '{s.path}'", f"heads={s.heads} tp_sharded={s.tp_sharded}") for s in cp_resolved.attention
         ]
         items += [(f"cp halo '{path}'", f"dim={dim} rows={rows}") for path, dim, rows in cp_resolved.halos]
+        items += [(f"cp keep '{path}' {rule.name!r}", repr(rule)) for path, rule in cp_resolved.keeps]
     return items
 
 

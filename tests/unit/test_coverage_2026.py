@@ -117,11 +117,7 @@ def test_layer_pre_norms_are_not_taken_for_norms_across_heads():
 
 # Round 5 plans that refuse cp in their header, and a word of the reason prepare must name.
 CP_REFUSED = {
-    "hunyuanvideo_framepack": "original_context_length",
-    "consisid": "text_seq_length",
-    "ideogram4": "block-diagonal mask",
     "nucleusmoe": "expert-choice routing",
-    "joyimage_edit": "one nested argument",
 }
 # Round 9's refusals repeat a covered kind of check: run with DTP_FULL=1.
 CP_REFUSED_FULL = {

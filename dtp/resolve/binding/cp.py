@@ -63,6 +63,7 @@ class CpResolved:
     padded_attention: tuple[str, ...] = ()  # CP attention paths whose keys hold the padded split's tokens
     ring_refused: str | None = None  # the plan's `ring_refused`: why this model takes Ulysses only
     halos: tuple[tuple[str, int, int], ...] = ()  # (conv path, row dim, halo rows per side): `CpPlan.halo`
+    keeps: tuple[tuple[str, object], ...] = ()  # (module path, `plan.cp.KeepRule`): slices by a global count
 
     def check(self, tp: int, cp: int, mode: str, ulysses: int | None = None) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp).
@@ -133,7 +134,41 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
         for rule in plan.cp.halo
         for path, conv in _expand(model, rule.key, plan.name)
     )
-    return CpResolved(plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos)
+    keeps = _keeps(plan, model, splits)
+    return CpResolved(plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps)
+
+
+def _keeps(plan, model: nn.Module, splits) -> tuple:
+    """`(path, KeepRule)` of `cp.keep`: the module takes the input, and `of` / `after` name splits of this plan."""
+    ids = {f"{path}.{rule.name}" if path else str(rule.name) for path, rule in splits}
+    keeps = []
+    for rule in plan.cp.keep:
+        where = f"plan {plan.name}, cp.keep '{rule.key}'"
+        for name in (n for n in (rule.of, rule.after) if n is not None):
+            if name not in ids:
+                raise PlanError(f"{where}: '{name}' is not a split of this plan; split ids: {', '.join(sorted(ids))}.")
+        for path in (p for p in (rule.last, rule.gather) if p is not None):
+            _expand(model, path, plan.name)
+        path = _last_index(model, rule.key, where)
+        module = _expand(model, path, plan.name)[0][1]
+        if isinstance(rule.name, str) and rule.name not in inspect.signature(module.forward).parameters:
+            raise PlanError(f"{where}: '{path}' ({type(module).__name__}) has no forward() input '{rule.name}'.")
+        keeps.append((path, rule))
+    return tuple(keeps)
+
+
+def _last_index(model: nn.Module, key: str, where: str) -> str:
+    """`key` with a negative index atom counted from the end of its ModuleList: 'blocks.-1' -> 'blocks.39'."""
+    atoms, module = key.split("."), model
+    for i, atom in enumerate(atoms):
+        if atom.startswith("-") and atom[1:].isdigit() and isinstance(module, nn.ModuleList):
+            if int(atom) < -len(module):
+                raise PlanError(f"{where}: index {atom} is out of range of a ModuleList of {len(module)}.")
+            atoms[i] = atom = str(len(module) + int(atom))
+        module = getattr(module, atom, None)
+        if module is None:
+            raise PlanError(f"{where}: '{'.'.join(atoms[: i + 1])}' does not exist.")
+    return ".".join(atoms)
 
 
 def _halo(plan_name: str, rule, path: str, conv: nn.Module) -> tuple[str, int, int]:
@@ -190,7 +225,7 @@ def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module) 
 def _check_unique(plan_name: str, splits) -> None:
     seen = {}
     for path, rule in splits:
-        ident = (path, rule.name, rule.output)
+        ident = (path, rule.name, rule.output, rule.item)
         if ident in seen:
             raise PlanError(
                 f"plan {plan_name}: '{rule.name}' of '{path or '<model>'}' is split by both cp keys "

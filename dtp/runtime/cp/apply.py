@@ -11,6 +11,7 @@ from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, ScopeGuard, install_attention
 from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
+from .kept import install_keeps
 from .local_embed import install_local_embed, local_embed_for
 from .masks import ForwardMasks
 
@@ -42,6 +43,7 @@ def apply_cp(
             handles.append(install_local_embed(module, path, local, rank, cp))
         else:
             handles.append(module.register_forward_hook(SplitOutputs(path, rules, rank, cp, pads)))
+    handles += install_keeps(model, resolved.keeps, pads, group, rank, cp)  # after the splits that record lengths
     for path, rule in resolved.gathers:
         handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group, pads)))
     guard = ScopeGuard()  # pops the attention scopes a raised forward left open

@@ -39,6 +39,9 @@ class PadState:
 
     def __init__(self):
         self.slots = {"first": PadSlot(), "last": PadSlot()}
+        # split id ("<path>.<input name or output index>") -> (rows a rank, whole unpadded rows) of this forward's
+        # cut along the split dim: how a rank knows its global token range (`runtime/cp/kept.py` reads it)
+        self.lengths: dict[str, tuple[int, int]] = {}
         self.names: dict[str, str] = {}  # input name -> its slot (`PadRule.at`), for the joint tensors cut by segments
 
     def slot_of(self, name: str) -> PadSlot | None:
@@ -51,6 +54,13 @@ class PadState:
         a split of this forward padded it (an absent input, e.g. a None modulation mask, leaves it as it is)."""
         for slot in self.slots.values():
             slot.padded = False
+        self.lengths.clear()
+
+    def note(self, path: str, name, whole, local, dim: int, total: int | None = None) -> None:
+        """Record a cut tensor's rows a rank and whole rows (`lengths`); tuples (RoPE pairs) and counts are not."""
+        if isinstance(whole, torch.Tensor) and isinstance(local, torch.Tensor):
+            key = f"{path}.{name}" if path else str(name)
+            self.lengths[key] = (local.shape[dim], whole.shape[dim] if total is None else total)
 
     @property
     def padded(self) -> bool:
@@ -106,6 +116,9 @@ class SplitInputs:
         # Joint tensors last: their segment lengths are read from the other inputs once those are local; counts after
         # the tails that set them.
         for rule in sorted(self.rules, key=lambda r: (bool(r.segments), r.count)):
+            if rule.item is not None:  # one element of a nested argument (JoyImage's ((image RoPE), text RoPE))
+                arguments[rule.name] = self._split_item(arguments.get(rule.name), rule)
+                continue
             value = arguments.get(rule.name)
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
@@ -124,6 +137,21 @@ class SplitInputs:
                 arguments[rule.name] = self._split_segments(value, rule, arguments, what)
             else:
                 arguments[rule.name] = self._split(value, rule, what)
+            total = self.pads.slots[rule.pad.at].total if rule.pad is not None else None
+            self.pads.note(self.path, rule.name, value, arguments[rule.name], rule.dim, total)
+
+    def _split_item(self, value, rule: SplitRule):
+        """Cut element `rule.item` of a tuple argument (None elements, and a None argument, pass)."""
+        if value is None:
+            return None
+        what = f"input '{rule.name}'[{rule.item}] of '{self.path or '<model>'}'"
+        if not isinstance(value, (tuple, list)) or rule.item >= len(value):
+            raise ForwardError(f"cp split of {what}: expected a tuple with element {rule.item}, got {type(value)}.")
+        items = list(value)
+        if items[rule.item] is not None:
+            cut = self._split_padded if rule.pad is not None else self._split
+            items[rule.item] = cut(items[rule.item], rule, what)
+        return type(value)(items)
 
     def _split_element(self, value, rule: SplitRule, what: str):
         """A tuple input with its element `rule.element` cut (`SplitRule.element`), the others whole."""
@@ -163,6 +191,8 @@ class SplitInputs:
         return value // self.cp
 
     def _split_padded(self, value, rule: SplitRule, what: str):
+        if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            return type(value)(self._split_padded(v, rule, f"{what}[{i}]") for i, v in enumerate(value))  # RoPE pairs
         if not isinstance(value, torch.Tensor):
             raise ForwardError(f"cp split of {what}: got a {type(value).__name__}, not a tensor.")
         chunk, valid = padded_chunk(value, rule.dim, self.rank, self.cp, what, rule.expected_dims)
@@ -232,7 +262,10 @@ class SplitOutputs:
                 items[rule.name] = self._split_padded(items[rule.name], rule, what)
                 continue
             cut = flat_chunk if rule.flatten else own_chunk
-            items[rule.name] = cut(items[rule.name], rule.dim, self.rank, self.cp, what, rule.expected_dims)
+            whole = items[rule.name]
+            items[rule.name] = cut(whole, rule.dim, self.rank, self.cp, what, rule.expected_dims)
+            if not rule.flatten:
+                self.pads.note(self.path, rule.name, whole, items[rule.name], rule.dim)
         return items[0] if single else type(output)(items)
 
     def _split_padded(self, x: torch.Tensor, rule: SplitRule, what: str) -> torch.Tensor:
