@@ -41,11 +41,11 @@ def fake_world(world_size: int):
         _forget_dtensor_meshes()
 
 
-def fake_mesh(*, tp: int = 1, cp: int = 1, cfg: int = 1, device: str = "cpu"):
+def fake_mesh(*, tp: int = 1, cp: int = 1, cfg: int = 1, device: str = "cpu", ulysses: int | None = None):
     """`make_mesh` inside `fake_world`, its device type `device`: a "cuda" mesh cannot be built on a CPU-only torch
     (DeviceMesh sets the CUDA device), so it is built on cpu and then labelled cuda before any submesh is taken;
     DTensor then keeps fake CUDA local tensors where they are (`from_local` moves a local tensor to the mesh's type)."""
-    mesh = make_mesh(tp=tp, cp=cp, cfg=cfg, device_type="cpu")
+    mesh = make_mesh(tp=tp, cp=cp, cfg=cfg, device_type="cpu", ulysses=ulysses)
     if device != "cpu":
         mesh._device_type = device
     return mesh
