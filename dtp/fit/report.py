@@ -36,7 +36,7 @@ def format_table(report: dict, limit: int | None = None) -> str:
         + ("compiled" if report.get("compiled") else "eager (dtp run without --compile)")
         + f", {report.get('guidance_passes', 1)} guidance pass(es) per step",
         "per rank (full-size components on the meta device, activations traced on fake tensors; GB = 1e9 bytes):",
-        f"  {'#':>2} {'candidate':<34} {'weights':>8} {'text':>6} {'denoise':>8} {'decode':>7} {'peak':>7} "
+        f"  {'#':>2} {'candidate':<44} {'weights':>8} {'text':>6} {'denoise':>8} {'decode':>7} {'peak':>7} "
         f"{'at':<8} {'fits':<4} {'s/step':>7}" + (f" {'step/s/GPU':>10} crosses nodes" if many else ""),
     ]
     rows = report["rows"][:limit] if limit else report["rows"]
@@ -44,7 +44,7 @@ def format_table(report: dict, limit: int | None = None) -> str:
         weights = max(r["resident_bytes"].values())
         phases = r["phase_bytes"]
         lines.append(
-            f"  {i:>2} {label(r):<34} {weights / 1e9:8.2f} {phases['text'] / 1e9:6.2f} {phases['denoise'] / 1e9:8.2f} "
+            f"  {i:>2} {label(r):<44} {weights / 1e9:8.2f} {phases['text'] / 1e9:6.2f} {phases['denoise'] / 1e9:8.2f} "
             f"{phases['decode'] / 1e9:7.2f} {r['peak_bytes'] / 1e9:7.2f} {r['peak_phase']:<8} "
             f"{'yes' if r['fits'] else 'no':<4} {r['step_seconds']:7.3f}"
             + (f" {r['steps_per_gpu_second']:10.3f} {','.join(r['crosses_nodes']) or '-'}" if many else "")
