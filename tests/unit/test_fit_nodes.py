@@ -215,3 +215,56 @@ def test_wan_on_four_nodes_of_eight_b200():
         _torchrun(r["command"], {"NODE_RANK": "0", "MASTER_ADDR": "node0"})
         _srun(r["srun_command"])
     assert "crosses nodes" in format_table(report, 10)
+
+
+class _Figures:
+    """A stand-in `Measurer`: each component's weights and phase peak as given (no traces), the transformer 1 TFLOP."""
+
+    dtype = torch.bfloat16
+
+    def __init__(self, weights: dict, peaks: dict):
+        self.weights, self.peaks = weights, peaks
+
+    def phase(self, name, setup, shape):
+        from dtp.fit.measure import PhaseFigures
+
+        flops = 10**12 if name == "transformer" else 0
+        return PhaseFigures(weight_bytes=self.weights[name], peak_bytes=self.peaks[name], flops=flops, collectives=())
+
+    def output_bytes(self, setup, shape):
+        return 1000
+
+
+def test_ltx2_rows_count_the_connectors_audio_vae_and_vocoder():
+    """LTX-2's extra components in a row (stand-in figures): their weights resident in every phase, the connectors'
+    peak in the text phase when it is the largest there, the vocoder's in the decode phase likewise (each runs after
+    the other in its phase: the phase's peak is the largest); with the extras' figures at zero the row drops by
+    exactly their weights."""
+    from dtp.fit.estimate import estimate
+
+    spec = fit_pipeline("ltx2-pipeline")
+    names = ("transformer", "text_encoder", "vae", "connectors", "audio_vae", "vocoder")
+    weights = dict(zip(names, (100, 50, 5, 7, 1, 2)))
+    peaks = dict(zip(names, (30, 10, 20, 11, 3, 25)))
+    shape = Shape(1, 512, 768, 121)
+    c = Candidate(cfg=4, tp=2, text_encoders="whole", parallel_vae=True)
+    row = estimate(c, spec, _Figures(weights, peaks), shape, 10**6, HARDWARE["B200"])
+    assert row["weight_bytes"] == weights
+    assert row["phase_bytes"] == {"text": 11, "denoise": 30, "decode": 25}
+    assert row["resident_bytes"] == {p: 165 for p in ("text", "denoise", "decode")}
+    assert row["calls_per_step"] == 1 and row["peak_bytes"] == 195
+    none = {**weights, "connectors": 0, "audio_vae": 0, "vocoder": 0}
+    bare = estimate(c, spec, _Figures(none, {**peaks, "connectors": 0, "vocoder": 0}), shape, 10**6, HARDWARE["B200"])
+    assert bare["phase_bytes"] == {"text": 10, "denoise": 30, "decode": 20} and bare["peak_bytes"] == 195 - 10
+
+
+@pytest.mark.full
+def test_ltx2_connectors_traced_at_full_size():
+    """LTX2TextConnectors at its class defaults, bf16, on the CFG pair's 2 rows of 512 tokens: its weights are its
+    1.4315 B parameters x 2 bytes; the peak is at least its two outputs."""
+    from dtp.fit.measure import Measurer, Setup
+
+    measurer = Measurer(fit_pipeline("ltx2-pipeline"), torch.bfloat16, cache=False)
+    figures = measurer.phase("connectors", Setup(batch=2), Shape(1, 512, 768, 121))
+    assert figures.weight_bytes == pytest.approx(2 * 1431.4752e6, rel=1e-4)
+    assert figures.peak_bytes > 2 * 512 * (4096 + 2048) * 2
