@@ -57,7 +57,9 @@ def component_figures(pipeline, name: str, c, setup, dtype) -> FsdpFigures | Non
             _TEMPLATES[source] = pipeline.build(name, dtype)
         module = copy.deepcopy(_TEMPLATES[source])  # sharding mutates it; a meta copy costs next to nothing
         # A candidate without a cp axis has no cp_mode (None); FSDP's bytes do not depend on it.
-        options = dict(tp=setup.tp, cp=c.cp, cfg=c.cfg, cp_mode=c.cp_mode or "ulysses", pad=setup.pad)
+        # USP's mesh is the plain (cfg, cp, tp) one plus side groups: FSDP's bytes are those of its ring twin
+        mode = {None: "ulysses", "usp": "ring"}.get(c.cp_mode, c.cp_mode)
+        options = dict(tp=setup.tp, cp=c.cp, cfg=c.cfg, cp_mode=mode, pad=setup.pad)
         _FIGURES[key] = traced_fsdp(name, module, **options)
     return _FIGURES[key]
 
