@@ -2,7 +2,7 @@
 
 The published figures are the peer survey's (`/work/shared/research/peer-survey.md`, `peer-survey-update.md`), each
 with its source. For each, `dtp.fit` is asked for the same pipeline, size, mesh and preset (the nearest one where the
-published GPU has none: H800 -> H100 SXM, B200 -> H200, said in the row) and eager or compiled as published; the
+published GPU has none: H800 -> H100 SXM, said in the row) and eager or compiled as published; the
 model is the denoising loop only (steps x `step_seconds`), so where a source times the whole generation (text
 encoding and VAE decode included) a ratio below 1 is expected. Speed-ups (a mesh against one GPU of the same source)
 need no step count and no absolute rate: they test the communication and the per-rank work.
@@ -103,8 +103,12 @@ PUBLISHED = (
               False, 45.2 / 29.9, base=ONE, note="speed-up, FA"),
     Published("cache-dit NVIDIA_GPU.md", QWEN, IMG, "2xH100", "H100 SXM", Mesh(2, cp=2, cp_mode="ulysses"), False,
               18.49 / 12.81, base=ONE, note="speed-up"),
-    Published("TensorRT-LLM blog 25 (Wan2.2 A14B, 80 f)", WAN, WAN720, "2xB200", "H200", Mesh(2, cfg=2), False,
+    Published("TensorRT-LLM blog 25 (Wan2.2 A14B, 80 f)", WAN, WAN720, "2xB200", "B200", Mesh(2, cfg=2), False,
               342.0 / 180.0, base=ONE, note="speed-up, denoise; Wan 2.1 14B blocks"),
+    Published("TensorRT-LLM blog 25 (Wan2.2 A14B, 80 f)", WAN, WAN720, "B200", "B200", ONE, True, 342.0, 40,
+              note="denoise, FA4; compiled assumed"),
+    Published("TensorRT-LLM blog 25 (Wan2.2 A14B, 80 f)", WAN, WAN720, "2xB200", "B200", Mesh(2, cfg=2), True, 180.0,
+              40, note="denoise, FA4; compiled assumed"),
 )  # fmt: skip
 
 

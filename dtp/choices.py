@@ -39,7 +39,8 @@ FIT_CACHE_NAMES = ("taylorseer", "pab")  # caches whose state `dtp fit --cache` 
 RUN_QUANT_SCHEMES = ("fp8", "fp8wo", "int8wo")  # every torchao scheme `dtp run --quant` loads
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")  # torch's SDPA kernels; diffusers' names too
 FIT_TABLE_ROWS = 20  # `dtp fit` rows printed without --all
-HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090")  # `dtp fit --hardware` presets
+HARDWARE_NAMES = ("H100 SXM", "H200", "A100 80GB", "L40S", "L20", "RTX 4090", "B200", "GB200")  # `dtp fit --hardware`
+INTER_NODE_NAMES = ("400Gb IB", "800Gb IB", "8x200Gb RoCE", "100GbE", "NVL72")  # `dtp fit --inter-node` presets
 DEFAULT_TEXT_TOKENS = 512  # T5 / Mistral / Qwen2.5-VL prompt length the pipelines pad or cap to
 COMPILE_BACKENDS = ("inductor", "eager", "aot_eager")  # `compile=` / `dtp run --compile [BACKEND]` (dynamo backends)
 SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")  # torch SDPA's kernels: dtp's short backend names

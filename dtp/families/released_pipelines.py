@@ -10,7 +10,8 @@ components on the meta device. Parameter counts (checked by the unit tests):
     qwenimage-pipeline  Qwen-Image      transformer 20.43 B, Qwen2.5-VL-7B (8.29 B), VAE 127 M
     wan-pipeline        Wan2.1-T2V-14B  transformer 14 B, UMT5-XXL encoder 5.68 B, VAE
     wan-vace-pipeline   Wan2.1-VACE-14B transformer 17.34 B, UMT5-XXL encoder 5.68 B, VAE 127 M
-    ltx2-pipeline       LTX-2           transformer 18.88 B, Gemma 3 12B (12.19 B), video VAE 1.22 B
+    ltx2-pipeline       LTX-2           transformer 18.88 B, Gemma 3 12B (12.19 B), video VAE 1.22 B, text
+                                        connectors 1.43 B, audio VAE 53 M, vocoder 56 M
     flux3-pipeline      FLUX.3          transformer 5.54 B, Qwen3-VL-4B (4.44 B), VAE 84 M
     hunyuanvideo15-pipeline  HunyuanVideo-1.5  transformer 8.33 B, Qwen2.5-VL-7B text (7.07 B), byT5 218 M, VAE 1.26 B
 """
@@ -254,8 +255,9 @@ RELEASED_PIPELINES = {
     ),
     # LTX-2: LTX2VideoTransformer3DModel's class defaults, Gemma 3 12B, and the video VAE at 32x / 8x in time (its
     # down blocks are spatial, temporal and two spatiotemporal ones; the class's fallback formula, patch x 2 per
-    # scaling stage, would say 64x / 16x). The text connectors, audio VAE and vocoder (about 0.2 B together) are
-    # left out: `dtp fit` models transformer, text encoders and VAE only.
+    # scaling stage, would say 64x / 16x). The text connectors (LTX2TextConnectors: 49 stacked Gemma hidden states to
+    # the video and audio text streams, 1.43 B), the audio VAE and the vocoder at their class defaults (assumed to be
+    # the released configs, as for the transformer).
     "ltx2-pipeline": ReleasedPipeline(
         title="LTX-2",
         components={
@@ -265,6 +267,9 @@ RELEASED_PIPELINES = {
                 class_name="AutoencoderKLLTX2Video",
                 config={"spatial_compression_ratio": 32, "temporal_compression_ratio": 8},
             ),
+            "connectors": Component(class_name="LTX2TextConnectors", config={}),
+            "audio_vae": Component(class_name="AutoencoderKLLTX2Audio", config={}),
+            "vocoder": Component(class_name="LTX2Vocoder", config={}),
         },
         model_dir="./LTX-2",
     ),

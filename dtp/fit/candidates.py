@@ -11,11 +11,16 @@ and the candidates are the product of every axis's options, minus the unsupporte
 
     cfg             groups of the mesh ("cfg", "cp", "tp") that share a step's transformer work
                     (`dtp.make_mesh(tp, cp, cfg)`, `dtp.runtime.cfg`), offered where it pays: a batch of
-                    B >= cfg rows is split (each group runs ceil(B / cfg) rows of every call), and a two-call
-                    CFG pipeline at cfg = 2 runs one call per step per group (the other group's is exchanged).
+                    B >= cfg rows is split (each group runs ceil(B / cfg) rows of every call), and a pipeline
+                    whose step makes P guidance passes (`FitPipeline.guidance`: true CFG 2, LTX-2 with STG and
+                    modality guidance 4) at cfg = K dividing P runs P / K passes per step per group, each a call
+                    of its own (the K-pass runtime), the others' outputs exchanged once per step.
                     A rank of a cfg group holds and runs what a rank of the (cp, tp) mesh does, so it is
                     measured on that mesh; the exchange (an all-gather of the output) is added to its cost
-    mesh            (cp, tp) with cfg * cp * tp = gpus; cp > 1 in "ulysses" and "ring" modes
+    mesh            (cp, tp) with cfg * cp * tp = gpus / replicas; cp > 1 split as ring R x Ulysses U (R U = cp):
+                    "ulysses" (U = cp), "ring" (U = 1) and "usp" (1 < U < cp, `dtp.make_mesh(cp=C, ulysses=U)`);
+                    on several nodes a tp or Ulysses group that would span nodes is refused
+                    (`placement.check_within_nodes`, the rule of `runtime/nodes.py`)
     pad             zero-padded heads and widths (only kept where the unpadded candidate is refused)
     quant           None or a `dtp.quant.SCHEMES` name ("int8wo", "fp8wo"): the transformer's Linears
                     quantized after sharding (`dtp.quantize`), its weights traced as data + scales and its
@@ -37,18 +42,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import product
 
+from ..errors import PlanError
 from ..policy import CP_MODES
 from ..quant import SCHEMES
 from ..vae import SUPPORTED as SPLIT_VAES
 from .fsdp import fsdp_supported
 from .measure import PHASES, Setup
 from .pipelines import FitPipeline
+from .placement import Nodes, check_within_nodes, grid
 
 TEXT_ENCODER_MODES = ("sharded", "whole", "offloaded")
 # The weight-only schemes: float8 dynamic activation ("fp8") holds the same weight bytes as "fp8wo" and runs only
 # on CUDA GPUs of capability >= 8.9, so the fake-tensor trace cannot run its matmuls; its memory is the fp8wo row's.
 QUANT_SCHEMES = tuple(sorted(s for s in SCHEMES if s.endswith("wo")))
-CFG_PAIR = 2  # a two-call CFG step has two calls to spread: cfg = 2 groups
+USP = "usp"  # a candidate's cp_mode when cp is ring x Ulysses (1 < ulysses < cp)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +66,9 @@ class Candidate:
     cp: int = 1
     tp: int = 1
     cp_mode: str | None = None
+    """"ulysses", "ring", "usp" (Ulysses inside ring positions), None without cp."""
+    ulysses: int = 1
+    """The Ulysses degree U of cp (cp for "ulysses", 1 for "ring", 1 < U < cp for "usp"); ring degree cp / U."""
     pad: bool = False
     quant: str | None = None
     text_encoders: str = "whole"
@@ -72,10 +82,13 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Ask:
-    """What the user asked for that decides which options exist."""
+    """What the user asked for that decides which options exist: `gpus` ranks per mesh (the world / replicas), the
+    batch, the nodes the `replicas` meshes are laid out on."""
 
     gpus: int
     batch: int = 1
+    nodes: Nodes = Nodes()
+    replicas: int = 1
 
 
 @dataclass
@@ -86,14 +99,23 @@ class Arrangement:
     setups: dict[str, Setup]
     resident: dict[str, set[str]] = field(default_factory=dict)
     calls_per_step: int = 1
+    """Transformer calls one rank makes per step."""
+    traced_calls: float = 1
+    """A step's transformer work in calls of the traced setup (LTX-2 at cfg = 1: calls of 2, 1, 1 rows traced at
+    the widest, 2 rows: 4 / 2 = 2)."""
     cfg_path: str | None = None
-    """None (cfg = 1), "batch" (each call's rows split over the groups) or "pair" (one call of a pair each)."""
+    """None (cfg = 1), "batch" (each call's rows split over the groups) or "passes" (P / cfg passes each)."""
 
     @classmethod
     def start(cls, pipeline: FitPipeline, batch: int) -> Arrangement:
         names = list(pipeline.classes)
         setups = {n: Setup(batch=batch) for n in names}
-        return cls(setups, {n: set(PHASES) for n in names}, calls_per_step=pipeline.calls_per_step)
+        widest = max(pipeline.guidance)  # the pipeline's widest call (a doubled CFG batch: 2) sets the denoise peak
+        setups[pipeline.transformer] = Setup(batch=batch * widest)
+        for name, phase in pipeline.extras.items():  # LTX-2's connectors run on the CFG pair's rows
+            setups[name] = Setup(batch=batch * widest if phase == "text" else batch)
+        calls = len(pipeline.guidance)
+        return cls(setups, {n: set(PHASES) for n in names}, calls_per_step=calls, traced_calls=pipeline.passes / widest)
 
     def update(self, name: str, **changes) -> None:
         self.setups[name] = replace(self.setups[name], **changes)
@@ -119,12 +141,13 @@ def _always(pipeline: FitPipeline, c: Candidate) -> None:
 
 
 def cfg_path(pipeline: FitPipeline, batch: int, cfg: int) -> str | None:
-    """How `dtp.runtime.cfg` spreads a step over `cfg` groups: "batch", "pair", or None (it would not help)."""
+    """How `dtp.runtime.cfg` spreads a step over `cfg` groups: "batch" (a batch of prompts: the rows), "passes"
+    (cfg divides the step's guidance passes), or None (it would not help)."""
     if cfg == 1:
         return None
     if batch >= cfg:
         return "batch"
-    return "pair" if pipeline.calls_per_step == CFG_PAIR and cfg == CFG_PAIR else None
+    return "passes" if pipeline.passes > 1 and pipeline.passes % cfg == 0 else None
 
 
 def _cfg_options(pipeline: FitPipeline, ask: Ask) -> list[dict]:
@@ -132,28 +155,53 @@ def _cfg_options(pipeline: FitPipeline, ask: Ask) -> list[dict]:
 
 
 def _apply_cfg(c: Candidate, pipeline: FitPipeline, arrangement: Arrangement) -> None:
-    batch = arrangement.setups[pipeline.transformer].batch
+    batch = arrangement.setups[pipeline.transformer].batch // max(pipeline.guidance)  # the prompts' rows
     path = cfg_path(pipeline, batch, c.cfg)
     arrangement.cfg_path = path
-    if path == "batch":
-        arrangement.update(pipeline.transformer, batch=-(-batch // c.cfg))  # group 0 runs the ceil(B / cfg) first rows
-    elif path == "pair":
-        arrangement.calls_per_step = 1
+    if path == "batch":  # group 0 runs the ceil(B / cfg) first rows of every call
+        arrangement.update(pipeline.transformer, batch=-(-batch // c.cfg) * max(pipeline.guidance))
+    elif path == "passes":  # each group runs its P / cfg passes, a call of B rows each
+        arrangement.update(pipeline.transformer, batch=batch)
+        arrangement.calls_per_step = arrangement.traced_calls = pipeline.passes // c.cfg
 
 
 # ---- mesh, pad ---------------------------------------------------------------------------------
 
 
+def cp_mode(cp: int, ulysses: int) -> str | None:
+    """The mode of a cp axis split as ring (cp / ulysses) x Ulysses (ulysses): None without cp."""
+    if cp == 1:
+        return None
+    return "ulysses" if ulysses == cp else "ring" if ulysses == 1 else USP
+
+
 def _mesh_options(pipeline: FitPipeline, ask: Ask) -> list[dict]:
     options = []
     for cp in _divisors(ask.gpus):
-        modes = CP_MODES if cp > 1 else (None,)
-        options += [{"cp": cp, "tp": tp, "cp_mode": mode} for tp in _divisors(ask.gpus // cp) for mode in modes]
+        splits = _divisors(cp) if cp > 1 else [1]
+        for tp in _divisors(ask.gpus // cp):
+            options += [{"cp": cp, "tp": tp, "ulysses": u, "cp_mode": cp_mode(cp, u)} for u in splits]
     return options
 
 
+def _mesh_supported(ask: Ask) -> Callable[[FitPipeline, Candidate], str | None]:
+    """A candidate's tp and Ulysses groups inside a node (`placement.check_within_nodes`), as the runtime checks."""
+
+    def supported(pipeline: FitPipeline, c: Candidate) -> str | None:
+        try:
+            check_within_nodes(grid(c.cfg, c.cp, c.tp, c.ulysses, ask.replicas), ask.nodes)
+        except PlanError as exc:
+            return str(exc)
+        return None
+
+    return supported
+
+
 def _apply_mesh(c: Candidate, pipeline: FitPipeline, arrangement: Arrangement) -> None:
-    arrangement.update(pipeline.transformer, tp=c.tp, cp=c.cp, cp_mode=c.cp_mode or CP_MODES[0])
+    # USP runs whatever cp_mode says (`apply_cp`); "ring" prepares it without Ulysses' head check over the whole cp
+    mode = {None: CP_MODES[0], USP: "ring"}.get(c.cp_mode, c.cp_mode)
+    usp = c.ulysses if c.cp_mode == USP else 0
+    arrangement.update(pipeline.transformer, tp=c.tp, cp=c.cp, cp_mode=mode, ulysses=usp)
 
 
 def _apply_pad(c: Candidate, pipeline: FitPipeline, arrangement: Arrangement) -> None:
@@ -213,6 +261,11 @@ def _apply_vae(c: Candidate, pipeline: FitPipeline, arrangement: Arrangement) ->
         arrangement.update(pipeline.vae, split=c.world)
 
 
+def axes(ask: Ask = Ask(1)) -> list[Axis]:
+    """`AXES` with the mesh's node rule for `ask`'s nodes."""
+    return [replace(a, supported=_mesh_supported(ask)) if a.name == "mesh" else a for a in AXES]
+
+
 AXES = [
     Axis("cfg", _cfg_options, _always, _apply_cfg),
     Axis("mesh", _mesh_options, _always, _apply_mesh),
@@ -225,13 +278,17 @@ AXES = [
 ]  # fmt: skip
 
 
-def candidates(pipeline: FitPipeline, gpus: int, batch: int = 1) -> list[Candidate]:
-    """Every supported combination of the axes' options for `gpus` ranks (cfg * cp * tp = gpus)."""
-    ask = Ask(gpus, batch)
+def candidates(
+    pipeline: FitPipeline, gpus: int, batch: int = 1, nodes: Nodes | None = None, replicas: int = 1
+) -> list[Candidate]:
+    """Every supported combination of the axes' options for `gpus` ranks per mesh (cfg * cp * tp = gpus), each of
+    `replicas` meshes laid out on `nodes` (tp and Ulysses inside a node)."""
+    ask = Ask(gpus, batch, nodes or Nodes(), replicas)
     found = []
-    for choice in product(*(axis.options(pipeline, ask) for axis in AXES)):
+    chosen = axes(ask)
+    for choice in product(*(axis.options(pipeline, ask) for axis in chosen)):
         candidate = Candidate(**{k: v for option in choice for k, v in option.items()})
-        if candidate.world == gpus and all(axis.supported(pipeline, candidate) is None for axis in AXES):
+        if candidate.world == gpus and all(axis.supported(pipeline, candidate) is None for axis in chosen):
             found.append(candidate)
     return found
 

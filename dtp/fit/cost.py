@@ -28,11 +28,19 @@ algorithms, what NCCL uses on one node):
 
 e.g. an all-reduce of a [1, 4608, 3072] bf16 activation (28.3 MB) at tp=4 over NVLink 450 GB/s:
 2 x 3/4 x 28.3 MB / 450 GB/s = 94 us (+ ALPHA["all_reduce"], 25 us).
+
+Across nodes (`Network`): a collective on a mesh axis whose groups span nodes (`placement.crossing_axes`) runs at
+the inter-node link's per-GPU bandwidth with its latency factor (`hardware.INTER_NODE`), the whole collective at
+that rate: a ring over two nodes moves every byte through its slowest hop, and every GPU of a node sends at once.
+e.g. the cfg exchange of Wan 2.1 at 720p x 81 frames (2 x 7.7 MB gathered) over 400Gb IB (50 GB/s per GPU):
+1/2 x 15.5 MB / 50 GB/s = 155 us + 2 x 20 us.
 """
 
 from __future__ import annotations
 
-from .hardware import Hardware
+from dataclasses import dataclass
+
+from .hardware import Hardware, InterNode
 
 MATMUL_EFFICIENCY = 0.6  # fraction of datasheet peak large bf16 matmuls and flash attention sustain (compiled)
 EAGER_FACTOR = 22.8 / 15.6  # dtp eager / compiled on an H200 (gpu_check.md): 1.46
@@ -87,13 +95,31 @@ def latency(op: str, hw: Hardware) -> float:
     return alpha if hw.link == "NVLink" else alpha * PCIE_LATENCY_FACTOR
 
 
-def collective_seconds(records, hw: Hardware) -> float:
-    """Seconds of `(op, result bytes, group size)` collectives on `hw`'s links."""
-    return sum(
-        latency(op, hw) + wire_bytes(op, nbytes, group) / hw.link_bandwidth
-        for op, nbytes, group in records
-        if group > 1
-    )
+@dataclass(frozen=True)
+class Network:
+    """The mesh axes that cross nodes (`placement.crossing_axes`) and the link they cross."""
+
+    crossing: frozenset = frozenset()
+    link: InterNode | None = None
+    gpus_per_node: int = 1
+
+
+ONE_NODE = Network()
+
+
+def collective_seconds(records, hw: Hardware, network: Network = ONE_NODE) -> float:
+    """Seconds of `(op, result bytes, group size[, mesh axis])` collectives on `hw`'s links, or on `network`'s
+    inter-node link for an axis that crosses nodes (module docstring)."""
+    total = 0.0
+    for op, nbytes, group, *axis in records:
+        if group <= 1:
+            continue
+        if axis and axis[0] in network.crossing:
+            alpha = ALPHA_NVLINK[collective_kind(op)] * network.link.latency_factor
+            total += alpha + wire_bytes(op, nbytes, group) / network.link.gpu_bandwidth(network.gpus_per_node)
+        else:
+            total += latency(op, hw) + wire_bytes(op, nbytes, group) / hw.link_bandwidth
+    return total
 
 
 def compute_seconds(
@@ -116,10 +142,11 @@ def call_seconds(
     fp8: bool = False,
     fp32_flops: float = 0,
     compiled: bool = True,
+    network: Network = ONE_NODE,
 ) -> float:
     """One transformer call on one rank: compute + collectives (the module docstring's model)."""
     compute = compute_seconds(flops, weight_bytes, hw, fp8=fp8, fp32_flops=fp32_flops, compiled=compiled)
-    return compute + collective_seconds(collectives, hw)
+    return compute + collective_seconds(collectives, hw, network)
 
 
 def fsdp_copy_out_seconds(unit_bytes, hw: Hardware) -> float:

@@ -23,34 +23,46 @@ unquantized twin (padded or not) fits (weight-only quantization changes the weig
 these sizes the step is compute-bound, so it buys memory, not time, at some cost in quality). Both also
 save most of the traces.
 
-Rows that fit come first, fastest first (then smallest peak); the others follow by peak.
+Across nodes (`nodes` x `gpus_per_node`, `inter_node` link): the ranks are laid out as `make_mesh` lays them
+(`placement.py`: cfg, ring, Ulysses, tp outermost to innermost; torchrun's consecutive ranks per node), a candidate
+whose tp or Ulysses group would span nodes is not offered, and each collective of an axis that crosses nodes costs the
+inter-node link (`cost.Network`); rows name those axes (`crosses_nodes`) and carry multi-node torchrun and SLURM srun
+commands. `replicas` R: rows of R copies of a world / R mesh beside the single-mesh rows, each with its throughput
+per GPU (`steps_per_gpu_second` = R / (step_seconds x world)), ranked by it.
+
+Rows that fit come first, fastest first (then smallest peak); the others follow by peak. With replicas, rows that
+fit are ranked by throughput per GPU instead.
 """
 
 from __future__ import annotations
 
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import ForwardError, PlanError
 from ..policy import check_degree, parse_dtype
 from ..runtime.cfg.cost import exchange
 from . import cost
 from .cache_state import CACHE_PHASES, CacheState
-from .candidates import Arrangement, Candidate, arrangement, candidates
+from .candidates import USP, Arrangement, Candidate, arrangement, candidates
 from .fsdp import fsdp_row
 from .hardware import hardware as find_hardware
+from .hardware import inter_node as find_inter_node
 from .hardware import parse_memory
 from .measure import PHASES, Measurer
 from .pipelines import PROMPT_TOKENS, FitPipeline, Shape, fit_pipeline
+from .placement import AXIS_ORDER, FSDP, WORLD, Nodes, check_nodes, crossing_axes, grid
 
 DEFAULT_PROMPT = "a photo of a cat"
+DEFAULT_INTER_NODE = "400Gb IB"  # `--inter-node` when --nodes > 1 names none
+RDZV_PORT = 29500
 
 
 def fit(
     pipeline: str,
-    gpus: int,
-    gpu_memory,
+    gpus: int | None = None,
+    gpu_memory=None,
     *,
     resolution: int | None = None,
     frames: int | None = None,
@@ -65,6 +77,10 @@ def fit(
     cache: str | None = None,
     compile: bool = False,
     attention_backend: str | None = None,
+    nodes: int = 1,
+    gpus_per_node: int | None = None,
+    inter_node: str | None = None,
+    replicas: int = 1,
 ) -> dict:
     """The `dtp fit --json` object: `{"pipeline", "gpus", "gpu_memory_bytes", "hardware", "rows": [...]}`.
 
@@ -73,27 +89,45 @@ def fit(
     only: candidate fields to keep, e.g. `{"cp": 1}` (default: every candidate).
     measurer: a `Measurer` of the same pipeline and dtype from an earlier call; cache: a step cache (`cache_state`).
     compile: rows costed as `dtp run --compile` runs, else eager; attention_backend: recorded, put in the commands.
-    gpu_memory: bytes, or a string such as "24GiB" / "80GB". height / width default to `resolution`, which defaults
+    gpu_memory: bytes, or a string such as "24GiB" / "80GB" (default: the `hardware` preset's memory).
+    nodes, gpus_per_node, inter_node: the GPUs as nodes joined by an inter-node link preset (`hardware.INTER_NODE`;
+        default "400Gb IB" on several nodes); gpus = nodes x gpus_per_node. replicas: also rows of R copies of a
+        world / R mesh (`dtp serve --replicas R`), ranked with the single-mesh rows by throughput per GPU.
+    height / width default to `resolution`, which defaults
         to the pipeline's usual size (`FitPipeline.usual_size`: 1024² for images, Wan2.1-T2V-14B 720 x 1280);
         frames to the usual clip's (81 for `wan-pipeline`), None for an image pipeline.
     Each row: as `estimate` builds it (options, compiled, bytes by component and phase, peak, fits, step_seconds,
     command); `rejected`: candidates whose plans do not fit the mesh, with why; `reason`: why nothing fits.
     """
+    placed = _nodes(gpus, nodes, gpus_per_node, inter_node)
+    gpus = placed.gpus
     _ = [check_degree(value, f"dtp fit: --{name}") for name, value in (("gpus", gpus), ("batch", batch))]
-    hw = find_hardware(hardware, memory := parse_memory(gpu_memory))
+    check_degree(replicas, "dtp fit: --replicas")
+    if gpus % replicas:
+        raise PlanError(f"dtp fit: --replicas {replicas} does not divide {gpus} GPUs; each replica is a whole mesh.")
+    check_nodes(placed, gpus)
+    hw, memory = _hardware(hardware, gpu_memory)
     spec = fit_pipeline(pipeline)
     frames = frames or spec.usual_frames
     shape = _shape(spec, batch, resolution, height, width, frames, text_tokens)
     measurer = measurer or Measurer(spec, parse_dtype(dtype))
     start = time.perf_counter()
-    found = candidates(spec, gpus, batch)
-    run = RunOptions(compile, attention_backend)
-    rows, rejected = _estimate_all(found, spec, measurer, shape, memory, hw, only, cache, run)
-    rows = sorted(_drop_needless_padding(rows), key=_best_first)
+    run = RunOptions(compile, attention_backend, placed)
+    rows, rejected = [], []
+    for r in dict.fromkeys((1, replicas)):
+        found = candidates(spec, gpus // r, batch, placed, r)
+        some, refused = _estimate_all(found, spec, measurer, shape, memory, hw, only, cache, replace(run, replicas=r))
+        rows, rejected = rows + some, rejected + refused
+    rows = sorted(_drop_needless_padding(rows), key=_by_throughput if replicas > 1 else _best_first)
     return {
         "pipeline": spec.name,
         "title": spec.title,
         "gpus": gpus,
+        "nodes": placed.nodes,
+        "gpus_per_node": placed.gpus_per_node,
+        "inter_node": placed.link.name if placed.link else None,
+        "replicas": replicas,
+        "guidance_passes": spec.passes,
         "gpu_memory_bytes": memory,
         "hardware": hw.name,
         "dtype": dtype,
@@ -116,12 +150,44 @@ def _shape(spec: FitPipeline, batch, resolution, height, width, frames, text_tok
     return Shape(batch, height, width, frames or 1, text_tokens)
 
 
+def _nodes(gpus, nodes: int, gpus_per_node, inter_node) -> Nodes:
+    """The GPUs as `Nodes`: `gpus` on one node, or nodes x gpus_per_node (either may be implied by `gpus`)."""
+    check_degree(nodes, "dtp fit: --nodes")
+    if gpus_per_node is None:
+        if gpus is None:
+            raise PlanError("dtp fit: give --gpus N, or --nodes N --gpus-per-node G.")
+        if gpus % nodes:
+            raise PlanError(f"dtp fit: {gpus} GPUs do not split evenly over {nodes} nodes; give --gpus-per-node.")
+        gpus_per_node = gpus // nodes
+    check_degree(gpus_per_node, "dtp fit: --gpus-per-node")
+    if gpus is not None and gpus != nodes * gpus_per_node:
+        raise PlanError(
+            f"dtp fit: --gpus {gpus} != --nodes {nodes} x --gpus-per-node {gpus_per_node}; give one or the other."
+        )
+    link = find_inter_node(inter_node or DEFAULT_INTER_NODE) if nodes > 1 or inter_node else None
+    return Nodes(nodes, gpus_per_node, link)
+
+
+def _hardware(name: str | None, gpu_memory):
+    """(the preset, bytes per GPU): `gpu_memory` as given, else the named preset's memory."""
+    if gpu_memory is None:
+        if name is None:
+            raise PlanError("dtp fit: give --gpu-memory (e.g. 80GB) or --hardware (its memory is the default).")
+        hw = find_hardware(name, 0)
+        return hw, hw.memory_bytes
+    memory = parse_memory(gpu_memory)
+    return find_hardware(name, memory), memory
+
+
 @dataclass(frozen=True)
 class RunOptions:
-    """How the rows' commands run the pipeline (not a mesh choice): compiled or eager, the attention backend."""
+    """How the rows' commands run the pipeline (not a mesh choice): compiled or eager, the attention backend, the
+    nodes they are launched on, the replicas of the mesh."""
 
     compile: bool = False
     attention_backend: str | None = None
+    nodes: Nodes = Nodes()
+    replicas: int = 1
 
     def fields(self) -> dict:
         return {"compiled": self.compile, "attention_backend": self.attention_backend or "auto"}
@@ -130,6 +196,11 @@ class RunOptions:
 def _best_first(row: dict) -> tuple:
     """Rows that fit first, fastest first, then smallest peak; the others by peak."""
     return (not row["fits"], row["step_seconds"] if row["fits"] else 0, row["peak_bytes"])
+
+
+def _by_throughput(row: dict) -> tuple:
+    """Rows that fit first, the most steps per second per GPU first, then fastest; the others by peak."""
+    return (not row["fits"], -row["steps_per_gpu_second"] if row["fits"] else 0, *_best_first(row)[1:])
 
 
 def _estimate_all(found, spec, measurer, shape, memory, hw, only, cache=None, run=RunOptions()):
@@ -171,10 +242,11 @@ def estimate(
     plan = arrangement(candidate, spec, shape.batch)
     figures = {name: measurer.phase(name, setup, shape) for name, setup in plan.setups.items()}
     weights = {name: f.weight_bytes for name, f in figures.items()}
+    extras = spec.extras  # run one after another in their phase: the phase's peak is the largest
     phase_bytes = {
-        "text": max((figures[n].peak_bytes for n in spec.text_encoders), default=0),
+        "text": max((figures[n].peak_bytes for n in [*spec.text_encoders, *_in(extras, "text")]), default=0),
         "denoise": figures[spec.transformer].peak_bytes,
-        "decode": figures[spec.vae].peak_bytes,
+        "decode": max(figures[n].peak_bytes for n in [spec.vae, *_in(extras, "decode")]),
     }
     cached = (
         {} if state is None else {"cache": state.name, "cache_bytes": state.bytes(candidate.cp, plan_rows(plan, spec))}
@@ -184,12 +256,19 @@ def estimate(
     peak_phase = max(PHASES, key=totals.get)
     step = figures[spec.transformer]
     exchange = cfg_exchange(plan, candidate, measurer.output_bytes(plan.setups[spec.transformer], shape))
+    layout = grid(candidate.cfg, candidate.cp, candidate.tp, candidate.ulysses, run.replicas)
+    crossing = crossing_axes(layout, run.nodes)
+    network = cost.Network(frozenset(crossing), run.nodes.link, run.nodes.gpus_per_node or 1)
     call = cost.call_seconds(
-        step.flops, weights[spec.transformer], step.collectives, hw, fp32_flops=step.fp32_flops, compiled=run.compile
-    )
-    seconds = plan.calls_per_step * call + cost.collective_seconds(exchange, hw)
+        step.flops, weights[spec.transformer], step.collectives, hw, fp32_flops=step.fp32_flops, compiled=run.compile,
+        network=network,
+    )  # fmt: skip
+    seconds = plan.traced_calls * call + cost.collective_seconds(exchange, hw, network)
+    world = candidate.world * run.replicas
     row = {
         **_options(candidate),
+        "replicas": run.replicas,
+        "crosses_nodes": [a for a in crossing if a in AXIS_ORDER or (a == FSDP and candidate.fsdp)],
         "compiled": run.compile,
         "weight_bytes": weights,
         "phase_bytes": phase_bytes,
@@ -198,18 +277,27 @@ def estimate(
         "peak_phase": peak_phase,
         "fits": totals[peak_phase] <= memory,
         "step_seconds": seconds,
-        "step_flops": step.flops,
-        "step_fp32_flops": step.fp32_flops * plan.calls_per_step,
+        "steps_per_gpu_second": run.replicas / (seconds * world),
+        "step_flops": step.flops * plan.traced_calls,
+        "step_fp32_flops": step.fp32_flops * plan.traced_calls,
         "attention_kernels": dict(step.attention),
         "traced_on": step.device,
-        "step_collective_bytes": sum(nbytes for _, nbytes, _ in step.collectives) * plan.calls_per_step
-        + sum(nbytes for _, nbytes, _ in exchange),
+        "step_collective_bytes": sum(r[1] for r in step.collectives) * plan.traced_calls + sum(r[1] for r in exchange),
         "calls_per_step": plan.calls_per_step,
+        "traced_calls": plan.traced_calls,
         "command": command(candidate, spec, shape, run=run),
         "serve_command": command(candidate, spec, shape, "serve", run),
+        "srun_command": command(candidate, spec, shape, run=run, slurm=True),
         **cached,
     }
-    return fsdp_row(row, candidate, spec, plan, call, measurer.dtype, hw, memory) if candidate.fsdp else row
+    if candidate.fsdp:
+        row = fsdp_row(row, candidate, spec, plan, call, measurer.dtype, hw, memory, network)
+        row["steps_per_gpu_second"] = run.replicas / (row["step_seconds"] * world)
+    return row
+
+
+def _in(extras: dict[str, str], phase: str) -> list[str]:
+    return [name for name, where in extras.items() if where == phase]
 
 
 def plan_rows(plan: Arrangement, spec: FitPipeline) -> int:
@@ -218,12 +306,17 @@ def plan_rows(plan: Arrangement, spec: FitPipeline) -> int:
 
 
 def cfg_exchange(plan: Arrangement, c: Candidate, output_bytes: int) -> list[tuple]:
-    """The cfg axis's collectives of one step on one rank, as (op, result bytes, group size) (`runtime.cfg.cost`):
-    batch path, every call of the step is exchanged; pair path, one per step (the second call is answered)."""
+    """The cfg axis's collectives of one step on one rank, as (op, result bytes, group size, axis)
+    (`runtime.cfg.cost`): batch path, every call of the step is exchanged; passes path, once per step: the outputs of
+    every group's passes gathered (P x one pass's output; the pair path's records at P = 2), the agreement flags
+    over the whole mesh."""
     if plan.cfg_path is None:
         return []
-    records = exchange(plan.cfg_path, c.cfg, c.cfg * output_bytes, c.world)
-    return records * plan.calls_per_step if plan.cfg_path == "batch" else records
+    if plan.cfg_path == "batch":
+        records = exchange("batch", c.cfg, c.cfg * output_bytes, c.world) * plan.calls_per_step
+    else:
+        records = exchange("pair", c.cfg, c.cfg * plan.calls_per_step * output_bytes, c.world)
+    return [(op, n, group, "cfg" if group == c.cfg and op == "all_gather" else WORLD) for op, n, group in records]
 
 
 def _options(c: Candidate) -> dict:
@@ -232,6 +325,8 @@ def _options(c: Candidate) -> dict:
         "cp": c.cp,
         "tp": c.tp,
         "cp_mode": c.cp_mode,
+        "ulysses": c.ulysses,
+        "ring": c.cp // c.ulysses,
         "pad": c.pad,
         "quant": c.quant,
         "text_encoders": c.text_encoders,
@@ -248,13 +343,24 @@ def _drop_needless_padding(rows: list[dict]) -> list[dict]:
 
 def _key(row: dict, *without: str) -> tuple:
     """The row's options but pad (and `without`): the key its twins share."""
-    names = ("cfg", "cp", "tp", "cp_mode", "quant", "text_encoders", "parallel_vae", "fsdp")
-    return tuple(row[k] for k in names if k not in without)
+    names = ("cfg", "cp", "tp", "cp_mode", "ulysses", "quant", "text_encoders", "parallel_vae", "fsdp")
+    return tuple(row[k] for k in names if k not in without) + (row.get("replicas", 1),)
 
 
-def command(c: Candidate, spec: FitPipeline, shape: Shape, verb: str = "run", run: RunOptions = RunOptions()) -> str:
+def command(
+    c: Candidate,
+    spec: FitPipeline,
+    shape: Shape,
+    verb: str = "run",
+    run: RunOptions = RunOptions(),
+    *,
+    slurm: bool = False,
+) -> str | None:
     """The `dtp run` command line that runs `c` (the VAE split needs no option: `dtp run` splits it when it can);
-    with verb "serve", the `dtp serve` line that loads the same mesh (sizes and frames then come per request)."""
+    with verb "serve", the `dtp serve` line that loads the same mesh (sizes and frames then come per request; with
+    replicas, all of them: `--replicas R`). On several nodes, a torchrun line per node (`--nnodes`, `--node-rank
+    $NODE_RANK`, `--rdzv-endpoint $MASTER_ADDR:29500`, run on every node); `slurm`: the `srun` line that starts one
+    such torchrun per node of an allocation (None on one node)."""
     args = ["--model-dir", spec.model_dir]
     if verb == "run":
         args += ["--prompt", DEFAULT_PROMPT, "--height", str(shape.height), "--width", str(shape.width)]
@@ -262,7 +368,9 @@ def command(c: Candidate, spec: FitPipeline, shape: Shape, verb: str = "run", ru
             args += ["--frames", str(shape.frames), "--output", "output.mp4"]
     if c.cfg > 1:
         args += ["--cfg", str(c.cfg)]
-    if c.cp > 1:
+    if c.cp_mode == USP:
+        args += ["--cp", str(c.cp), "--ulysses", str(c.ulysses)]  # Ulysses inside each of cp / ulysses ring positions
+    elif c.cp > 1:
         args += ["--cp", str(c.cp), "--cp-mode", c.cp_mode]
     if c.pad:
         args.append("--pad")
@@ -278,8 +386,30 @@ def command(c: Candidate, spec: FitPipeline, shape: Shape, verb: str = "run", ru
         args.append("--compile")
     if run.attention_backend not in (None, "auto"):
         args += ["--attention-backend", run.attention_backend]
-    launcher = ["python"] if c.world == 1 else ["torchrun", "--nproc-per-node", str(c.world)]
-    return shlex.join([*launcher, "-m", "dtp", verb, *args])
+    ranks = c.world
+    if verb == "serve" and run.replicas > 1:
+        args += ["--replicas", str(run.replicas)]
+        ranks *= run.replicas
+    tail = shlex.join(["-m", "dtp", verb, *args])
+    per_node = run.nodes.gpus_per_node or ranks
+    if ranks <= per_node:  # one node
+        if slurm:
+            return None
+        return f"python {tail}" if ranks == 1 else f"torchrun --nproc-per-node {ranks} {tail}"
+    nnodes = ranks // per_node
+    launch = f"torchrun --nnodes {nnodes} --nproc-per-node {per_node}"
+    if not slurm:
+        return f"{launch} --node-rank $NODE_RANK --rdzv-endpoint $MASTER_ADDR:{RDZV_PORT} {tail}"
+    inner = f"{launch} --node-rank \\$SLURM_NODEID --rdzv-endpoint $MASTER_ADDR:{RDZV_PORT} {_in_double_quotes(tail)}"
+    head = 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+    return f'{head} && srun --nodes {nnodes} --ntasks-per-node 1 --gpus-per-node {per_node} bash -c "{inner}"'
+
+
+def _in_double_quotes(text: str) -> str:
+    """`text` escaped for a bash double-quoted string: taken literally by the shell that runs it."""
+    for char in ("\\", '"', "$", "`"):
+        text = text.replace(char, "\\" + char)
+    return text
 
 
 def why_none_fits(rows: list[dict], rejected: list[dict], memory: int) -> str:

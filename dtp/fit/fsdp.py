@@ -57,13 +57,16 @@ def component_figures(pipeline, name: str, c, setup, dtype) -> FsdpFigures | Non
             _TEMPLATES[source] = pipeline.build(name, dtype)
         module = copy.deepcopy(_TEMPLATES[source])  # sharding mutates it; a meta copy costs next to nothing
         # A candidate without a cp axis has no cp_mode (None); FSDP's bytes do not depend on it.
-        options = dict(tp=setup.tp, cp=c.cp, cfg=c.cfg, cp_mode=c.cp_mode or "ulysses", pad=setup.pad)
+        # USP's mesh is the plain (cfg, cp, tp) one plus side groups: FSDP's bytes are those of its ring twin
+        mode = {None: "ulysses", "usp": "ring"}.get(c.cp_mode, c.cp_mode)
+        options = dict(tp=setup.tp, cp=c.cp, cfg=c.cfg, cp_mode=mode, pad=setup.pad)
         _FIGURES[key] = traced_fsdp(name, module, **options)
     return _FIGURES[key]
 
 
-def fsdp_row(row: dict, c, pipeline, plan, call_seconds: float, dtype, hw, memory: int) -> dict:
-    """`row` (measured without FSDP) as it is with FSDP over F = cfg x cp ranks (the module docstring's model)."""
+def fsdp_row(row: dict, c, pipeline, plan, call_seconds: float, dtype, hw, memory: int, network=cost.ONE_NODE) -> dict:
+    """`row` (measured without FSDP) as it is with FSDP over F = cfg x cp ranks (the module docstring's model); its
+    gathers on the inter-node link where the fsdp axis crosses nodes (`network`)."""
     f, name = c.cfg * c.cp, pipeline.transformer
     sharded = [name] + (list(pipeline.text_encoders) if c.text_encoders == "sharded" else [])
     traced = {n: component_figures(pipeline, n, c, plan.setups[n], dtype) for n in sharded}
@@ -75,7 +78,7 @@ def fsdp_row(row: dict, c, pipeline, plan, call_seconds: float, dtype, hw, memor
     totals = {p: resident[p] + held.get(p, 0) + row["phase_bytes"][p] for p in resident}
     peak_phase = max(totals, key=totals.get)
     units = traced[name].units
-    gather = cost.collective_seconds([("all_gather", size, f) for size in units], hw)
+    gather = cost.collective_seconds([("all_gather", size, f, "fsdp") for size in units], hw, network)
     exposed = max(0.0, gather - call_seconds) + cost.fsdp_copy_out_seconds(units, hw)
     gathered = int(cost.wire_bytes("all_gather", sum(units), f)) * row["calls_per_step"]
     return {

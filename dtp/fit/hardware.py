@@ -9,10 +9,33 @@ Public datasheet figures, dense (no 2:4 sparsity), per GPU:
     L40S        48 GB      362           733          91.6        0.864       PCIe 4.0 x16                 32
     L20         48 GB      119.5         239          59.8        0.864       PCIe 4.0 x16                 32
     RTX 4090    24 GB      165           330          82.6        1.008       PCIe 4.0 x16                 32
+    B200       180 GB     2250          4500          75          8.0         NVLink 5 (1.8 TB/s bidir)   900
+    GB200      186 GB     2500          5000          80          8.0         NVLink 5 (1.8 TB/s bidir)   900
 
 (RTX 4090: the fp32-accumulate tensor rate, which is what bf16 matmuls use. fp32: the non-tensor-core FP32 rate,
 what an fp32 matmul runs at without TF32, which dtp never enables.) The link figure is what one
 GPU can send while it receives as much, the bandwidth a ring collective is limited by.
+
+Blackwell (dense = half the "with sparsity" datasheet figures; not measured here):
+    B200    NVIDIA HGX B200 datasheet (https://www.nvidia.com/en-us/data-center/hgx/), per GPU of the 8-GPU board:
+            180 GB HBM3e, 8 TB/s, FP16/BF16 tensor 4.5 PFLOPS sparse (2.25 dense), FP8 9 sparse (4.5 dense), FP32
+            75 TFLOPS, fifth-generation NVLink 1.8 TB/s per GPU (both directions; 900 GB/s each way).
+    GB200   NVIDIA GB200 NVL72 datasheet (https://www.nvidia.com/en-us/data-center/gb200-nvl72/), rack figures / 72
+            GPUs: 13.4 TB HBM3e (186 GB), 576 TB/s (8 TB/s), FP16/BF16 360 PFLOPS sparse (2.5 dense each), FP8 720
+            sparse (5 dense each), FP32 5,760 TFLOPS (80 each), NVLink 130 TB/s (1.8 TB/s each, 900 GB/s each way).
+
+Between nodes (`INTER_NODE`, `dtp fit --inter-node`): what one GPU can send to another node while every GPU of its
+node does the same (a ring or cfg axis that crosses nodes: each rank has its peer on the other node), i.e. the node's
+NIC bandwidth / GPUs per node, and a small-message latency factor over NVLink's (assumed, not measured here:
+InfiniBand / RoCE RDMA adds a few microseconds per hop to NCCL's launch cost; TCP sockets more):
+
+    400Gb IB      one 400 Gb/s NDR InfiniBand NIC per GPU (ConnectX-7, the DGX H100 / DGX B200 compute fabric:
+                  8 per 8-GPU node)                                            50 GB/s per GPU       latency x2
+    800Gb IB      one 800 Gb/s XDR InfiniBand NIC per GPU (ConnectX-8)       100 GB/s per GPU       latency x2
+    8x200Gb RoCE  eight 200 Gb/s RoCE NICs per node (200 GB/s a node)       200 / G GB/s per GPU   latency x2
+    100GbE        one 100 Gb/s Ethernet NIC per node (TCP sockets)         12.5 / G GB/s per GPU   latency x4
+    NVL72         the GB200 NVL72 rack: its 18 compute trays of 4 GPUs are joined by the NVLink switch, so "across
+                  nodes" is NVLink 5 (900 GB/s per GPU, NVLink latency); at most 72 GPUs
 """
 
 from __future__ import annotations
@@ -63,6 +86,10 @@ HARDWARE = {
                  memory_bandwidth=0.864 * T, link_bandwidth=32 * GB, link="PCIe"),
         Hardware(name="RTX 4090", memory_bytes=24 * GB, bf16_flops=165 * T, fp8_flops=330 * T, fp32_flops=82.6 * T,
                  memory_bandwidth=1.008 * T, link_bandwidth=32 * GB, link="PCIe"),
+        Hardware(name="B200", memory_bytes=180 * GB, bf16_flops=2250 * T, fp8_flops=4500 * T, fp32_flops=75 * T,
+                 memory_bandwidth=8 * T, link_bandwidth=900 * GB, link="NVLink"),
+        Hardware(name="GB200", memory_bytes=186 * GB, bf16_flops=2500 * T, fp8_flops=5000 * T, fp32_flops=80 * T,
+                 memory_bandwidth=8 * T, link_bandwidth=900 * GB, link="NVLink"),
     )
 }  # fmt: skip
 
@@ -80,6 +107,45 @@ def hardware(name: str | None, gpu_memory: int) -> Hardware:
 
 def _key(name: str) -> str:
     return re.sub(r"[\s_-]", "", name).lower()
+
+
+@dataclass(frozen=True, kw_only=True)
+class InterNode:
+    """The link between nodes (module docstring's table)."""
+
+    name: str
+    bandwidth: float
+    """Bytes/s of the whole node (per_gpu False) or of each GPU (per_gpu True), each way."""
+    per_gpu: bool
+    """True: one NIC per GPU (`bandwidth` is each GPU's); False: the node's NICs shared by its GPUs."""
+    latency_factor: float
+    """Small-message latency of a collective over this link / over NVLink (`cost.ALPHA_NVLINK`)."""
+    max_gpus: int | None = None
+    """The most GPUs the fabric joins (NVL72: 72), None: no limit."""
+
+    def gpu_bandwidth(self, gpus_per_node: int) -> float:
+        """Bytes/s one GPU sends to another node while every GPU of its node does."""
+        return self.bandwidth if self.per_gpu else self.bandwidth / gpus_per_node
+
+
+INTER_NODE = {
+    link.name: link
+    for link in (
+        InterNode(name="400Gb IB", bandwidth=50 * GB, per_gpu=True, latency_factor=2.0),
+        InterNode(name="800Gb IB", bandwidth=100 * GB, per_gpu=True, latency_factor=2.0),
+        InterNode(name="8x200Gb RoCE", bandwidth=200 * GB, per_gpu=False, latency_factor=2.0),
+        InterNode(name="100GbE", bandwidth=12.5 * GB, per_gpu=False, latency_factor=4.0),
+        InterNode(name="NVL72", bandwidth=900 * GB, per_gpu=True, latency_factor=1.0, max_gpus=72),
+    )
+}
+
+
+def inter_node(name: str) -> InterNode:
+    """The inter-node preset called `name` (case, spaces, "-" and "_" ignored); PlanError naming the presets."""
+    for preset in INTER_NODE.values():
+        if _key(preset.name) == _key(name):
+            return preset
+    raise PlanError(f"unknown inter-node link '{name}'; presets: {', '.join(repr(n) for n in INTER_NODE)}.")
 
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": GB, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": GIB}

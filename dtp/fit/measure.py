@@ -41,7 +41,7 @@ from ..analysis.trace import Trace, scale_blocks, scale_collectives, truncate_bl
 from ..engine import apply
 from ..errors import PlanError
 from ..pipeline import prepare_component
-from ..runtime.mesh import make_mesh
+from ..runtime.mesh import CP_AXIS, RING_AXIS, TP_AXIS, ULYSSES_AXIS, make_mesh, usp_groups
 from ..runtime.parallelism import Parallelism
 from ..vae import parallelize_vae
 from ..vae.video_decode import FRAME_LOOP_VAES
@@ -50,12 +50,16 @@ from .pipelines import (
     RELEASED_PIPELINES,
     FitPipeline,
     Shape,
+    audio_decode_inputs,
+    connector_inputs,
     decode,
     decode_inputs,
     text_inputs,
     vae_scale,
     vae_time_scale,
+    vocoder_inputs,
 )
+from .placement import WORLD
 
 PHASES = ("text", "denoise", "decode")
 # Submodules a component calls many times alike, replayed after two runs (`repeats.py`): the per-frame decoder.
@@ -75,6 +79,9 @@ class Setup:
     cp: int = 1
     """Context-parallel degree its sequence is split over (the transformer only)."""
     cp_mode: str = "ulysses"
+    ulysses: int = 0
+    """USP (`dtp.make_mesh(cp=cp, ulysses=U)`, 1 < U < cp): the Ulysses degree inside each ring position; 0: the
+    plain `cp_mode` mesh."""
     pad: bool = False
     batch: int = 1
     """Batch this rank runs it on (the cfg axis splits the transformer's over its groups)."""
@@ -97,7 +104,8 @@ class PhaseFigures:
     peak_bytes: int
     flops: int
     collectives: tuple
-    """(op, result bytes, group size) per collective."""
+    """(op, result bytes, group size, mesh axis) per collective; the axis "tp", "ulysses", "ring" (a plain cp mesh:
+    its cp_mode's), or "world" for a group that is no axis of the mesh (`_parallelize`)."""
     output_bytes: int = 0
     """Bytes of the call's output on this rank (the transformer's: its latents' shape; what cfg exchanges)."""
     fp32_flops: int = 0
@@ -175,14 +183,14 @@ class Measurer:
             if isinstance(one, Exception):
                 result[s] = one
             elif twos is None:
-                result[s] = _figures(one, ones[1], ones[2], one.peak_bytes)
+                result[s] = _figures(one, ones[1], ones[2], one.peak_bytes, ones[3])
             else:
-                result[s] = _figures(one, ones[1], ones[2], _text_peak(one, twos[0][s], ones[2]))
+                result[s] = _figures(one, ones[1], ones[2], _text_peak(one, twos[0][s], ones[2]), ones[3])
         return result
 
     def _trace(self, name: str, setup: Setup, shapes: list[Shape], depth: int):
-        """({shape: trace or PlanError}, parameter bytes by scope, block multiplicities) of `name` cut to `depth`
-        blocks per list, built and sharded once and traced at every shape."""
+        """({shape: trace or PlanError}, parameter bytes by scope, block multiplicities, {process group name: mesh
+        axis}) of `name` cut to `depth` blocks per list, built and sharded once and traced at every shape."""
         module, lengths = self._template(name, depth)
         module = copy.deepcopy(module)  # sharding mutates it; a meta copy costs next to nothing
         calls = {}
@@ -194,15 +202,17 @@ class Measurer:
         scale = {path: max(n // depth, 1) for path, n in lengths.items()}
         if name == self.pipeline.transformer and TRANSFORMER_DEVICE == "cuda":
             try:  # what a GPU runs (module docstring)
-                shard = partial(_parallelize, name, setup=setup, device="cuda")
+                axes: dict = {}
+                shard = partial(_parallelize, name, setup=setup, device="cuda", axes=axes)
                 traces, weights = trace_sharded(copy.deepcopy(module), setup.world, shard, calls, quant=setup.quant,
                                                 device="cuda")  # fmt: skip
-                return traces, weights, scale
+                return traces, weights, scale, axes
             except (RuntimeError, NotImplementedError, TypeError):  # a CUDA path fake tensors cannot take: on cpu
                 pass
-        shard = partial(_parallelize, name, setup=setup)
+        axes = {}
+        shard = partial(_parallelize, name, setup=setup, axes=axes)
         traces, weights = trace_sharded(module, setup.world, shard, calls, quant=setup.quant)
-        return traces, weights, scale
+        return traces, weights, scale, axes
 
     def output_bytes(self, setup: Setup, shape: Shape) -> int:
         """Bytes of one transformer call's output on a rank running `setup`: its latents' (`hidden_states`) shape."""
@@ -223,8 +233,9 @@ class Measurer:
         key = (name, depth)
         if key not in self._templates:
             module = self.pipeline.build(name, self.dtype)
-            # A VAE's block lists are stages of different widths, not repeats: it is traced whole.
-            lengths = {} if name == self.pipeline.vae else truncate_blocks(module, keep=depth)
+            # A VAE's block lists (a vocoder's too) are stages of different widths, not repeats: it is traced whole.
+            decoders = (self.pipeline.vae, *(n for n, phase in self.pipeline.extras.items() if phase == "decode"))
+            lengths = {} if name in decoders else truncate_blocks(module, keep=depth)
             self._templates[key] = (module, lengths)
         return self._templates[key]
 
@@ -233,10 +244,12 @@ class Measurer:
         key: the batch (a component runs `Setup.batch`), a text encoder's pixels and frames (it sees the prompt
         only), a VAE's prompt length (it sees the latents only)."""
         shape = replace(shape, batch=1)
-        if name in self.pipeline.text_encoders:
+        if name in self.pipeline.text_encoders or self.pipeline.extras.get(name) == "text":
             return replace(shape, height=0, width=0, frames=1)
         if name == self.pipeline.vae:
             return replace(shape, text_tokens=0)
+        if name in self.pipeline.extras:  # the audio decoders: the clip's duration only
+            return replace(shape, height=0, width=0, text_tokens=0)
         return shape
 
     def _call(self, name: str, module, setup: Setup, shape: Shape) -> Call:
@@ -256,21 +269,46 @@ class Measurer:
         if name == self.pipeline.vae:
             latents = decode_inputs(module, self.dtype, s, video=self.pipeline.is_video)
             return Call(latents, decode, REPEATED.get(type(module).__name__, ()))
+        if name == "connectors":
+            return Call(connector_inputs(module, self.dtype, s))
+        if name == "audio_vae":
+            return Call(audio_decode_inputs(module, self.dtype, s), decode)
+        if name == "vocoder":
+            return Call(vocoder_inputs(module, self.dtype, s, self._template("audio_vae", 1)[0].config))
         return Call(text_inputs(module, s))
 
 
-def _parallelize(name: str, module, setup: Setup, device: str = "cpu") -> None:
+def _parallelize(name: str, module, setup: Setup, device: str = "cpu", axes: dict | None = None) -> None:
     """Shard `module` as the run does on rank 0 of `setup.world` ranks (inside `fake_world`): its plan on the
-    ("cp", "tp") mesh (of `device` type), or the VAE's rows over `setup.split` ranks (`dtp.parallelize_vae`)."""
+    ("cp", "tp") mesh (of `device` type; USP's side groups with `setup.ulysses`), or the VAE's rows over
+    `setup.split` ranks (`dtp.parallelize_vae`). `axes` gets {process group name: mesh axis} (`mesh_axes`)."""
     if setup.split > 1:
         parallelize_vae(module, make_mesh(tp=setup.split, device_type="cpu"))
         return
     if setup.world == 1:
         return
-    mesh = fake_mesh(tp=setup.tp, cp=setup.cp, device=device)
+    mesh = fake_mesh(tp=setup.tp, cp=setup.cp, device=device, ulysses=setup.ulysses or None)
+    if axes is not None:
+        axes.update(mesh_axes(mesh, setup))
     ready = prepare_component(name, module, Parallelism.build(mesh, cp_mode=setup.cp_mode, pad=setup.pad))
     if ready is not None:
         apply(module, ready)
+
+
+def mesh_axes(mesh, setup: Setup) -> dict[str, str]:
+    """{process group name: axis} of a (cp, tp) mesh: "tp"; the cp axis as "ulysses" or "ring" by `setup.cp_mode`;
+    a USP mesh's ring and Ulysses groups (`usp_groups`) by their own names. Collectives on another group (the world's)
+    are "world" (`_figures`)."""
+    names = {}
+    if setup.cp > 1:
+        names[mesh[CP_AXIS].get_group().group_name] = ULYSSES_AXIS if setup.cp_mode == "ulysses" else RING_AXIS
+    usp = usp_groups(mesh)
+    if usp is not None:
+        ring, ulysses = usp
+        names |= {ring.group_name: RING_AXIS, ulysses.group_name: ULYSSES_AXIS}
+    if setup.tp > 1:
+        names[mesh[TP_AXIS].get_group().group_name] = TP_AXIS
+    return names
 
 
 def _text_peak(one: Trace, two: Trace, lengths: dict) -> int:
@@ -281,9 +319,10 @@ def _text_peak(one: Trace, two: Trace, lengths: dict) -> int:
     return one.peak_bytes + (depth - 1) * max(two.peak_bytes - one.peak_bytes, 0)
 
 
-def _figures(trace: Trace, weights, scale: dict, peak: int) -> PhaseFigures:
+def _figures(trace: Trace, weights, scale: dict, peak: int, axes: dict) -> PhaseFigures:
     flops = sum(scale_blocks(trace.flops, scale).values())
-    records = tuple((r.op, r.bytes, r.group) for r in scale_collectives(trace.collectives, scale))
+    scaled = scale_collectives(trace.collectives, scale)
+    records = tuple((r.op, r.bytes, r.group, axes.get(r.group_name, WORLD)) for r in scaled)
     weight_bytes = sum(scale_blocks(weights, scale).values())
     attention = Counter()
     for (scope, kind, kernel), calls in trace.kernels.items():

@@ -12,6 +12,26 @@ The three phases of a generation and the call each one makes (shapes for an H x 
     decode    `vae.decode` of [B, C, H/8, W/8] latents ([B, C, F, H/8, W/8] for 3-D VAEs, F = (frames - 1)/4 + 1)
 
 (8 is the released VAEs' scale; the decode reads it from the VAE's config as diffusers' pipelines do.)
+
+A denoising step's guidance passes (`FitPipeline.guidance`: the rows of each transformer call per prompt row, as the
+released pipeline calls it at its recommended settings, diffusers 0.42.1; `RELEASED_GUIDANCE`):
+
+    flux-pipeline, flux2-pipeline   (1,)        guidance-distilled: one call, the guidance scale an input
+    qwenimage-pipeline              (1, 1)      true CFG: a conditional and an unconditional call
+    wan-pipeline, wan-vace-pipeline (1, 1)      CFG as two calls
+    hunyuanvideo15-pipeline         (1, 1)      CFG as two calls
+    flux3-pipeline                  (1, 1)      the modular pipeline's ClassifierFreeGuidance guider (scale 3.5):
+                                                one call per guider batch
+    ltx2-pipeline                   (2, 1, 1)   LTX2Pipeline with its defaults (guidance_scale 3, stg_scale 1,
+                                                modality_scale 3): CFG on a doubled batch, then the spatio-temporal
+                                                guidance call and the modality-isolation call: 4 passes in 3 calls
+
+A pipeline directory: (1, 1) for a family whose geometry says two-call CFG, else (1,).
+
+Other components each run in one phase, whole on every rank (`EXTRA_PHASES`), their weights resident throughout:
+LTX-2's text connectors in the text phase (on the prompt's stacked hidden states, both CFG rows), its audio VAE's
+decode and vocoder in the decode phase, on the audio latents of the clip's duration
+(`audio_decode_inputs`).
 """
 
 from __future__ import annotations
@@ -35,6 +55,19 @@ PROMPT_TOKENS = DEFAULT_TEXT_TOKENS  # T5 / Mistral / Qwen2.5-VL / UMT5 prompt l
 CLIP_TOKENS = 77
 DEFAULT_IMAGE_SIDE = 1024  # `dtp fit`'s image size when none is given (every bundled image pipeline's native one)
 ENCODER_ONLY = ("CLIPTextModel", "CLIPTextModelWithProjection", "T5EncoderModel", "UMT5EncoderModel")
+EXTRA_PHASES = {"connectors": "text", "audio_vae": "decode", "vocoder": "decode"}  # component -> the phase it runs in
+LTX2_FPS = 24  # LTX2Pipeline's default frame_rate: a clip's duration, which sizes its audio
+TRUE_CFG = (1, 1)
+RELEASED_GUIDANCE = {
+    "flux-pipeline": (1,),
+    "flux2-pipeline": (1,),
+    "qwenimage-pipeline": TRUE_CFG,
+    "wan-pipeline": TRUE_CFG,
+    "wan-vace-pipeline": TRUE_CFG,
+    "hunyuanvideo15-pipeline": TRUE_CFG,
+    "flux3-pipeline": TRUE_CFG,
+    "ltx2-pipeline": (2, 1, 1),
+}  # the module docstring's table
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +99,12 @@ class FitPipeline:
         return [n for n in self.classes if n.startswith("text_encoder")]
 
     @property
+    def extras(self) -> dict[str, str]:
+        """{component: phase} of the components other than the transformer, the text encoders and the VAE (LTX-2's
+        connectors, audio VAE, vocoder), in the order the pipeline runs them."""
+        return {n: EXTRA_PHASES[n] for n in self.classes if n in EXTRA_PHASES}
+
+    @property
     def geometry(self) -> Geometry:
         """The transformer family's geometry (`families/geometry.py`): clip, two-call CFG, pixels per token."""
         return geometry(self.classes[self.transformer])
@@ -88,8 +127,21 @@ class FitPipeline:
         return self.geometry.clip if self.geometry.is_video else (1, DEFAULT_IMAGE_SIDE, DEFAULT_IMAGE_SIDE)
 
     @property
+    def guidance(self) -> tuple[int, ...]:
+        """Rows per prompt row of each transformer call of a step (module docstring): (1, 1) two-call CFG, (2, 1, 1)
+        LTX-2's doubled CFG batch, STG and modality calls."""
+        if self.name in RELEASED_GUIDANCE:
+            return RELEASED_GUIDANCE[self.name]
+        return TRUE_CFG if self.geometry.two_call_cfg else (1,)
+
+    @property
+    def passes(self) -> int:
+        """Guidance passes per step: what a cfg axis of K groups (K dividing it) splits."""
+        return sum(self.guidance)
+
+    @property
     def calls_per_step(self) -> int:
-        return 2 if self.geometry.two_call_cfg else 1
+        return len(self.guidance)
 
 
 def fit_pipeline(source: str) -> FitPipeline:
@@ -128,15 +180,19 @@ def _model_classes(index: dict) -> dict[str, str]:
         name: entry[1]
         for name, entry in index.items()
         if isinstance(entry, list) and len(entry) == 2 and entry[0] in ("diffusers", "transformers")
-        and entry[1] and (name in ("transformer", "vae") or name.startswith("text_encoder"))
+        and entry[1] and (name in ("transformer", "vae", *EXTRA_PHASES) or name.startswith("text_encoder"))
     }  # fmt: skip
 
 
 def _build_from_dir(directory: str, name: str, class_name: str, dtype: torch.dtype) -> torch.nn.Module:
-    import diffusers
     import transformers
 
-    cls = getattr(diffusers, class_name, None) or getattr(transformers, class_name, None)
+    from ..families import model_class
+
+    try:
+        cls = model_class(class_name)
+    except PlanError:
+        cls = getattr(transformers, class_name, None)
     if cls is None:
         raise PlanError(f"{directory}/{name}: neither diffusers nor transformers has a class '{class_name}'.")
     return build_skeleton(cls, str(Path(directory) / name), dtype).eval()
@@ -161,6 +217,8 @@ def vae_scale(vae_config) -> int:
     """Pixels per latent pixel, as diffusers' pipelines compute it from the VAE's config."""
     if vae_config.get("spatial_compression_ratio"):  # HunyuanVideo's (LTX's when set)
         return vae_config["spatial_compression_ratio"]
+    if "spatial_expansions" in vae_config:  # AutoencoderKLMochi: 2 x 2 x 2 (MochiPipeline's vae_spatial_scale_factor)
+        return math.prod(vae_config["spatial_expansions"])
     if "spatio_temporal_scaling" in vae_config:  # LTX-Video: patchify x one 2x per scaling stage (32)
         return vae_config["patch_size"] * 2 ** sum(vae_config["spatio_temporal_scaling"])
     if "temperal_downsample" in vae_config:  # Qwen-Image / Wan 3-D VAEs
@@ -177,6 +235,8 @@ def vae_time_scale(vae_config) -> int:
     LTX-Video)."""
     if vae_config.get("temporal_compression_ratio"):
         return vae_config["temporal_compression_ratio"]
+    if "temporal_expansions" in vae_config:  # AutoencoderKLMochi: 1 x 2 x 3 = 6 (MochiPipeline: 6)
+        return math.prod(vae_config["temporal_expansions"])
     if "spatio_temporal_scaling" in vae_config:
         return vae_config["patch_size_t"] * 2 ** sum(vae_config["spatio_temporal_scaling"])
     if "temperal_downsample" in vae_config:
@@ -212,6 +272,42 @@ def decode_inputs(vae: torch.nn.Module, dtype: torch.dtype, shape: Shape, video:
 
 def decode(vae, z):
     return vae.decode(z, return_dict=False)
+
+
+def connector_inputs(connectors: torch.nn.Module, dtype: torch.dtype, shape: Shape) -> dict:
+    """LTX-2's connectors' call (meta): every Gemma layer's hidden states stacked, [B, T, width x layers], and the
+    prompt mask, as LTX2Pipeline passes them (B: the CFG pair's rows, `Setup.batch`)."""
+    config = connectors.config
+    width = config["caption_channels"] * config["text_proj_in_factor"]
+    states = torch.empty(shape.batch, shape.text_tokens, width, dtype=dtype, device="meta")
+    return {"text_encoder_hidden_states": states, "attention_mask": torch.ones(states.shape[:2], device="meta")}
+
+
+def audio_frames(audio_vae_config, frames: int) -> int:
+    """Audio latent frames of a clip of `frames` video frames at 24 fps, as LTX2Pipeline computes them: its duration x
+    sample rate / hop length / the audio VAE's 4x in time (16000 / 160 / 4 = 25 a second; 121 frames: 126)."""
+    per_second = audio_vae_config["sample_rate"] / audio_vae_config["mel_hop_length"] / AUDIO_TIME_SCALE
+    return round(frames / LTX2_FPS * per_second)
+
+
+AUDIO_TIME_SCALE = AUDIO_MEL_SCALE = 4  # AutoencoderKLLTX2Audio's temporal and mel compression
+
+
+def audio_decode_inputs(audio_vae: torch.nn.Module, dtype: torch.dtype, shape: Shape) -> dict:
+    """The audio VAE's decode latents (meta): [B, latent channels, audio frames, mel bins / 4]."""
+    config = audio_vae.config
+    mel = config["mel_bins"] // AUDIO_MEL_SCALE
+    size = (shape.batch, config["latent_channels"], audio_frames(config, shape.frames), mel)
+    return {"z": torch.empty(size, dtype=dtype, device="meta")}
+
+
+def vocoder_inputs(vocoder: torch.nn.Module, dtype: torch.dtype, shape: Shape, audio_vae_config) -> dict:
+    """The vocoder's mel spectrogram (meta), the audio VAE decode's output: [B, 2, 4 x audio frames - 3, mel bins]
+    (measured on a small AutoencoderKLLTX2Audio: latents of 10 frames decode to 37)."""
+    frames = AUDIO_TIME_SCALE * audio_frames(audio_vae_config, shape.frames) - (AUDIO_TIME_SCALE - 1)
+    channels = vocoder.config["in_channels"] // audio_vae_config["mel_bins"]
+    size = (shape.batch, channels, frames, audio_vae_config["mel_bins"])
+    return {"hidden_states": torch.empty(size, dtype=dtype, device="meta")}
 
 
 def text_inputs(encoder: torch.nn.Module, shape: Shape) -> dict:

@@ -9,10 +9,15 @@ FREE_COLOR = "#EEEEEE"
 
 
 def label(row: dict) -> str:
-    """e.g. "cp2 ulysses tp2, fsdp, te sharded, pad"."""
-    mesh = f"cp{row['cp']} {row['cp_mode']} tp{row['tp']}" if row["cp"] > 1 else f"tp{row['tp']}"
+    """e.g. "cp2 ulysses tp2, fsdp, te sharded, pad"; USP: "cp8 ring4xul2 tp2"; replicas: "4 x cp2 ulysses"."""
+    if row["cp"] > 1 and row["cp_mode"] == "usp":
+        mesh = f"cp{row['cp']} ring{row['cp'] // row['ulysses']}xul{row['ulysses']} tp{row['tp']}"
+    else:
+        mesh = f"cp{row['cp']} {row['cp_mode']} tp{row['tp']}" if row["cp"] > 1 else f"tp{row['tp']}"
     if row["cfg"] > 1:
         mesh = f"cfg{row['cfg']} {mesh}"
+    if row.get("replicas", 1) > 1:
+        mesh = f"{row['replicas']} x {mesh}"
     extras = (["fsdp"] if row.get("fsdp") else []) + [f"te {row['text_encoders']}"]
     extras += (["pad"] if row["pad"] else []) + ([row["quant"]] if row["quant"] else [])
     return ", ".join([mesh, *extras])
@@ -22,28 +27,39 @@ def format_table(report: dict, limit: int | None = None) -> str:
     """The `dtp fit` table: one line per row, best first, then the command of each fitting row."""
     gb = report["gpu_memory_bytes"] / 1e9
     frames = f" x {report['frames']} frames" if report.get("frames") else ""
+    nodes = report.get("nodes", 1)
+    where = f"{report['gpus']}" if nodes == 1 else f"{nodes} nodes x {report['gpus_per_node']} ({report['inter_node']})"
+    many = nodes > 1 or report.get("replicas", 1) > 1  # the columns of a multi-node or replicated fit
     lines = [
         f"dtp fit: {report['pipeline']} ({report['title']}), {report['height']}x{report['width']}{frames}, batch "
-        f"{report['batch']}, {report['dtype']}, on {report['gpus']} x {gb:.1f} GB ({report['hardware']}), "
-        + ("compiled" if report.get("compiled") else "eager (dtp run without --compile)"),
+        f"{report['batch']}, {report['dtype']}, on {where} x {gb:.1f} GB ({report['hardware']}), "
+        + ("compiled" if report.get("compiled") else "eager (dtp run without --compile)")
+        + f", {report.get('guidance_passes', 1)} guidance pass(es) per step",
         "per rank (full-size components on the meta device, activations traced on fake tensors; GB = 1e9 bytes):",
-        f"  {'#':>2} {'candidate':<34} {'weights':>8} {'text':>6} {'denoise':>8} {'decode':>7} {'peak':>7} "
-        f"{'at':<8} {'fits':<4} {'s/step':>7}",
+        f"  {'#':>2} {'candidate':<44} {'weights':>8} {'text':>6} {'denoise':>8} {'decode':>7} {'peak':>7} "
+        f"{'at':<8} {'fits':<4} {'s/step':>7}" + (f" {'step/s/GPU':>10} crosses nodes" if many else ""),
     ]
     rows = report["rows"][:limit] if limit else report["rows"]
     for i, r in enumerate(rows, 1):
         weights = max(r["resident_bytes"].values())
         phases = r["phase_bytes"]
         lines.append(
-            f"  {i:>2} {label(r):<34} {weights / 1e9:8.2f} {phases['text'] / 1e9:6.2f} {phases['denoise'] / 1e9:8.2f} "
+            f"  {i:>2} {label(r):<44} {weights / 1e9:8.2f} {phases['text'] / 1e9:6.2f} {phases['denoise'] / 1e9:8.2f} "
             f"{phases['decode'] / 1e9:7.2f} {r['peak_bytes'] / 1e9:7.2f} {r['peak_phase']:<8} "
             f"{'yes' if r['fits'] else 'no':<4} {r['step_seconds']:7.3f}"
+            + (f" {r['steps_per_gpu_second']:10.3f} {','.join(r['crosses_nodes']) or '-'}" if many else "")
         )
     if limit and len(report["rows"]) > limit:
         lines.append(f"  ... {len(report['rows']) - limit} more rows (--json for all)")
     lines.append(
         "weights = the largest resident set over the phases; text / denoise / decode = activation peak of the phase; "
         "peak = max over phases of resident weights + activations; s/step = cost model (dtp/fit/cost.py)."
+        + (
+            " step/s/GPU = replicas / (s/step x GPUs); crosses nodes: the axes whose groups span nodes (they cost the "
+            "inter-node link; tp and Ulysses never do)."
+            if many
+            else ""
+        )
     )
     if report["reason"]:
         lines.append(f"nothing fits: {report['reason']}")
@@ -52,6 +68,9 @@ def format_table(report: dict, limit: int | None = None) -> str:
         for i, r in enumerate(rows, 1):
             if r["fits"]:
                 lines.append(f"  {i:>2} {r['command']}")
+        slurm = next((r for r in rows if r["fits"] and r.get("srun_command")), None)
+        if slurm is not None:  # one torchrun agent per node of a SLURM allocation
+            lines.append(f"the best multi-node row under SLURM: {slurm['srun_command']}")
         best = next((r for r in rows if r["fits"] and r.get("serve_command")), None)
         if best is not None:  # the same mesh, loaded once, answering HTTP requests (docs/serve.md)
             lines.append(f"serve the best row: {best['serve_command']}")

@@ -43,6 +43,10 @@ def run(args) -> int:
             cache=args.cache,
             compile=args.compile,
             attention_backend=args.attention_backend,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            inter_node=args.inter_node,
+            replicas=args.replicas,
         )
     except PlanError as exc:
         print(json.dumps({"error": str(exc)}) if args.json else f"dtp fit: {exc}", file=sys.stderr)

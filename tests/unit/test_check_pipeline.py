@@ -143,7 +143,15 @@ def test_text_encoder_that_does_not_fit_stays_whole_and_says_why():
 # Qwen3-VL-4B "4.4 B"; the others are the diffusers class defaults' counts (the families' RELEASED configs).
 NEW_PIPELINE_PARAMS = {
     "wan-vace-pipeline": {"transformer": 17.338e9, "text_encoder": 5.681e9, "vae": 126.89e6},
-    "ltx2-pipeline": {"transformer": 18.876e9, "text_encoder": 12.187e9, "vae": 1222.5e6},
+    # LTX-2's text connectors, audio VAE and vocoder: their diffusers class defaults (issue 45: fit counts them)
+    "ltx2-pipeline": {
+        "transformer": 18.876e9,
+        "text_encoder": 12.187e9,
+        "vae": 1222.5e6,
+        "connectors": 1431.48e6,
+        "audio_vae": 53.248e6,
+        "vocoder": 55.593e6,
+    },
     "flux3-pipeline": {"transformer": 5.538e9, "text_encoder": 4.438e9, "vae": 84.05e6},
     # HunyuanVideo 1.5: "8.3 B" published; Qwen2.5-VL-7B's language model without its lm_head; byT5-small's encoder.
     "hunyuanvideo15-pipeline": {

@@ -142,27 +142,34 @@ def test_parse_memory_and_hardware():
 
 
 def test_candidates_of_four_gpus():
-    """FLUX.1 on 4 GPUs, batch 1: (cp, tp) in (1, 4), (2, 2) x 2 modes, (4, 1) x 2 modes, no cfg (one call of one
-    row: nothing to spread); sharded text encoders only with tp > 1; every quant scheme; the VAE always split."""
+    """FLUX.1 on 4 GPUs, batch 1: (cp, tp) in (1, 4), (2, 2) x 2 modes, (4, 1) x 3 splits (ulysses 4, ring 4, ring 2
+    x ulysses 2), no cfg (one call of one row: nothing to spread); sharded text encoders only with tp > 1; every quant
+    scheme; the VAE always split."""
     spec = fit_pipeline("flux-pipeline")
     everything = candidates(spec, 4)
     found = [c for c in everything if not c.fsdp]
-    meshes = {(c.cfg, c.cp, c.tp, c.cp_mode) for c in found}
-    assert meshes == {(1, 1, 4, None), (1, 2, 2, "ulysses"), (1, 2, 2, "ring"), (1, 4, 1, "ulysses"), (1, 4, 1, "ring")}
+    meshes = {(c.cfg, c.cp, c.tp, c.cp_mode, c.ulysses) for c in found}
+    assert meshes == {
+        (1, 1, 4, None, 1),
+        (1, 2, 2, "ulysses", 2),
+        (1, 2, 2, "ring", 1),
+        (1, 4, 1, "ulysses", 4),
+        (1, 4, 1, "ring", 1),
+        (1, 4, 1, "usp", 2),
+    }
     assert all(c.world == 4 and c.parallel_vae for c in found)
     assert not [c for c in found if c.tp == 1 and c.text_encoders == "sharded"]
     assert {c.quant for c in found} == {None, "int8wo", "fp8wo"}
-    assert len(found) == (3 * 3 + 2 * 2) * 2 * 3  # (tp > 1: 3 text-encoder modes; tp = 1: 2) x pad x quant
-    fsdp = [
-        c for c in everything if c.fsdp
-    ]  # fsdp: every mesh with cp > 1, text encoders also sharded at tp=1, no quant
+    assert len(found) == (3 * 3 + 3 * 2) * 2 * 3  # (tp > 1: 3 text-encoder modes; tp = 1: 2) x pad x quant
+    fsdp = [c for c in everything if c.fsdp]  # fsdp: every mesh with cp > 1, text encoders also sharded at tp=1
     assert {(c.cp, c.tp, c.cp_mode) for c in fsdp} == {
         (2, 2, "ulysses"),
         (2, 2, "ring"),
         (4, 1, "ulysses"),
         (4, 1, "ring"),
+        (4, 1, "usp"),
     }
-    assert len(fsdp) == 4 * 3 * 2 and all(c.quant is None for c in fsdp)
+    assert len(fsdp) == 5 * 3 * 2 and all(c.quant is None for c in fsdp)
 
 
 def test_command_names_every_option():
@@ -180,10 +187,12 @@ def test_command_names_every_option():
 
 
 def test_cfg_is_offered_where_it_pays():
-    """cfg = 2 for a two-call pipeline (Qwen-Image: pair path) or a batch >= 2 (batch path); cfg = 4 only for a batch
-    of 4; never for FLUX.1 at batch 1 or on an odd number of GPUs; one GPU: the VAE whole."""
-    qwen, flux = fit_pipeline("qwenimage-pipeline"), fit_pipeline("flux-pipeline")
+    """cfg = 2 for a two-call pipeline (Qwen-Image: passes path) or a batch >= 2 (batch path); cfg = 4 only for a
+    batch of 4, or LTX-2's 4 guidance passes; never for FLUX.1 at batch 1 or on an odd number of GPUs; one GPU: the VAE
+    whole."""
+    qwen, flux, ltx2 = (fit_pipeline(n) for n in ("qwenimage-pipeline", "flux-pipeline", "ltx2-pipeline"))
     assert {c.cfg for c in candidates(qwen, 4)} == {1, 2}
+    assert {c.cfg for c in candidates(ltx2, 8)} == {1, 2, 4}
     assert {c.cfg for c in candidates(qwen, 3)} == {1}
     assert {c.cfg for c in candidates(flux, 4)} == {1}
     assert {c.cfg for c in candidates(flux, 4, batch=2)} == {1, 2}
@@ -196,7 +205,7 @@ def test_cfg_layouts_halve_the_work_per_rank():
     cfg 2 (batch): each group's calls carry 1 row; text encoders and VAE keep the whole batch, the VAE split 4 ways."""
     qwen, flux = fit_pipeline("qwenimage-pipeline"), fit_pipeline("flux-pipeline")
     pair = arrangement(Candidate(cfg=2, tp=2, parallel_vae=True), qwen, 1)
-    assert (pair.cfg_path, pair.calls_per_step, pair.setups["transformer"].batch) == ("pair", 1, 1)
+    assert (pair.cfg_path, pair.calls_per_step, pair.setups["transformer"].batch) == ("passes", 1, 1)
     assert arrangement(Candidate(tp=4, parallel_vae=True), qwen, 1).calls_per_step == 2
     split = arrangement(Candidate(cfg=2, tp=2, parallel_vae=True), flux, 2)
     assert (split.cfg_path, split.calls_per_step, split.setups["transformer"].batch) == ("batch", 1, 1)
@@ -210,8 +219,8 @@ def test_cfg_exchange_bytes():
     qwen, flux = fit_pipeline("qwenimage-pipeline"), fit_pipeline("flux-pipeline")
     c = Candidate(cfg=2, tp=2, parallel_vae=True)
     x = 1000
-    gathers = [("all_gather", 1024, 2), ("all_gather", 2 * x, 2)]
-    assert cfg_exchange(arrangement(c, qwen, 1), c, x) == gathers + [("all_reduce", 16, 4)] * 2
+    gathers = [("all_gather", 1024, 2, "cfg"), ("all_gather", 2 * x, 2, "cfg")]
+    assert cfg_exchange(arrangement(c, qwen, 1), c, x) == gathers + [("all_reduce", 16, 4, "world")] * 2
     assert (
         cfg_exchange(arrangement(c, qwen, 2), c, x) == gathers * 2
     )  # batch 2: batch path, Qwen's two calls each split
@@ -285,15 +294,16 @@ def test_fit_of_a_pipeline_directory_sorts_and_explains():
 
 def test_a_video_pipeline_s_vae_decodes_5d_latents_even_when_the_parallel_vae_does_not_know_it():
     """Mochi's VAE is no class of the parallel VAE (so fit traces it whole), but a video pipeline's VAE decodes
-    [B, C, F, h, w] (480 x 848 / 8); an image VAE [B, C, h, w]; a class the parallel VAE knows as a video one
-    (CogVideoX's: 49 frames -> 13 latent frames) 5-D in any pipeline."""
+    [B, C, F, h, w] (480 x 848 / 8; 49 frames -> 9 latent frames: Mochi's VAE is 6x in time, as MochiPipeline's
+    vae_temporal_scale_factor; fit said 4 before); an image VAE [B, C, h, w]; a class the parallel VAE knows as a video
+    one (CogVideoX's: 49 frames -> 13 latent frames) 5-D in any pipeline."""
     from dtp.fit.pipelines import Shape, decode_inputs
     from dtp.vae.strip_rules import VIDEO_VAES
 
     mochi = fakepg.meta_model("AutoencoderKLMochi", {}, dtype=torch.bfloat16)
     assert "AutoencoderKLMochi" not in VIDEO_VAES
     shape = Shape(1, 480, 848, frames=49)
-    assert decode_inputs(mochi, torch.bfloat16, shape, video=True)["z"].ndim == 5
+    assert decode_inputs(mochi, torch.bfloat16, shape, video=True)["z"].shape == (1, 12, 9, 60, 106)
     assert decode_inputs(mochi, torch.bfloat16, shape)["z"].shape == (1, 12, 60, 106)
     from dtp.families.released_pipelines import FLUX_VAE
 
