@@ -187,21 +187,29 @@ def family(class_name: str) -> Family:
 
 
 # diffusers models that live with their pipeline, not at the package's top level (LTX-2's text connectors, vocoder)
-PIPELINE_MODELS = {
-    "LTX2TextConnectors": "diffusers.pipelines.ltx2.connectors",
-    "LTX2Vocoder": "diffusers.pipelines.ltx2.vocoder",
-}
+def _ltx2_connectors():
+    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+
+    return LTX2TextConnectors
+
+
+def _ltx2_vocoder():
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    return LTX2Vocoder
+
+
+# Model classes diffusers keeps in a pipeline's package, not at its top level: imported when asked for.
+PIPELINE_MODELS = {"LTX2TextConnectors": _ltx2_connectors, "LTX2Vocoder": _ltx2_vocoder}
 
 
 def model_class(class_name: str):
     """The diffusers class named `class_name`; PlanError when diffusers has none."""
-    import importlib
-
     import diffusers
 
     cls = getattr(diffusers, class_name, None)
     if cls is None and class_name in PIPELINE_MODELS:
-        cls = getattr(importlib.import_module(PIPELINE_MODELS[class_name]), class_name, None)
+        cls = PIPELINE_MODELS[class_name]()
     if cls is None:
         raise PlanError(f"diffusers has no class named '{class_name}'.")
     return cls

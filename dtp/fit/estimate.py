@@ -90,15 +90,39 @@ def fit(
     measurer: a `Measurer` of the same pipeline and dtype from an earlier call; cache: a step cache (`cache_state`).
     compile: rows costed as `dtp run --compile` runs, else eager; attention_backend: recorded, put in the commands.
     gpu_memory: bytes, or a string such as "24GiB" / "80GB" (default: the `hardware` preset's memory).
-    nodes, gpus_per_node, inter_node: the GPUs as nodes joined by an inter-node link preset (`hardware.INTER_NODE`;
-        default "400Gb IB" on several nodes); gpus = nodes x gpus_per_node. replicas: also rows of R copies of a
-        world / R mesh (`dtp serve --replicas R`), ranked with the single-mesh rows by throughput per GPU.
-    height / width default to `resolution`, which defaults
-        to the pipeline's usual size (`FitPipeline.usual_size`: 1024² for images, Wan2.1-T2V-14B 720 x 1280);
-        frames to the usual clip's (81 for `wan-pipeline`), None for an image pipeline.
-    Each row: as `estimate` builds it (options, compiled, bytes by component and phase, peak, fits, step_seconds,
-    command); `rejected`: candidates whose plans do not fit the mesh, with why; `reason`: why nothing fits.
+    nodes, gpus_per_node, inter_node: nodes joined by a link preset (`hardware.INTER_NODE`; "400Gb IB" by default);
+    replicas: also rows of R copies of a world / R mesh (`dtp serve --replicas R`), ranked by throughput per GPU.
+    height / width default to `resolution`, else the pipeline's usual size (`FitPipeline.usual_size`); frames to the
+    usual clip's (81 for `wan-pipeline`). Rows as `estimate` builds them; `rejected`: candidates whose plans do not
+    fit the mesh, with why; `reason`: why nothing fits.
     """
+    placed = _world(gpus, nodes, gpus_per_node, inter_node, batch, replicas)
+    gpus = placed.gpus
+    hw, memory = _hardware(hardware, gpu_memory)
+    spec = fit_pipeline(pipeline)
+    frames = frames or spec.usual_frames
+    shape = _shape(spec, batch, resolution, height, width, frames, text_tokens)
+    measurer, start = measurer or Measurer(spec, parse_dtype(dtype)), time.perf_counter()
+    run, rows, rejected = RunOptions(compile, attention_backend, placed), [], []
+    for r in dict.fromkeys((1, replicas)):
+        found = candidates(spec, gpus // r, batch, placed, r)
+        some, refused = _estimate_all(found, spec, measurer, shape, memory, hw, only, cache, replace(run, replicas=r))
+        rows, rejected = rows + some, rejected + refused
+    rows = sorted(_drop_needless_padding(rows), key=_by_throughput if replicas > 1 else _best_first)
+    setup = dict(hardware=hw.name, dtype=dtype, batch=batch, height=shape.height, width=shape.width, frames=frames)
+    return {
+        **_world_fields(spec, placed, replicas, memory),
+        **setup,
+        **run.fields(),
+        "rows": rows,
+        "rejected": rejected,
+        "reason": None if any(r["fits"] for r in rows) else why_none_fits(rows, rejected, memory),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def _world(gpus, nodes, gpus_per_node, inter_node, batch: int, replicas: int):
+    """The GPUs as placed on nodes (`_nodes`), after checking the degrees, the replicas and the node layout."""
     placed = _nodes(gpus, nodes, gpus_per_node, inter_node)
     gpus = placed.gpus
     _ = [check_degree(value, f"dtp fit: --{name}") for name, value in (("gpus", gpus), ("batch", batch))]
@@ -106,40 +130,21 @@ def fit(
     if gpus % replicas:
         raise PlanError(f"dtp fit: --replicas {replicas} does not divide {gpus} GPUs; each replica is a whole mesh.")
     check_nodes(placed, gpus)
-    hw, memory = _hardware(hardware, gpu_memory)
-    spec = fit_pipeline(pipeline)
-    frames = frames or spec.usual_frames
-    shape = _shape(spec, batch, resolution, height, width, frames, text_tokens)
-    measurer = measurer or Measurer(spec, parse_dtype(dtype))
-    start = time.perf_counter()
-    run = RunOptions(compile, attention_backend, placed)
-    rows, rejected = [], []
-    for r in dict.fromkeys((1, replicas)):
-        found = candidates(spec, gpus // r, batch, placed, r)
-        some, refused = _estimate_all(found, spec, measurer, shape, memory, hw, only, cache, replace(run, replicas=r))
-        rows, rejected = rows + some, rejected + refused
-    rows = sorted(_drop_needless_padding(rows), key=_by_throughput if replicas > 1 else _best_first)
+    return placed
+
+
+def _world_fields(spec: FitPipeline, placed, replicas: int, memory: int) -> dict:
+    """The answer's fields about the pipeline and the GPUs it is fitted to."""
     return {
         "pipeline": spec.name,
         "title": spec.title,
-        "gpus": gpus,
+        "gpus": placed.gpus,
         "nodes": placed.nodes,
         "gpus_per_node": placed.gpus_per_node,
         "inter_node": placed.link.name if placed.link else None,
         "replicas": replicas,
         "guidance_passes": spec.passes,
         "gpu_memory_bytes": memory,
-        "hardware": hw.name,
-        "dtype": dtype,
-        "batch": batch,
-        "height": shape.height,
-        "width": shape.width,
-        "frames": frames,
-        **run.fields(),
-        "rows": rows,
-        "rejected": rejected,
-        "reason": None if any(r["fits"] for r in rows) else why_none_fits(rows, rejected, memory),
-        "seconds": round(time.perf_counter() - start, 1),
     }
 
 
@@ -242,16 +247,7 @@ def estimate(
     plan = arrangement(candidate, spec, shape.batch)
     figures = {name: measurer.phase(name, setup, shape) for name, setup in plan.setups.items()}
     weights = {name: f.weight_bytes for name, f in figures.items()}
-    extras = spec.extras  # run one after another in their phase: the phase's peak is the largest
-    phase_bytes = {
-        "text": max((figures[n].peak_bytes for n in [*spec.text_encoders, *_in(extras, "text")]), default=0),
-        "denoise": figures[spec.transformer].peak_bytes,
-        "decode": max(figures[n].peak_bytes for n in [spec.vae, *_in(extras, "decode")]),
-    }
-    cached = (
-        {} if state is None else {"cache": state.name, "cache_bytes": state.bytes(candidate.cp, plan_rows(plan, spec))}
-    )
-    phase_bytes = {p: b + (cached.get("cache_bytes", 0) if p in CACHE_PHASES else 0) for p, b in phase_bytes.items()}
+    phase_bytes, cached = _phase_bytes(candidate, spec, plan, figures, state)
     totals = {p: sum(weights[n] for n in weights if p in plan.resident[n]) + phase_bytes[p] for p in PHASES}
     peak_phase = max(PHASES, key=totals.get)
     step = figures[spec.transformer]
@@ -294,6 +290,21 @@ def estimate(
         row = fsdp_row(row, candidate, spec, plan, call, measurer.dtype, hw, memory, network)
         row["steps_per_gpu_second"] = run.replicas / (row["step_seconds"] * world)
     return row
+
+
+def _phase_bytes(candidate: Candidate, spec: FitPipeline, plan, figures: dict, state) -> tuple[dict, dict]:
+    """(activation bytes per phase, with a step cache's states in the phases it lives, the cache's row fields)."""
+    extras = spec.extras  # run one after another in their phase: the phase's peak is the largest
+    phase_bytes = {
+        "text": max((figures[n].peak_bytes for n in [*spec.text_encoders, *_in(extras, "text")]), default=0),
+        "denoise": figures[spec.transformer].peak_bytes,
+        "decode": max(figures[n].peak_bytes for n in [spec.vae, *_in(extras, "decode")]),
+    }
+    cached = (
+        {} if state is None else {"cache": state.name, "cache_bytes": state.bytes(candidate.cp, plan_rows(plan, spec))}
+    )
+    phase_bytes = {p: b + (cached.get("cache_bytes", 0) if p in CACHE_PHASES else 0) for p, b in phase_bytes.items()}
+    return phase_bytes, cached
 
 
 def _in(extras: dict[str, str], phase: str) -> list[str]:

@@ -66,6 +66,54 @@ LTX2_GUIDANCE = dict(
 )
 
 
+CONNECTORS = dict(  # besides the text encoder's width and depth
+    video_connector_num_attention_heads=4,
+    video_connector_attention_head_dim=8,
+    video_connector_num_layers=1,
+    video_connector_num_learnable_registers=None,
+    audio_connector_num_attention_heads=4,
+    audio_connector_attention_head_dim=8,
+    audio_connector_num_layers=1,
+    audio_connector_num_learnable_registers=None,
+    connector_rope_base_seq_len=32,
+    rope_theta=10000.0,
+    rope_double_precision=False,
+    causal_temporal_positioning=False,
+    rope_type="split",
+)
+
+AUDIO_VAE = dict(
+    base_channels=TINY["audio_in_channels"],  # the size of its latents_mean / std: the packed audio channels
+    output_channels=2,
+    ch_mult=(1,),
+    num_res_blocks=1,
+    attn_resolutions=None,
+    in_channels=2,
+    resolution=32,
+    latent_channels=TINY["audio_in_channels"] // (MEL_BINS // 4),
+    norm_type="pixel",
+    causality_axis="height",
+    dropout=0.0,
+    mid_block_add_attention=False,
+    sample_rate=16000,
+    mel_hop_length=160,
+    is_causal=True,
+    mel_bins=MEL_BINS,
+)
+
+VOCODER = dict(
+    in_channels=2 * MEL_BINS,
+    hidden_channels=32,
+    out_channels=2,
+    upsample_kernel_sizes=[4, 4],
+    upsample_factors=[2, 2],
+    resnet_kernel_sizes=[3],
+    resnet_dilations=[[1, 3, 5]],
+    leaky_relu_negative_slope=0.1,
+    output_sampling_rate=16000,
+)
+
+
 def tiny_ltx2_pipeline():
     """The tiny LTX2Pipeline (see the module docstring)."""
     from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler, LTX2Pipeline
@@ -80,57 +128,16 @@ def tiny_ltx2_pipeline():
     assert text.hidden_size == TINY["caption_channels"], "the connectors take the text encoder's width"
     torch.manual_seed(3)
     connectors = LTX2TextConnectors(
-        caption_channels=text.hidden_size,
-        text_proj_in_factor=text.num_hidden_layers + 1,
-        video_connector_num_attention_heads=4,
-        video_connector_attention_head_dim=8,
-        video_connector_num_layers=1,
-        video_connector_num_learnable_registers=None,
-        audio_connector_num_attention_heads=4,
-        audio_connector_attention_head_dim=8,
-        audio_connector_num_layers=1,
-        audio_connector_num_learnable_registers=None,
-        connector_rope_base_seq_len=32,
-        rope_theta=10000.0,
-        rope_double_precision=False,
-        causal_temporal_positioning=False,
-        rope_type="split",
+        caption_channels=text.hidden_size, text_proj_in_factor=text.num_hidden_layers + 1, **CONNECTORS
     )
     assert TINY["cross_attention_dim"] == 64 and TINY["audio_cross_attention_dim"] == 32
     torch.manual_seed(1)
     vae = AutoencoderKLLTX2Video(**VIDEO_VAE)
     vae.use_framewise_encoding = vae.use_framewise_decoding = False
     torch.manual_seed(4)
-    audio_vae = AutoencoderKLLTX2Audio(
-        base_channels=TINY["audio_in_channels"],  # the size of its latents_mean / std: the packed audio channels
-        output_channels=2,
-        ch_mult=(1,),
-        num_res_blocks=1,
-        attn_resolutions=None,
-        in_channels=2,
-        resolution=32,
-        latent_channels=TINY["audio_in_channels"] // (MEL_BINS // 4),
-        norm_type="pixel",
-        causality_axis="height",
-        dropout=0.0,
-        mid_block_add_attention=False,
-        sample_rate=16000,
-        mel_hop_length=160,
-        is_causal=True,
-        mel_bins=MEL_BINS,
-    )
+    audio_vae = AutoencoderKLLTX2Audio(**AUDIO_VAE)
     torch.manual_seed(5)
-    vocoder = LTX2Vocoder(
-        in_channels=2 * MEL_BINS,
-        hidden_channels=32,
-        out_channels=2,
-        upsample_kernel_sizes=[4, 4],
-        upsample_factors=[2, 2],
-        resnet_kernel_sizes=[3],
-        resnet_dilations=[[1, 3, 5]],
-        leaky_relu_negative_slope=0.1,
-        output_sampling_rate=16000,
-    )
+    vocoder = LTX2Vocoder(**VOCODER)
     return LTX2Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(),
         vae=perturb(vae, seed=1),

@@ -59,7 +59,9 @@ def demo(tmp_path_factory):
 
 
 def test_example_script_draws_the_demo_image(demo):
-    """examples/tensor_parallel_flux.py at tp=2, same checkpoint and seed: the demo's image, bit for bit."""
+    """examples/tensor_parallel_flux.py at tp=2, same checkpoint and seed: the demo's image within one PNG level (the
+    example shards the transformer only, the demo the text encoders too: CLIP's rowwise biases join rank 0's matmul
+    before the all-reduce, a different rounding; measured: 1 of 3072 values one level off)."""
     _, tmp = demo
     command = [
         sys.executable,
@@ -79,7 +81,9 @@ def test_example_script_draws_the_demo_image(demo):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tp degrees this transformer supports: [1, 2, 4]" in done.stdout
-    np.testing.assert_array_equal(np.asarray(Image.open(tmp / "example.png")), np.asarray(Image.open(tmp / "out.png")))
+    example, demo_image = (np.asarray(Image.open(tmp / name), dtype=np.int16) for name in ("example.png", "out.png"))
+    diff = np.abs(example - demo_image)
+    assert diff.max() <= 1 and (diff > 0).mean() <= 0.01, (diff.max(), (diff > 0).mean())
 
 
 def test_demo_exits_zero_and_prints_the_table(demo):

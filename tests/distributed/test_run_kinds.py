@@ -18,6 +18,7 @@ import json
 
 import numpy as np
 import pytest
+from run_cli import assert_close, generate
 
 from dtp.pipeline.outputs import read_video
 from dtp.testing.conditioned_pipelines import (
@@ -27,7 +28,6 @@ from dtp.testing.conditioned_pipelines import (
     tiny_wan_i2v_pipeline,
     tiny_wan_video_pipeline,
 )
-from dtp.testing.run_cli import assert_close, generate
 
 FRAMES = 5
 BUILDERS = {

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from run_cli import MAX_BOUND, MEAN_BOUND, torchrun_dtp
 
 from dtp.pipeline.outputs import read_video
 from dtp.testing.ltx2_pipeline import tiny_ltx2_pipeline
-from dtp.testing.run_cli import MAX_BOUND, MEAN_BOUND, torchrun_dtp
 from dtp.tools.cli import main
 
 pytestmark = pytest.mark.full  # a save, one process and a torchrun of 2 ranks each: ~20 s of CPU (suite budget)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from run_cli import assert_close, generate
 
 from dtp.pipeline.outputs import read_video
 from dtp.testing.released_pipelines import tiny_hunyuanvideo15_pipeline, tiny_wan_vace_pipeline
-from dtp.testing.run_cli import assert_close, generate
 
 FRAMES = 5
 CASES = {

@@ -94,7 +94,8 @@ def test_zimage_30_heads_pad_to_32_at_tp4():
     assert padded_sizes(padding.resolved, "attention.to_q") == {(240,): (256,)}
     assert padded_sizes(padding.resolved, "attention.to_out.0") == {(240,): (256,)}
     assert padded_sizes(padding.resolved, "feed_forward.w2") == {(640,): (640,)}  # 4 divides the FFN
-    assert padding.resolved.attention[0].local_values(4) == {"heads": 8, "inner_dim": 64, "inner_kv_dim": 64}
+    local = {"heads": 8, "inner_dim": 64, "inner_kv_dim": 64, "out_dim": 64}  # out_dim = the q width: per rank too
+    assert padding.resolved.attention[0].local_values(4) == local
     # tp=2 divides everything: padding changes nothing.
     assert pad_resolved(resolve(dtp.load_plan("zimage"), model), model, 2).is_noop
 

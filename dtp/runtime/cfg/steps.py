@@ -182,10 +182,10 @@ def _rows_of(value: torch.Tensor, whole: torch.Tensor, batch: int) -> int | None
     if value.dtype != whole.dtype or value.device != whole.device:
         return None
     starts = range(whole.shape[0] - batch + 1)
-    from .tree import _same_view
+    from .tree import same_view
 
     for r in starts:
-        if _same_view(value, whole[r : r + batch]):
+        if same_view(value, whole[r : r + batch]):
             return r
     for r in starts:
         if torch.equal(value, whole[r : r + batch]):
@@ -402,13 +402,13 @@ def verify(arguments: dict, held: dict, checked: dict, trusted: frozenset = froz
 
 def _structure(value, held, pairs: list) -> bool:
     """`tree.matches` without value reads: the tensor pairs that need one are appended to `pairs`."""
-    from .tree import _same_object, _same_view
+    from .tree import same_object, same_view
 
     if isinstance(held, Held):
         if not isinstance(value, torch.Tensor) or not held.unchanged():
             return False
         b = held.tensor
-        if value is b or (value.shape == b.shape and value.dtype == b.dtype and _same_view(value, b)):
+        if value is b or (value.shape == b.shape and value.dtype == b.dtype and same_view(value, b)):
             return True
         if value.shape != b.shape or value.dtype != b.dtype or value.device != b.device:
             return False
@@ -429,4 +429,4 @@ def _structure(value, held, pairs: list) -> bool:
             and len(value) == len(held)
             and all(_structure(x, y, pairs) for x, y in zip(value, held))
         )
-    return _same_object(value, held)
+    return same_object(value, held)

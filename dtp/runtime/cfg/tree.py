@@ -98,15 +98,15 @@ def matches(value, held, *, values: bool) -> bool:
             and len(value) == len(held)
             and all(matches(x, y, values=values) for x, y in zip(value, held))
         )
-    return _same_object(value, held)
+    return same_object(value, held)
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor, values: bool) -> bool:
     alike = a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
-    return a is b or (alike and (_same_view(a, b) or (values and torch.equal(a, b))))
+    return a is b or (alike and (same_view(a, b) or (values and torch.equal(a, b))))
 
 
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Two views of the same memory: the same base, offset and strides (shape and dtype checked by the caller)."""
     return (
         a._base is not None
@@ -116,7 +116,7 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def _same_object(a, b) -> bool:
+def same_object(a, b) -> bool:
     try:
         return bool(a == b)
     except Exception:  # an object whose == is not a truth value: equal only to itself

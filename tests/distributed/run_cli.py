@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .serving import LAUNCHER, quiet_env
+from dtp.testing.serving import LAUNCHER, quiet_env
 
 MEAN_BOUND, MAX_BOUND = 1e-6, 1e-4  # fp32 pixels in [0, 1]: measured 1e-7 .. 3e-7 mean on the tiny pipelines
 
@@ -22,7 +22,7 @@ def torchrun_dtp(argv: list[str], nproc: int = 2) -> subprocess.CompletedProcess
 def generate(argv: list[str], out: Path, *, suffix: str, mesh: list[str] | None, extra=()) -> str:
     """`dtp run argv` writing `out/out.<suffix>` and `out/pixels.npy`: in this process (mesh None) or under
     torchrun with `mesh` (e.g. ["--cp", "2"]; [] for the default tp over 2 ranks); returns torchrun's stderr."""
-    from ..tools.cli import main
+    from dtp.tools.cli import main
 
     out.mkdir(exist_ok=True)
     argv = [*argv, "--dtype", "fp32", "--output", str(out / f"out.{suffix}")]
