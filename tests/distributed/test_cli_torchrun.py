@@ -59,6 +59,7 @@ def test_missing_model_dir(tmp_path):
     assert_one_message(code, output, f"dtp run: --model-dir {tmp_path / 'nonexistent'} does not exist")
 
 
+@pytest.mark.full  # suite time (17 s): torchrun failures stay default through test_missing_model_dir
 def test_truncated_checkpoint_while_sharding(truncated):
     """The CheckpointError is raised inside the process group (shard-on-load), on both ranks."""
     code, output = torchrun("--model-dir", str(truncated))

@@ -27,6 +27,9 @@ SMALL = ["--steps", "2", "--height", "32", "--width", "32", "--seed", "0", "--pr
 REFERENCE = dict(steps=2, height=32, width=32, seed=0)  # = SMALL, as diffusers' call arguments
 SCALE = 0.8
 
+# Suite time (24 s): LoRA under tp by the library is test_lora_parity_2 / _4 and test_fsdp_lora (default).
+pytestmark = pytest.mark.full
+
 
 def dtp_run(checkpoint, pixels, *extra, nproc: int = 1) -> subprocess.CompletedProcess:
     """`dtp run` under torch's launcher on `nproc` processes, as a user starts it."""

@@ -58,6 +58,7 @@ def demo(tmp_path_factory):
     return done, tmp
 
 
+@pytest.mark.full  # suite time (19 s): the demo tests draw the same image through dtp run
 def test_example_script_draws_the_demo_image(demo):
     """examples/tensor_parallel_flux.py at tp=2, same checkpoint and seed: the demo's image within one PNG level (the
     example shards the transformer only, the demo the text encoders too: CLIP's rowwise biases join rank 0's matmul

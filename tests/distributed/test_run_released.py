@@ -1,9 +1,9 @@
 """`dtp run` end to end on tiny released video pipelines, whole (every component diffusers' pipeline takes, saved
 with save_pretrained and loaded by `--model-dir` as a user's download is): one process (the reference, in this
-process) vs torchrun with 2 gloo ranks; every frame's fp32 pixels within `run_cli`'s bounds, the mp4 decoding to
-the frames asked.
+process) vs torchrun with 2 gloo ranks (all `full`: `dtp run` itself is test_run_kinds'; each case ~20 s); every
+frame's fp32 pixels within `run_cli`'s bounds, the mp4 decoding to the frames asked.
 
-    Wan VACE          text to video through the VACE control branch (cp=2 by default; tp=2 with DTP_FULL=1)
+    Wan VACE          text to video through the VACE control branch (cp=2, tp=2)
     HunyuanVideo 1.5  Qwen2.5-VL + ByT5 text, diffusers' guider (true CFG: two transformer calls a step), its
                       3-level causal VAE (tp=2, with DTP_FULL=1)
 
@@ -42,7 +42,7 @@ def _argv(saved, kind: str) -> list[str]:
 @pytest.mark.parametrize(
     "kind, mesh",
     [
-        pytest.param("wan_vace", ["--cp", "2"], id="wan-vace-cp2"),
+        pytest.param("wan_vace", ["--cp", "2"], id="wan-vace-cp2", marks=pytest.mark.full),
         pytest.param("wan_vace", [], id="wan-vace-tp2", marks=pytest.mark.full),
         pytest.param("hunyuan15", [], id="hunyuan15-tp2", marks=pytest.mark.full),
     ],

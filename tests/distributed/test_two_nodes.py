@@ -78,6 +78,7 @@ def test_ulysses_across_the_two_agents_is_refused(tmp_path):
     assert any("the ulysses group of ranks [0, 1, 2, 3] spans 2 nodes" in log for log in logs), logs[0][-3000:]
 
 
+@pytest.mark.full  # suite time (24 s, 4 processes): the node rule itself is test_nodes / test_usp_cli
 def test_tp_across_the_two_agents_is_refused(tmp_path):
     """tp=4 on 2 nodes x 2 ranks: the one tp group spans both nodes; every rank fails with the axis named."""
     model_dir = tiny_checkpoint("flux", root=tmp_path)

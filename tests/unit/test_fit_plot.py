@@ -2,11 +2,14 @@
 
 import sys
 
+import pytest
+
 from dtp.tools.cli import main
 
 FIT = ["fit", "flux-pipeline", "--gpus", "2", "--gpu-memory", "24GB"]
 
 
+@pytest.mark.full  # suite time (15 s of matplotlib): the refusals below stay default
 def test_plot_writes_a_png(tmp_path, capsys):
     path = tmp_path / "fit.png"
     assert main([*FIT, "--plot", str(path)]) == 0
