@@ -42,7 +42,7 @@ def _run(model_dir, out, request: list[str], *, mesh: list[str] | None) -> None:
 @pytest.mark.parametrize(
     "mesh, request_args",
     [
-        pytest.param([], REQUEST, id="tp2"),
+        pytest.param([], REQUEST, id="tp2", marks=pytest.mark.full),  # suite time (32 s): test_compile by default
         pytest.param(["--cp", "2", "--cp-mode", "ring"], REQUEST, id="ring-cp2", marks=pytest.mark.full),
         pytest.param(["--cfg", "2"], [*REQUEST, *TRUE_CFG], id="cfg2-true-cfg", marks=pytest.mark.full),
     ],

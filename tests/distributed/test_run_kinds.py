@@ -90,7 +90,7 @@ def _generate(saved, kind: str, out, *, mesh: list[str] | None, extra=()) -> str
         pytest.param("wan", ["--cp", "2"], id="wan-t2v-cp2", marks=pytest.mark.full),  # video at cp: test_serve_video
         pytest.param("wan_i2v", [], id="wan-i2v-tp2", marks=pytest.mark.full),  # the --prompts launch is I2V at tp=2
         pytest.param("kontext", ["--cp", "2"], id="kontext-cp2", marks=pytest.mark.full),  # reference image at cp
-        pytest.param("flux2", ["--cp", "2"], id="flux2-cp2"),
+        pytest.param("flux2", ["--cp", "2"], id="flux2-cp2", marks=pytest.mark.full),  # suite time (20 s)
     ],
 )
 def test_two_ranks_draw_the_one_process_pixels(saved, tmp_path, kind, mesh):

@@ -78,6 +78,7 @@ def _wait_status(client, video_id: str, status: str, timeout_s: float = 60) -> N
         time.sleep(0.1)
 
 
+@pytest.mark.full  # suite time (44 s): jobs and the store by default in tests/unit/test_serve_jobs.py
 def test_video_requests_and_jobs_equal_dtp_run_and_survive_a_dying_rank(tmp_path):
     model_dir, state = tmp_path / "wan", tmp_path / "state"
     tiny_wan_video_pipeline().save_pretrained(model_dir)
