@@ -24,7 +24,7 @@ TOL = 1e-5
 # much for the suite: by default two regional cases, ring CP (its K/V rotation: functional collectives in the graph)
 # and padded heads with int8 weights (TP's plain-tensor Linears over torchao's Int8Tensor holding DTensor data and
 # scales; one compile for both kinds, 5.6 CPU s a rank against 8.3 + 9.2 apart); TP through the CLI is
-# test_compile_run's. DTP_FULL=1 or DTP_COMPILE_MATRIX=full runs all (LoRA, Ulysses, the parallel VAEs' decodes
+# test_compile_run's (full). DTP_FULL=1 or DTP_COMPILE_MATRIX=full runs all (LoRA, Ulysses, the parallel VAEs' decodes
 # compiled whole, pad and int8wo apart, inductor, fp8wo and CogVideoX's SDPA among them).
 QUICK = [
     ("cp-ring", "regional", "eager"),

@@ -2,8 +2,9 @@
 
 The compiled run (`--compile eager`: regional, fullgraph, dynamo's eager backend, which traces what inductor
 traces without generating code) draws the one-process eager run's pixels within 1e-5 (max |diff|) at
-tp=2, and every rank's `--report` says 0 graph breaks and 0 recompiles after step 1. One launch by default
-(tp=2); with DTP_FULL=1 also ring cp=2 and cfg=2 with true CFG (the other meshes: test_compile_pipeline.py).
+tp=2, and every rank's `--report` says 0 graph breaks and 0 recompiles after step 1. All `full` (suite time:
+32 s a launch; regional compile runs by default in test_compile.py): tp=2, ring cp=2 and cfg=2 with true CFG
+(the other meshes: test_compile_pipeline.py).
 A run that did not compile has no "compile" entry in its report (`rank_report` adds it only for a compiled
 transformer), so the first check cannot pass on an eager run; a recompile or a break is seen by the same counters
 (tests/unit/test_compile_regions.py). Measured: 211 s wall on the shared 2-core machine (load ~20).
