@@ -161,15 +161,16 @@ def clip_text_encoder(width: int, seed: int):
     return CLIPTextModel(config).eval()
 
 
-def t5_encoder(width: int, seed: int, model_class=None):
+def t5_encoder(width: int, seed: int, model_class=None, vocab_size: int | None = None):
     """A 1-layer T5-family encoder of `width` (T5 v1.1 / UMT5: gated GELU, as FLUX.1's T5-XXL: wi_0, wi_1 -> wo),
-    weights from `seed`; `model_class` defaults to transformers' T5EncoderModel (UMT5EncoderModel for Wan)."""
+    weights from `seed`; `model_class` defaults to transformers' T5EncoderModel (UMT5EncoderModel for Wan);
+    `vocab_size` to the tiny T5 tokenizer's (ByT5's is 384)."""
     from transformers import T5EncoderModel
 
     model_class = model_class or T5EncoderModel
     torch.manual_seed(seed)
     config = model_class.config_class(
-        vocab_size=len(t5_tokenizer()),
+        vocab_size=vocab_size or len(t5_tokenizer()),
         d_model=width,
         d_kv=width // 4,
         d_ff=2 * width,

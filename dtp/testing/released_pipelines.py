@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..families.pipelines import qwen_tokenizer
+from ..families.pipelines import qwen_tokenizer, t5_encoder
 from .conditioned_pipelines import tiny_wan_video_pipeline
 from .tiny import TINY_CONFIGS, tiny_model
 from .tiny_vae import tiny_vae
@@ -48,7 +48,7 @@ def tiny_hunyuanvideo15_pipeline():
     """The tiny HunyuanVideo15Pipeline (text to video)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline
     from diffusers.guiders import ClassifierFreeGuidance
-    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
     config = TINY_CONFIGS["HunyuanVideo15Transformer3DModel"]
     tokenizer = qwen_tokenizer()
@@ -67,20 +67,8 @@ def tiny_hunyuanvideo15_pipeline():
             rope_scaling={"type": "mrope", "mrope_section": [1, 1, width // 8 - 2]},
         )
     ).eval()
-    glyph = config["text_embed_2_dim"]
-    torch.manual_seed(3)
-    text_encoder_2 = T5EncoderModel(
-        T5Config(
-            vocab_size=_BYT5_VOCAB,
-            d_model=glyph,
-            d_kv=glyph // 4,
-            d_ff=2 * glyph,
-            num_layers=1,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            feed_forward_proj="gated-gelu",
-        )
-    ).eval()
+    # ByT5 glyph encoder of the transformer's second text width
+    text_encoder_2 = t5_encoder(config["text_embed_2_dim"], seed=3, vocab_size=_BYT5_VOCAB)
     return HunyuanVideo15Pipeline(
         text_encoder=text_encoder,
         tokenizer=tokenizer,

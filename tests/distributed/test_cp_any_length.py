@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from usp_cases import hunyuan_odd_inputs
 
 import dtp
 import dtp.runtime.cp.block_causal as block_causal_module
@@ -48,14 +49,7 @@ def _inputs(cls: str) -> dict:
             inputs["timestep"] = torch.randint(0, 1000, (2, 9), generator=g)
         return inputs
     if cls == HUNYUAN:  # a 1 x 3 x 3 patch grid (9 video tokens) and 7 text tokens, sample 1 with 5 real
-        inputs = tiny_inputs(HUNYUAN, batch=2)
-        g = torch.Generator().manual_seed(3)
-        inputs["hidden_states"] = torch.randn(*inputs["hidden_states"].shape[:2], 1, 6, 6, generator=g)
-        inputs["encoder_hidden_states"] = torch.randn(2, 7, inputs["encoder_hidden_states"].shape[2], generator=g)
-        mask = torch.ones(2, 7, dtype=inputs["encoder_attention_mask"].dtype)
-        mask[1, 5:] = 0
-        inputs["encoder_attention_mask"] = mask
-        return inputs
+        return hunyuan_odd_inputs()
     if cls == LTX:  # 1 frame of 3 x 3 patches: 9 tokens
         inputs = tiny_inputs(LTX, batch=2)
         channels = inputs["hidden_states"].shape[2]

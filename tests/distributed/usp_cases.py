@@ -30,14 +30,7 @@ def inputs_for(name: str) -> dict:
         inputs["encoder_hidden_states_mask"][1, -3:] = 0  # sample 1: its last 3 text tokens are padding
         return inputs
     if name == "hunyuan_odd":  # a 1 x 3 x 3 patch grid (9 video tokens) and 7 text tokens, sample 1 with 5 real
-        inputs = tiny_inputs(HUNYUAN, batch=2)
-        g = torch.Generator().manual_seed(3)
-        inputs["hidden_states"] = torch.randn(*inputs["hidden_states"].shape[:2], 1, 6, 6, generator=g)
-        inputs["encoder_hidden_states"] = torch.randn(2, 7, inputs["encoder_hidden_states"].shape[2], generator=g)
-        mask = torch.ones(2, 7, dtype=inputs["encoder_attention_mask"].dtype)
-        mask[1, 5:] = 0
-        inputs["encoder_attention_mask"] = mask
-        return inputs
+        return hunyuan_odd_inputs()
     if name in ("wan_odd", "wan_compile"):  # 3 latent frames of 1 x 3 patches: 9 tokens, cp=4 pads them to 12
         inputs = tiny_inputs(WAN, batch=2)
         batch, channels = inputs["hidden_states"].shape[:2]
@@ -150,3 +143,16 @@ def run_lora_case(mesh) -> dict:
         with CountBlocks() as blocks:
             out = output_tensor(model(**inputs)).float()
     return dict(error=error_of(out, ref), blocks=blocks.calls, lora_effect=error_of(plain, ref))
+
+
+def hunyuan_odd_inputs() -> dict:
+    """HunyuanVideo at a length cp does not divide: a 1 x 3 x 3 patch grid (9 video tokens) and 7 text tokens,
+    sample 1 with 5 real."""
+    inputs = tiny_inputs(HUNYUAN, batch=2)
+    g = torch.Generator().manual_seed(3)
+    inputs["hidden_states"] = torch.randn(*inputs["hidden_states"].shape[:2], 1, 6, 6, generator=g)
+    inputs["encoder_hidden_states"] = torch.randn(2, 7, inputs["encoder_hidden_states"].shape[2], generator=g)
+    mask = torch.ones(2, 7, dtype=inputs["encoder_attention_mask"].dtype)
+    mask[1, 5:] = 0
+    inputs["encoder_attention_mask"] = mask
+    return inputs
