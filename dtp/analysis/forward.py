@@ -203,6 +203,24 @@ def alike_blocks(model: torch.nn.Module) -> bool:
     return True
 
 
+def hooks_alike(model: torch.nn.Module) -> bool:
+    """Whether every block after the first of each block list carries the same hooks (counts per submodule): a cut to
+    the first block keeps that block's hooks and drops the others'. Kandinsky 5's plan gathers its visual tokens at
+    `visual_transformer_blocks.-1`: cut after sharding, the gather went with the last block (and the forward's
+    unflatten failed on the rank's 1/cp of the tokens); such a model is traced whole."""
+    for path in block_lists(model):
+        if path in INDEXED_LISTS:
+            continue
+        signatures = {_hooks(block) for block in list(model.get_submodule(path))[1:]}
+        if len(signatures) > 1:
+            return False
+    return True
+
+
+def _hooks(block: torch.nn.Module) -> tuple:
+    return tuple((len(m._forward_pre_hooks), len(m._forward_hooks)) for m in block.modules())
+
+
 def _signature(block: torch.nn.Module) -> tuple:
     params = tuple((name, tuple(p.shape), p.dtype) for name, p in block.named_parameters())
     return params, tuple(type(m).__name__ for m in block.modules())

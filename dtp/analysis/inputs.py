@@ -140,15 +140,16 @@ def _video_inputs(class_name, geometry: Geometry, config, dtype, size, txt: int,
         kwargs.update(num_frames=f, height=h, width=w)
     elif geometry.layout == "video_fchw":  # CogVideoX
         shape = (batch, f, latent.shape[2], h, w)
-    else:  # [B, C, F, H, W]
-        shape = (batch, latent.shape[1], f, h, w)
+    else:  # [B, C, F, H, W], or [B, N, C, F, H, W]: N items side by side in time (JoyImage Edit's target + references)
+        shape = (batch, *latent.shape[1:-3], f, h, w)
     kwargs["hidden_states"] = torch.empty(shape, dtype=latent.dtype, device="meta")
     for name in geometry.grid_inputs:  # e.g. Wan VACE's control video: the same grid, its own channels
         kwargs[name] = torch.empty((batch, kwargs[name].shape[1], f, h, w), dtype=kwargs[name].dtype, device="meta")
     regrid = FAMILIES[class_name].regrid  # inputs that follow the grid otherwise (Helios' histories)
     if regrid is not None:
         kwargs = regrid(kwargs, (f, h, w))
-    tokens = (f // geometry.patch_t) * (h // geometry.patch) * (w // geometry.patch)
+    items = latent.shape[1] if latent.dim() == 6 else 1
+    tokens = items * (f // geometry.patch_t) * (h // geometry.patch) * (w // geometry.patch)
     frames, height, width = size
     pixels = f"{frames} frames of {height}x{width} px = latent video {f} x {h} x {w}"
     return FullInputs(kwargs, tokens, txt, pixels, video=True, height=height)

@@ -52,6 +52,7 @@ from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapp
 
 from ..runtime.cfg.tree import leaves
 from ..runtime.memory import local_tensor_bytes
+from .bounds import MaskCounts
 from .collectives import ScopedDispatchMode, block_paths, collective_op
 from .cuda import CudaRoute
 from .repeats import repeated_calls
@@ -130,15 +131,16 @@ class PhaseTrace(ScopedDispatchMode):
     """`with PhaseTrace(model, resident) as t: model(**inputs)`; then read `t.trace`.
 
     `resident`: tensors alive before the forward (parameters, buffers, inputs); their storages are not
-    counted even when an op returns a view of one.
+    counted even when an op returns a view of one. `masks`: integer inputs holding 0 / 1 (`bounds.MaskCounts`).
     """
 
-    def __init__(self, model: nn.Module | None = None, resident=()):
+    def __init__(self, model: nn.Module | None = None, resident=(), masks=()):
         super().__init__(model)
         self.trace = Trace()
         self._resident = {id(s): s for t in resident for s in _inner_storages(t)}
         self._live: dict[int, int] = {}
         self._current = 0
+        self._counts = MaskCounts(masks)  # a mask's count read on the host: its upper bound (`bounds.py`)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -149,6 +151,7 @@ class PhaseTrace(ScopedDispatchMode):
         except DynamicOutputShapeException:
             out = self._all_selected(func, args)
             self.trace.kernels[(self.scope, "sync", f"data-dependent size ({func._overloadpacket.__name__})")] += 1
+        self._counts.record(func, args, kwargs, out)
         scope = self.scope
         packet = func._overloadpacket
         if packet in FLOP_FORMULAS:
@@ -186,9 +189,17 @@ class PhaseTrace(ScopedDispatchMode):
         """A fake tensor has no values, so `if torch.all(image_embeds == 0):` (HunyuanVideo 1.5's text-to-video test)
         cannot be decided: a boolean one is taken as False and counted (`Trace.guessed_branches`, which the reports
         print). Both sides of such a test build tensors of the same shapes in the models seen so far; anything else
-        (an integer `.item()` that sizes a tensor: MoE routing counts) still raises."""
-        if func is not torch.ops.aten._local_scalar_dense.default or args[0].dtype is not torch.bool:
+        (an integer `.item()` that sizes a tensor: MoE routing counts) still raises, unless it counts a mask's set
+        elements (`bounds.MaskCounts`: taken as all of them; FramePack's prompt length at batch 1)."""
+        if func is not torch.ops.aten._local_scalar_dense.default:
             raise  # the exception being handled, as the fake mode raised it
+        if args[0].dtype is not torch.bool:
+            bound = self._counts.bound(args[0])
+            if bound is None:
+                raise
+            self.trace.guessed_branches += 1
+            self.trace.kernels[(self.scope, "sync", "_local_scalar_dense")] += 1
+            return bound
         self.trace.guessed_branches += 1
         self.trace.kernels[(self.scope, "sync", "_local_scalar_dense")] += 1
         return False
@@ -488,7 +499,8 @@ def trace_call(
     `device`: "cuda" adds `cuda.CudaRoute`). `repeated`: paths of submodules called many times alike (Wan's VAE
     decoder, once per latent frame), whose repeats are replayed rather than run (`repeats.py`; the same figures)."""
     resident = [*model.parameters(), *model.buffers(), *(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))]
-    with torch.no_grad(), PhaseTrace(model, resident) as tracer, contextlib.ExitStack() as stack:
+    masks = [v for k, v in inputs.items() if "mask" in k and isinstance(v, torch.Tensor)]  # 0 / 1 (`bounds.py`)
+    with torch.no_grad(), PhaseTrace(model, resident, masks) as tracer, contextlib.ExitStack() as stack:
         tracer.trace.device = device
         if device == "cuda":
             stack.enter_context(CudaRoute())

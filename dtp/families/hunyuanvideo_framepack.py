@@ -32,3 +32,19 @@ def inputs(cfg, g, batch, img, txt):
     kwargs["indices_latents"] = torch.arange(start, start + frames)
     kwargs["image_embeds"] = torch.randn(batch, 4, cfg["image_proj_dim"], generator=g)
     return kwargs
+
+
+def regrid(kwargs, grid):
+    """Full-size inputs (`analysis/inputs.py`): the histories on the latent grid of `hidden_states` (already the
+    full-size one) and the frame indices of the f noisy frames after them (as `inputs` numbers them)."""
+    f, h, w = grid
+    latent = kwargs["hidden_states"]
+    batch, channels = latent.shape[:2]
+    start = 0
+    for name, count in HISTORY.items():
+        shape = (batch, channels, count, h, w)
+        kwargs[f"latents_{name}"] = torch.empty(shape, dtype=latent.dtype, device=latent.device)
+        kwargs[f"indices_latents_{name}"] = torch.arange(start, start + count, device=latent.device)
+        start += count
+    kwargs["indices_latents"] = torch.arange(start, start + f, device=latent.device)
+    return kwargs

@@ -22,7 +22,8 @@ TINY = dict(
 )
 ITEMS = 2  # the edit target and one reference image, [B, N, C, T, H, W]
 # Image edits through a video layout [B, C, T, H, W]: one frame of 1024 x 1024 px (assumed usual size) through a Wan
-# 2.1-style VAE (16 latent channels, 8x in space); full-size inputs: the target alone, T = 1.
+# 2.1-style VAE (16 latent channels, 8x in space); full-size inputs: the target and one reference, T = 1 each
+# ([B, 2, C, 1, H, W]: `analysis/inputs.py` keeps the items axis; 2 x 4096 image tokens at 1024^2).
 GEOMETRY = Geometry(vae_time_scale=4, clip=(1, 1024, 1024), layout="video")
 
 
