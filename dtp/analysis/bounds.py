@@ -65,10 +65,13 @@ class MaskCounts:
         found = self._bound_of(func, args, kwargs)
         if found is not None:
             self._bounds[out] = found
-        if func in ONES or (func in SAME and self.binary(args[0])):
+        if self._makes_mask(func, args):
             self._binary[out] = True
-        elif func is aten.cat.default and all(self.binary(t) for t in args[0]):
-            self._binary[out] = True
+
+    def _makes_mask(self, func, args) -> bool:
+        if func is aten.cat.default:
+            return all(self.binary(t) for t in args[0])
+        return func in ONES or (func in SAME and self.binary(args[0]))
 
     def _bound_of(self, func, args, kwargs) -> int | None:
         first = args[0]

@@ -44,7 +44,7 @@ def regrid(kwargs, grid):
     for name, count in HISTORY.items():
         shape = (batch, channels, count, h, w)
         kwargs[f"latents_{name}"] = torch.empty(shape, dtype=latent.dtype, device=latent.device)
-        kwargs[f"indices_latents_{name}"] = torch.arange(start, start + count, device=latent.device)
+        kwargs[f"indices_latents_{name}"] = torch.arange(start, start + count)
         start += count
-    kwargs["indices_latents"] = torch.arange(start, start + f, device=latent.device)
+    kwargs["indices_latents"] = torch.arange(start, start + f)
     return kwargs
