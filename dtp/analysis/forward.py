@@ -15,6 +15,8 @@ the block's figures; `dtp check` traces its model whole, so its collectives are 
     peak_report(...)   that peak at (cp, tp) next to one rank's:
 
         ideal = one rank's peak / (cp * tp)       ratio = per-rank peak / ideal (1.00: perfectly divided)
+        whole = the tensors alive at the per-rank peak that no rank divides, and what they add above ideal
+                (`whole.whole_at_peak`: why a ratio is what it is)
 
 Why one block per list is enough for the peak of a stack of alike blocks: only the residual stream (and what the
 model computes once before its blocks: RoPE tables, modulation, text states) crosses a block boundary, so the
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -41,6 +43,7 @@ from ..quant import config_for, quantize
 from .fakepg import fake_mesh, fake_world, meta_model
 from .inputs import ForwardShape, forward_inputs
 from .trace import Trace, block_lists, fake_like, fake_mode, param_bytes_by_scope, to_fake, trace_call, truncate_blocks
+from .whole import whole_at_peak
 
 INDEXED_LISTS = ("caption_projection",)  # HiDream's forward indexes it per text layer: kept whole, not cut
 DEFAULT_SHAPE = ForwardShape()  # a 1024^2 image, or a video model's usual clip
@@ -120,6 +123,8 @@ class ForwardPeak:
     """The input in the model's terms (`1024x1024 px, ...`, `81 frames of 480x832 px = latent video ...`)."""
     guessed: int = 0
     """Data-dependent values the fake forward guessed (`trace.Trace.guessed_branches`)."""
+    trace: Trace | None = field(default=None, compare=False, repr=False)
+    """The trace it came from (what was alive at the peak: `whole.whole_at_peak`)."""
 
 
 def forward_peak(
@@ -151,7 +156,7 @@ def forward_peak(
     trace = traces[0]
     if isinstance(trace, Exception):
         raise trace
-    return ForwardPeak(trace.peak_bytes, inputs.tokens, inputs.described, trace.guessed_branches)
+    return ForwardPeak(trace.peak_bytes, inputs.tokens, inputs.described, trace.guessed_branches, trace)
 
 
 def peak_report(
@@ -176,7 +181,7 @@ def peak_report(
     one = one or forward_peak(class_name, plan, **common)
     sharded = sharded or forward_peak(class_name, plan, cp=cp, tp=tp, cp_mode=cp_mode, pad=pad, **common)
     ideal = one.peak_bytes / (cp * tp)
-    return {
+    report = {
         "cp": cp,
         "tp": tp,
         "cp_mode": cp_mode,
@@ -188,6 +193,10 @@ def peak_report(
         "ratio": sharded.peak_bytes / ideal,
         "guessed": max(one.guessed, sharded.guessed),
     }
+    if cp * tp > 1 and one.trace is not None and sharded.trace is not None:  # what stays whole, and its cost
+        whole = whole_at_peak(sharded.trace, one.trace, cp=cp, tp=tp, per_rank=sharded.peak_bytes, ideal=ideal)
+        report["whole"] = whole
+    return report
 
 
 def alike_blocks(model: torch.nn.Module) -> bool:
@@ -228,4 +237,4 @@ def _signature(block: torch.nn.Module) -> tuple:
 
 def trace_peak(trace: Trace, inputs) -> ForwardPeak:
     """A `ForwardPeak` from a trace of `inputs` (`inputs.FullInputs`) traced elsewhere (`dtp check`'s one trace)."""
-    return ForwardPeak(trace.peak_bytes, inputs.tokens, inputs.described, trace.guessed_branches)
+    return ForwardPeak(trace.peak_bytes, inputs.tokens, inputs.described, trace.guessed_branches, trace)

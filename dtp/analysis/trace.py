@@ -56,6 +56,7 @@ from .bounds import MaskCounts
 from .collectives import ScopedDispatchMode, block_paths, collective_op
 from .cuda import CudaRoute
 from .repeats import repeated_calls
+from .whole import PeakTensors
 
 FAKE_DEVICE = "cpu"  # fake tensors live "on" cpu: SDPA then takes its flash kernel (see the module docstring)
 
@@ -122,6 +123,10 @@ class Trace:
     kernels: Counter = field(default_factory=Counter)
     """(scope, kind, name) -> calls; kind "attention" (name: op and dtype), "matmul" (dtype), "sync" (why the host
     waits), "h2d" (host-to-device copies)."""
+    at_peak: tuple = ()
+    """The storages alive at the peak (`whole.Made`: bytes, shape, dtype, the op and module that made each)."""
+    made: frozenset = frozenset()
+    """(shape, dtype) of every storage the forward made (`whole.whole_at_peak` tells the undivided ones by it)."""
 
     def total_flops(self) -> int:
         return sum(self.flops.values())
@@ -140,6 +145,7 @@ class PhaseTrace(ScopedDispatchMode):
         self._resident = {id(s): s for t in resident for s in _inner_storages(t)}
         self._live: dict[int, int] = {}
         self._current = 0
+        self.tensors = PeakTensors()  # what each live tensor is, and those alive at the peak (`whole.py`)
         self._counts = MaskCounts(masks)  # a mask's count read on the host: its upper bound (`bounds.py`)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -166,8 +172,10 @@ class PhaseTrace(ScopedDispatchMode):
             size, name = _group(args)
             self.trace.collectives.append(CollectiveRecord(op, nbytes, size, scope, name))
         for tensor in tree_leaves(out):
-            self._track(tensor)
-        self.trace.peak_bytes = max(self.trace.peak_bytes, self._current)
+            self._track(tensor, packet.__name__)
+        if self._current > self.trace.peak_bytes:
+            self.trace.peak_bytes = self._current
+            self.tensors.peak()
         return out
 
     def _kernel(self, scope: str, func, args, kwargs) -> None:
@@ -228,17 +236,19 @@ class PhaseTrace(ScopedDispatchMode):
         """Bytes created during the forward and alive now."""
         return self._current
 
-    def _track(self, tensor) -> None:
+    def _track(self, tensor, op: str = "") -> None:
         storage = _storage(tensor)
         if storage is None or id(storage) in self._resident or id(storage) in self._live:
             return
         nbytes = storage.nbytes()
         self._live[id(storage)] = nbytes
         self._current += nbytes
+        self.tensors.add(id(storage), nbytes, tensor._local_tensor if isinstance(tensor, DTensor) else tensor, op)
         weakref.finalize(storage, self._free, id(storage))
 
     def _free(self, key: int) -> None:
         self._current -= self._live.pop(key, 0)
+        self.tensors.free(key)
 
 
 def _storage(tensor):
@@ -506,7 +516,9 @@ def trace_call(
             stack.enter_context(CudaRoute())
         for path in repeated:
             stack.enter_context(repeated_calls(tracer, model.get_submodule(path)))
+        stack.enter_context(tracer.tensors.modules(model))
         out = call(model, **inputs)
         tracer.trace.output_bytes = sum(t.numel() * t.element_size() for t in leaves(out))
         del out
+    tracer.trace.at_peak, tracer.trace.made = tracer.tensors.at_peak, frozenset(tracer.tensors.made)
     return tracer.trace

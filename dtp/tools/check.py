@@ -209,7 +209,20 @@ def format_peak(p: dict, dtype: str) -> list[str]:
     head = f"activation peak of one forward (batch 1, {dtype}, fake tensors, the whole model): {p['input']}"
     guessed = p.get("guessed", 0)
     note = [f"  ({guessed} data-dependent values guessed: tests as False, masks selecting all)"] if guessed else []
-    return [head] + [f"  {label:<32} {value}" for label, value in rows] + note
+    return [head] + [f"  {label:<32} {value}" for label, value in rows] + _format_whole(p.get("whole")) + note
+
+
+def _format_whole(whole: dict | None) -> list[str]:
+    """The tensors held whole at the per-rank peak (`analysis/whole.py`): the region's cost above ideal."""
+    if not whole or not whole["tensors"]:
+        return []
+    lines = [f"  held whole by every rank at the peak ({whole['count']}; bytes, above ideal, made by):"]
+    for row in whole["tensors"]:
+        tensor, made_by = row["tensor"], row["made_by"]
+        lines.append(f"    {_gb(row['bytes'])} {_gb(row['above_ideal_bytes'])}  {tensor:<28} {made_by}")
+    lines.append(f"  {'whole tensors above ideal':<32} {_gb(whole['above_ideal_bytes'])}")
+    lines.append(f"  {'ratio without them':<32} {whole['ratio_without']:10.3f}")
+    return lines
 
 
 def _degrees(degrees: list[int]) -> str:

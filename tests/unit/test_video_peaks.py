@@ -1,14 +1,21 @@
 """Full-size checks of the video families (issue 45): what made FramePack's, JoyImage Edit's and Kandinsky 5's
-`dtp check --cp 8` fail, each on a cheap stand-in (`analysis/bounds.py`, `analysis/inputs.py`, `hooks_alike`)."""
+`dtp check --cp 8` fail, each on a cheap stand-in (`analysis/bounds.py`, `analysis/inputs.py`, `hooks_alike`), and
+the tensors a check names as held whole at the per-rank peak (`analysis/whole.py`)."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException
 
-from dtp.analysis.forward import hooks_alike
+from dtp.analysis.forward import hooks_alike, peak_report
 from dtp.analysis.inputs import ForwardShape, forward_inputs
 from dtp.analysis.trace import fake_like, fake_mode, to_fake, trace_call
+from dtp.analysis.whole import Made, whole_at_peak
+from dtp.families import FAMILIES
+from dtp.plan.io import load_plan
+from dtp.tools.check import format_peak
 
 
 class MaskSliced(nn.Module):
@@ -63,3 +70,21 @@ def test_framepack_full_size_histories_follow_the_grid():
     kwargs = forward_inputs("HunyuanVideoFramepackTransformer3DModel", config, torch.bfloat16, ForwardShape()).kwargs
     assert tuple(kwargs["latents_history_4x"].shape) == (1, 16, 4, 90, 160)
     assert kwargs["indices_latents"].tolist() == list(range(7, 7 + 33))
+
+
+def test_check_names_what_stays_whole_at_the_peak():
+    """Tiny Helios at cp=2 (84 current + 38 history tokens): the per-token modulation the forward builds for the
+    whole joint sequence, [1, 6, 122, 64] from a `cat`, is the largest tensor no rank divides at the peak; its cost
+    above ideal is half its bytes; the ratio without the whole tensors is lower; `dtp check` prints them. Negative
+    control: judged against a one-rank trace that made no tensor of those shapes, nothing is whole."""
+    shape = ForwardShape(resolution=64, frames=9, text_tokens=8)
+    config = FAMILIES["HeliosTransformer3DModel"].tiny
+    report = peak_report("HeliosTransformer3DModel", load_plan("helios"), cp=2, tp=1, config=config, shape=shape)
+    whole = report["whole"]
+    first = whole["tensors"][0]
+    assert first["tensor"] == "[1, 6, 122, 64] bfloat16" and first["made_by"].startswith("cat")
+    assert first["above_ideal_bytes"] == first["bytes"] // 2
+    assert whole["ratio_without"] < report["ratio"] - 0.2
+    assert any("held whole by every rank" in line for line in format_peak(report, "bf16"))
+    sharded = SimpleNamespace(at_peak=[Made(10**6, (1, 6, 122, 64), "bfloat16", "cat", "")])
+    assert whole_at_peak(sharded, SimpleNamespace(made=set()), cp=2, tp=1, per_rank=10**6, ideal=5e5)["count"] == 0
