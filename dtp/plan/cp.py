@@ -20,7 +20,8 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
                                                # optional: a slice by a global count after the blocks (`KeepRule`)
 
 A split key `name[i]` cuts element i of a tuple input only (JoyImage's RoPE argument ((image cos, sin), text
-tables)): each element with its own rule (`pad` slot), a None element passing.
+tables); Allegro's ((t, h, w) tables, (t, h, w) position ids)): each element with its own rule (`pad` slot), the
+other elements and a None element passing whole (`SplitRule.element`; `element: i` in the rule says the same).
 
 `cp: {refused: "why"}` instead says the model cannot take CP; any cp > 1 is then a PlanError quoting it.
 `ring_refused: "why"` beside `split`/`gather` says the model takes Ulysses only (e.g. a per-query mask that
@@ -95,9 +96,12 @@ class SplitRule:
     strided: rank r keeps elements r, r + cp, ... of `dim` (`runtime/cp/strided.py`): for a per-sample tensor repeated
         once per token position ([B x P] rows, sample-major; Latte's temporal timesteps), whose rows each rank needs
         one per local position of each sample, the batch B unknown to the hook.
-    element: the input is a tuple whose element `element` (a tensor, or a tuple of them) is cut; the other elements
-        pass whole. Allegro's blocks take image_rotary_emb = ((t, h, w) frequency tables, (t, h, w) position ids
-        [1, S]): the position ids are cut with their tokens (`element: 1`), the tables stay whole.
+    element: the input is a tuple whose element `element` (a tensor, or a tuple of them) is cut; the other elements,
+        and a None element or argument, pass whole. Written `name[i]` as the split key (or `element: i` in the
+        rule: the same rule), with dim, expected_dims and pad only; one rule per element, each its own `pad` slot.
+        Allegro's blocks take image_rotary_emb = ((t, h, w) frequency tables, (t, h, w) position ids [1, S]): the
+        position ids are cut with their tokens (`image_rotary_emb[1]`), the tables stay whole; JoyImage's
+        ((image cos, sin), text tables or None): `[0]` padded `first` with the image, `[1]` `last` with the text.
     """
 
     key: str
@@ -113,7 +117,6 @@ class SplitRule:
     tail: str | None = None
     strided: bool = False
     element: int | None = None
-    item: int | None = None  # `name[i]` in the plan: cut element i of a tuple input only (a None element passes)
 
 
 @dataclass(frozen=True)
@@ -332,16 +335,23 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     strided = spec.get("strided", False)
     if not isinstance(strided, bool) or (strided and (output or segments or pad is not None or tail is not None)):
         raise PlanError(f"{where}: `strided` (true / false) is a plain input split, got {strided!r}.")
-    element = spec.get("element")
-    if element is not None and (not is_int(element) or element < 0 or output or segments or pad is not None):
-        raise PlanError(f"{where}: `element` is the index (>= 0) of the cut element of a tuple input, got {element!r}.")
-    item = None
-    if isinstance(tensor, str) and _ITEM.fullmatch(tensor):  # `name[i]`: element i of a tuple input
-        tensor, item = _ITEM.fullmatch(tensor)[1], int(_ITEM.fullmatch(tensor)[2])
-        if segments or flatten or when is not None or tail is not None or strided or element is not None:
-            raise PlanError(f"{where}: an element split (`name[i]`) takes dim, expected_dims and pad only.")
+    tensor, element = _element(tensor, spec.get("element"), where)
+    if element is not None and (output or segments or flatten or when is not None or tail is not None or strided):
+        raise PlanError(f"{where}: an element split (`name[i]` or `element: i`) takes dim, expected_dims, pad only.")
     rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
-    return dataclasses.replace(rule, tail=tail, strided=strided, element=element, item=item)
+    return dataclasses.replace(rule, tail=tail, strided=strided, element=element)
+
+
+def _element(tensor, element, where: str) -> tuple:
+    """(input name, element index or None) of a split key `name[i]` or a rule's `element: i` (one of the two)."""
+    if element is not None and (not is_int(element) or element < 0):
+        raise PlanError(f"{where}: `element` is the index (>= 0) of the cut element of a tuple input, got {element!r}.")
+    matched = _ITEM.fullmatch(tensor) if isinstance(tensor, str) else None
+    if matched is None:
+        return tensor, element
+    if element is not None:
+        raise PlanError(f"{where}: name the element once: `{tensor}` or `element: {element}`, not both.")
+    return matched[1], int(matched[2])
 
 
 def _pad_rule(spec, where: str) -> PadRule:
@@ -402,7 +412,7 @@ def _checked(plan: CpPlan, name: str) -> CpPlan:
         raise PlanError(f"plan {name}: every padded cp split (`pad`) must name the same `attention`.")
     seen = set()
     for rule in plan.splits:
-        ident = (rule.key, rule.name, rule.output, rule.item)
+        ident = (rule.key, rule.name, rule.output, rule.element)
         if ident in seen:
             raise PlanError(f"plan {name}: cp split of '{rule.name}' at '{rule.key}' is listed twice.")
         seen.add(ident)

@@ -160,7 +160,7 @@ def plan_items(resolved, cp_resolved) -> Items:
     ]
     items += [(f"attention '{s.path}'", ", ".join(f"{a}={v}" for a, v in s.values)) for s in resolved.attention]
     if cp_resolved is not None:
-        items += [(f"cp split '{path}' {rule.name!r}[{rule.item}]", repr(rule)) for path, rule in cp_resolved.splits]
+        items += [(f"cp split '{path}' {rule.name!r}[{rule.element}]", repr(rule)) for path, rule in cp_resolved.splits]
         items += [(f"cp gather '{path}'", repr(rule)) for path, rule in cp_resolved.gathers]
         items += [
             (f"cp attention '{s.path}'", f"heads={s.heads} tp_sharded={s.tp_sharded}") for s in cp_resolved.attention

@@ -108,8 +108,8 @@ def _joyimage_mrope(meshes: dict) -> dict:
     model = dtp.parallelize(tiny_model(cls, rope_type="mrope"), meshes["tp"], cp_mode="ring")
     results[name, "padded"] = _rel(model, inputs, ref)
     plan = dtp.load_plan(name)  # control: the text RoPE cut with the image's rule (its pad slot)
-    image_rule = next(r for r in plan.cp.splits if r.item == 0)
-    splits = tuple(dataclasses.replace(r, pad=image_rule.pad) if r.item == 1 else r for r in plan.cp.splits)
+    image_rule = next(r for r in plan.cp.splits if r.element == 0)
+    splits = tuple(dataclasses.replace(r, pad=image_rule.pad) if r.element == 1 else r for r in plan.cp.splits)
     plan = dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, splits=splits))
     model = dtp.parallelize(tiny_model(cls, rope_type="mrope"), meshes["tp"], plan, cp_mode="ring")
     try:

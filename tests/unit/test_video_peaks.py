@@ -9,11 +9,13 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException
 
+from dtp import PlanError
 from dtp.analysis.forward import hooks_alike, peak_report
 from dtp.analysis.inputs import ForwardShape, forward_inputs
 from dtp.analysis.trace import fake_like, fake_mode, to_fake, trace_call
 from dtp.analysis.whole import Made, whole_at_peak
 from dtp.families import FAMILIES
+from dtp.plan.cp import cp_plan_from_mapping
 from dtp.plan.io import load_plan
 from dtp.tools.check import format_peak
 
@@ -88,3 +90,21 @@ def test_check_names_what_stays_whole_at_the_peak():
     assert any("held whole by every rank" in line for line in format_peak(report, "bf16"))
     sharded = SimpleNamespace(at_peak=[Made(10**6, (1, 6, 122, 64), "bfloat16", "cat", "")])
     assert whole_at_peak(sharded, SimpleNamespace(made=set()), cp=2, tp=1, per_rank=10**6, ideal=5e5)["count"] == 0
+
+
+def _split(tensor, spec):
+    return cp_plan_from_mapping({"split": {"b.*": {tensor: spec}}, "gather": {"o": {"dim": 1}}}, "t").splits
+
+
+def test_one_element_split_two_spellings():
+    """`name[i]` (JoyImage Edit's plan, now Allegro's too) and `element: i` are one rule: the same SplitRule, one
+    runtime path (`SplitInputs._split_element`); both at once, or with another kind of cut, is a PlanError."""
+    assert _split("rope[1]", {"dim": 1, "expected_dims": 2}) == _split(
+        "rope", {"dim": 1, "expected_dims": 2, "element": 1}
+    )
+    for tensor, spec in (("rope[1]", {"dim": 1, "element": 1}), ("rope[0]", {"dim": 0, "strided": True})):
+        with pytest.raises(PlanError):
+            _split(tensor, spec)
+    allegro = [r for r in load_plan("allegro").cp.splits if r.name == "image_rotary_emb"]
+    joyimage = [r for r in load_plan("joyimage_edit").cp.splits if r.name == "image_rotary_emb"]
+    assert [r.element for r in allegro] == [1] and sorted(r.element for r in joyimage) == [0, 1]

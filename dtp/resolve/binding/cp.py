@@ -225,7 +225,7 @@ def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module) 
 def _check_unique(plan_name: str, splits) -> None:
     seen = {}
     for path, rule in splits:
-        ident = (path, rule.name, rule.output, rule.item)
+        ident = (path, rule.name, rule.output, rule.element)
         if ident in seen:
             raise PlanError(
                 f"plan {plan_name}: '{rule.name}' of '{path or '<model>'}' is split by both cp keys "

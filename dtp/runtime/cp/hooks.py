@@ -116,8 +116,8 @@ class SplitInputs:
         # Joint tensors last: their segment lengths are read from the other inputs once those are local; counts after
         # the tails that set them.
         for rule in sorted(self.rules, key=lambda r: (bool(r.segments), r.count)):
-            if rule.item is not None:  # one element of a nested argument (JoyImage's ((image RoPE), text RoPE))
-                arguments[rule.name] = self._split_item(arguments.get(rule.name), rule)
+            if rule.element is not None:  # one element of a nested argument (JoyImage's ((image RoPE), text RoPE))
+                arguments[rule.name] = self._split_element(arguments.get(rule.name), rule)
                 continue
             value = arguments.get(rule.name)
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
@@ -125,8 +125,6 @@ class SplitInputs:
             what = f"input '{rule.name}' of '{self.path or '<model>'}'"
             if rule.count:
                 arguments[rule.name] = self._count(value, rule.name, what)
-            elif rule.element is not None:
-                arguments[rule.name] = self._split_element(value, rule, what)
             elif rule.strided:
                 arguments[rule.name] = strided_chunk(value, rule.dim, self.rank, self.cp, what, rule.expected_dims)
             elif rule.tail is not None:
@@ -140,25 +138,18 @@ class SplitInputs:
             total = self.pads.slots[rule.pad.at].total if rule.pad is not None else None
             self.pads.note(self.path, rule.name, value, arguments[rule.name], rule.dim, total)
 
-    def _split_item(self, value, rule: SplitRule):
-        """Cut element `rule.item` of a tuple argument (None elements, and a None argument, pass)."""
+    def _split_element(self, value, rule: SplitRule):
+        """A tuple argument with its element `rule.element` cut (`SplitRule.element`: padded with `pad`), the other
+        elements whole; a None element, and a None argument, pass."""
         if value is None:
             return None
-        what = f"input '{rule.name}'[{rule.item}] of '{self.path or '<model>'}'"
-        if not isinstance(value, (tuple, list)) or rule.item >= len(value):
-            raise ForwardError(f"cp split of {what}: expected a tuple with element {rule.item}, got {type(value)}.")
+        what = f"input '{rule.name}'[{rule.element}] of '{self.path or '<model>'}'"
+        if not isinstance(value, (tuple, list)) or rule.element >= len(value):
+            raise ForwardError(f"cp split of {what}: expected a tuple with element {rule.element}, got {type(value)}.")
         items = list(value)
-        if items[rule.item] is not None:
+        if items[rule.element] is not None:
             cut = self._split_padded if rule.pad is not None else self._split
-            items[rule.item] = cut(items[rule.item], rule, what)
-        return type(value)(items)
-
-    def _split_element(self, value, rule: SplitRule, what: str):
-        """A tuple input with its element `rule.element` cut (`SplitRule.element`), the others whole."""
-        if not isinstance(value, (tuple, list)) or len(value) <= rule.element:
-            raise ForwardError(f"cp split of {what}: expected a tuple with an element {rule.element}, got {value!r}.")
-        items = list(value)
-        items[rule.element] = self._split(items[rule.element], rule, f"{what}[{rule.element}]")
+            items[rule.element] = cut(items[rule.element], rule, what)
         return type(value)(items)
 
     def _split_tail(self, value, rule: SplitRule, tail, what: str):
