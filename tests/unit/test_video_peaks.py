@@ -4,6 +4,7 @@ the tensors a check names as held whole at the per-rank peak (`analysis/whole.py
 
 from types import SimpleNamespace
 
+import diffusers
 import pytest
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from dtp.analysis.whole import Made, whole_at_peak
 from dtp.families import FAMILIES
 from dtp.plan.cp import cp_plan_from_mapping
 from dtp.plan.io import load_plan
+from dtp.runtime.cp.local_embed import anyflow_timestep, local_embed_for
 from dtp.tools.check import format_peak
 
 
@@ -108,3 +110,22 @@ def test_one_element_split_two_spellings():
     allegro = [r for r in load_plan("allegro").cp.splits if r.name == "image_rotary_emb"]
     joyimage = [r for r in load_plan("joyimage_edit").cp.splits if r.name == "image_rotary_emb"]
     assert [r.element for r in allegro] == [1] and sorted(r.element for r in joyimage) == [0, 1]
+
+
+def test_anyflow_timestep_rows_are_computed_per_rank():
+    """AnyFlow's per-token modulation: each rank's rows from the per-frame rows (`local_embed.anyflow_timestep`)
+    concatenated in rank order equal diffusers' whole repeat bit for bit, at cp 2 and 3 (a rank's rows crossing a
+    frame boundary); the bundled plan's two output cuts select it."""
+    model = diffusers.AnyFlowTransformer3DModel.from_config(FAMILIES["AnyFlowTransformer3DModel"].tiny)
+    embedder = model.condition_embedder
+    g = torch.Generator().manual_seed(0)
+    timestep, delta = torch.rand(2, 4, generator=g) * 1000, torch.rand(2, 4, generator=g) * 1000
+    text = torch.randn(2, 5, 32, generator=g)
+    whole = embedder.forward_timestep(timestep, delta, text, 6)
+    for cp in (2, 3):
+        ranks = [anyflow_timestep(embedder, timestep, delta, text, 6, rank=r, cp=cp, what="t") for r in range(cp)]
+        for i, rows in enumerate(whole):
+            assert torch.equal(torch.cat([local[i] for local in ranks], dim=1), rows)
+    rules = [r for r in load_plan("anyflow").cp.splits if r.key == "condition_embedder"]
+    assert local_embed_for(embedder, rules) is anyflow_timestep
+    assert local_embed_for(embedder, rules[:1]) is None  # a plan cutting one of the two: the generic output hook

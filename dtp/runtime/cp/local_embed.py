@@ -96,6 +96,21 @@ def cosmos_patch_embed(module, hidden_states, *, rank: int, cp: int, what: str):
     return module.proj(patches[:, start:stop])[:, :, None, None, :]
 
 
+def anyflow_timestep(module, timestep, delta_timestep, encoder_hidden_states, token_per_frame, *, rank, cp, what):
+    """`AnyFlowDualTimestepTextImageEmbedding.forward_timestep` for this rank's tokens: diffusers' own per-frame
+    math (`token_per_frame` 1: [B, F, D] and [B, F, 6 D]), then each local token's frame row (token // tokens per
+    frame), where diffusers `repeat_interleave`s every frame's rows to the whole sequence ([B, S, 6 D], 2.0 GB at
+    81 frames of 480 x 832 in bf16) for the plan to cut afterwards. The same values, bit for bit."""
+    whole = type(module).forward_timestep
+    per_frame = whole(module, timestep, delta_timestep, encoder_hidden_states, 1)
+    start, stop = _token_range(per_frame[0].shape[1] * token_per_frame, rank, cp, what)
+    frame = torch.arange(start, stop, device=per_frame[0].device) // token_per_frame
+    return tuple(rows[:, frame] for rows in per_frame)
+
+
+anyflow_timestep.method = "forward_timestep"  # replaced on the instance instead of `forward` (`install_local_embed`)
+
+
 def _tokens_out(rule) -> bool:
     """The rule cuts output 0, a [B, S, D] token sequence, along dim 1."""
     return rule.name == 0 and rule.dim == 1 and rule.expected_dims in (None, 3) and not rule.flatten
@@ -112,21 +127,29 @@ LOCAL_EMBEDS = {
     "CosmosPatchEmbed": (cosmos_patch_embed, _grid_out, lambda m: True),
     "PatchEmbed": (patch_embed, _tokens_out, lambda m: m.flatten),
 }
+# module class name -> (its method computing the rank's rows, the output indices the plan cuts along dim 1)
+LOCAL_METHODS = {"AnyFlowDualTimestepTextImageEmbedding": (anyflow_timestep, (0, 1))}
 
 
 class _Restore:
     """A hook-handle look-alike: `remove()` drops the instance's forward, so the class's runs again."""
 
-    def __init__(self, module: nn.Module):
-        self.module = module
+    def __init__(self, module: nn.Module, method: str = "forward"):
+        self.module, self.method = module, method
 
     def remove(self) -> None:
-        self.module.__dict__.pop("forward", None)
+        self.module.__dict__.pop(self.method, None)
 
 
 def local_embed_for(module: nn.Module, rules: list):
     """The local forward for `module` when its class has one and its plan rule is the cut that forward makes
-    (`LOCAL_EMBEDS`), else None (the generic output hook then cuts the whole output)."""
+    (`LOCAL_EMBEDS`, `LOCAL_METHODS`), else None (the generic output hook then cuts the whole output)."""
+    method = LOCAL_METHODS.get(type(module).__name__)
+    if method is not None:
+        local, outputs = method
+        cut = sorted(r.name for r in rules if r.dim == 1 and r.expected_dims in (None, 3) and not r.flatten)
+        plain = all(r.pad is None and r.when_dims is None for r in rules)
+        return local if cut == list(outputs) and len(rules) == len(outputs) and plain else None
     entry = LOCAL_EMBEDS.get(type(module).__name__)
     if entry is None or len(rules) != 1 or rules[0].pad is not None:
         return None
@@ -137,9 +160,10 @@ def local_embed_for(module: nn.Module, rules: list):
 def install_local_embed(module: nn.Module, path: str, local, rank: int, cp: int) -> _Restore:
     """Make `module` compute only this rank's tokens (`local`, from `local_embed_for`); returns the restore handle."""
     what = f"output 0 of '{path}'"
+    method = getattr(local, "method", "forward")
 
-    def forward(self, x):
-        return local(self, x, rank=rank, cp=cp, what=what)
+    def forward(self, *args):
+        return local(self, *args, rank=rank, cp=cp, what=what)
 
-    module.forward = types.MethodType(forward, module)
-    return _Restore(module)
+    setattr(module, method, types.MethodType(forward, module))
+    return _Restore(module, method)
