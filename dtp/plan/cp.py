@@ -199,7 +199,7 @@ class CpPlan:
     ring_refused: str | None = None  # `ring_refused: why`: Ulysses only; cp_mode='ring' is a PlanError saying why
     halo: tuple[HaloRule, ...] = ()  # convolutions over the split token grid: halo rows from the neighbours
     keep: tuple[KeepRule, ...] = ()  # slices by a global count after the blocks (`KeepRule`)
-    gathered: tuple[tuple[str, str], ...] = ()  # (module glob, kind): choices over the whole sequence (`GATHERED_KINDS`)
+    gathered: tuple[tuple[str, str], ...] = ()  # (module glob, kind): whole-sequence choices (`GATHERED_KINDS`)
 
 
 # `cp.gathered` kinds: a module that chooses over the whole sequence runs a CP forward that makes the choice from
