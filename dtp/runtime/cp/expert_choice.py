@@ -3,27 +3,25 @@
 Nucleus-Image's `NucleusMoELayer` lets every expert take the C tokens of the WHOLE image sequence that score highest
 for it (`torch.topk` over the sequence, C = ceil(capacity_factor x S / E)), and normalizes each token's routing
 weights over the experts that took it. A rank holding S / cp tokens would pick among its own tokens only, with its
-own capacity: another choice. Under CP the layer runs `ExpertChoiceCp.forward` instead:
+own capacity: another choice. Under CP the layer runs `ExpertChoiceCp` instead, a gathered region:
 
-    scores_r  = softmax(gate([temb, x_r]))                 [B, S/cp, E]   per token, as one process
-    scores    = all_gather(scores_r) along the sequence    [B, S, E]      the gathered region (B S E values)
-    top-k, weights, per-token sums                         as one process, on every rank (the same ties: the same
-                                                           tensor in the same global order)
-    entries whose token is this rank's                     global index g = b S + t -> local b S/cp + t - r S/cp
+    scores_r = softmax(gate([temb, x_r]))          [B, S/cp, E]   per token, as one process
+    scores   = all_gather(scores_r)                [B, S, E]      (B S E values: small)
+    entries  = top-k, weights, per-token sums      [E B C]        diffusers' math on every rank: the same tensor in
+                                                                  the same global order, so the same ties
+    x        = all_gather(x_r)                     [B S, D]       the chosen tokens, wherever they live
+    rank r runs the experts on entries [r N / cp, (r + 1) N / cp)  (N = E B C, expert-major: a static, even share)
+    y        = reduce_scatter(scatter_add(its entries' weighted outputs into [B, S, D]))  each rank its own tokens
+    out_r    = shared_expert(x_r) + y_r
 
-Each rank then runs the experts on its own chosen tokens only (kept in expert order, so they are still grouped by
-expert with per-expert counts) and scatter-adds them into its tokens' shared-expert output: exact up to summation
-order. Shapes stay static (no host read of device data, as diffusers' grouped-matmul path): the rank's entries are
-packed first into a buffer of all E B C entries, the rest point at a spare row and carry no weight; the experts'
-grouped matmul (or diffusers' loop, which strips the buffer's tail itself) computes only the counted rows.
+Exact up to summation order (a token's expert outputs are summed across ranks). Shapes are static, with no host read
+of device data, and every rank does 1 / cp of the routed work whoever owns the chosen tokens (expert-choice may pick
+one region's tokens for every expert). Example: E = 4 experts, C = 8, batch 2, cp = 2: N = 64 entries; rank 1 runs
+entries 32..63, experts 2 and 3 (16 each), on tokens of both ranks.
 
-Example: S = 16 tokens, E = 4 experts, capacity factor 2 -> C = 8; cp = 2: rank 1 owns tokens 8..15; expert 0 took
-tokens [3, 9, 12, 0, 15, 4, 5, 11] -> rank 1 runs expert 0 on its local tokens [1, 4, 7, 3] (global 9, 12, 15, 11).
-
-Cost per MoE layer and rank: one all-gather of B S E router scores (Nucleus-Image at 1024^2: 1 x 4096 x 64 bf16 =
-0.5 MB), the [B, E, S] top-k on every rank, and an entry buffer of E B C rows (the whole layer's routed tokens,
-C = 2 x 4096 / 64 = 128: 8192 rows, 32 MB in bf16 at width 2048) whatever cp is: the routed work is split, not the
-buffer, because a rank may own any share of the chosen tokens (all of them, in the worst case).
+Cost per MoE layer and rank (Nucleus-Image at 1024^2, 4096 tokens, width 2048, E = 64, bf16): an all-gather of the
+scores (0.5 MB) and of the tokens (16 MB) in, a reduce-scatter of the routed sum (16 MB) out; memory: the whole
+tokens and the routed sum ([B, S, D] each) beside the rank's N / cp expert rows.
 """
 
 from __future__ import annotations
@@ -38,6 +36,7 @@ from torch import nn
 from ...errors import ForwardError
 from ...styles.collectives import all_gather_along
 
+_REDUCE_SCATTER = dist.ReduceScatterOptions()  # default options (a sum), built once
 KIND = "expert_choice"  # `cp.gathered` kind (plan/cp.py)
 CLASSES = ("NucleusMoELayer",)  # the module classes that route by expert choice over the sequence
 
@@ -57,21 +56,27 @@ def whole_choice(scores: torch.Tensor, capacity_factor: float, route_scale: floa
     return index, weight / (sums[index] + 1e-12) * route_scale
 
 
-def own_entries(index: torch.Tensor, tokens: int, rank: int, cp: int, experts: int):
-    """This rank's routed entries, packed first and still grouped by expert, in a buffer of every entry.
+def entry_share(experts: int, per_expert: int, rank: int, cp: int) -> tuple[slice, list[int]]:
+    """This rank's share of the N = E x per_expert expert-major entries, `[r N / cp, (r + 1) N / cp)`, and how many of
+    them each expert has (static ints: the grouped matmul's counts). E = 4, 16 each, cp = 2, rank 1: entries 32..63,
+    counts [0, 0, 16, 16]; cp = 3, rank 1: entries 21..41, counts [0, 11, 10, 0]."""
+    total = experts * per_expert
+    start, stop = rank * total // cp, (rank + 1) * total // cp
+    counts = [max(0, min(stop, (e + 1) * per_expert) - max(start, e * per_expert)) for e in range(experts)]
+    return slice(start, stop), counts
 
-    index: the global token index `b S + t` of each entry [E B C] (expert-major); the rank owns t in
-    [r S / cp, (r + 1) S / cp). Returns `(order, row, mine, counts)`: buffer slot i holds entry `order[i]`; `row` its
-    local token row `b S / cp + t - r S / cp` (0 for an entry another rank owns, which carries no weight); `mine`
-    whether the rank owns it; `counts[e]` the rank's entries of expert e (the first sum(counts) slots are the rank's,
-    in diffusers' order). 16 tokens, cp 2, rank 1, batch 1: global 9 -> local row 1; global 3 -> not the rank's."""
-    local = tokens // cp
-    sample, position = index // tokens, index % tokens - rank * local
-    own = (position >= 0) & (position < local)
-    expert = torch.arange(experts, device=index.device).repeat_interleave(index.numel() // experts)
-    order = torch.argsort(torch.where(own, expert, experts), stable=True)  # own entries first, in expert order
-    row = torch.where(own, sample * local + position, torch.zeros_like(index))
-    return order, row[order], own[order], own.view(experts, -1).sum(dim=1)
+
+def reduce_scatter_tokens(x: torch.Tensor, group) -> torch.Tensor:
+    """[B, S, D] partial sums on every rank -> [B, S/cp, D]: the sum over ranks of this rank's chunk of tokens."""
+    cp = dist.get_world_size(group)
+    batch, tokens, dim = x.shape
+    chunks = x.view(batch, cp, tokens // cp, dim).transpose(0, 1).reshape(cp * batch, tokens // cp, dim)  # rank-major
+    out = x.new_empty(batch, tokens // cp, dim)
+    if torch.compiler.is_compiling():  # dynamo rewrites it to the functional collective (as `styles/collectives.py`)
+        dist.reduce_scatter_single(out, chunks, group=group)
+    else:  # the ProcessGroup's own call: no Python checks and loggers on the way
+        group.reduce_scatter_single(out, chunks, _REDUCE_SCATTER).wait()
+    return out
 
 
 class ExpertChoiceCp:
@@ -79,6 +84,7 @@ class ExpertChoiceCp:
 
     def __init__(self, layer: nn.Module, group):
         self.layer, self.group = layer, group
+        self.counts = {}  # (entries per expert, device) -> this rank's per-expert counts: a static tensor, built once
 
     def router_scores(self, hidden_states, hidden_states_unmodulated, timestep):
         """[B, S/cp, E]: the layer's router on the rank's tokens (per token: as one process)."""
@@ -96,15 +102,21 @@ class ExpertChoiceCp:
         layer, cp, rank = self.layer, dist.get_world_size(self.group), dist.get_rank(self.group)
         batch, local, dim = hidden_states.shape
         scores = self.router_scores(hidden_states, hidden_states_unmodulated, timestep)
-        whole = all_gather_along(scores, self.group, 1)  # [B, S, E]: the gathered region
-        index, weight = whole_choice(whole, layer.capacity_factor, layer.route_scale)
-        order, row, own, counts = own_entries(index, local * cp, rank, cp, layer.num_experts)
-        routed = layer.experts(hidden_states.reshape(batch * local, dim)[row], counts)
-        weighted = routed.float() * weight[order].unsqueeze(-1)
-        weighted = torch.where(own.unsqueeze(-1), weighted, 0.0).to(hidden_states.dtype)  # others' rows: exactly 0
-        out = layer.shared_expert(hidden_states).reshape(batch * local, dim)
-        out = out.scatter_add(dim=0, index=row.unsqueeze(-1).expand(-1, dim), src=weighted)
-        return out.reshape(batch, local, dim)
+        index, weight = whole_choice(all_gather_along(scores, self.group, 1), layer.capacity_factor, layer.route_scale)
+        per_expert = index.numel() // layer.num_experts
+        share, counts = entry_share(layer.num_experts, per_expert, rank, cp)
+        key = (per_expert, index.device)
+        if key not in self.counts:
+            self.counts[key] = torch.tensor(counts, device=index.device)
+        index, weight = index[share], weight[share]
+        tokens = all_gather_along(hidden_states, self.group, 1).reshape(batch * local * cp, dim)
+        routed = layer.experts(tokens[index], self.counts[key])
+        del tokens
+        routed = (routed.float() * weight.unsqueeze(-1)).to(hidden_states.dtype)
+        summed = hidden_states.new_zeros(batch * local * cp, dim)
+        summed = summed.scatter_add_(0, index.unsqueeze(-1).expand(-1, dim), routed)
+        mine = reduce_scatter_tokens(summed.view(batch, local * cp, dim), self.group)
+        return layer.shared_expert(hidden_states) + mine
 
 
 class _Restore:
