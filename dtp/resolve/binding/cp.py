@@ -151,18 +151,12 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
 
 def _gathered(plan, model: nn.Module) -> tuple[tuple[str, str], ...]:
     """(path, kind) of each module of a `cp.gathered` glob whose class has the kind's CP forward; others of the glob
-    (Nucleus-Image's dense MLPs in its first blocks) run as they are, per token. A glob with none is an error."""
+    (Nucleus-Image's dense MLPs in its first blocks, or in every block with `moe_enabled=False`) run as they are, per
+    token. A glob that matches no module at all is an error (`expand`)."""
     found = []
     for key, kind in plan.cp.gathered:
-        modules = _expand(model, key, plan.name, optional=True)
-        ours = [(path, kind) for path, module in modules if type(module).__name__ in GATHERED_CLASSES[kind]]
-        if not ours:
-            classes = sorted({type(module).__name__ for _, module in modules}) or ["nothing"]
-            raise PlanError(
-                f"plan {plan.name}: cp.gathered '{key}' ({kind}) matches {', '.join(classes)}, none of "
-                f"{', '.join(GATHERED_CLASSES[kind])}; fix the glob or drop the entry."
-            )
-        found += ours
+        modules = _expand(model, key, plan.name)
+        found += [(path, kind) for path, module in modules if type(module).__name__ in GATHERED_CLASSES[kind]]
     return tuple(found)
 
 
