@@ -212,7 +212,29 @@ class _CheckShard:
             apply(module, prepare(module, mesh, self.plan, cp_mode=cp_mode, pad=pad))
         self.cp_group = mesh.get_group("cp").group_name if cp > 1 else None
         # Alike blocks: trace one per list and repeat its records (`trace.expand_blocks`; FLUX.1-dev: 2 blocks of 57).
-        self.lengths = truncate_blocks(module, keep=1, skip=INDEXED_LISTS) if alike_blocks(module) else {}
+        cut = alike_blocks(module) and not _gathers_past_first(prepared.cp_resolved)
+        self.lengths = truncate_blocks(module, keep=1, skip=INDEXED_LISTS) if cut else {}
+
+
+def _gathers_past_first(cp_resolved) -> bool:
+    """Whether a cp gather hook sits on a block other than the first of its list and not on the first too (Kandinsky
+    6 SR's and Kandinsky 5's `visual_transformer_blocks.-1`): cutting the lists to their first block would drop it
+    (the trace then fails at the forward's own reshape of the unsplit tokens), so the model is traced whole."""
+    paths = {path for path, _ in cp_resolved.gathers} if cp_resolved is not None else set()
+    for path in paths:
+        head, index, rest = _block_element(path)
+        if index not in (None, 0) and ".".join(filter(None, (head, "0", rest))) not in paths:
+            return True
+    return False
+
+
+def _block_element(path: str) -> tuple[str, int | None, str]:
+    """('blocks', 39, 'attn') for 'blocks.39.attn': the path up to its first integer atom, that atom, the rest."""
+    atoms = path.split(".")
+    for i, atom in enumerate(atoms):
+        if atom.isdigit():
+            return ".".join(atoms[:i]), int(atom), ".".join(atoms[i + 1 :])
+    return path, None, ""
 
 
 def _prepared_report(model, prepared, *, class_name, config, dtype, tp, cp, cp_mode, pad, quant, ulysses) -> dict:
