@@ -91,7 +91,7 @@ class CollectiveCounter(ScopedDispatchMode):
         self._flex = ExitStack()
 
     def __enter__(self):
-        _let_flex_attention_through(type(self))
+        let_flex_attention_through(type(self))
         self._flex.enter_context(eager_flex_attention())
         return super().__enter__()
 
@@ -114,7 +114,7 @@ class CollectiveCounter(ScopedDispatchMode):
         return sum(r.bytes for r in self.records)
 
 
-def _let_flex_attention_through(mode_type: type) -> None:
+def let_flex_attention_through(mode_type: type) -> None:
     """Run flex attention (a higher-order op) under a `mode_type` dispatch mode as without it: the op issues no
     collective, and without a rule for the mode's class it raises NotImplementedError. The dispatcher pops the mode
     before calling the rule, so calling the op again runs its dense math uncounted."""

@@ -53,9 +53,10 @@ from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapp
 from ..runtime.cfg.tree import leaves
 from ..runtime.memory import local_tensor_bytes
 from .bounds import MaskCounts
-from .collectives import ScopedDispatchMode, block_paths, collective_op
+from .collectives import ScopedDispatchMode, block_paths, collective_op, let_flex_attention_through
 from .cuda import CudaRoute
 from .repeats import repeated_calls
+from .tracing import eager_flex_attention
 from .whole import PeakTensors
 
 FAKE_DEVICE = "cpu"  # fake tensors live "on" cpu: SDPA then takes its flash kernel (see the module docstring)
@@ -514,6 +515,8 @@ def trace_call(
         tracer.trace.device = device
         if device == "cuda":
             stack.enter_context(CudaRoute())
+        let_flex_attention_through(PhaseTrace)  # flex (Kandinsky 6 SR's NABLA) runs below the tracer, uncounted
+        stack.enter_context(eager_flex_attention())
         for path in repeated:
             stack.enter_context(repeated_calls(tracer, model.get_submodule(path)))
         stack.enter_context(tracer.tensors.modules(model))

@@ -66,7 +66,7 @@ def wire_bytes(op: str, nbytes: int, group: int) -> float:
         return 0.0
     if op in ("allreduce", "all_reduce", "all_reduce_coalesced"):
         return 2 * (group - 1) / group * nbytes
-    if op in ("reduce_scatter_tensor", "reduce_scatter", "reduce_scatter_"):
+    if op in ("reduce_scatter_tensor", "reduce_scatter", "reduce_scatter_", "_reduce_scatter_base"):
         return (group - 1) * nbytes
     if op in ("send", "recv", "broadcast"):
         return float(nbytes)

@@ -18,6 +18,8 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
       halo: {blocks.*.ff.conv_depth: {dim: 2}} # optional: convolutions over the token grid's split rows
       keep: {norm_final: {input: {of: blocks.0.hidden_states, after: blocks.0.encoder_hidden_states}}}
                                                # optional: a slice by a global count after the blocks (`KeepRule`)
+      gathered: {blocks.*.mlp: expert_choice}  # optional: a choice over the whole sequence, made from gathered
+                                               # scores (`GATHERED_KINDS`)
 
 A split key `name[i]` cuts element i of a tuple input only (JoyImage's RoPE argument ((image cos, sin), text
 tables); Allegro's ((t, h, w) tables, (t, h, w) position ids)): each element with its own rule (`pad` slot), the
@@ -200,6 +202,15 @@ class CpPlan:
     ring_refused: str | None = None  # `ring_refused: why`: Ulysses only; cp_mode='ring' is a PlanError saying why
     halo: tuple[HaloRule, ...] = ()  # convolutions over the split token grid: halo rows from the neighbours
     keep: tuple[KeepRule, ...] = ()  # slices by a global count after the blocks (`KeepRule`)
+    gathered: tuple[tuple[str, str], ...] = ()  # (module glob, kind): whole-sequence choices (`GATHERED_KINDS`)
+
+
+# `cp.gathered` kinds: a module that chooses over the whole sequence runs a CP forward that makes the choice from
+# gathered scores (all-gather in, the exact choice on every rank, each rank keeping its own tokens' part):
+# expert_choice: expert-choice MoE routing, each expert taking the top-C tokens of the sequence (Nucleus-Image's
+#     `NucleusMoELayer`; `runtime/cp/expert_choice.py`). Modules of the glob of another class are left alone (a
+#     dense MLP in the first blocks); at least one must be of the kind's class (`resolve/binding/cp.py`).
+GATHERED_KINDS = ("expert_choice",)
 
 
 _SPLIT_FIELDS = {
@@ -214,7 +225,7 @@ _SPLIT_FIELDS = {
     "strided",
     "element",
 }
-_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep"}
+_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered"}
 _ITEM = re.compile(r"(\w+)\[(\d+)\]")
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
@@ -228,7 +239,7 @@ def cp_plan_from_mapping(data, name: str) -> CpPlan:
         if not isinstance(data["refused"], str) or not data["refused"].strip():
             raise PlanError(f"plan {name}: cp.refused must say why the model cannot take CP, got {data['refused']!r}.")
         return CpPlan(splits=(), gathers=(), refused=data["refused"].strip())
-    sections = ("split", "gather", "halo", "keep")
+    sections = ("split", "gather", "halo", "keep", "gathered")
     if set(data) <= _SECTION_FIELDS and all(isinstance(data.get(k, {}), dict) for k in sections):
         return _from_dtp(data, name)
     return _from_diffusers(data, name)
@@ -252,9 +263,11 @@ def _from_dtp(data: dict, name: str) -> CpPlan:
         _keep_rule(key, tensor, spec, name) for key, entries in data.get("keep", {}).items()
         for tensor, spec in (entries or {}).items()
     )  # fmt: skip
+    gathered = tuple(_gathered_rule(key, kind, name) for key, kind in data.get("gathered", {}).items())
     cp_plan = CpPlan(
-        tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused, halo=halo, keep=keep
-    )
+        tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused, halo=halo, keep=keep,
+        gathered=gathered,
+    )  # fmt: skip
     return _checked(cp_plan, name)
 
 
@@ -272,6 +285,16 @@ def _halo_rule(key, spec, name: str) -> HaloRule:
     if not isinstance(spec, dict) or set(spec) != {"dim"}:
         raise PlanError(f"{where}: expected {{dim: int}} (the conv input's row dim, 2 for [B, C, H, W]), got {spec!r}.")
     return HaloRule(key, _int(spec["dim"], where, "dim"))
+
+
+def _gathered_rule(key, kind, name: str) -> tuple[str, str]:
+    _check_key(key, name)
+    if kind not in GATHERED_KINDS:
+        raise PlanError(
+            f"plan {name}: cp.gathered['{key}'] must be one of {', '.join(GATHERED_KINDS)} (the choice the module "
+            f"makes over the whole sequence), got {kind!r}."
+        )
+    return key, kind
 
 
 def _keep_rule(key, tensor, spec, name: str) -> KeepRule:

@@ -115,14 +115,12 @@ def test_layer_pre_norms_are_not_taken_for_norms_across_heads():
         resolve(missing, model)
 
 
-# Round 5 plans that refuse cp in their header, and a word of the reason prepare must name.
-CP_REFUSED = {
-    "nucleusmoe": "expert-choice routing",
-}
+# Round 5 plans that refuse cp in their header, and a word of the reason prepare must name (Nucleus-Image takes cp
+# since issue 45: tests/distributed/test_cp_route.py).
+CP_REFUSED: dict = {}
 # Round 9's refusals repeat a covered kind of check: run with DTP_FULL=1.
 CP_REFUSED_FULL = {
     "kandinsky6": "audio stream attends to all video tokens",
-    "kandinsky6_sr": "NABLA's block mask",
     "cosmos3_omni": "one packed, unbatched sequence",
 }
 

@@ -90,11 +90,13 @@ def test_tp2_pair_flops_and_all_reduce_bytes():
 
 
 def test_wire_bytes_by_collective():
-    """Ring algorithms: all-reduce 2 (n-1)/n B, all-gather and all-to-all (n-1)/n B, send B; one rank: nothing."""
+    """Ring algorithms: all-reduce 2 (n-1)/n B, all-gather and all-to-all (n-1)/n B, reduce-scatter (n-1) B (B its
+    result), send B; one rank: nothing."""
     assert cost.wire_bytes("all_reduce", 800, 4) == 1200
     assert cost.wire_bytes("all_gather_into_tensor", 800, 4) == 600
     assert cost.wire_bytes("alltoall_base", 800, 4) == 600
     assert cost.wire_bytes("send", 800, 2) == 800
+    assert cost.wire_bytes("_reduce_scatter_base", 200, 4) == 600  # the ProcessGroup's name (Nucleus-Image at cp)
     assert cost.wire_bytes("all_reduce", 800, 1) == 0
 
 

@@ -37,7 +37,14 @@ LINEAR_PROCESSORS = ("SanaLinearAttnProcessor2_0", "SanaLinearAttnProcessor3_0")
 # whole on every rank; the adapter finds the frame from the token's global index, so it exchanges nothing.
 FRAME_ROUTE = "frames"
 FRAME_PROCESSORS = ("WanAnimateFaceBlockAttnProcessor",)
-ADAPTER_ROUTES = (LINEAR_ROUTE, FRAME_ROUTE)  # the adapter runs the whole attention: nothing to dispatch or scope
+# NABLA block-sparse attention with a CP adapter (runtime/cp/nabla.py): the block mask is built from whole-sequence
+# statistics (Ulysses: after the all-to-all; ring: from gathered key-block means); Ulysses' head rule applies.
+NABLA_ROUTE = "nabla"
+NABLA_PROCESSORS = ("Kandinsky6SRAttnProcessor",)
+ADAPTER_ROUTES = (LINEAR_ROUTE, FRAME_ROUTE, NABLA_ROUTE)  # the adapter runs the whole attention: nothing to scope
+HEADLESS_ROUTES = (LINEAR_ROUTE, FRAME_ROUTE)  # adapters that split no heads: any cp
+# `cp.gathered` kind -> the module classes with a CP forward of that kind (`plan.cp.GATHERED_KINDS`)
+GATHERED_CLASSES = {"expert_choice": ("NucleusMoELayer",)}
 
 
 @dataclass(frozen=True)
@@ -45,8 +52,8 @@ class CpAttentionSpec:
     path: str
     heads: int
     tp_sharded: bool  # True: TP leaves heads / tp per rank
-    linear: bool = False  # an adapter runs it (`ADAPTER_ROUTES`: linear attention's all-reduced sums, per-frame
-    # attention's local keys): no Ulysses head split, any cp
+    linear: bool = False  # an adapter runs it without a head split (`HEADLESS_ROUTES`: linear attention's all-reduced
+    # sums, per-frame attention's local keys): any cp
 
     def local_heads(self, tp: int) -> int:
         return self.heads // tp if self.tp_sharded else self.heads
@@ -64,6 +71,7 @@ class CpResolved:
     ring_refused: str | None = None  # the plan's `ring_refused`: why this model takes Ulysses only
     halos: tuple[tuple[str, int, int], ...] = ()  # (conv path, row dim, halo rows per side): `CpPlan.halo`
     keeps: tuple[tuple[str, object], ...] = ()  # (module path, `plan.cp.KeepRule`): slices by a global count
+    gathered: tuple[tuple[str, str], ...] = ()  # (module path, kind): `cp.gathered`, the modules of the kind's class
 
     def check(self, tp: int, cp: int, mode: str, ulysses: int | None = None) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp).
@@ -124,7 +132,7 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     # injection blocks only); a path wrong in every block is still an error
     local = {path for key in plan.cp.local_attention for path, _ in _expand(model, key, plan.name, optional=True)}
     attention = tuple(
-        CpAttentionSpec(path, heads, path in tp_paths, bool(set(ADAPTER_ROUTES) & set(attention_routes(module))))
+        CpAttentionSpec(path, heads, path in tp_paths, bool(set(HEADLESS_ROUTES) & set(attention_routes(module))))
         for path, module, heads in _attention_modules(plan.name, model)
         if path not in local
     )
@@ -135,7 +143,21 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
         for path, conv in _expand(model, rule.key, plan.name)
     )
     keeps = _keeps(plan, model, splits)
-    return CpResolved(plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps)
+    gathered = _gathered(plan, model)
+    return CpResolved(
+        plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps, gathered
+    )
+
+
+def _gathered(plan, model: nn.Module) -> tuple[tuple[str, str], ...]:
+    """(path, kind) of each module of a `cp.gathered` glob whose class has the kind's CP forward; others of the glob
+    (Nucleus-Image's dense MLPs in its first blocks, or in every block with `moe_enabled=False`) run as they are, per
+    token. A glob that matches no module at all is an error (`expand`)."""
+    found = []
+    for key, kind in plan.cp.gathered:
+        modules = _expand(model, key, plan.name)
+        found += [(path, kind) for path, module in modules if type(module).__name__ in GATHERED_CLASSES[kind]]
+    return tuple(found)
 
 
 def _keeps(plan, model: nn.Module, splits) -> tuple:
@@ -275,6 +297,8 @@ def attention_routes(attn: nn.Module) -> tuple[str, ...]:
         return (LINEAR_ROUTE,)
     if type(processor).__name__ in FRAME_PROCESSORS:
         return (FRAME_ROUTE,)
+    if type(processor).__name__ in NABLA_PROCESSORS:
+        return (NABLA_ROUTE,)
     names = _code_names(type(processor).__call__.__code__) if processor is not None else set()
     routes = []
     if DISPATCH_NAME in names and processor_module(attn) is not None:

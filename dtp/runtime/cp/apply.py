@@ -9,6 +9,7 @@ from torch import nn
 
 from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, ScopeGuard, install_attention
+from .expert_choice import install_expert_choice
 from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
 from .kept import install_keeps
@@ -59,6 +60,8 @@ def apply_cp(
         handles += install_attention(spec.path, model.get_submodule(spec.path), chosen)
     for path, dim, rows in resolved.halos:  # convolutions over the split token grid (Sana's Mix-FFN)
         handles += install_halo(model.get_submodule(path), path, dim, rows, group, rank, cp)
+    for path, _kind in resolved.gathered:  # choices over the whole sequence from gathered scores (one kind so far)
+        handles += install_expert_choice(model.get_submodule(path), path, group)
     setattr(model, HANDLES_ATTR, getattr(model, HANDLES_ATTR, []) + handles)
 
 
