@@ -44,6 +44,7 @@ def _argv(saved, kind: str) -> list[str]:
     [
         pytest.param("wan_vace", ["--cp", "2"], id="wan-vace-cp2", marks=pytest.mark.full),
         pytest.param("wan_vace", [], id="wan-vace-tp2", marks=pytest.mark.full),
+        pytest.param("hunyuan15", ["--cp", "2"], id="hunyuan15-cp2", marks=pytest.mark.full),
         pytest.param("hunyuan15", [], id="hunyuan15-tp2", marks=pytest.mark.full),
     ],
 )
