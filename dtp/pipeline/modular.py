@@ -147,9 +147,10 @@ class TextProcessor:
 
 
 class ModularRunner:
-    """A loaded ModularPipeline with the surface of a DiffusionPipeline that dtp drives: `__call__(prompt=..., generator=..., output_type=..., **inputs)` returning `.images`, whose signature lists
-    the blocks' inputs (`request.call_parameters` reads it), and every other attribute of the pipeline itself
-    (transformer, scheduler, vae, device, to, set_progress_bar_config). Build with `ModularRunner.wrap(pipe)`."""
+    """A loaded ModularPipeline with the surface of a DiffusionPipeline that dtp drives: `__call__(prompt=...,
+    generator=..., output_type=..., **inputs)` returning `.images`, its signature the blocks' inputs (what
+    `request.call_parameters` reads), and every other attribute the pipeline's own (components, transformer,
+    scheduler, vae, device, set_progress_bar_config). Build with `ModularRunner.wrap(pipe)`."""
 
     def __init__(self, pipeline):
         object.__setattr__(self, "pipeline", pipeline)
