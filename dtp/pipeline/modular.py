@@ -150,7 +150,7 @@ class ModularRunner:
     """A loaded ModularPipeline with the surface of a DiffusionPipeline that dtp drives: `__call__(prompt=...,
     generator=..., output_type=..., **inputs)` returning `.images`, its signature the blocks' inputs (what
     `request.call_parameters` reads), and every other attribute the pipeline's own (components, transformer,
-    scheduler, vae, device, set_progress_bar_config). Build with `ModularRunner.wrap(pipe)`."""
+    scheduler, vae, device). Build with `ModularRunner.wrap(pipe)`."""
 
     def __init__(self, pipeline):
         object.__setattr__(self, "pipeline", pipeline)
@@ -186,6 +186,18 @@ class ModularRunner:
         """Pixels per latent token: the VAE's factor x the 2 x 2 packing (FLUX.3: 8 x 2 = 16), what a size must
         be a multiple of (`request.size_multiple` reads it)."""
         return int(self.pipeline.vae_scale_factor) * 2
+
+    def set_progress_bar_config(self, **kwargs) -> None:
+        """On every step, nested ones too: diffusers' sets the top-level steps' only, and FLUX.3's denoising loop
+        (the one bar) sits two levels down, so `disable=` would not reach it."""
+
+        def walk(block):
+            if hasattr(block, "set_progress_bar_config"):
+                block.set_progress_bar_config(**kwargs)
+            for sub in (getattr(block, "sub_blocks", None) or {}).values():
+                walk(sub)
+
+        walk(self.pipeline.blocks)
 
     def to(self, *args, **kwargs) -> ModularRunner:
         self.pipeline.to(*args, **kwargs)

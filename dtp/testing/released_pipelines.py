@@ -12,15 +12,20 @@
     Flux3ModularPipeline    diffusers' modular FLUX.3 (Flux3AutoBlocks): the tiny Flux3Transformer2DModel (text
                             width 64), a 2-layer Qwen3-VL whose hidden states 1 and 2 are stacked (32 + 32 = 64:
                             `FLUX3_CALL`'s text_encoder_out_layers), FLUX.2's 2-level VAE (x4 with the 2 x 2
-                            packing: 32 x 32 pixels <-> 8 x 8 latent tokens) and the byte tokenizer in place of the
-                            Qwen3-VL processor (which transformers cannot build without torchvision); the scheduler,
+                            packing: 32 x 32 pixels <-> 8 x 8 latent tokens) and the byte tokenizer; the scheduler,
                             guider (classifier-free, two transformer calls a step) and image processor are the
-                            blocks' own defaults. No prompt upsampler: the prompt is encoded as given
+                            blocks' own defaults. No prompt upsampler: the prompt is encoded as given.
+                            `save_tiny_flux3` saves it with the tokenizer folder laid out as Qwen3-VL's processor
+                            (an `AutoProcessor` component, as released), which transformers cannot build without
+                            torchvision: `dtp.pipeline.modular` then reads the tokenizer text-only
 
 Every weight is drawn from a fixed seed, the same on every rank.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 
@@ -113,3 +118,31 @@ def tiny_flux3_pipeline():
     pipe = Flux3ModularPipeline()  # Flux3AutoBlocks; scheduler, guider and image processor from their configs
     pipe.update_components(transformer=transformer, text_encoder=text_encoder, tokenizer=tokenizer, vae=vae)
     return pipe
+
+
+# The processor files of Qwen3-VL beside its tokenizer's (the `tokenizer` component of a released FLUX.3 folder).
+_QWEN3_VL_PROCESSOR = {
+    "processor_config.json": {"processor_class": "Qwen3VLProcessor"},
+    "preprocessor_config.json": {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen3VLProcessor",
+    },
+    "video_preprocessor_config.json": {
+        "video_processor_type": "Qwen3VLVideoProcessor",
+        "processor_class": "Qwen3VLProcessor",
+    },
+}
+
+
+def save_tiny_flux3(folder) -> None:
+    """`tiny_flux3_pipeline()` saved as a modular pipeline folder (`modular_model_index.json`), its `tokenizer`
+    folder made Qwen3-VL's processor: the processor configs beside the tokenizer files, the index entry an
+    `AutoProcessor` (what `Flux3TextEncoderStep` expects)."""
+    folder = Path(folder)
+    tiny_flux3_pipeline().save_pretrained(str(folder), overwrite_modular_index=True)
+    for name, config in _QWEN3_VL_PROCESSOR.items():
+        (folder / "tokenizer" / name).write_text(json.dumps(config))
+    index = json.loads((folder / "modular_model_index.json").read_text())
+    _, _, spec = index["tokenizer"]
+    index["tokenizer"] = ["transformers", "Qwen3VLProcessor", {**spec, "type_hint": ["transformers", "AutoProcessor"]}]
+    (folder / "modular_model_index.json").write_text(json.dumps(index, indent=2))

@@ -67,3 +67,6 @@ def test_the_runner_shows_the_blocks_inputs_as_its_call(flux3):
     assert size_multiple(runner) == 16  # no VAE loaded: diffusers' default factor 8 x the 2 x 2 packing
     assert runner.components is flux3.components or runner.components == flux3.components
     assert runner.scheduler is flux3.scheduler
+    runner.set_progress_bar_config(disable=True)  # one bar under torchrun: reaches the nested denoising loop
+    loop = flux3.blocks.sub_blocks["denoise"].sub_blocks["text2image"].sub_blocks["denoise"]
+    assert loop._progress_bar_config == {"disable": True}
