@@ -13,8 +13,8 @@ What differs from diffusers' own `load_components()`:
   do by popping the step);
 - a processor component that transformers cannot build (Qwen3-VL's processor needs torchvision for its video
   processor; without it transformers 5.24 fails building the processor) is replaced by `TextProcessor`: the
-  folder's tokenizer with the two calls a text prompt needs (`apply_chat_template`, `.tokenizer`). An image input
-  then still needs torchvision.
+  folder's tokenizer with the two calls a text prompt needs (`apply_chat_template`, `.tokenizer`). FLUX.3's
+  reference images do not pass through it (its own image processor and the VAE take them).
 """
 
 from __future__ import annotations

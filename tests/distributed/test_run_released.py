@@ -8,7 +8,7 @@ frame's fp32 pixels within `run_cli`'s bounds, the mp4 decoding to the frames as
                       3-level causal VAE (cp=2, tp=2)
     FLUX.3            diffusers' modular pipeline (a modular_model_index.json folder, `dtp.pipeline.modular`):
                       Qwen3-VL text through the text-only processor (no torchvision here), the guider's true CFG,
-                      FLUX.2's VAE (cp=2, tp=2)
+                      FLUX.2's VAE (cp=2, tp=2); with a reference image (`--image`: the image_cond stream, cp=2)
 
 LTX-2 (video + audio) is test_run_ltx2's. Negative control: a seed offset by the rank in `run_request` fails these
 as it fails test_run_kinds' cases.
@@ -22,9 +22,18 @@ from PIL import Image
 from run_cli import assert_close, generate
 
 from dtp.pipeline.outputs import read_video
+from dtp.testing.conditioned_pipelines import sample_image
 from dtp.testing.released_pipelines import save_tiny_flux3, tiny_hunyuanvideo15_pipeline, tiny_wan_vace_pipeline
 
 FRAMES = 5
+
+
+def _save_with_reference(folder) -> None:
+    """The FLUX.3 folder and a 32 x 32 reference image in it (the image_cond stream: its own blocks and tokens)."""
+    save_tiny_flux3(folder)
+    sample_image(32).save(folder / "reference.png")
+
+
 FLUX3_ARGS = ["--pipeline-arg", "text_encoder_out_layers=[1,2]"]  # the tiny Qwen3-VL's 2 layers, stacked
 CASES = {  # save(folder), size, extra flags, frames (None: an image)
     "wan_vace": (
@@ -35,6 +44,7 @@ CASES = {  # save(folder), size, extra flags, frames (None: an image)
     ),
     "hunyuan15": (lambda f: tiny_hunyuanvideo15_pipeline().save_pretrained(f), 32, [], FRAMES),
     "flux3": (save_tiny_flux3, 32, FLUX3_ARGS, None),  # the tokenizer folder a Qwen3-VL processor's, as released
+    "flux3_image": (_save_with_reference, 32, [*FLUX3_ARGS, "--image", "{folder}/reference.png"], None),
 }
 
 
@@ -49,6 +59,7 @@ def _argv(saved, kind: str) -> list[str]:
         save(saved / kind)
     size_args = ["--height", str(size), "--width", str(size)]
     size_args += [] if frames is None else ["--frames", str(frames)]
+    extra = [arg.format(folder=saved / kind) for arg in extra]
     return ["--model-dir", str(saved / kind), "--steps", "2", *size_args, *extra]
 
 
@@ -61,6 +72,7 @@ def _argv(saved, kind: str) -> list[str]:
         pytest.param("hunyuan15", [], id="hunyuan15-tp2", marks=pytest.mark.full),
         pytest.param("flux3", ["--cp", "2"], id="flux3-cp2", marks=pytest.mark.full),
         pytest.param("flux3", [], id="flux3-tp2", marks=pytest.mark.full),
+        pytest.param("flux3_image", ["--cp", "2"], id="flux3-image-cp2", marks=pytest.mark.full),
     ],
 )
 def test_released_pipeline_on_two_ranks_draws_the_one_process_frames(saved, tmp_path, kind, mesh):
