@@ -197,7 +197,7 @@ class ModularRunner:
             for sub in (getattr(block, "sub_blocks", None) or {}).values():
                 walk(sub)
 
-        walk(self.pipeline.blocks)
+        walk(self.pipeline._blocks)  # the blocks it runs (`.blocks` is a deep copy)
 
     def to(self, *args, **kwargs) -> ModularRunner:
         self.pipeline.to(*args, **kwargs)

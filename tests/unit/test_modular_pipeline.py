@@ -68,5 +68,5 @@ def test_the_runner_shows_the_blocks_inputs_as_its_call(flux3):
     assert runner.components is flux3.components or runner.components == flux3.components
     assert runner.scheduler is flux3.scheduler
     runner.set_progress_bar_config(disable=True)  # one bar under torchrun: reaches the nested denoising loop
-    loop = flux3.blocks.sub_blocks["denoise"].sub_blocks["text2image"].sub_blocks["denoise"]
+    loop = flux3._blocks.sub_blocks["denoise"].sub_blocks["text2image"].sub_blocks["denoise"]  # `.blocks`: a copy
     assert loop._progress_bar_config == {"disable": True}
