@@ -34,6 +34,7 @@ from ..runtime.attention_backend import set_attention_backend
 from ..runtime.compile import compile_backend
 from ..runtime.parallelism import Parallelism
 from ..runtime.placement import local_device
+from .modular import ModularRunner, build_modular, component_folder, is_modular, load_rest, modular_index
 from .parallelize import WHOLE, compile_denoisers, parallelize_with, prepare_component
 
 TRANSFORMER = "transformer"  # diffusers' component name of the denoiser
@@ -87,7 +88,12 @@ def load_pipeline(
                 model_dir, parallelism, plan, torch_dtype, quantization_config=quantization_config
             )
         loaded |= load_text_encoders(model_dir, encoders, torch_dtype)
-    pipe = pipeline_class(model_dir).from_pretrained(model_dir, **loaded, torch_dtype=torch_dtype)
+    if is_modular(model_dir):  # diffusers' ModularPipeline (FLUX.3): `modular.py`
+        pipe = build_modular(model_dir)
+        load_rest(pipe, model_dir, torch_dtype, loaded)
+        pipe = ModularRunner.wrap(pipe)
+    else:
+        pipe = pipeline_class(model_dir).from_pretrained(model_dir, **loaded, torch_dtype=torch_dtype)
     _check_kept(pipe, loaded)
     if mesh is not None:
         rest = {name: plan for name, plan in plans.items() if name not in loaded and name in pipe.components}
@@ -143,8 +149,13 @@ def transformers_components(model_dir) -> dict:
     import transformers
 
     found = {}
+    modular = is_modular(model_dir)  # entries [library, class, spec]; a component without files here is not loaded
     for name, entry in _model_index(model_dir).items():
-        if isinstance(entry, list) and len(entry) == 2 and entry[0] == "transformers" and entry[1]:
+        if not isinstance(entry, list) or len(entry) != (3 if modular else 2):
+            continue
+        if modular and not os.path.isdir(component_folder(model_dir, name)):
+            continue
+        if entry[0] == "transformers" and entry[1]:
             cls = getattr(transformers, entry[1], None)
             if is_transformers_class(cls):
                 found[name] = cls
@@ -210,7 +221,10 @@ def check_pipeline_files(model_dir, dtype=None) -> None:
 
 
 def _model_index(model_dir) -> dict:
-    """The pipeline's model_index.json; CheckpointError when `model_dir` is not a diffusers pipeline folder."""
+    """The pipeline's model_index.json (a modular pipeline's modular_model_index.json); CheckpointError when
+    `model_dir` is not a diffusers pipeline folder."""
+    if is_modular(model_dir):
+        return modular_index(model_dir)
     path = Path(model_dir) / "model_index.json"
     if not path.is_file():
         found = "does not exist" if not Path(model_dir).exists() else f"has no {path.name}"

@@ -9,21 +9,35 @@
                             VAE of `tiny_vae` (x4 in space and time: 5 frames <-> 2 latent frames) and diffusers'
                             ClassifierFreeGuidance guider. The pipeline pads the chat-formatted prompt to 1000 tokens
                             after cropping the 108 of its template (as released): the text sequence is 1000 long
+    Flux3ModularPipeline    diffusers' modular FLUX.3 (Flux3AutoBlocks): the tiny Flux3Transformer2DModel (text
+                            width 64), a 2-layer Qwen3-VL whose hidden states 1 and 2 are stacked (32 + 32 = 64:
+                            `FLUX3_CALL`'s text_encoder_out_layers), FLUX.2's 2-level VAE (x4 with the 2 x 2
+                            packing: 32 x 32 pixels <-> 8 x 8 latent tokens) and the byte tokenizer; the scheduler,
+                            guider (classifier-free, two transformer calls a step) and image processor are the
+                            blocks' own defaults. No prompt upsampler: the prompt is encoded as given.
+                            `save_tiny_flux3` saves it with the tokenizer folder laid out as Qwen3-VL's processor
+                            (an `AutoProcessor` component, as released), which transformers cannot build without
+                            torchvision: `dtp.pipeline.modular` then reads the tokenizer text-only
 
 Every weight is drawn from a fixed seed, the same on every rank.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from ..families.pipelines import qwen_tokenizer, t5_encoder
 from .conditioned_pipelines import tiny_wan_video_pipeline
 from .tiny import TINY_CONFIGS, tiny_model
+from .tiny_text import tiny_text_model
 from .tiny_vae import tiny_vae
 
 WAN_VACE_CALL = dict(height=16, width=16, num_frames=5, max_sequence_length=16)
 HUNYUAN15_CALL = dict(height=32, width=32, num_frames=5)
+FLUX3_CALL = dict(height=32, width=32, text_encoder_out_layers=[1, 2])
 _BYT5_VOCAB = 384  # 256 bytes + 3 specials + 125 extra ids: ByT5Tokenizer's fixed vocabulary
 # System and user text in the chat markers (the pipeline formats a system message and the prompt as a chat).
 _CHAT_TEMPLATE = (
@@ -79,3 +93,56 @@ def tiny_hunyuanvideo15_pipeline():
         tokenizer_2=ByT5Tokenizer(),
         guider=ClassifierFreeGuidance(guidance_scale=3.0),
     )
+
+
+def tiny_flux3_pipeline():
+    """The tiny Flux3ModularPipeline (text to image), its from_pretrained components set (see the module docstring)."""
+    from diffusers import AutoencoderKLFlux2, Flux3ModularPipeline
+
+    layers = len(FLUX3_CALL["text_encoder_out_layers"])
+    tokenizer = qwen_tokenizer()
+    tokenizer.chat_template = _CHAT_TEMPLATE
+    text_encoder = tiny_text_model("Qwen3VLForConditionalGeneration", seed=2, vocab_size=-(-len(tokenizer) // 8) * 8)
+    width = text_encoder.config.text_config.hidden_size
+    transformer = tiny_model("Flux3Transformer2DModel", seed=0, joint_attention_dim=layers * width)
+    torch.manual_seed(1)
+    vae = AutoencoderKLFlux2(
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        latent_channels=transformer.config.in_channels // 4,  # the transformer packs 2 x 2 latents
+        norm_num_groups=4,
+        sample_size=32,
+    )
+    pipe = Flux3ModularPipeline()  # Flux3AutoBlocks; scheduler, guider and image processor from their configs
+    pipe.update_components(transformer=transformer, text_encoder=text_encoder, tokenizer=tokenizer, vae=vae)
+    return pipe
+
+
+# The processor files of Qwen3-VL beside its tokenizer's (the `tokenizer` component of a released FLUX.3 folder).
+_QWEN3_VL_PROCESSOR = {
+    "processor_config.json": {"processor_class": "Qwen3VLProcessor"},
+    "preprocessor_config.json": {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen3VLProcessor",
+    },
+    "video_preprocessor_config.json": {
+        "video_processor_type": "Qwen3VLVideoProcessor",
+        "processor_class": "Qwen3VLProcessor",
+    },
+}
+
+
+def save_tiny_flux3(folder) -> None:
+    """`tiny_flux3_pipeline()` saved as a modular pipeline folder (`modular_model_index.json`), its `tokenizer`
+    folder made Qwen3-VL's processor: the processor configs beside the tokenizer files, the index entry an
+    `AutoProcessor` (what `Flux3TextEncoderStep` expects)."""
+    folder = Path(folder)
+    tiny_flux3_pipeline().save_pretrained(str(folder), overwrite_modular_index=True)
+    for name, config in _QWEN3_VL_PROCESSOR.items():
+        (folder / "tokenizer" / name).write_text(json.dumps(config))
+    index = json.loads((folder / "modular_model_index.json").read_text())
+    _, _, spec = index["tokenizer"]
+    index["tokenizer"] = ["transformers", "Qwen3VLProcessor", {**spec, "type_hint": ["transformers", "AutoProcessor"]}]
+    (folder / "modular_model_index.json").write_text(json.dumps(index, indent=2))

@@ -96,7 +96,9 @@ def _demo(p: argparse.ArgumentParser) -> None:
 
 def add_load_options(p: argparse.ArgumentParser) -> None:
     """How a pipeline is loaded and sharded: one set of flags for `dtp run` and `dtp serve`."""
-    p.add_argument("--model-dir", required=True, help="a diffusers pipeline directory (model_index.json)")
+    p.add_argument(
+        "--model-dir", required=True, help="a diffusers pipeline folder (model_index.json or modular_model_index.json)"
+    )
     p.add_argument(
         "--plan",
         default=None,

@@ -34,6 +34,7 @@ import dtp.runtime.cp.linear as linear_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.resolve import resolve, resolve_cp
+from dtp.testing.counting import CallCounter
 from dtp.testing.launch import spawn
 from dtp.testing.scope import default_family, family_runs, full_run
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
@@ -96,32 +97,13 @@ def _reference(name: str, inputs: dict) -> torch.Tensor:
         return output_tensor(tiny_model(PLAN_CLASSES[name])(**inputs)).float()
 
 
-class _Counter:
-    """Counts calls of a module-level function, to prove that the CP attention path really ran."""
-
-    def __init__(self, module, name):
-        self.module, self.name, self.calls = module, name, 0
-        self.original = getattr(module, name)
-
-    def __enter__(self):
-        def counted(*args, **kwargs):
-            self.calls += 1
-            return self.original(*args, **kwargs)
-
-        setattr(self.module, self.name, counted)
-        return self
-
-    def __exit__(self, *exc):
-        setattr(self.module, self.name, self.original)
-
-
 @torch.no_grad()
 def _run(model, mesh, mode: str, inputs: dict, ref: torch.Tensor, plan=None) -> dict:
     model = dtp.parallelize(model, mesh, plan, cp_mode=mode)
     with (
-        _Counter(ulysses_module, "to_heads") as a2a,
-        _Counter(ring_module, "block_attention") as blocks,
-        _Counter(linear_module, "reduce_sums") as sums,
+        CallCounter(ulysses_module, "to_heads") as a2a,
+        CallCounter(ring_module, "block_attention") as blocks,
+        CallCounter(linear_module, "reduce_sums") as sums,
     ):
         out = output_tensor(model(**inputs)).float()
     return dict(

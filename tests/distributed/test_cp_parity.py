@@ -19,6 +19,7 @@ import dtp.runtime.cp.attention as attention_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.runtime.cp import remove_cp
+from dtp.testing.counting import CallCounter
 from dtp.testing.launch import spawn
 from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
 
@@ -48,29 +49,10 @@ def _inputs(cls: str) -> dict:
     return tiny_inputs(cls)
 
 
-class _Counter:
-    """Counts calls of a module-level function, to prove that the CP attention path really ran."""
-
-    def __init__(self, module, name):
-        self.module, self.name, self.calls = module, name, 0
-        self.original = getattr(module, name)
-
-    def __enter__(self):
-        def counted(*args, **kwargs):
-            self.calls += 1
-            return self.original(*args, **kwargs)
-
-        setattr(self.module, self.name, counted)
-        return self
-
-    def __exit__(self, *exc):
-        setattr(self.module, self.name, self.original)
-
-
 @torch.no_grad()
 def _parity(cls: str, mesh, mode: str, ref: torch.Tensor, inputs: dict) -> dict:
     model = dtp.parallelize(tiny_model(cls), mesh, cp_mode=mode)
-    with _Counter(ulysses_module, "to_heads") as a2a, _Counter(ring_module, "block_attention") as blocks:
+    with CallCounter(ulysses_module, "to_heads") as a2a, CallCounter(ring_module, "block_attention") as blocks:
         out = output_tensor(model(**inputs)).float()
     return dict(
         diff=float((out - ref).abs().max()),
@@ -111,7 +93,7 @@ def _two_proc(rank: int, world: int) -> dict:
     model = dtp.parallelize(tiny_model(FLUX2), mesh, cp_mode="ring")
     remove_cp(model)
     inputs = _inputs(FLUX2)
-    with torch.no_grad(), _Counter(ring_module, "block_attention") as blocks:
+    with torch.no_grad(), CallCounter(ring_module, "block_attention") as blocks:
         out = output_tensor(model(**inputs))
         ref = output_tensor(tiny_model(FLUX2)(**inputs))
     results["removed"] = dict(ring_blocks=blocks.calls, equal=bool(torch.equal(out, ref)))

@@ -31,6 +31,7 @@ import dtp.runtime.cp.hooks as hooks_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.resolve import resolve, resolve_cp
+from dtp.testing.counting import CallCounter
 from dtp.testing.launch import spawn
 from dtp.testing.perturb import perturb
 from dtp.testing.scope import full_run
@@ -91,29 +92,10 @@ def _outputs(output) -> list[torch.Tensor]:
     return [o.float() for o in items if isinstance(o, torch.Tensor)]
 
 
-class _Counter:
-    """Counts calls of a module-level function, to prove that the CP attention path really ran."""
-
-    def __init__(self, module, name):
-        self.module, self.name, self.calls = module, name, 0
-        self.original = getattr(module, name)
-
-    def __enter__(self):
-        def counted(*args, **kwargs):
-            self.calls += 1
-            return self.original(*args, **kwargs)
-
-        setattr(self.module, self.name, counted)
-        return self
-
-    def __exit__(self, *exc):
-        setattr(self.module, self.name, self.original)
-
-
 @torch.no_grad()
 def _run(model, mesh, mode: str, inputs: dict, refs: list, plan) -> dict:
     model = dtp.parallelize(model, mesh, dtp.load_plan(plan) if isinstance(plan, str) else plan, cp_mode=mode)
-    with _Counter(ulysses_module, "to_heads") as a2a, _Counter(ring_module, "block_attention") as blocks:
+    with CallCounter(ulysses_module, "to_heads") as a2a, CallCounter(ring_module, "block_attention") as blocks:
         outs = _outputs(model(**inputs))
     return dict(
         rel=max(float((o - r).abs().max() / r.abs().max()) for o, r in zip(outs, refs)),

@@ -9,6 +9,7 @@ import dtp
 import dtp.runtime.cp.attention as attention_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
+from dtp.testing.counting import CallCounter
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 
 TOL = 1e-5
@@ -59,23 +60,6 @@ CONTROLS = {
 }
 
 
-class CountBlocks:
-    """Counts ring blocks (`ring.block_attention` calls), to prove the ring half of USP ran."""
-
-    def __enter__(self):
-        self.real, self.calls = ring_module.block_attention, 0
-
-        def counted(*args, **kwargs):
-            self.calls += 1
-            return self.real(*args, **kwargs)
-
-        ring_module.block_attention = counted
-        return self
-
-    def __exit__(self, *exc):
-        ring_module.block_attention = self.real
-
-
 def error_of(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).abs().max() / ref.abs().max()) if out.shape == ref.shape else float("inf")
 
@@ -94,7 +78,7 @@ def run_case(mesh, case: str, cls: str, options: dict) -> dict:
     with torch.no_grad():
         ref = output_tensor(tiny_model(cls)(**inputs)).float()
     torch._dynamo.utils.counters.clear()
-    with CountBlocks() as blocks:
+    with CallCounter(ring_module, "block_attention") as blocks:
         error = error_of(usp_forward(cls, mesh, inputs, **options), ref)
     return dict(error=error, blocks=blocks.calls, graphs=torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
@@ -113,6 +97,21 @@ def run_controls(mesh) -> dict:
         finally:
             setattr(module, attribute, real)
     return results
+
+
+def check_controls_failed(runs: list[dict], control: str) -> None:
+    """Every rank's `control` (a CONTROLS name) missed one process by far (> 100 x TOL)."""
+    for results in runs:
+        print(f"{control}: {results[control]:.2e} vs one process")
+        assert results[control] > 100 * TOL, (control, results[control])
+
+
+def check_block_causal_refused(runs: list[dict]) -> None:
+    """Every rank's `block_causal_refusal` (under "qwen21"): a PlanError naming ring, the model unchanged."""
+    for results in runs:
+        assert results["qwen21"] is not None
+        message, unchanged = results["qwen21"]
+        assert "ring attention cannot run this model" in message and unchanged, message
 
 
 def block_causal_refusal(mesh) -> tuple[str, bool] | None:
@@ -140,7 +139,7 @@ def run_lora_case(mesh) -> dict:
     with torch.no_grad():
         ref = output_tensor(reference(**inputs)).float()
         plain = output_tensor(tiny_model(WAN)(**inputs)).float()
-        with CountBlocks() as blocks:
+        with CallCounter(ring_module, "block_attention") as blocks:
             out = output_tensor(model(**inputs)).float()
     return dict(error=error_of(out, ref), blocks=blocks.calls, lora_effect=error_of(plain, ref))
 
