@@ -13,6 +13,7 @@ from dtp.families import released_overrides
 from dtp.plan.cp import GatherRule, SplitRule, cp_plan_from_mapping
 from dtp.plan.io import _bundled_dir
 from dtp.resolve import resolve, resolve_cp
+from dtp.testing.scope import default_family
 from dtp.testing.tiny import PLAN_CLASSES, model_class, tiny_model
 
 FLUX, QWEN, ZIMAGE = "FluxTransformer2DModel", "QwenImageTransformer2DModel", "ZImageTransformer2DModel"
@@ -181,7 +182,11 @@ def test_zimage_heads_limit_ulysses_at_full_size():
     assert dtp.tp_candidates(model, cp=2, cp_mode="ring") == base
 
 
-@pytest.mark.parametrize("name", CP_PLANS)
+# One family per structural kind by default (dtp.testing.scope.KINDS), every cp plan with DTP_FULL=1: each full-size
+# resolution is a further case of the kind (the cp section's rules against the released config).
+@pytest.mark.parametrize(
+    "name", [n if default_family(n) else pytest.param(n, marks=pytest.mark.full) for n in CP_PLANS]
+)
 def test_full_size_models_resolve_cp_on_meta(name):
     """Default (full-size) configs on the meta device: the cp section fits, and Ulysses candidates follow
     (heads / tp) % cp == 0 with the model's real head count (linear attention, Sana's: no head rule, any cp)."""
