@@ -289,15 +289,19 @@ class GatherOutput:
     """Forward hook: all-gather the module's output on the `cp` group, in rank order.
 
     A bare tensor, or every tensor of a tuple (HiDream's dual-stream block returns (image, text), each
-    split on its own by the block's pre-hook, so each is gathered on its own).
+    split on its own by the block's pre-hook, so each is gathered on its own); a None element of a tuple passes
+    (Kandinsky 6's fused block returns (video, None) when called without audio).
     """
 
     def __init__(self, path: str, rule: GatherRule, group, pads: PadState | None = None):
         self.path, self.rule, self.group, self.pads = path, rule, group, pads
 
     def __call__(self, module, args, output):
-        if isinstance(output, tuple) and output and all(isinstance(o, torch.Tensor) for o in output):
-            return tuple(self._gather(o, f"output {i} of '{self.path}'") for i, o in enumerate(output))
+        if isinstance(output, tuple) and any(isinstance(o, torch.Tensor) for o in output):
+            if all(o is None or isinstance(o, torch.Tensor) for o in output):
+                return tuple(
+                    o if o is None else self._gather(o, f"output {i} of '{self.path}'") for i, o in enumerate(output)
+                )
         if not isinstance(output, torch.Tensor):
             raise ForwardError(
                 f"cp gather at '{self.path}': the module returned a {type(output).__name__}, not a tensor "
