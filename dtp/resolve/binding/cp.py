@@ -38,6 +38,10 @@ LINEAR_PROCESSORS = ("SanaLinearAttnProcessor2_0", "SanaLinearAttnProcessor3_0")
 FRAME_ROUTE = "frames"
 FRAME_PROCESSORS = ("WanAnimateFaceBlockAttnProcessor",)
 ADAPTER_ROUTES = (LINEAR_ROUTE, FRAME_ROUTE)  # the adapter runs the whole attention: nothing to dispatch or scope
+# Cosmos 3's dual-pathway packed attention (causal text prefix + generation queries over both, GQA) with a CP adapter
+# (runtime/cp/packed.py) that runs its own Ulysses / ring exchanges: nothing to scope, but its heads split as usual.
+PACKED_ROUTE = "packed"
+PACKED_PROCESSORS = ("Cosmos3AttnProcessor",)
 
 
 @dataclass(frozen=True)
@@ -275,6 +279,8 @@ def attention_routes(attn: nn.Module) -> tuple[str, ...]:
         return (LINEAR_ROUTE,)
     if type(processor).__name__ in FRAME_PROCESSORS:
         return (FRAME_ROUTE,)
+    if type(processor).__name__ in PACKED_PROCESSORS:
+        return (PACKED_ROUTE,)
     names = _code_names(type(processor).__call__.__code__) if processor is not None else set()
     routes = []
     if DISPATCH_NAME in names and processor_module(attn) is not None:

@@ -10,7 +10,8 @@ them with zeros. That single SDPA call is then routed to CP attention (`sdpa.py`
 
 Qwen-Image 2.1's block-causal processor has its adapter in `block_causal.py`; Sana's linear attention (no softmax:
 its token sums are all-reduced instead of routed) in `linear.py`; Wan Animate's per-frame face adapter (each token's
-frame from its global index) in `frames.py`; HunyuanVideo 1.5's joint mask passed as a key mask in `joint_mask.py`.
+frame from its global index) in `frames.py`; HunyuanVideo 1.5's joint mask passed as a key mask in `joint_mask.py`;
+Cosmos 3's packed dual-pathway attention in `packed.py`.
 
 `install_adapter` swaps the processor in and returns a handle whose `remove()` puts the original
 back, so `remove_cp` undoes it like the hooks.
@@ -26,6 +27,7 @@ from .block_causal import QwenImage21CpAttnProcessor
 from .frames import WanAnimateFaceCpProcessor
 from .joint_mask import HunyuanVideo15CpAttnProcessor
 from .linear import SanaLinearCpAttnProcessor, SanaVideoLinearCpAttnProcessor
+from .packed import PackedCpAttnProcessor
 
 
 def _mochi_rope(x, freqs_cos, freqs_sin):
@@ -78,6 +80,7 @@ ADAPTERS = {
     "SanaLinearAttnProcessor3_0": lambda attention: SanaVideoLinearCpAttnProcessor(attention.group),
     "WanAnimateFaceBlockAttnProcessor": lambda attention: WanAnimateFaceCpProcessor(attention.group),
     "HunyuanVideo15AttnProcessor2_0": lambda attention: HunyuanVideo15CpAttnProcessor(),
+    "Cosmos3AttnProcessor": PackedCpAttnProcessor,
 }
 
 

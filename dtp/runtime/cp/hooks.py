@@ -297,11 +297,11 @@ class GatherOutput:
         self.path, self.rule, self.group, self.pads = path, rule, group, pads
 
     def __call__(self, module, args, output):
-        if isinstance(output, tuple) and any(isinstance(o, torch.Tensor) for o in output):
-            if all(o is None or isinstance(o, torch.Tensor) for o in output):
-                return tuple(
-                    o if o is None else self._gather(o, f"output {i} of '{self.path}'") for i, o in enumerate(output)
-                )
+        tensors = isinstance(output, tuple) and all(o is None or isinstance(o, torch.Tensor) for o in output)
+        if tensors and any(o is not None for o in output):
+            return tuple(
+                o if o is None else self._gather(o, f"output {i} of '{self.path}'") for i, o in enumerate(output)
+            )
         if not isinstance(output, torch.Tensor):
             raise ForwardError(
                 f"cp gather at '{self.path}': the module returned a {type(output).__name__}, not a tensor "
