@@ -401,7 +401,7 @@ def test_cosmos3_causal_prefix_with_a_wrong_offset_fails(four):
     """Negative control: Cosmos 3's block-causal ring at (2, 2) with every rank's text block taken as the prefix's
     first (offset 0: the earlier ranks' keys never seen): far off."""
     for results in four:
-        assert results["cosmos3_omni", "control"]["rel"] > 1e-2, results["cosmos3_omni", "control"]
+        assert results["cosmos3_omni", "control"]["rel"] > 1e-3, results["cosmos3_omni", "control"]  # 1.5e-2 seen
 
 
 @pytest.mark.full
@@ -409,7 +409,7 @@ def test_cosmos3_unmasked_pad_keys_fail(four):
     """Negative control: Cosmos 3 at (4, 1) ring (7 text tokens padded to 8, 18 video tokens to 20) with the pad keys
     of both pathways left unmasked: far off."""
     for results in four:
-        assert results["cosmos3_omni", "pad_control"]["rel"] > 1e-2, results["cosmos3_omni", "pad_control"]
+        assert results["cosmos3_omni", "pad_control"]["rel"] > 1e-3, results["cosmos3_omni", "pad_control"]  # 2.0e-2
 
 
 @pytest.mark.full
