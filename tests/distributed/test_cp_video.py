@@ -16,8 +16,10 @@ negative control that must miss by far:
   contiguously (a rank's rows from the wrong sample).
 - Helios (a split at a global token index, `tail`: [history_r | current_r] per rank): the tokens cut contiguously
   instead, so that a rank's current tokens are the wrong global ones.
-- Kandinsky 6 (a rule per stream, as LTX-2; gathered at the last fused block, as Kandinsky 5): its va / av
-  cross-modal attentions given the text's rule (`local`). One (2, 2) case by default, the rest with DTP_FULL=1.
+- Kandinsky 6 (a rule per stream, as LTX-2; the video gathered at the last fused block, as Kandinsky 5; 9 audio
+  tokens, as the pipeline sizes them for 5 frames, padded and gathered at the audio output layer): its va / av
+  cross-modal attentions given the text's rule (`local`); the audio pad keys unmasked. One (2, 2) case by default;
+  the rest, the controls and a video-only call (no audio stream) with DTP_FULL=1.
 - Cosmos 3 Omni (one packed, unbatched sequence: the causal text prefix and the video tokens each padded and cut on
   their own, the dual-pathway attention run by `runtime/cp/packed.py`): the ring's block-causal prefix with every
   rank taken as the prefix's first block (offset 0); the pad keys of both pathways left unmasked ((4, 1), full).
@@ -284,6 +286,27 @@ def _cosmos3_controls(meshes: dict) -> dict:
     return results
 
 
+def _kandinsky6_more(meshes: dict) -> dict:
+    """Kandinsky 6 called without audio (video only: the last block returns (video, None)) at (2, 2) ring, and its
+    audio pad keys left unmasked at (4, 1) ring (9 audio tokens padded to 12)."""
+    inputs = _inputs("kandinsky6")
+    video = {k: v for k, v in inputs.items() if k != "audio_hidden_states"}
+    with torch.no_grad():
+        refs, video_refs = (_outputs(_model("kandinsky6")(**x)) for x in (inputs, video))
+    results = {
+        ("kandinsky6", "video_only"): _run(_model("kandinsky6"), meshes[2, 2], "ring", video, video_refs, "kandinsky6")
+    }
+    unmasked = hooks_module.PadState.key_valid
+    hooks_module.PadState.key_valid = lambda self, keys, batch, device: None
+    try:
+        results["kandinsky6", "pad_control"] = _run(
+            _model("kandinsky6"), meshes[4, 1], "ring", inputs, refs, "kandinsky6"
+        )
+    finally:
+        hooks_module.PadState.key_valid = unmasked
+    return results
+
+
 def _controls(meshes: dict) -> dict:
     cross_modal = ("transformer_blocks.*.audio_to_video_attn", "transformer_blocks.*.video_to_audio_attn")
     kandinsky6 = {}
@@ -291,6 +314,7 @@ def _controls(meshes: dict) -> dict:
         va_av = ("visual_transformer_blocks.*.va_cross_attention", "visual_transformer_blocks.*.av_cross_attention")
         broken = _local("kandinsky6", va_av)
         kandinsky6["kandinsky6", "control"] = _control("kandinsky6", meshes[2, 2], "ring", broken)
+        kandinsky6.update(_kandinsky6_more(meshes))
     return {
         **kandinsky6,
         **_cosmos3_controls(meshes),
@@ -418,3 +442,13 @@ def test_kandinsky6_cross_modal_attention_with_the_text_rule_fails(four):
     rank's audio chunk, and the reverse) at (2, 2) ring: far off."""
     for results in four:
         assert results["kandinsky6", "control"]["rel"] > 1e-3, results["kandinsky6", "control"]
+
+
+@pytest.mark.full
+def test_kandinsky6_video_only_and_unmasked_audio_pad_keys(four):
+    """Kandinsky 6 without audio at (2, 2) ring: exact; negative control: its audio pad keys (9 audio tokens padded
+    to 12 at (4, 1) ring) left unmasked: far off."""
+    for results in four:
+        r = results["kandinsky6", "video_only"]
+        assert r["shape_ok"] and r["rel"] <= TOL, r
+        assert results["kandinsky6", "pad_control"]["rel"] > 1e-3, results["kandinsky6", "pad_control"]
