@@ -121,9 +121,7 @@ CP_REFUSED = {
 }
 # Round 9's refusals repeat a covered kind of check: run with DTP_FULL=1.
 CP_REFUSED_FULL = {
-    "kandinsky6": "audio stream attends to all video tokens",
     "kandinsky6_sr": "NABLA's block mask",
-    "cosmos3_omni": "one packed, unbatched sequence",
 }
 
 
