@@ -51,6 +51,7 @@ class CpAttentionSpec:
     tp_sharded: bool  # True: TP leaves heads / tp per rank
     linear: bool = False  # an adapter runs it (`ADAPTER_ROUTES`: linear attention's all-reduced sums, per-frame
     # attention's local keys): no Ulysses head split, any cp
+    packed: bool = False  # Cosmos 3's packed dual-pathway attention (`PACKED_ROUTE`): Ulysses or ring, not both (USP)
 
     def local_heads(self, tp: int) -> int:
         return self.heads // tp if self.tp_sharded else self.heads
@@ -81,6 +82,12 @@ class CpResolved:
             raise PlanError(
                 f"plan {self.plan_name}: ring attention cannot run this model: {self.ring_refused} "
                 f"Use cp_mode='ulysses' (needs (heads / tp) % cp == 0), or cp=1."
+            )
+        packed = next((s.path for s in self.attention if s.packed), None)
+        if 1 < ulysses < cp and packed is not None:
+            raise PlanError(
+                f"plan {self.plan_name}: '{packed}' (Cosmos 3's packed attention, runtime/cp/packed.py) runs Ulysses "
+                f"or ring over the whole cp axis, not Ulysses x ring; build the mesh without `ulysses=` (--ulysses)."
             )
         if ulysses == 1:
             return
@@ -128,9 +135,10 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     # injection blocks only); a path wrong in every block is still an error
     local = {path for key in plan.cp.local_attention for path, _ in _expand(model, key, plan.name, optional=True)}
     attention = tuple(
-        CpAttentionSpec(path, heads, path in tp_paths, bool(set(ADAPTER_ROUTES) & set(attention_routes(module))))
+        CpAttentionSpec(path, heads, path in tp_paths, bool(set(ADAPTER_ROUTES) & set(routes)), PACKED_ROUTE in routes)
         for path, module, heads in _attention_modules(plan.name, model)
         if path not in local
+        for routes in (attention_routes(module),)
     )
     padded = _padded_attention(plan, model, {spec.path for spec in attention})
     halos = tuple(
