@@ -13,7 +13,7 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
         pos_embed:
           0: {dim: 0, expected_dims: 2, output: true}   # int key: element 0 of the module's OUTPUT
       gather:                                  # module path -> its output is all-gathered on `cp`
-        proj_out: {dim: 1, expected_dims: 3}
+        proj_out: {dim: 1, expected_dims: 3}   # (`element: i`: element i of a tuple output only; `trim`: pad rows)
       local: [blocks.*.attn2]                  # optional: attention whose keys stay whole on every rank
       halo: {blocks.*.ff.conv_depth: {dim: 2}} # optional: convolutions over the token grid's split rows
       keep: {norm_final: {input: {of: blocks.0.hidden_states, after: blocks.0.encoder_hidden_states}}}
