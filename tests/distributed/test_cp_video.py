@@ -277,6 +277,14 @@ def _cosmos3_controls(meshes: dict) -> dict:
     finally:
         packed_module.sees_whole = sees
     if full_run():
+        # the config whose generation queries see the text keys through their own norm (`k_norm_und_for_gen`): a
+        # third key tensor in the Ulysses exchange
+        options = dict(qk_norm_for_text=False, use_und_k_norm_for_gen=True)
+        inputs = _inputs("cosmos3_omni")
+        with torch.no_grad():
+            refs = _outputs(_model("cosmos3_omni", **options)(**inputs))
+        model = _model("cosmos3_omni", **options)
+        results["cosmos3_omni", "und_k_norm"] = _run(model, meshes[2, 2], "ulysses", inputs, refs, "cosmos3_omni")
         unmasked = hooks_module.PadState.key_valid
         hooks_module.PadState.key_valid = lambda self, keys, batch, device: None
         try:
@@ -427,6 +435,15 @@ def test_cosmos3_causal_prefix_with_a_wrong_offset_fails(four):
     for results in four:
         assert "error" not in results["cosmos3_omni", "control"], results["cosmos3_omni", "control"]
         assert results["cosmos3_omni", "control"]["rel"] > 1e-3, results["cosmos3_omni", "control"]  # 1.5e-2 seen
+
+
+@pytest.mark.full
+def test_cosmos3_with_its_own_text_key_norm_for_generation(four):
+    """Cosmos 3 built with `use_und_k_norm_for_gen` (no text QK-norm): the generation queries' text keys are normed
+    apart; (2, 2) Ulysses exact."""
+    for results in four:
+        r = results["cosmos3_omni", "und_k_norm"]
+        assert r["shape_ok"] and r["rel"] <= TOL and r["packed_a2a"] == 4, r
 
 
 @pytest.mark.full
