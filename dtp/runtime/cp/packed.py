@@ -14,7 +14,8 @@ tables, padded `first` / `last`; `norm` / `norm_moe_gen` gathered with their pad
 
 - Ulysses: one all-to-all per pathway's queries and one for its stacked keys / values, so every rank holds whole
   sequences for its heads (kv heads are repeated in contiguous groups when the rank's kv head count does not divide
-  by cp: query head i keeps its kv group). The understanding tokens are in global order, their pad at the end:
+  by cp: query head i keeps its kv group), then the kv heads are repeated up to the query heads (SDPA with
+  `enable_gqa` takes the math kernel on CUDA). The understanding tokens are in global order, their pad at the end:
   `is_causal` over them is exact (no real query sees a later pad key). The generation queries attend to
   [understanding | generation] keys with the pad keys of both masked.
 - Ring: kv heads expanded to the query heads. The causal pathway runs a block-causal ring: the key block of rank s
@@ -139,26 +140,29 @@ class PackedCpAttnProcessor:
                 f"Cosmos 3 under Ulysses: {heads} query heads per rank (after tp) do not divide by cp={cp}; use "
                 f"cp_mode='ring' or a cp dividing {heads}."
             )
+        shared = k_und_for_gen is k_und
         times = cp // math.gcd(kv_heads, cp)  # kv heads a multiple of cp, each query head keeping its kv group
-        k_und, v_und, k_und_for_gen, k_gen, v_gen = (
-            repeat_kv(t, times) for t in (k_und, v_und, k_und_for_gen, k_gen, v_gen)
-        )
+        k_und, v_und, k_gen, v_gen = (repeat_kv(t, times) for t in (k_und, v_und, k_gen, v_gen))
+        k_und_for_gen = k_und if shared else repeat_kv(k_und_for_gen, times)
         (q_und,) = stacked_to_heads((q_und,), group)
         (q_gen,) = stacked_to_heads((q_gen,), group)
-        shared = k_und_for_gen is k_und
         und_kv = stacked_to_heads((k_und, v_und) if shared else (k_und, v_und, k_und_for_gen), group)
         k_und, v_und = und_kv[0], und_kv[1]
         k_und_for_gen = k_und if shared else und_kv[2]
         k_gen, v_gen = stacked_to_heads((k_gen, v_gen), group)
+        # The kv heads exchanged as they are, then repeated up to the query heads on whole sequences: SDPA with
+        # `enable_gqa` falls back to the math kernel on CUDA ([S, S] scores), as diffusers' own Cosmos 3 helper notes.
+        local = q_und.shape[2] // k_und.shape[2]
+        k_und, v_und, k_und_for_gen, k_gen, v_gen = (
+            repeat_kv(t, local) for t in (k_und, v_und, k_und_for_gen, k_gen, v_gen)
+        )
 
         backend = self.attention.backend
-        causal = dispatch_attention_fn(
-            q_und, k_und, v_und, is_causal=True, enable_gqa=True, scale=scale, backend=backend
-        )  # fmt: skip
+        causal = dispatch_attention_fn(q_und, k_und, v_und, is_causal=True, scale=scale, backend=backend)
         mask = self._whole_key_valid(k_und.shape[1], k_gen.shape[1], q_gen.device)
         full = dispatch_attention_fn(
             q_gen, torch.cat([k_und_for_gen, k_gen], dim=1), torch.cat([v_und, v_gen], dim=1),
-            attn_mask=mask, enable_gqa=True, scale=scale, backend=backend,
+            attn_mask=mask, scale=scale, backend=backend,
         )  # fmt: skip
         return heads_to_seq(causal, group), heads_to_seq(full, group)
 
