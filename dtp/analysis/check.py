@@ -55,7 +55,16 @@ from ..runtime.memory import local_param_bytes, local_tensor_bytes
 from ..runtime.mesh import make_mesh
 from .collectives import implied_collectives
 from .fakepg import default_config, fake_mesh, fake_world, meta_model, read_config
-from .forward import INDEXED_LISTS, Call, alike_blocks, hooks_alike, peak_report, trace_peak, trace_sharded
+from .forward import (
+    INDEXED_LISTS,
+    Call,
+    alike_blocks,
+    hooks_alike,
+    peak_report,
+    trace_peak,
+    trace_sharded,
+    uneven_cp_hooks,
+)
 from .fsdp import fsdp_bytes
 from .inputs import ForwardShape, FullInputs, forward_inputs
 from .kernels import attention_backend, kernels_report
@@ -212,8 +221,10 @@ class _CheckShard:
             apply(module, prepare(module, mesh, self.plan, cp_mode=cp_mode, pad=pad))
         self.cp_group = mesh.get_group("cp").group_name if cp > 1 else None
         # Alike blocks: trace one per list and repeat its records (`trace.expand_blocks`; FLUX.1-dev: 2 blocks of 57).
-        # Hooks on a later block (a gather at `blocks.-1`) would be cut away with it: traced whole then.
-        alike = alike_blocks(module) and hooks_alike(module)
+        # Hooks on a later block (a gather at `blocks.-1`: Kandinsky 5 / 6) would be cut away with it: traced whole
+        # then (`hooks_alike`: the later blocks' hooks differ; `uneven_cp_hooks`: a later block has cp hooks the first
+        # lacks, also in a list of two blocks).
+        alike = alike_blocks(module) and hooks_alike(module) and not uneven_cp_hooks(module)
         self.lengths = truncate_blocks(module, keep=1, skip=INDEXED_LISTS) if alike else {}
 
 

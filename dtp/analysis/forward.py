@@ -40,6 +40,7 @@ from ..errors import ForwardError, PlanError
 from ..plan import Plan
 from ..policy import check_degree
 from ..quant import config_for, quantize
+from ..runtime.cp.hooks import GatherOutput, SplitInputs, SplitOutputs
 from .fakepg import fake_mesh, fake_world, meta_model
 from .inputs import ForwardShape, forward_inputs
 from .trace import Trace, block_lists, fake_like, fake_mode, param_bytes_by_scope, to_fake, trace_call, truncate_blocks
@@ -197,6 +198,22 @@ def peak_report(
         whole = whole_at_peak(sharded.trace, one.trace, cp=cp, tp=tp, per_rank=sharded.peak_bytes, ideal=ideal)
         report["whole"] = whole
     return report
+
+
+def uneven_cp_hooks(model: torch.nn.Module) -> bool:
+    """Whether some block of a block list carries cp hooks of kinds its first block lacks (a gather at
+    `visual_transformer_blocks.-1`: Kandinsky 5 / 6): cut to its first block, such a sharded forward loses them."""
+    ours = (GatherOutput, SplitInputs, SplitOutputs)
+
+    def kinds(block) -> set:
+        hooks = (*block._forward_pre_hooks.values(), *block._forward_hooks.values())
+        return {type(hook) for hook in hooks if isinstance(hook, ours)}
+
+    for path in block_lists(model):
+        blocks = list(model.get_submodule(path))
+        if blocks and any(kinds(block) - kinds(blocks[0]) for block in blocks[1:]):
+            return True
+    return False
 
 
 def alike_blocks(model: torch.nn.Module) -> bool:

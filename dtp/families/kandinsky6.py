@@ -5,6 +5,8 @@ Channels-last latents [B, F, H, W, C] as in Kandinsky 5 (`kandinsky5.py`), whose
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import kandinsky5
@@ -39,7 +41,12 @@ TINY = dict(
 # example); CFG as two calls; channels-last latents built by the family from the token count (`video_packed`).
 GEOMETRY = kandinsky5.GEOMETRY
 
-AUDIO_FRAMES = 8  # audio latent frames in the tiny inputs
+
+def audio_frames(latent_frames: int, fps: float = 24.0, sample_rate: int = 44_100, hop: int = 1024) -> int:
+    """Audio latent frames of `latent_frames` video latent frames, as the pipeline sizes them (its audio VAE: 44.1
+    kHz, a latent every 1024 samples; 4x in time): 2 latent frames (5 video frames) -> 9; 31 (121) -> 218. Neither
+    divides by 2 or 8: the plan pads the audio stream under cp."""
+    return math.ceil(((latent_frames - 1) * 4 + 1) / fps * sample_rate / hop)
 
 
 def inputs(cfg, g, batch, img, txt):
@@ -54,7 +61,7 @@ def inputs(cfg, g, batch, img, txt):
         encoder_hidden_states=torch.randn(batch, txt, cfg.get("in_text_dim", 3584), generator=g),
         pooled_projections=torch.randn(batch, cfg.get("in_text_dim2", 768), generator=g),
         timestep=torch.rand(batch, generator=g) * 1000,
-        audio_hidden_states=torch.randn(batch, AUDIO_FRAMES, cfg.get("in_audio_dim", 20), generator=g),
+        audio_hidden_states=torch.randn(batch, audio_frames(f * patch[0]), cfg.get("in_audio_dim", 20), generator=g),
         encoder_attention_mask=text_mask(batch, txt).bool(),
         return_dict=False,
     )

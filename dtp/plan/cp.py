@@ -13,7 +13,7 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
         pos_embed:
           0: {dim: 0, expected_dims: 2, output: true}   # int key: element 0 of the module's OUTPUT
       gather:                                  # module path -> its output is all-gathered on `cp`
-        proj_out: {dim: 1, expected_dims: 3}
+        proj_out: {dim: 1, expected_dims: 3}   # (`element: i`: element i of a tuple output only; `trim`: pad rows)
       local: [blocks.*.attn2]                  # optional: attention whose keys stay whole on every rank
       halo: {blocks.*.ff.conv_depth: {dim: 2}} # optional: convolutions over the token grid's split rows
       keep: {norm_final: {input: {of: blocks.0.hidden_states, after: blocks.0.encoder_hidden_states}}}
@@ -153,6 +153,8 @@ class GatherRule:
     dim: int
     expected_dims: int | None = None
     trim: str | None = None  # `first`|`last`: the output is that padded split's sequence: its pad rows are dropped
+    element: int | None = None  # gather element i of a tuple output only, the others pass (Kandinsky 6's last
+    # fused block returns (video, audio): the video gathered there, the padded audio at its output layer)
 
 
 @dataclass(frozen=True)
@@ -389,12 +391,18 @@ def _pad_rule(spec, where: str) -> PadRule:
 def _gather_rule(key, spec, name: str) -> GatherRule:
     where = f"plan {name}: cp.gather['{key}']"
     _check_key(key, name)
-    if not isinstance(spec, dict) or "dim" not in spec or set(spec) - {"dim", "expected_dims", "trim"}:
-        raise PlanError(f"{where}: expected {{dim: int, expected_dims: int?, trim: first|last?}}, got {spec!r}.")
+    if not isinstance(spec, dict) or "dim" not in spec or set(spec) - {"dim", "expected_dims", "trim", "element"}:
+        raise PlanError(
+            f"{where}: expected {{dim: int, expected_dims: int?, trim: first|last?, element: int?}}, got {spec!r}."
+        )
     trim = spec.get("trim")
     if trim is not None and trim not in PAD_AT:
         raise PlanError(f"{where}: `trim` names the padded split (`pad.at`) whose pad rows to drop: first|last.")
-    return GatherRule(key, _int(spec["dim"], where, "dim"), _opt_int(spec.get("expected_dims"), where), trim)
+    element = spec.get("element")
+    if element is not None and (not is_int(element) or element < 0):
+        raise PlanError(f"{where}: `element` is the index (>= 0) of the gathered element of a tuple output.")
+    rule = GatherRule(key, _int(spec["dim"], where, "dim"), _opt_int(spec.get("expected_dims"), where), trim)
+    return dataclasses.replace(rule, element=element)
 
 
 def _from_diffusers(data: dict, name: str) -> CpPlan:

@@ -16,6 +16,14 @@ negative control that must miss by far:
   contiguously (a rank's rows from the wrong sample).
 - Helios (a split at a global token index, `tail`: [history_r | current_r] per rank): the tokens cut contiguously
   instead, so that a rank's current tokens are the wrong global ones.
+- Kandinsky 6 (a rule per stream, as LTX-2; the video gathered at the last fused block, as Kandinsky 5; 9 audio
+  tokens, as the pipeline sizes them for 5 frames, padded and gathered at the audio output layer): its av
+  cross-modal attention (audio queries, video keys) given the text's rule (`local`); the audio pad keys unmasked.
+  One (2, 2) case by default; the rest, the controls and a video-only call (no audio stream) with DTP_FULL=1.
+- Cosmos 3 Omni (one packed, unbatched sequence: the causal text prefix and the video tokens each padded and cut on
+  their own, the dual-pathway attention run by `runtime/cp/packed.py`): the ring's block-causal prefix with every
+  rank taken as the prefix's first block (offset 0); the pad keys of both pathways left unmasked ((4, 1), full).
+  7 text + 18 video tokens: the prefix padded at cp = 2 and 4, the video at cp = 4. One (2, 2) case by default.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import torch
 import dtp
 import dtp.runtime.cp.frames as frames_module
 import dtp.runtime.cp.hooks as hooks_module
+import dtp.runtime.cp.packed as packed_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.resolve import resolve, resolve_cp
@@ -40,7 +49,18 @@ from dtp.testing.tiny import PLAN_CLASSES, tiny_inputs, tiny_model
 TOL = 1e-5
 # (2, 2) is cp=2 Ulysses and ring with tp=2 beside; (4, 1) (cp=4: partial frames, more pad) with DTP_FULL=1
 MESHES = ((2, 2, "ulysses"), (2, 2, "ring")) + (((4, 1, "ring"), (4, 1, "ulysses")) if full_run() else ())
-FAMILIES = ("ltx2", "helios", "hunyuanvideo15", "wan_animate", "anyflow", "kandinsky5", "latte", "allegro")
+FAMILIES = (
+    "ltx2", "helios", "hunyuanvideo15", "wan_animate", "anyflow", "kandinsky5", "latte", "allegro", "kandinsky6",
+    "cosmos3_omni",
+)  # fmt: skip
+# the last two families: one (2, 2) case by default (each repeats kinds the others cover), the rest with DTP_FULL=1
+FULL = ((2, 2, "ulysses"), (2, 2, "ring"), (4, 1, "ring"), (4, 1, "ulysses"))
+OWN_MESHES = {
+    "kandinsky6": ((2, 2, "ulysses"),) + (FULL[1:] if full_run() else ()),
+    "cosmos3_omni": ((2, 2, "ring"),) + ((FULL[0],) + FULL[2:] if full_run() else ()),
+}
+PACKED = {"cosmos3_omni"}  # its attention run by `runtime/cp/packed.py` (counted there, not by the generic route)
+CASES = tuple((name, *mesh) for name in FAMILIES for mesh in OWN_MESHES.get(name, MESHES))
 # Helios: 64 current tokens (2 frames of 2 x 16) and 44 history tokens (short 32, mid 8, long 4): each divides by 4
 IMG_TOKENS = {"helios": 64}
 # HunyuanVideo 1.5: 10 MLLM + 5 ByT5 + 4 image tokens = 19 joint text tokens (padded at cp = 2 and 4), prompts padded
@@ -83,25 +103,62 @@ def _hunyuanvideo15_eighteen_tokens(inputs: dict) -> dict:
     return inputs
 
 
-CUSTOM = {"wan_animate": _wan_animate_three_frames, "hunyuanvideo15": _hunyuanvideo15_eighteen_tokens}
+def _cosmos3_odd(inputs: dict) -> dict:
+    """7 text tokens (the causal prefix) and 3 latent frames of 2 x 3 patches (18 video tokens), frame 0 a clean
+    condition, frames 1-2 noisy: the prefix is padded at cp = 2 and 4 (to 8), the video at cp = 4 (to 20)."""
+    g = torch.Generator().manual_seed(13)
+    text, frames, h, w = 7, 3, 2, 3
+    channels, patch = inputs["vision_tokens"][0].shape[1], 2
+    video = torch.arange(text, text + frames * h * w)
+    grid = torch.stack(torch.meshgrid(*(torch.arange(n) for n in (frames, h, w)), indexing="ij")).flatten(1)
+    inputs.update(
+        input_ids=inputs["input_ids"][:text],
+        text_indexes=torch.arange(text),
+        position_ids=torch.cat([torch.arange(text).expand(3, -1), grid + text], dim=1),
+        und_len=text,
+        sequence_length=text + len(video),
+        vision_tokens=[torch.randn(1, channels, frames, h * patch, w * patch, generator=g)],
+        vision_token_shapes=[(frames, h, w)],
+        vision_sequence_indexes=video,
+        vision_mse_loss_indexes=video[h * w :],
+        vision_timesteps=torch.rand((frames - 1) * h * w, generator=g) * 1000,
+        vision_noisy_frame_indexes=[torch.arange(1, frames)],
+    )
+    return inputs
+
+
+CUSTOM = {
+    "wan_animate": _wan_animate_three_frames,
+    "hunyuanvideo15": _hunyuanvideo15_eighteen_tokens,
+    "cosmos3_omni": _cosmos3_odd,
+}
 
 
 def _outputs(output) -> list[torch.Tensor]:
-    """Every tensor a forward returns (a tuple's elements, or the sample), as fp32."""
+    """Every tensor a forward returns (a tuple's elements, those of its lists: Cosmos 3's per-item predictions, or
+    the sample), as fp32."""
     items = output if isinstance(output, (tuple, list)) else (output,)
+    items = [x for o in items for x in (o if isinstance(o, list) else (o,))]
     return [o.float() for o in items if isinstance(o, torch.Tensor)]
 
 
 @torch.no_grad()
 def _run(model, mesh, mode: str, inputs: dict, refs: list, plan) -> dict:
     model = dtp.parallelize(model, mesh, dtp.load_plan(plan) if isinstance(plan, str) else plan, cp_mode=mode)
-    with CallCounter(ulysses_module, "to_heads") as a2a, CallCounter(ring_module, "block_attention") as blocks:
+    with (
+        CallCounter(ulysses_module, "to_heads") as a2a,
+        CallCounter(ring_module, "block_attention") as blocks,
+        CallCounter(packed_module, "heads_to_seq") as packed_a2a,
+        CallCounter(packed_module, "ring_causal") as packed_causal,
+    ):
         outs = _outputs(model(**inputs))
     return dict(
         rel=max(float((o - r).abs().max() / r.abs().max()) for o, r in zip(outs, refs)),
         shape_ok=[o.shape for o in outs] == [r.shape for r in refs],
         a2a=a2a.calls,
         blocks=blocks.calls,
+        packed_a2a=packed_a2a.calls,  # Cosmos 3: one return all-to-all per pathway and layer under Ulysses
+        packed_causal=packed_causal.calls,  # Cosmos 3: one block-causal ring per layer under ring
     )
 
 
@@ -112,7 +169,7 @@ def _family(name: str, meshes: dict) -> dict:
         refs = _outputs(reference(**inputs))
     routed = [spec for spec in resolve_cp(resolve(plan, reference), reference).attention if not spec.linear]
     results = {(name, "modules"): len(routed)}  # adapters that run the attention themselves route nothing
-    for cp, tp, mode in MESHES:
+    for cp, tp, mode in OWN_MESHES.get(name, MESHES):
         results[name, cp, tp, mode] = _run(_model(name), meshes[cp, tp], mode, inputs, refs, plan)
     return results
 
@@ -192,9 +249,65 @@ def _wan_animate_offset_control(mesh) -> dict:
         frames_module.WanAnimateFaceCpProcessor.offset = offset
 
 
+def _cosmos3_controls(meshes: dict) -> dict:
+    """Cosmos 3 broken twice: the block-causal ring with every rank's prefix block taken as the first (no earlier
+    block seen: a wrong global offset) at (2, 2); with DTP_FULL=1, both pathways' pad keys unmasked at (4, 1) ring."""
+    results, sees = {}, packed_module.sees_whole
+    packed_module.sees_whole = lambda source, rank: False
+    try:
+        results["cosmos3_omni", "control"] = _control("cosmos3_omni", meshes[2, 2], "ring", "cosmos3_omni")
+    finally:
+        packed_module.sees_whole = sees
+    if full_run():
+        # the config whose generation queries see the text keys through their own norm (`k_norm_und_for_gen`): a
+        # third key tensor in the Ulysses exchange
+        options = dict(qk_norm_for_text=False, use_und_k_norm_for_gen=True)
+        inputs = _inputs("cosmos3_omni")
+        with torch.no_grad():
+            refs = _outputs(_model("cosmos3_omni", **options)(**inputs))
+        model = _model("cosmos3_omni", **options)
+        results["cosmos3_omni", "und_k_norm"] = _run(model, meshes[2, 2], "ulysses", inputs, refs, "cosmos3_omni")
+        unmasked = hooks_module.PadState.key_valid
+        hooks_module.PadState.key_valid = lambda self, keys, batch, device: None
+        try:
+            results["cosmos3_omni", "pad_control"] = _control("cosmos3_omni", meshes[4, 1], "ring", "cosmos3_omni")
+        finally:
+            hooks_module.PadState.key_valid = unmasked
+    return results
+
+
+def _kandinsky6_more(meshes: dict) -> dict:
+    """Kandinsky 6 called without audio (video only: the last block returns (video, None)) at (2, 2) ring, and its
+    audio pad keys left unmasked at (4, 1) ring (9 audio tokens padded to 12)."""
+    inputs = _inputs("kandinsky6")
+    video = {k: v for k, v in inputs.items() if k != "audio_hidden_states"}
+    with torch.no_grad():
+        refs, video_refs = (_outputs(_model("kandinsky6")(**x)) for x in (inputs, video))
+    results = {
+        ("kandinsky6", "video_only"): _run(_model("kandinsky6"), meshes[2, 2], "ring", video, video_refs, "kandinsky6")
+    }
+    unmasked = hooks_module.PadState.key_valid
+    hooks_module.PadState.key_valid = lambda self, keys, batch, device: None
+    try:
+        results["kandinsky6", "pad_control"] = _run(
+            _model("kandinsky6"), meshes[4, 1], "ring", inputs, refs, "kandinsky6"
+        )
+    finally:
+        hooks_module.PadState.key_valid = unmasked
+    return results
+
+
 def _controls(meshes: dict) -> dict:
     cross_modal = ("transformer_blocks.*.audio_to_video_attn", "transformer_blocks.*.video_to_audio_attn")
+    kandinsky6 = {}
+    if full_run():  # Kandinsky 6's streams: the kind of LTX-2's control, which runs by default
+        # av (audio queries over the video keys) only: va's keys are the padded audio, whose pad keys need CP
+        broken = _local("kandinsky6", ("visual_transformer_blocks.*.av_cross_attention",))
+        kandinsky6["kandinsky6", "control"] = _control("kandinsky6", meshes[2, 2], "ring", broken)
+        kandinsky6.update(_kandinsky6_more(meshes))
     return {
+        **kandinsky6,
+        **_cosmos3_controls(meshes),
         ("ltx2", "control"): _control("ltx2", meshes[2, 2], "ring", _local("ltx2", cross_modal)),
         ("helios", "control"): _control("helios", meshes[4, 1], "ring", _without_tail("helios")),
         ("wan_animate", "control"): _wan_animate_offset_control(meshes[4, 1]),
@@ -224,15 +337,17 @@ def four():
     return spawn(_all, 4)
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-@pytest.mark.parametrize("cp,tp,mode", MESHES)
+@pytest.mark.parametrize("name,cp,tp,mode", CASES)
 def test_parity(four, name, cp, tp, mode):
     """Tiny model, batch 2, at (cp, tp, mode) on 4 gloo ranks: every output within 1e-5 * max |ref|, and every CP
-    attention module routed once per call."""
+    attention module routed once per call (Cosmos 3's two pathways each once per layer)."""
     for rank, results in enumerate(four):
         r, modules = results[name, cp, tp, mode], results[name, "modules"]
         assert r["shape_ok"] and r["rel"] <= TOL, (rank, name, cp, tp, mode, r)
-        if mode == "ulysses":
+        if name in PACKED:  # Ulysses: both pathways' outputs sent home; ring: the causal ring and the full one
+            expected = (2 * modules, 0, 0) if mode == "ulysses" else (0, modules, cp * modules)
+            assert (r["packed_a2a"], r["packed_causal"], r["blocks"]) == expected, (rank, name, r, modules)
+        elif mode == "ulysses":
             assert (r["a2a"], r["blocks"]) == (modules, 0), (rank, name, r, modules)
         else:
             assert (r["a2a"], r["blocks"]) == (0, cp * modules), (rank, name, r, modules)
@@ -294,3 +409,48 @@ def test_latte_contiguous_temporal_timesteps_fail(four):
     come from the wrong sample (batch 2, two timesteps): far off."""
     for results in four:
         assert results["latte", "control"]["rel"] > 1e-2, results["latte", "control"]
+
+
+def test_cosmos3_causal_prefix_with_a_wrong_offset_fails(four):
+    """Negative control: Cosmos 3's block-causal ring at (2, 2) with every rank's text block taken as the prefix's
+    first (offset 0: the earlier ranks' keys never seen): far off."""
+    for results in four:
+        assert "error" not in results["cosmos3_omni", "control"], results["cosmos3_omni", "control"]
+        assert results["cosmos3_omni", "control"]["rel"] > 1e-3, results["cosmos3_omni", "control"]  # 1.5e-2 seen
+
+
+@pytest.mark.full
+def test_cosmos3_with_its_own_text_key_norm_for_generation(four):
+    """Cosmos 3 built with `use_und_k_norm_for_gen` (no text QK-norm): the generation queries' text keys are normed
+    apart; (2, 2) Ulysses exact."""
+    for results in four:
+        r = results["cosmos3_omni", "und_k_norm"]
+        assert r["shape_ok"] and r["rel"] <= TOL and r["packed_a2a"] == 4, r
+
+
+@pytest.mark.full
+def test_cosmos3_unmasked_pad_keys_fail(four):
+    """Negative control: Cosmos 3 at (4, 1) ring (7 text tokens padded to 8, 18 video tokens to 20) with the pad keys
+    of both pathways left unmasked: far off."""
+    for results in four:
+        assert "error" not in results["cosmos3_omni", "pad_control"], results["cosmos3_omni", "pad_control"]
+        assert results["cosmos3_omni", "pad_control"]["rel"] > 1e-3, results["cosmos3_omni", "pad_control"]  # 2.0e-2
+
+
+@pytest.mark.full
+def test_kandinsky6_cross_modal_attention_with_the_text_rule_fails(four):
+    """Negative control: Kandinsky 6's av cross-modal attention left `local` (the rank's audio queries over the rank's
+    chunk of the video keys) at (2, 2) ring: far off."""
+    for results in four:
+        assert "error" not in results["kandinsky6", "control"], results["kandinsky6", "control"]
+        assert results["kandinsky6", "control"]["rel"] > 1e-3, results["kandinsky6", "control"]
+
+
+@pytest.mark.full
+def test_kandinsky6_video_only_and_unmasked_audio_pad_keys(four):
+    """Kandinsky 6 without audio at (2, 2) ring: exact; negative control: its audio pad keys (9 audio tokens padded
+    to 12 at (4, 1) ring) left unmasked: far off."""
+    for results in four:
+        r = results["kandinsky6", "video_only"]
+        assert r["shape_ok"] and r["rel"] <= TOL, r
+        assert results["kandinsky6", "pad_control"]["rel"] > 1e-3, results["kandinsky6", "pad_control"]

@@ -73,7 +73,7 @@ def test_processor_without_attention_call_is_refused_at_resolve():
 
 def test_cli_check_refuses_cp_for_a_refused_plan(capsys):
     """Before the module-scoped fake world below: `dtp check` builds its own."""
-    assert main(["check", "kandinsky6", "--tp", "2", "--cp", "2", "--no-forward"]) == 1
+    assert main(["check", "omnigen", "--tp", "2", "--cp", "2", "--no-forward"]) == 1
     assert "cannot take context parallelism" in capsys.readouterr().err
     assert main(["check", "wan", "--tp", "2", "--cp", "4", "--cp-mode", "ring", "--no-forward"]) == 0
 
@@ -81,7 +81,7 @@ def test_cli_check_refuses_cp_for_a_refused_plan(capsys):
 @pytest.mark.parametrize(
     "name,mode,reason",
     [
-        ("kandinsky6", "ulysses", "cannot take context parallelism: "),
+        ("omnigen", "ulysses", "cannot take context parallelism: "),
         ("qwenimage21", "ring", "ring attention cannot run this model: its attention mask is block-causal"),
     ],
 )

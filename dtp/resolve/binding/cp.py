@@ -45,6 +45,10 @@ ADAPTER_ROUTES = (LINEAR_ROUTE, FRAME_ROUTE, NABLA_ROUTE)  # the adapter runs th
 HEADLESS_ROUTES = (LINEAR_ROUTE, FRAME_ROUTE)  # adapters that split no heads: any cp
 # `cp.gathered` kind -> the module classes with a CP forward of that kind (`plan.cp.GATHERED_KINDS`)
 GATHERED_CLASSES = {"expert_choice": ("NucleusMoELayer",)}
+# Cosmos 3's dual-pathway packed attention (causal text prefix + generation queries over both, GQA) with a CP adapter
+# (runtime/cp/packed.py) that runs its own Ulysses / ring exchanges: nothing to scope, but its heads split as usual.
+PACKED_ROUTE = "packed"
+PACKED_PROCESSORS = ("Cosmos3AttnProcessor",)
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class CpAttentionSpec:
     tp_sharded: bool  # True: TP leaves heads / tp per rank
     linear: bool = False  # an adapter runs it without a head split (`HEADLESS_ROUTES`: linear attention's all-reduced
     # sums, per-frame attention's local keys): any cp
+    packed: bool = False  # Cosmos 3's packed dual-pathway attention (`PACKED_ROUTE`): Ulysses or ring, not both (USP)
 
     def local_heads(self, tp: int) -> int:
         return self.heads // tp if self.tp_sharded else self.heads
@@ -85,6 +90,12 @@ class CpResolved:
             raise PlanError(
                 f"plan {self.plan_name}: ring attention cannot run this model: {self.ring_refused} "
                 f"Use cp_mode='ulysses' (needs (heads / tp) % cp == 0), or cp=1."
+            )
+        packed = next((s.path for s in self.attention if s.packed), None)
+        if 1 < ulysses < cp and packed is not None:
+            raise PlanError(
+                f"plan {self.plan_name}: '{packed}' (Cosmos 3's packed attention, runtime/cp/packed.py) runs Ulysses "
+                f"or ring over the whole cp axis, not Ulysses x ring; build the mesh without `ulysses=` (--ulysses)."
             )
         if ulysses == 1:
             return
@@ -132,9 +143,10 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     # injection blocks only); a path wrong in every block is still an error
     local = {path for key in plan.cp.local_attention for path, _ in _expand(model, key, plan.name, optional=True)}
     attention = tuple(
-        CpAttentionSpec(path, heads, path in tp_paths, bool(set(HEADLESS_ROUTES) & set(attention_routes(module))))
+        CpAttentionSpec(path, heads, path in tp_paths, bool(set(HEADLESS_ROUTES) & set(routes)), PACKED_ROUTE in routes)
         for path, module, heads in _attention_modules(plan.name, model)
         if path not in local
+        for routes in (attention_routes(module),)
     )
     padded = _padded_attention(plan, model, {spec.path for spec in attention})
     halos = tuple(
@@ -299,6 +311,8 @@ def attention_routes(attn: nn.Module) -> tuple[str, ...]:
         return (FRAME_ROUTE,)
     if type(processor).__name__ in NABLA_PROCESSORS:
         return (NABLA_ROUTE,)
+    if type(processor).__name__ in PACKED_PROCESSORS:
+        return (PACKED_ROUTE,)
     names = _code_names(type(processor).__call__.__code__) if processor is not None else set()
     routes = []
     if DISPATCH_NAME in names and processor_module(attn) is not None:

@@ -11,7 +11,8 @@ them with zeros. That single SDPA call is then routed to CP attention (`sdpa.py`
 Qwen-Image 2.1's block-causal processor has its adapter in `block_causal.py`; Sana's linear attention (no softmax:
 its token sums are all-reduced instead of routed) in `linear.py`; Wan Animate's per-frame face adapter (each token's
 frame from its global index) in `frames.py`; HunyuanVideo 1.5's joint mask passed as a key mask in `joint_mask.py`;
-Kandinsky 6 SR's NABLA block mask from whole-sequence block statistics in `nabla.py`.
+Kandinsky 6 SR's NABLA block mask from whole-sequence block statistics in `nabla.py`;
+Cosmos 3's packed dual-pathway attention in `packed.py`.
 
 `install_adapter` swaps the processor in and returns a handle whose `remove()` puts the original
 back, so `remove_cp` undoes it like the hooks.
@@ -28,6 +29,7 @@ from .frames import WanAnimateFaceCpProcessor
 from .joint_mask import HunyuanVideo15CpAttnProcessor
 from .linear import SanaLinearCpAttnProcessor, SanaVideoLinearCpAttnProcessor
 from .nabla import Kandinsky6SRCpProcessor
+from .packed import PackedCpAttnProcessor
 
 
 def _mochi_rope(x, freqs_cos, freqs_sin):
@@ -81,6 +83,7 @@ ADAPTERS = {
     "WanAnimateFaceBlockAttnProcessor": lambda attention: WanAnimateFaceCpProcessor(attention.group),
     "HunyuanVideo15AttnProcessor2_0": lambda attention: HunyuanVideo15CpAttnProcessor(),
     "Kandinsky6SRAttnProcessor": Kandinsky6SRCpProcessor,
+    "Cosmos3AttnProcessor": PackedCpAttnProcessor,
 }
 
 

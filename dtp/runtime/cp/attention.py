@@ -33,7 +33,7 @@ from torch import nn
 
 from ...errors import ForwardError
 from ...policy import ring_kernel_family
-from ...resolve.binding.cp import ADAPTER_ROUTES, DISPATCH_NAME, attention_routes, processor_module
+from ...resolve.binding.cp import ADAPTER_ROUTES, DISPATCH_NAME, PACKED_ROUTE, attention_routes, processor_module
 from ..arguments import Binder
 from ..probe import body_runs
 from .adapters import install_adapter
@@ -258,9 +258,9 @@ def install_attention(path: str, attn: nn.Module, attention) -> list:
     `attention(original, args)` is called instead of `dispatch_attention_fn(**args)` while `attn`
     runs (`CpAttention` in production; anything with that signature, e.g. a recorder in tests).
     """
-    own = set(ADAPTER_ROUTES) & set(attention_routes(attn))  # read before the adapter replaces the processor
+    own = {*ADAPTER_ROUTES, PACKED_ROUTE} & set(attention_routes(attn))  # read before the adapter swaps the processor
     handles = install_adapter(attn, attention)
-    if own:  # the adapter runs the attention (`linear.py`: token sums all-reduced; `frames.py`): nothing to scope
+    if own:  # the adapter runs the attention (`linear.py`, `frames.py`, `packed.py`): nothing to scope
         assert handles, f"no CP adapter for {type(attn.processor).__name__}"
         return handles
     module = processor_module(attn)

@@ -280,13 +280,18 @@ class GatherOutput:
     """Forward hook: all-gather the module's output on the `cp` group, in rank order.
 
     A bare tensor, or every tensor of a tuple (HiDream's dual-stream block returns (image, text), each
-    split on its own by the block's pre-hook, so each is gathered on its own).
+    split on its own by the block's pre-hook, so each is gathered on its own), or only element `rule.element` of it.
     """
 
     def __init__(self, path: str, rule: GatherRule, group, pads: PadState | None = None):
         self.path, self.rule, self.group, self.pads = path, rule, group, pads
 
     def __call__(self, module, args, output):
+        if self.rule.element is not None:  # one element of a tuple output (`GatherRule.element`)
+            i = self.rule.element
+            if not isinstance(output, tuple) or i >= len(output) or not isinstance(output[i], torch.Tensor):
+                raise ForwardError(f"cp gather at '{self.path}': expected a tuple output with a tensor element {i}.")
+            return output[:i] + (self._gather(output[i], f"output {i} of '{self.path}'"),) + output[i + 1 :]
         if isinstance(output, tuple) and output and all(isinstance(o, torch.Tensor) for o in output):
             return tuple(self._gather(o, f"output {i} of '{self.path}'") for i, o in enumerate(output))
         if not isinstance(output, torch.Tensor):
