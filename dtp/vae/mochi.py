@@ -1,11 +1,12 @@
 """AutoencoderKLMochi (Mochi 1) on row strips: (B, C, T, H, W) activations, the height (dim 3) split.
 
 Its layers (diffusers `autoencoder_kl_mochi.py`) and why each is exact on strips:
-- CogVideoXCausalConv3d with pad_mode="replicate" (every conv of Mochi's resnets and down blocks): F.pad(x, (k_w // 2,
-  k_w // 2, k_h // 2, k_h // 2, k_t - 1, 0), mode="replicate"), then the inner conv with padding 0 (stride 2 in H for the
-  down blocks' k = s = 2 patch convs), no conv cache. HunyuanVideo's causal conv does the same: on a strip the halo rows
-  of the neighbours, and at the image's top / bottom its first / last row repeated (`conv.self_padded_conv3d_rows`;
-  replicate is a per-dim index clamp, so rows padded here and time / width afterwards equal one F.pad).
+- CogVideoXCausalConv3d with pad_mode="replicate" (every conv of Mochi's resnets and down blocks):
+  F.pad(x, (k_w // 2, k_w // 2, k_h // 2, k_h // 2, k_t - 1, 0), mode="replicate"), then the inner conv with padding 0
+  (stride 2 in H for the down blocks' k = s = 2 patch convs), no conv cache. HunyuanVideo's causal conv does the
+  same: on a strip the halo rows of the neighbours, and at the image's top / bottom its first / last row repeated
+  (`conv.self_padded_conv3d_rows`; replicate is a per-dim index clamp, so rows padded here and time / width afterwards
+  equal one F.pad).
 - MochiChunkedGroupNorm3D: an nn.GroupNorm per frame (frames folded into the batch, in chunks of 8 frames): a
   container whose GroupNorm takes the generic rule, the whole frame's statistics for each folded sample (every rank
   folds the same frames into the same chunks, so the all_gathers pair up).

@@ -11,7 +11,21 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import PlanError
-from . import cogvideox, cosmos, dc, hunyuan, hunyuan15, hunyuan_image, image, ltx, ltx2, magvit, minimax, mochi, wan_qwen
+from . import (
+    cogvideox,
+    cosmos,
+    dc,
+    hunyuan,
+    hunyuan15,
+    hunyuan_image,
+    image,
+    ltx,
+    ltx2,
+    magvit,
+    minimax,
+    mochi,
+    wan_qwen,
+)
 from .strip_rule import StripRule
 
 
