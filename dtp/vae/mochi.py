@@ -37,7 +37,10 @@ def check_causal_conv(module: nn.Module) -> str | None:
     """Why a replicate-padded causal conv has no strip rule (None when it has one)."""
     conv = module.conv
     if tuple(conv.padding) != (0, 0, 0) or conv.dilation[1] != 1:
-        return f"an inner conv padding {conv.padding}, dilation {conv.dilation} (diffusers' own: 0, 1)"
+        return (
+            f"pad_mode='replicate' with an inner conv padding {conv.padding}, dilation {conv.dilation} (Mochi's: 0, 1; "
+            f"a conv built for constant padding pads twice)"
+        )
     if conv.stride[1] not in (1, conv.kernel_size[1]):
         return f"kernel {conv.kernel_size} with stride {conv.stride} in H (only 1, or the kernel's: patches)"
     return None
