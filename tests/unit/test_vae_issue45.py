@@ -9,8 +9,6 @@ import copy
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import dtp
 from dtp.analysis.fakepg import fake_world
@@ -19,7 +17,6 @@ from dtp.fit.pipelines import Shape, decode, decode_inputs
 from dtp.runtime.mesh import make_mesh
 from dtp.testing.tiny_vae import tiny_vae
 from dtp.vae import mochi, parallelize_vae
-from dtp.vae.strips import bounds
 
 
 def _by_strips(layer, x: torch.Tensor, cuts: tuple[int, ...]) -> torch.Tensor:
@@ -27,37 +24,24 @@ def _by_strips(layer, x: torch.Tensor, cuts: tuple[int, ...]) -> torch.Tensor:
     return torch.cat([layer(x[:, :, :, a:b]) for a, b in zip(cuts, cuts[1:])], dim=3)
 
 
-@settings(max_examples=15, deadline=None)
-@given(st.sampled_from([2, 4]), st.lists(st.integers(1, 3), min_size=1, max_size=4), st.integers(0, 2))
-def test_haar_patching_of_aligned_strips_is_the_whole(patch, units, clips):
-    """CosmosPatchEmbed3d (haar, and the plain rearrangement) on strips of `units` x patch rows each, concatenated,
-    equals the whole input's patching: its 2-tap stride-2 filters (and the reflect pad of one bottom row, never read
-    over an even height) keep every output row inside its strip (measured: bit for bit). CosmosUnpatcher3d: any row
-    split. Frames: 1 + clips x patch (the first frame repeated to a whole patch, as the rearrangement needs)."""
+def test_haar_patching_is_row_local_on_aligned_strips_only():
+    """CosmosPatchEmbed3d (haar, and the plain rearrangement) on strips whose bounds are multiples of the patch size,
+    concatenated, equals the whole input's patching (measured: bit for bit): its 2-tap stride-2 filters (and the
+    reflect pad of one bottom row, never read over an even height) keep every output row inside its strip; the
+    unpatcher's transposed filters likewise for any split of its rows. Negative control: a bound that is odd, or 2 mod 4
+    at patch 4, puts a wavelet window across two strips and the result differs (why the encoder's input is split in
+    multiples of the patch size times the downsamplings: `height_stride`). A fixed case (diffusers' grouped conv3d calls
+    take ~0.1 s each on CPU, whatever the size): patch 4, 16 rows, 5 frames (the first repeated to a whole patch)."""
     from diffusers.models.autoencoders.autoencoder_kl_cosmos import CosmosPatchEmbed3d, CosmosUnpatcher3d
 
-    generator = torch.Generator().manual_seed(sum(units) + clips)
-    x = torch.randn(1, 3, 1 + clips * patch, patch * sum(units), 4 * patch, generator=generator)
-    cuts = tuple(patch * b for b in bounds(tuple(units)))
-    for method in ("haar", "rearrange"):
-        embed = CosmosPatchEmbed3d(patch, method)
-        whole = embed(x)
-        torch.testing.assert_close(_by_strips(embed, x, cuts), whole, rtol=0, atol=1e-6)
-        unpatch = CosmosUnpatcher3d(patch, method)
-        latent_cuts = tuple(b for b in bounds(tuple(units)))
-        torch.testing.assert_close(_by_strips(unpatch, whole, latent_cuts), unpatch(whole), rtol=0, atol=1e-6)
-
-
-def test_haar_patching_of_misaligned_strips_differs():
-    """Negative control: a strip bound that is not a multiple of the patch size (odd, or 2 mod 4 at patch 4) puts a
-    wavelet window across two strips: the strips' patching is not the whole's (why the encoder's input is split in
-    multiples of the patch size times the downsamplings, `height_stride`)."""
-    from diffusers.models.autoencoders.autoencoder_kl_cosmos import CosmosPatchEmbed3d
-
     x = torch.randn(1, 3, 5, 16, 8, generator=torch.Generator().manual_seed(0))
-    embed = CosmosPatchEmbed3d(4, "haar")
-    whole = embed(x)
-    for cut in (3, 6):  # odd: the first level's window straddles; 2 mod 4: the second level's
+    for method in ("rearrange", "haar"):
+        embed = CosmosPatchEmbed3d(4, method)
+        whole = embed(x)
+        torch.testing.assert_close(_by_strips(embed, x, (0, 8, 12, 16)), whole, rtol=0, atol=1e-6)
+        unpatch = CosmosUnpatcher3d(4, method)
+        torch.testing.assert_close(_by_strips(unpatch, whole, (0, 3, 4)), unpatch(whole), rtol=0, atol=1e-6)
+    for cut in (3, 6):  # haar: odd, the first level's window straddles; 2 mod 4, the second level's
         got = _by_strips(embed, x, (0, cut, 16))
         assert got.shape != whole.shape or (got - whole).abs().max() > 1e-2 * whole.abs().max(), cut
 
