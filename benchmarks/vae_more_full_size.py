@@ -1,5 +1,5 @@
-"""Parallel VAE, full size, issue 35's and 45's VAEs: activation peak per rank of the decode of Sana's DC-AE, CogVideoX's
-VAE, EasyAnimate's Magvit VAE, Mochi's and Cosmos 1's, whole and split over N ranks.
+"""Parallel VAE, full size, issue 35's and 45's VAEs: activation peak per rank of the decode of Sana's DC-AE,
+CogVideoX's VAE, EasyAnimate's Magvit VAE, Mochi's and Cosmos 1's, whole and split over N ranks.
 
 Released configurations: AutoencoderDC as dc-ae-f32c32-sana-1.0 (6 levels of 128 .. 1024 channels, 32 latent
 channels, stride-2 conv downsampling, interpolation upsampling, 5 x 5 multiscale linear attention in the 3 deepest
