@@ -4,9 +4,11 @@ CogVideoX's VAE, EasyAnimate's Magvit VAE, Mochi's and Cosmos 1's, whole and spl
 Released configurations: AutoencoderDC as dc-ae-f32c32-sana-1.0 (6 levels of 128 .. 1024 channels, 32 latent
 channels, stride-2 conv downsampling, interpolation upsampling, 5 x 5 multiscale linear attention in the 3 deepest
 levels); AutoencoderKLCogVideoX and AutoencoderKLMagvit with diffusers' defaults (CogVideoX's: 128 .. 512 channels, 16
-latent channels, 4x in time; EasyAnimate's: 128 .. 512 channels, 16 latent channels, spatial GroupNorm). On the meta
-device, run under FakeTensorMode on torch's fake process group (no compute, no memory): one process plays rank 0 of N
-(rank 0 holds the most rows). Peak: live bytes of every storage an op creates (`dtp.analysis.trace.PhaseTrace`),
+latent channels, 4x in time; EasyAnimate's: 128 .. 512 channels, 16 latent channels, spatial GroupNorm);
+AutoencoderKLMochi and AutoencoderKLCosmos with diffusers' defaults (Mochi 1's: 128 .. 768 channels, 12 latent channels,
+8x in space, 6x in time, untiled; Cosmos 1's CV8x8x8: Haar patch 4, 256 .. 512 channels, 16 latent channels). On the
+meta device, run under FakeTensorMode on torch's fake process group (no compute, no memory): one process plays rank 0
+of N (rank 0 holds the most rows). Peak: live bytes of every storage an op creates (`dtp.analysis.trace.PhaseTrace`),
 parameters, buffers and the latent not counted. The output is gathered on every rank (the default).
 
     python benchmarks/vae_more_full_size.py [--vaes dc cogvideox magvit cogvideox-512 mochi cosmos] [--ranks 1 2 4 8]
