@@ -1,15 +1,18 @@
-"""Parallel VAE, full size, issue 35's VAEs: activation peak per rank of the decode of Sana's DC-AE, CogVideoX's VAE and
-EasyAnimate's Magvit VAE, whole and split over N ranks.
+"""Parallel VAE, full size, issue 35's and 45's VAEs: activation peak per rank of the decode of Sana's DC-AE,
+CogVideoX's VAE, EasyAnimate's Magvit VAE, Mochi's and Cosmos 1's, whole and split over N ranks.
 
 Released configurations: AutoencoderDC as dc-ae-f32c32-sana-1.0 (6 levels of 128 .. 1024 channels, 32 latent
 channels, stride-2 conv downsampling, interpolation upsampling, 5 x 5 multiscale linear attention in the 3 deepest
 levels); AutoencoderKLCogVideoX and AutoencoderKLMagvit with diffusers' defaults (CogVideoX's: 128 .. 512 channels, 16
-latent channels, 4x in time; EasyAnimate's: 128 .. 512 channels, 16 latent channels, spatial GroupNorm). On the meta
-device, run under FakeTensorMode on torch's fake process group (no compute, no memory): one process plays rank 0 of N
-(rank 0 holds the most rows). Peak: live bytes of every storage an op creates (`dtp.analysis.trace.PhaseTrace`),
+latent channels, 4x in time; EasyAnimate's: 128 .. 512 channels, 16 latent channels, spatial GroupNorm);
+AutoencoderKLMochi and AutoencoderKLCosmos with diffusers' defaults (Mochi 1's: 128 .. 768 channels, 12 latent channels,
+8x in space, 6x in time, untiled; Cosmos 1's CV8x8x8: Haar patch 4, 256 .. 512 channels, 16 latent channels). On the
+meta device, run under FakeTensorMode on torch's fake process group (no compute, no memory): one process plays rank 0
+of N (rank 0 holds the most rows). Peak: live bytes of every storage an op creates (`dtp.analysis.trace.PhaseTrace`),
 parameters, buffers and the latent not counted. The output is gathered on every rank (the default).
 
-    python benchmarks/vae_more_full_size.py [--vaes dc cogvideox magvit] [--ranks 1 2 4 8] [--dtype bf16]
+    python benchmarks/vae_more_full_size.py [--vaes dc cogvideox magvit cogvideox-512 mochi cosmos] [--ranks 1 2 4 8]
+        [--dtype bf16]
 
 Writes benchmarks/results/vae_more_full_size.md.
 """
@@ -45,6 +48,11 @@ CASES = {
     "dc": ("AutoencoderDC", SANA_DC_AE, (32, None, 64, 64), "Sana's DC-AE, 2048 x 2048"),
     "cogvideox": ("AutoencoderKLCogVideoX", {}, (16, 13, 60, 90), "CogVideoX, 49 frames at 480 x 720"),
     "magvit": ("AutoencoderKLMagvit", {}, (16, 13, 64, 64), "EasyAnimate (Magvit), 49 frames at 512 x 512"),
+    # 64 latent rows (8 per rank at N = 8) instead of 60 (8 on rank 0, 7.5 on average): the excess over 1/N above
+    "cogvideox-512": ("AutoencoderKLCogVideoX", {}, (16, 13, 64, 90), "CogVideoX, 49 frames at 512 x 720"),
+    # issue 45's (diffusers' default configs: Mochi 1's, Cosmos 1's CV8x8x8): untiled decodes
+    "mochi": ("AutoencoderKLMochi", {}, (12, 4, 60, 106), "Mochi, 19 frames at 480 x 848"),
+    "cosmos": ("AutoencoderKLCosmos", {}, (16, 3, 88, 160), "Cosmos 1, 17 frames at 704 x 1280"),
 }
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 

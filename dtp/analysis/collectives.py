@@ -131,11 +131,12 @@ def _result_bytes(out) -> int:
 
 
 def block_paths(model: nn.Module) -> list[str]:
-    """Paths of every element of every `nn.ModuleList` that no other ModuleList encloses."""
+    """Paths of every element of every `nn.ModuleList` that no other ModuleList encloses (a None element, as Mochi's
+    and Cosmos's VAE blocks hold for a layer they leave out, is no block)."""
     paths: list[str] = []
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and not any(name.startswith(f"{p}.") for p in paths):
-            paths += [f"{name}.{i}" if name else str(i) for i in range(len(module))]
+            paths += [f"{name}.{i}" if name else str(i) for i, child in enumerate(module) if child is not None]
     return paths
 
 

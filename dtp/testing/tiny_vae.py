@@ -244,6 +244,53 @@ TINY_VAE_CONFIGS["AutoencoderKLMagvit"] = dict(
     norm_num_groups=4,
 )
 
+# Mochi: 3 levels (spatial factor 4: 7 x 6 -> 28 x 24; time 2: 3 latent frames -> 6, the first dropped: 5), replicate-
+# padded causal convs, per-frame GroupNorm (32 groups, fixed by diffusers: widths are multiples of 32) and, in the
+# encoder's down / mid blocks, attention over frames (heads of 32 channels).
+TINY_VAE_CONFIGS["AutoencoderKLMochi"] = dict(
+    encoder_block_out_channels=(32, 32, 32),
+    decoder_block_out_channels=(32, 32, 32),
+    latent_channels=4,
+    layers_per_block=(1, 1, 1, 1),
+    temporal_expansions=(1, 2),
+    spatial_expansions=(2, 2),
+    add_attention_block=(False, True, True, True),
+    latents_mean=(0.0,) * 4,
+    latents_std=(1.0,) * 4,
+)
+# Allegro: 3 levels (spatial factor 4), one temporal down / upsampling (time 2), GroupNorm 4 groups, a mid-block
+# attention per frame. diffusers decodes and encodes it only tiled: `tiny_vae` sets tiles of 8 frames x 16 x 16
+# pixels at a stride of 4 x 8 x 8 (4 latent frames x 4 x 4 at 2 x 2 x 2), as the released 24 x 320 x 320 tiles.
+TINY_VAE_CONFIGS["AutoencoderKLAllegro"] = dict(
+    block_out_channels=(8, 16, 16),
+    down_block_types=("AllegroDownBlock3D",) * 3,
+    up_block_types=("AllegroUpBlock3D",) * 3,
+    temporal_downsample_blocks=(True, False, False),
+    temporal_upsample_blocks=(False, True, False),
+    latent_channels=4,
+    layers_per_block=1,
+    norm_num_groups=4,
+    temporal_compression_ratio=2,
+    sample_size=16,
+)
+ALLEGRO_TILES = dict(kernel=(8, 16, 16), stride=(4, 8, 8))
+# Cosmos 1: Haar patching by 2, then 2 spatial downsamplings (factor 8: 7 x 6 -> 56 x 48) and 1 temporal (time 4:
+# 2 latent frames <-> 5 frames), per-frame GroupNorm (1 group), spatial and temporal attention in the mid blocks and at
+# the 8-pixel resolution.
+TINY_VAE_CONFIGS["AutoencoderKLCosmos"] = dict(
+    latent_channels=4,
+    encoder_block_out_channels=(8, 16, 16, 16),
+    decode_block_out_channels=(16, 16, 16, 16),
+    attention_resolutions=(8,),
+    resolution=32,
+    num_layers=1,
+    patch_size=2,
+    spatial_compression_ratio=8,
+    temporal_compression_ratio=4,
+    latents_mean=None,
+    latents_std=None,
+)
+
 
 def tiny_vae(cls: str, seed: int = 0):
     """A random-weight VAE of config `cls` from TINY_VAE_CONFIGS, weights ~ N(0, 0.2) from `seed`, fp32, eval."""
@@ -254,4 +301,7 @@ def tiny_vae(cls: str, seed: int = 0):
     with torch.no_grad():
         for p in vae.parameters():
             p.normal_(0, 0.2)
+    if cls == "AutoencoderKLAllegro":
+        vae.enable_tiling()  # its only decode / encode
+        vae.kernel, vae.stride = ALLEGRO_TILES["kernel"], ALLEGRO_TILES["stride"]
     return vae

@@ -17,7 +17,8 @@ Its layers (diffusers `autoencoder_kl_cogvideox.py`, `downsampling.py`, `upsampl
   conv drops that row and reads its real bottom rows from the neighbour below (`conv2d_rows`, bottom zero row at
   the image's edge only).
 - The encoder's / decoder's (sample, conv cache) output: the parallel entry gathers the sample (`apply._entry`).
-Refused: pad_mode "replicate" (Mochi's use of the class: no rule here) and a causal conv with a stride in H.
+Mochi's replicate-padded use of the causal conv has its own rule (`mochi.py`, first in the table). Refused: a causal
+conv with a stride in H.
 """
 
 from __future__ import annotations

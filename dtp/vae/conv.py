@@ -76,6 +76,10 @@ def conv3d_rows(x: torch.Tensor, conv: nn.Conv3d, split: Split) -> torch.Tensor:
     pad_t, pad_h, pad_w = conv.padding
     mode = conv.padding_mode  # "zeros", or "reflect" / "replicate" (LTX-2's convs): rows padded alike at the edges
     geometry = dict(kernel=conv.kernel_size[1], stride=conv.stride[1], dilation=conv.dilation[1])
+    same = geometry["stride"] == 1 and geometry["dilation"] * (geometry["kernel"] - 1) == 2 * pad_h
+    if mode == "zeros" and same and 0 < 2 * pad_h <= x.shape[3]:
+        above, below = _halo(x, 3, split, pads=(pad_h, pad_h), **geometry)[1:]
+        return _same_conv3d(x, conv, above, below)
     x = rows_for_conv(x, 3, split, **geometry, pads=(pad_h, pad_h), edge=mode)
     if mode == "zeros":
         return F.conv3d(x, conv.weight, conv.bias, conv.stride, (pad_t, 0, pad_w), conv.dilation, conv.groups)
@@ -168,6 +172,23 @@ def _same_conv(x: torch.Tensor, conv: nn.Conv2d, above, below) -> torch.Tensor:
     if below is not None:
         edge = torch.cat([x[:, :, -2 * p :], _then_zeros(below, p, x, 2)], dim=2)
         out[:, :, -p:] = _valid_rows(edge, conv)
+    return out
+
+
+def _same_conv3d(x: torch.Tensor, conv: nn.Conv3d, above, below) -> torch.Tensor:
+    """`_same_conv` for a (B, C, T, h, W) strip of a zero-padded, stride-1 'same' nn.Conv3d (rows: dim 3).
+
+    No [halo | strip | halo] copy of the whole strip: at Magvit's full-resolution windows that copy was the excess of
+    its per-rank decode peak over 1/N (0.129x at N = 8)."""
+    p = conv.padding[1]
+    out = F.conv3d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+    valid = (conv.padding[0], 0, conv.padding[2])
+    if above is not None:
+        edge = torch.cat([_zeros_then(above, p, x, 3), x[:, :, :, : 2 * p]], dim=3)
+        out[:, :, :, :p] = F.conv3d(edge, conv.weight, conv.bias, conv.stride, valid, conv.dilation, conv.groups)
+    if below is not None:
+        edge = torch.cat([x[:, :, :, -2 * p :], _then_zeros(below, p, x, 3)], dim=3)
+        out[:, :, :, -p:] = F.conv3d(edge, conv.weight, conv.bias, conv.stride, valid, conv.dilation, conv.groups)
     return out
 
 

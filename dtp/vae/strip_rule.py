@@ -11,8 +11,8 @@ A rule answers five questions about a layer, each a small function (the defaults
                                      multiples of the product over every layer)
 
 The family modules (`image.py`, `wan_qwen.py`, `hunyuan.py`, `ltx.py`, `ltx2.py`, `hunyuan15.py`, `hunyuan_image.py`,
-`minimax.py`) each hold a tuple of rules; `strip_rules.py` puts
-them in one table, first match wins.
+`minimax.py`, `dc.py`, `cogvideox.py`, `magvit.py`, `mochi.py`, `cosmos.py`) each hold a tuple of rules;
+`strip_rules.py` puts them in one table, first match wins.
 """
 
 from __future__ import annotations

@@ -11,7 +11,21 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import PlanError
-from . import cogvideox, dc, hunyuan, hunyuan15, hunyuan_image, image, ltx, ltx2, magvit, minimax, wan_qwen
+from . import (
+    cogvideox,
+    cosmos,
+    dc,
+    hunyuan,
+    hunyuan15,
+    hunyuan_image,
+    image,
+    ltx,
+    ltx2,
+    magvit,
+    minimax,
+    mochi,
+    wan_qwen,
+)
 from .strip_rule import StripRule
 
 
@@ -54,6 +68,11 @@ VAE_CLASSES = {
     "AutoencoderKLMiniMaxH3": VaeClass(row_dim=3),
     "AutoencoderKLHunyuanImage": VaeClass(),
     "AutoencoderKLHunyuanImageRefiner": VaeClass(row_dim=3),
+    # Issue 45's: Mochi (mochi.py), Allegro (diffusers decodes / encodes it only tiled: each tile's call is split; its
+    # layers are the generic ones, image.py), Cosmos 1 (cosmos.py).
+    "AutoencoderKLMochi": VaeClass(row_dim=3),
+    "AutoencoderKLAllegro": VaeClass(row_dim=3),
+    "AutoencoderKLCosmos": VaeClass(row_dim=3),
 }
 SUPPORTED = tuple(VAE_CLASSES)
 VIDEO_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.row_dim == 3)
@@ -62,8 +81,12 @@ DECODE_SPLIT_VAES = tuple(name for name, vae in VAE_CLASSES.items() if vae.split
 
 # The family modules' rules before the generic ones: WanCausalConv3d is an nn.Conv3d, LTX's norms are leaves.
 # Round 9's families first, matched by class name (MiniMaxH3VideoCausalConv3d is an nn.Conv3d); then the others.
+# Mochi's replicate-padded CogVideoXCausalConv3d before CogVideoX's rule, CosmosCausalConv3d (an nn.Conv3d) before
+# image.py's.
 STRIP_RULES: tuple[StripRule, ...] = (
-    ltx2.RULES
+    mochi.RULES
+    + cosmos.RULES
+    + ltx2.RULES
     + hunyuan15.RULES
     + minimax.RULES
     + hunyuan_image.RULES

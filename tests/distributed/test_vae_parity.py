@@ -10,7 +10,8 @@ AutoencoderKLQwenImage (Wan's layers under other names) at N = 4. At N = 4 Hunyu
 The 2026 pipelines' VAEs (AutoencoderKLLTX2Video, AutoencoderKLHunyuanVideo15: 5 frames; AutoencoderKLQwenImage21: an
 image; AutoencoderKLMiniMaxH3: 5 latent frames to 8, its ViT decoder on gathered K / V; AutoencoderKLHunyuanImage: a
 2-D image VAE; AutoencoderKLHunyuanImageRefiner: HunyuanVideo 1.5's layout, 2 frames) decode and encode at N = 2 and
-4 (the ("cp", "tp") mesh), N = 3 with DTP_FULL=1.
+4 (the ("cp", "tp") mesh), N = 3 with DTP_FULL=1. Issue 45's (AutoencoderKLMochi, AutoencoderKLAllegro: diffusers' tiled
+decode / encode, each tile split; AutoencoderKLCosmos) at N = 2, and N = 4 with DTP_FULL=1.
 Tolerance: max |parallel - untiled| <= 1e-5 * max |untiled|. Negative controls: per-strip GroupNorm
 statistics, a halo one row short and (LTX-2's reflect-padded decoder) zero rows at the image's edges each exceed it.
 """
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from vae_cases import one_short
 
 import dtp.vae.conv as conv_module
+import dtp.vae.cosmos as cosmos_module
 import dtp.vae.hunyuan15 as hunyuan15_module
 import dtp.vae.hunyuan_image as hunyuan_image_module
 import dtp.vae.minimax as minimax_module
@@ -42,6 +44,7 @@ LTX095 = "AutoencoderKLLTXVideo095"
 LTX2, HUNYUAN15, QWEN21 = "AutoencoderKLLTX2Video", "AutoencoderKLHunyuanVideo15", "AutoencoderKLQwenImage21"
 MINIMAX, HUNYUAN_IMAGE = "AutoencoderKLMiniMaxH3", "AutoencoderKLHunyuanImage"
 REFINER = "AutoencoderKLHunyuanImageRefiner"
+MOCHI, ALLEGRO, COSMOS = "AutoencoderKLMochi", "AutoencoderKLAllegro", "AutoencoderKLCosmos"
 PIXELS = {LTX: 8, WAN22: 8}  # image rows per latent row (4 for the others)
 LATENT = (2, 4, 7, 6)  # batch 2, 4 channels, 7 x 6 latent rows x columns: 2, 3, 4 ranks all leave a remainder
 
@@ -181,6 +184,48 @@ def _minimax_tiled(group) -> dict:
     )
 
 
+# Issue 45's VAEs: latent shape (batch, channels, frames, rows, columns), video shape. Allegro decodes / encodes only
+# tiled (one sample per tile call): 2 x 2 tiles of 4 x 4 latent rows / columns, each call split over the ranks.
+ISSUE45 = {
+    MOCHI: ((2, 4, 3, 7, 6), (2, 3, 5, 28, 24)),
+    ALLEGRO: ((1, 4, 4, 6, 6), (1, 3, 8, 24, 24)),
+    COSMOS: ((2, 4, 2, 7, 6), (2, 3, 5, 56, 48)),
+}
+
+
+@torch.no_grad()
+def _issue45(cls: str, group) -> dict:
+    """Mochi (replicate-padded causal convs, per-frame GroupNorm, frame attention), Allegro (tile by tile) and Cosmos 1
+    (Haar patching, spatial attention on gathered K / V): decode and encode against diffusers' own; the controls: a
+    halo one row short, each strip's own GroupNorm statistics, Mochi's replicate padding taken as zeros at the image's
+    top / bottom strip edge, Cosmos's spatial attention on the rank's own keys."""
+    vae = tiny_vae(cls)
+    latent, video_shape = ISSUE45[cls]
+    z = torch.randn(latent, generator=torch.Generator().manual_seed(8))
+    video = torch.randn(video_shape, generator=torch.Generator().manual_seed(9))
+    ref_dec, ref_enc = vae.decode(z).sample, _encoded(vae, video)
+    parallelize_vae(vae, group)
+    result = dict(decode=_rel(vae.decode(z).sample, ref_dec), encode=_rel(_encoded(vae, video), ref_enc))
+    with patch.object(conv_module, "halo_counts", one_short):
+        result["halo_short"] = _rel(vae.decode(z).sample, ref_dec)
+    with patch.object(norm_module, "combine", _strip_stats):
+        result["strip_stats"] = _rel(vae.decode(z).sample, ref_dec)
+    if cls == MOCHI:
+        with patch.object(conv_module, "rows_for_conv", _zero_edges):
+            result["edges_zero"] = _rel(vae.decode(z).sample, ref_dec)
+    if cls == COSMOS:
+        with patch.object(cosmos_module, "gather_rows", lambda t, dim, counts, group: t):
+            result["keys_local"] = _rel(vae.decode(z).sample, ref_dec)
+    remove_vae_parallel(vae)
+    return result
+
+
+def _encoded(vae, video: torch.Tensor) -> torch.Tensor:
+    """The encoder's latent: the posterior's mean (Cosmos's IdentityDistribution: the latent itself)."""
+    posterior = vae.encode(video).latent_dist
+    return posterior.mean if hasattr(posterior, "mean") else posterior.mode()
+
+
 def _vit_controls(vae, z, ref_dec) -> dict:
     """MiniMax-H3's ViT decoder, negative controls: RoPE positions of the strip's own grid instead of the image's,
     and attention over the rank's own tokens only (K and V not gathered)."""
@@ -225,12 +270,16 @@ def _four_proc(rank: int, world: int) -> dict:
                 results[n]["wan_frames"] = _frame_loop(WAN, group)
             if n == 2 or full_run():  # the 2026 pipelines' VAEs: N = 2 and 4 by default, N = 3 with DTP_FULL=1
                 results[n] |= {cls: _new_video(cls, group) for cls in NEW_VAES} | dict(tiled=_minimax_tiled(group))
+            if n == 2:  # issue 45's VAEs: N = 2 by default, N = 4 with DTP_FULL=1
+                results[n] |= {cls: _issue45(cls, group) for cls in ISSUE45}
         dist.barrier()
     mesh = dtp.make_mesh(tp=2, cp=2)  # a 2-D mesh, flattened: all 4 ranks
     results[4] = dict(kl=_kl(mesh), wan=_video(WAN, mesh), qwen=_video(QWEN, mesh), qwen_frames=_frame_loop(QWEN, mesh))
     cfg_mesh = dtp.make_mesh(cfg=2, tp=2)  # the cfg axis too is flattened: one split over all 4 ranks
     results[4] |= dict(hunyuan=_video(HUNYUAN, cfg_mesh), ltx=_video(LTX, cfg_mesh))
     results[4] |= {cls: _new_video(cls, mesh) for cls in NEW_VAES} | dict(tiled=_minimax_tiled(mesh))
+    if full_run():
+        results[4] |= {cls: _issue45(cls, mesh) for cls in ISSUE45}
     return results
 
 
@@ -354,3 +403,29 @@ def test_mid_block_attention_controls(four, n, cls):
     """The mid-block attentions on strips: HunyuanVideo 1.5's without its causal frame mask, HunyuanImage's over the
     rank's own keys (K and V not gathered), each break the bound (measured 2.8e-3 at N = 2 and 4; 2.6e-2 / 4.1e-2)."""
     assert max(four[rank][n][cls]["attention_control"] for rank in range(n)) > 100 * TOL
+
+
+ISSUE45_CASES = [pytest.param(n, cls, marks=[pytest.mark.full] if n == 4 else []) for cls in ISSUE45 for n in (2, 4)]
+
+
+@pytest.mark.parametrize("n, cls", ISSUE45_CASES)
+def test_issue45_vae_parity(four, n, cls):
+    """AutoencoderKLMochi (3 latent frames -> 5, 7 x 6 -> 28 x 24), AutoencoderKLAllegro (diffusers' tiled decode /
+    encode, each tile split), AutoencoderKLCosmos (2 latent frames <-> 5, 7 x 6 <-> 56 x 48) on n ranks: decode and
+    encode within 1e-5 x max |untiled| (measured at N = 2 / 4, decode: Mochi 1.03e-6 / 1.05e-6, Allegro 6.8e-7 /
+    7.5e-7, Cosmos 5.0e-7 / 6.0e-7; encode <= 1.5e-6); a halo one row short (0.41 .. 0.98) and each strip's own
+    GroupNorm statistics (0.063 .. 0.49) break it."""
+    for rank in range(n):
+        got = four[rank][n][cls]
+        assert got["decode"] <= TOL and got["encode"] <= TOL, (rank, got)
+    for control in ("halo_short", "strip_stats"):
+        assert max(four[rank][n][cls][control] for rank in range(n)) > 100 * TOL, control
+
+
+@pytest.mark.parametrize("n", (2, pytest.param(4, marks=pytest.mark.full)))
+@pytest.mark.parametrize("cls, control", ((MOCHI, "edges_zero"), (COSMOS, "keys_local")))
+def test_issue45_mechanism_controls(four, n, cls, control):
+    """Mochi's replicate-padded convs with zeros instead of the image's edge row at the top / bottom strip (measured
+    0.77 at N = 2 and 4), and Cosmos's spatial attention over the rank's own keys, K and V not gathered (6.8e-3 /
+    1.9e-2), each break the bound."""
+    assert max(four[rank][n][cls][control] for rank in range(n)) > 100 * TOL, [four[r][n][cls] for r in range(n)]

@@ -295,18 +295,18 @@ def test_fit_of_a_pipeline_directory_sorts_and_explains():
 
 
 def test_a_video_pipeline_s_vae_decodes_5d_latents_even_when_the_parallel_vae_does_not_know_it():
-    """Mochi's VAE is no class of the parallel VAE (so fit traces it whole), but a video pipeline's VAE decodes
-    [B, C, F, h, w] (480 x 848 / 8; 49 frames -> 9 latent frames: Mochi's VAE is 6x in time, as MochiPipeline's
-    vae_temporal_scale_factor; fit said 4 before); an image VAE [B, C, h, w]; a class the parallel VAE knows as a video
-    one (CogVideoX's: 49 frames -> 13 latent frames) 5-D in any pipeline."""
+    """A video pipeline's VAE decodes [B, C, F, h, w] (Mochi's: 480 x 848 / 8; 49 frames -> 9 latent frames: Mochi's
+    VAE is 6x in time, as MochiPipeline's vae_temporal_scale_factor; fit said 4 before); an image VAE [B, C, h, w]; a
+    class the parallel VAE knows as a video one (CogVideoX's: 49 frames -> 13 latent frames; Mochi's since issue 45)
+    5-D in any pipeline."""
     from dtp.fit.pipelines import Shape, decode_inputs
     from dtp.vae.strip_rules import VIDEO_VAES
 
     mochi = fakepg.meta_model("AutoencoderKLMochi", {}, dtype=torch.bfloat16)
-    assert "AutoencoderKLMochi" not in VIDEO_VAES
+    assert "AutoencoderKLMochi" in VIDEO_VAES
     shape = Shape(1, 480, 848, frames=49)
     assert decode_inputs(mochi, torch.bfloat16, shape, video=True)["z"].shape == (1, 12, 9, 60, 106)
-    assert decode_inputs(mochi, torch.bfloat16, shape)["z"].shape == (1, 12, 60, 106)
+    assert decode_inputs(mochi, torch.bfloat16, shape)["z"].shape == (1, 12, 9, 60, 106)
     from dtp.families.released_pipelines import FLUX_VAE
 
     image = fakepg.meta_model("AutoencoderKL", FLUX_VAE, dtype=torch.bfloat16)
