@@ -338,7 +338,7 @@ def run_step(wrapper, cycle: Cycle, arguments: dict) -> list:
     sizes = [_numel(cycle, assignment(cycle.batches, wrapper.groups, g)) for g in range(wrapper.groups)]
     flat = torch.cat(local) if local else torch.empty(0)
     assert flat.numel() == sizes[wrapper.group], "a pass's output differs from the learned one"
-    parts = gather_flat(flat, sizes, wrapper.axis.get_group())
+    parts = gather_flat(flat, sizes, wrapper.process_group)
     return _rebuild(cycle, parts, wrapper.groups), held
 
 

@@ -116,13 +116,18 @@ class CfgParallel:
         """The cfg axis through this rank (slicing a DeviceMesh builds a new one: done once)."""
         return self.mesh[CFG_AXIS]
 
-    @property
+    @functools.cached_property
     def groups(self) -> int:
         return self.axis.size()
 
-    @property
+    @functools.cached_property
     def group(self) -> int:
         return self.axis.get_local_rank()
+
+    @functools.cached_property
+    def process_group(self):
+        """The cfg axis's process group (a DeviceMesh looks it up by name on every `get_group`: ~µs a call)."""
+        return self.axis.get_group()
 
     def __call__(self, *args, **kwargs):
         bound = self.signature.bind(*args, **kwargs)
@@ -250,7 +255,7 @@ class CfgParallel:
         return join_parts(self._exchange(output), sizes)
 
     def _exchange(self, output) -> list:
-        return gather_parts(output, self.axis.get_group(), self.host.cfg, self.host.device)
+        return gather_parts(output, self.process_group, self.host.cfg, self.host.device)
 
     def _agree(self, flags: list[int]) -> list[int]:
         return agree_min(flags, self.host.span, self.host.device)
