@@ -5,6 +5,8 @@
     python benchmarks/host_overhead.py --only "tp=2"   # one mesh (repeatable); prints, writes nothing
     python benchmarks/host_overhead.py --fsdp-variants # (cp=2, fsdp) with FSDP2's options varied; appends to the file
     python benchmarks/host_overhead.py --fsdp-phases   # where (cp=2, fsdp)'s host time goes in FSDP2; appends
+    python benchmarks/host_overhead.py --fsdp-breakdown [--compiled]  # (cp=2, fsdp): dtp's share vs FSDP2's own
+    python benchmarks/host_overhead.py --steps         # cfg=2's pair and K-pass step paths: dtp's cost per call
 
 Each row builds the family's TINY model (seed 0) and the same weights sharded by dtp on rank 0 of the mesh
 (`dtp.testing.host`), then calls the two in turn (3 warm-up calls, then `repeats` alternated ones, no grad) and
@@ -197,14 +199,192 @@ def fsdp_phase_rows(repeats: int) -> str:
     return "\n".join(lines)
 
 
+def fsdp_alone(reference: torch.nn.Module, world: int) -> torch.nn.Module:
+    """A copy of diffusers' model under FSDP2 alone: `fully_shard` on the units dtp's `unit_layout` picks (children
+    before their block, `reshard_after_forward=True`) and the root (False), on a 1-D mesh of `world` ranks, with
+    FSDP2's own (implicit) prefetching and no dtp hook: what FSDP2 costs by itself at dtp's units."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = copy.deepcopy(reference)
+    mesh = init_device_mesh("cpu", (world,))
+    layout = dtp_fsdp.unit_layout(model)
+    for unit in reversed(layout.units):
+        fully_shard(unit.module, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    dtp_fsdp.name_repeated_blocks(model, layout)  # so that regional compile finds the renamed units
+    return model
+
+
+def _median_ms(models: list, inputs: list[dict], repeats: int, warmup: int = 3) -> list[float]:
+    """Median thread CPU ms of each `models[i](**inputs[i])`, the models called in turn (no grad)."""
+    times: list[list[float]] = [[] for _ in models]
+    with torch.no_grad():
+        for i in range(warmup + repeats):
+            for model, kwargs, out in zip(models, inputs, times):
+                start = time.thread_time()
+                model(**kwargs)
+                if i >= warmup:
+                    out.append(time.thread_time() - start)
+    return [statistics.median(t) * 1e3 for t in times]
+
+
+def fsdp_breakdown_rows(repeats: int, compiled: bool) -> str:
+    """Per model, four forwards called in turn: diffusers' model (a), FSDP2 alone on it at dtp's units (b), dtp's
+    (cp=2) rank (c) and dtp's (cp=2, fsdp) rank (d); FSDP2's own cost is b - a, dtp's share of (cp=2, fsdp) is
+    d - b (its cp work plus what it adds to FSDP2), beside c - a (its cp work alone). `compiled`: every model's
+    repeated blocks compiled (`runtime/compile.compile_blocks`, inductor; FSDP2's hooks stay outside the regions)."""
+    from dtp.runtime.compile import compile_blocks
+
+    cp_mesh = next(m for m in MESHES if m.name == "cp=2 ulysses")
+    fsdp_mesh = next(m for m in MESHES if m.fsdp)
+    lines = [
+        "| model | form | diffusers ms (a) | FSDP2 alone ms (b) | dtp cp=2 ms (c) | dtp cp=2 fsdp ms (d) | "
+        "FSDP2's own b - a | dtp cp c - a | dtp's share d - b | d / a |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for class_name in MODELS:
+        with fake_world(fsdp_mesh.world):
+            reference, dtp_fsdp_rank = sharded_pair(class_name, fsdp_mesh)
+            _, dtp_cp_rank = sharded_pair(class_name, cp_mesh)
+            alone = fsdp_alone(reference, fsdp_mesh.world)
+            models = [reference, alone, dtp_cp_rank, dtp_fsdp_rank]
+            if compiled:
+                torch._dynamo.reset()
+                for model in models:
+                    compile_blocks(model, backend="inductor")
+            whole = tiny_inputs(class_name, fsdp_mesh)
+            a, b, c, d = _median_ms(models, [whole] * 4, repeats)
+        model = class_name.replace("Transformer2DModel", "").replace("Transformer3DModel", "")
+        lines.append(
+            f"| {model} | {'compiled' if compiled else 'eager'} | {a:.2f} | {b:.2f} | {c:.2f} | {d:.2f} | "
+            f"{b - a:.2f} | {c - a:.2f} | {d - b:.2f} | {d / a:.2f}x |"
+        )
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
+def _step_calls(inputs: dict, latents: torch.Tensor, step: int, kind: str) -> list[dict]:
+    """The transformer calls of one denoising step, made from `latents` as a pipeline makes them (new objects each
+    step): "pair" (true CFG: cond, then uncond, the same latents and timestep objects); "kpass" (LTX-2's multi-pass
+    guidance: a doubled batch [uncond, cond], then two calls on rows of it, the latents passed alone: 4 passes)."""
+    cond = inputs["encoder_hidden_states"]
+    uncond = cond.flip(1)
+    timestep = torch.full_like(inputs["timestep"], 1000.0 - 10 * step)
+    if kind == "pair":
+        base = {**inputs, "hidden_states": latents, "timestep": timestep}
+        return [{**base, "encoder_hidden_states": cond}, {**base, "encoder_hidden_states": uncond}]
+    doubled = {
+        **inputs,
+        "hidden_states": torch.cat([latents] * 2),
+        "encoder_hidden_states": torch.cat([uncond, cond]),
+        "timestep": torch.cat([timestep] * 2),
+    }
+    later = {**inputs, "hidden_states": latents, "encoder_hidden_states": uncond, "timestep": timestep}
+    return [doubled, later, dict(later)]
+
+
+def step_path_row(class_name: str, kind: str, steps: int) -> dict:
+    """dtp's own host time per transformer call on cfg=2's `kind` step path (rank 0, fake process group): the thread
+    CPU time of the wrapper's calls less that of the model forwards it ran, over `steps` steps after 3 (the first
+    learns the step)."""
+    from dtp.runtime.cfg import CFG_ATTR
+
+    mesh = next(m for m in MESHES if m.name == "cfg=2")
+    with fake_world(mesh.world):
+        _, sharded = sharded_pair(class_name, mesh)
+        wrapper = getattr(sharded, CFG_ATTR)
+        inner, spent = wrapper.forward, [0.0, 0]
+
+        def timed(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                spent[0] += time.thread_time() - start
+                spent[1] += 1
+
+        wrapper.forward = timed
+        inputs = tiny_inputs(class_name, next(m for m in MESHES if m.name == "tp=2"))  # a batch of 1
+        latents, total, calls = inputs["hidden_states"], 0.0, 0
+        with torch.no_grad():
+            for step in range(3 + steps):
+                if step == 3:
+                    spent[:], total = [0.0, 0], 0.0
+                for arguments in _step_calls(inputs, latents, step, kind):
+                    start = time.thread_time()
+                    out = sharded(**arguments)[0]
+                    total += time.thread_time() - start
+                    calls += step >= 3
+                latents = latents - 0.01 * out[: latents.shape[0]]
+        stats = wrapper.steps.stats if kind == "kpass" else wrapper.stats
+    model = class_name.replace("Transformer2DModel", "").replace("Transformer3DModel", "")
+    return dict(
+        model=model,
+        kind=kind,
+        calls=calls // steps,
+        forwards=spent[1] / steps,
+        per_call_us=(total - spent[0]) / calls * 1e6,
+        forward_ms=spent[0] / max(spent[1], 1) * 1e3,
+        stats=vars(stats),
+    )
+
+
+def step_rows(steps: int) -> str:
+    lines = [
+        "| model | cfg=2 path | calls / step | forwards run / step (rank 0) | dtp's own µs / call | forward ms | "
+        "wrapper stats |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for class_name in MODELS:
+        for kind in ("pair", "kpass"):
+            r = step_path_row(class_name, kind, steps)
+            lines.append(
+                f"| {r['model']} | {r['kind']} | {r['calls']} | {r['forwards']:.0f} | {r['per_call_us']:.0f} | "
+                f"{r['forward_ms']:.2f} | {r['stats']} |"
+            )
+            print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--only", action="append", help="a mesh name (e.g. 'tp=2'); prints only")
     parser.add_argument("--fsdp-variants", action="store_true", help="(cp=2, fsdp) under FSDP2 options; appends")
     parser.add_argument("--fsdp-phases", action="store_true", help="(cp=2, fsdp)'s time in FSDP2's phases; appends")
+    parser.add_argument("--fsdp-breakdown", action="store_true", help="(cp=2, fsdp): dtp's share vs FSDP2's; appends")
+    parser.add_argument("--compiled", action="store_true", help="with --fsdp-breakdown: the blocks compiled too")
+    parser.add_argument("--steps", action="store_true", help="cfg=2's pair and K-pass step paths; appends")
     args = parser.parse_args(argv)
     core = pin_one_core()
+    if args.steps:
+        text = step_rows(args.repeats)
+        with RESULT.open("a") as out:
+            out.write(
+                "\n## cfg=2's step paths: dtp's own host time per transformer call\n\n"
+                f"`python benchmarks/host_overhead.py --steps` ({args.repeats} steps after 3, rank 0 on a fake process "
+                "group, thread CPU time of the wrapper's calls less the forwards it ran; pair: true CFG's two calls, "
+                "kpass: LTX-2's doubled batch and two calls on its rows, 4 passes over 2 groups)\n\n"
+                f"{text}\n"
+            )
+        return 0
+    if args.fsdp_breakdown:
+        forms = [False, True] if args.compiled else [False]
+        lines = []
+        for compiled in forms:  # one table: the second form's rows without its header
+            lines += fsdp_breakdown_rows(args.repeats, compiled).splitlines()[2 if lines else 0 :]
+        text = "\n".join(lines)
+        with RESULT.open("a") as out:
+            out.write(
+                "\n## (cp=2, fsdp): dtp's share against FSDP2's own\n\n"
+                f"`python benchmarks/host_overhead.py --fsdp-breakdown{' --compiled' if args.compiled else ''}` "
+                f"(median of {args.repeats} alternated calls, thread CPU time; b: FSDP2 alone on diffusers' model at "
+                f"dtp's units, whole sequence; d - b: what dtp adds to FSDP2, its cp work included)\n\n{text}\n"
+            )
+        return 0
     if args.fsdp_phases:
         text = fsdp_phase_rows(args.repeats)
         with RESULT.open("a") as out:
@@ -231,12 +411,13 @@ def main(argv=None) -> int:
     text = table(rows)
     print(text)
     if not args.only:
+        sections = RESULT.read_text().partition("\n## ")[1:] if RESULT.exists() else ()  # the appended ones stay
         RESULT.write_text(
             "# Host time of one rank's forward vs diffusers' unsharded model\n\n"
             f"`python benchmarks/host_overhead.py` (the thread's CPU time, median of {args.repeats} alternated runs "
             f"after 3 warm-up calls, pinned to core {core}, 1 torch thread, fake process group, tiny configs, fp32, "
             f"no grad; torch "
-            f"{torch.__version__}).\n\n{text}\n"
+            f"{torch.__version__}).\n\n{text}\n" + "".join(sections)
         )
     return 0
 

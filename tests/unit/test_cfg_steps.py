@@ -100,16 +100,39 @@ def test_trusted_rows_are_compared_on_the_device_and_read_once():
         syncs.on = True
         for i in (1, 2):
             assert verify(step1[i], hold(predicted[i]), steps.checked, TRUSTED_ROWS, deferred)
-        steps.defer(deferred)
+        steps.defer(deferred, TRUSTED_ROWS)
     assert sum(syncs.counts.values()) == 0, dict(syncs.counts)
     assert len(deferred) == 1  # the latents, once for both calls
     steps.check_deferred()
     wrong = dict(step1[1], hidden_states=step1[1]["hidden_states"] + 1)
     deferred = []
     assert verify(wrong, hold(predicted[1]), {}, TRUSTED_ROWS, deferred)  # accepted now ...
-    steps.defer(deferred)
-    with pytest.raises(ForwardError, match="other latents"):  # ... refused at the generation's end
+    steps.defer(deferred, TRUSTED_ROWS)
+    with pytest.raises(ForwardError, match="other values of audio_hidden_states, hidden_states"):  # ... refused later
         steps.check_deferred()
+
+
+def test_true_cfg_pipelines_trust_their_timestep():
+    """The pair path trusts `timestep` for diffusers' true-CFG pipelines that pass `timestep / 1000` to both calls
+    (Qwen-Image, FLUX.1, Chroma), not for Wan (one timestep object: nothing to trust) nor for a pipeline that
+    overrides `__call__` (its source was not read), nor without a pipeline."""
+    from diffusers import ChromaPipeline, FluxPipeline, QwenImagePipeline, WanPipeline
+
+    from dtp.runtime.cfg.passes import TRUSTED_PAIR, trusted_pair
+
+    class Mine(FluxPipeline):
+        def __call__(self, *args, **kwargs):
+            return super().__call__(*args, **kwargs)
+
+    for cls, expected in (
+        (QwenImagePipeline, TRUSTED_PAIR),
+        (FluxPipeline, TRUSTED_PAIR),
+        (ChromaPipeline, TRUSTED_PAIR),
+    ):
+        assert trusted_pair(cls.__new__(cls)) == expected, cls
+    for cls in (WanPipeline, Mine):
+        assert trusted_pair(cls.__new__(cls)) == frozenset(), cls
+    assert trusted_pair(None) == frozenset()
 
 
 def test_a_step_qualifies_when_it_is_not_the_pair_or_batch_paths_and_k_divides_it():

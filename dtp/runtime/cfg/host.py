@@ -81,10 +81,11 @@ def mesh_spanning_groups(mesh) -> list:
 
 def min_ints(values: list[int], groups, device: str = "cpu") -> list[int]:
     """The elementwise minimum of `values` over every rank of `groups` (all ranks get the same list); tensors on
-    `device` (the CPU on host groups)."""
+    `device` (the CPU on host groups). The ProcessGroups' own calls (as `styles.collectives` issues tp's): this runs
+    twice per pair of transformer calls, and `dist.all_reduce`'s checks and loggers cost more than the exchange."""
     tensor = torch.tensor(values, dtype=torch.int64, device=device)
     for group in groups:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
+        _process_group(group).allreduce([tensor], _MIN).wait()
     return tensor.tolist()
 
 
@@ -97,10 +98,21 @@ def max_ints(values: list[int], groups) -> list[int]:
 
 
 def gather_ints(values: list[int], size: int, group, device: str = "cpu") -> list[list[int]]:
-    """`values` (at most `size` of them, padded with -1) of every rank of `group`, in group rank order."""
+    """`values` (at most `size` of them, padded with -1) of every rank of `group`, in group rank order: one tensor
+    built from the padded list, one all-gather into one buffer, one read."""
     assert len(values) <= size
-    mine = torch.full((size,), -1, dtype=torch.int64, device=device)
-    mine[: len(values)] = torch.tensor(values, dtype=torch.int64, device=device)
-    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, mine, group=group)
-    return [g.tolist() for g in gathered]
+    group = _process_group(group)
+    mine = torch.tensor(values + [-1] * (size - len(values)), dtype=torch.int64, device=device)
+    gathered = mine.new_empty(group.size() * size)
+    group.all_gather_single(gathered, mine).wait()
+    flat = gathered.tolist()
+    return [flat[at : at + size] for at in range(0, len(flat), size)]
+
+
+_MIN = dist.AllreduceOptions()
+_MIN.reduceOp = dist.ReduceOp.MIN
+
+
+def _process_group(group):
+    """`group` as a ProcessGroup (None: the world's)."""
+    return dist.group.WORLD if group is None else group

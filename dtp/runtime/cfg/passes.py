@@ -10,9 +10,17 @@ passes from the call's guidance scales, and say so in three properties set befor
 so defaults (3.0, 1.0, 3.0) give 4 passes, `stg_scale=0` 3, CFG alone 2, no guidance 1. The cfg wrapper reads
 them at every call (host attributes, no device work) and refuses a degree that does not divide them before the
 transformer runs (`check_passes`). Other pipelines: None (their steps are learned as they run, `steps.py`).
+
+The arguments a step's later calls are trusted to pass as predicted, compared on the device and read once per
+generation (`steps.Steps.defer` / `check_deferred`), by pipeline: LTX-2's latents (`trusted_rows`, the step path)
+and true CFG's timestep (`trusted_pair`, the pair path of Qwen-Image, FLUX.1, Chroma: both calls of a step pass
+`timestep / 1000` of one `timestep`, a new object per call, so only a value read could tell them equal).
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
 
 from ...errors import PlanError
 
@@ -23,6 +31,12 @@ GUIDANCE = ("do_classifier_free_guidance", "do_spatio_temporal_guidance", "do_mo
 # variants). A new object each step, so identity cannot vouch for them: the step path compares them on the device
 # and reads the result once per generation (`steps.Steps.check_deferred`), not once per step.
 TRUSTED_ROWS = frozenset({"hidden_states", "audio_hidden_states"})
+# The pair path's: pipelines of these diffusers packages whose `__call__` passes `timestep=timestep / 1000` to every
+# transformer call of a step (diffusers 0.42.1: FluxPipeline, its img2img, inpaint, Kontext and ControlNet variants,
+# the Qwen-Image pipelines, Chroma), checked in the source once per class, so a pipeline that changes it is not trusted.
+TRUSTED_PAIR = frozenset({"timestep"})
+PAIR_PACKAGES = ("diffusers.pipelines.flux.", "diffusers.pipelines.qwenimage", "diffusers.pipelines.chroma.")
+PAIR_TIMESTEP = "timestep=timestep / 1000"
 
 
 def guidance_passes(pipe) -> int | None:
@@ -41,6 +55,24 @@ def trusted_rows(pipe) -> frozenset:
     """The arguments the step path compares on the device only, for `pipe` (TRUSTED_ROWS for LTX-2's pipelines)."""
     known = pipe is not None and all(isinstance(getattr(type(pipe), name, None), property) for name in GUIDANCE)
     return TRUSTED_ROWS if known else frozenset()
+
+
+def trusted_pair(pipe) -> frozenset:
+    """The arguments the pair path compares on the device only, for `pipe` (TRUSTED_PAIR for true CFG's pipelines
+    whose `__call__` dtp read, see PAIR_PACKAGES; else none: each is read when it is a new object)."""
+    return TRUSTED_PAIR if pipe is not None and _passes_one_timestep(type(pipe).__call__) else frozenset()
+
+
+@functools.cache
+def _passes_one_timestep(call) -> bool:
+    """Whether `call` (a pipeline's `__call__`) is diffusers' and passes `timestep / 1000` to its transformer calls."""
+    if not getattr(call, "__module__", "").startswith(PAIR_PACKAGES):
+        return False
+    try:
+        source = inspect.getsource(call)
+    except (OSError, TypeError):
+        return False
+    return source.count(PAIR_TIMESTEP) >= 2
 
 
 def check_passes(pipe, groups: int) -> None:

@@ -236,6 +236,7 @@ class Steps:
     ran: bool = False  # the step path ran: a cache's per-context states now differ between groups
     trusted: frozenset = frozenset()  # argument names compared on the device only (`passes.trusted_rows`)
     unverified: object = None  # a device bool: some trusted argument differed (`defer`, `check_deferred`)
+    unverified_names: set = field(default_factory=set)  # the arguments `unverified` covers (host data)
     stats: StepStats = field(default_factory=StepStats)
 
     # ---- the per-call paths' calls: recorded until a step repeats ----
@@ -269,20 +270,23 @@ class Steps:
             self.cycle = Cycle([_keep_held(call, kept) for call, kept in zip(calls, sources)], sources)
             self.start = calls[0].signature
 
-    def defer(self, pairs: list) -> None:
-        """Compare trusted pairs on the device, without a read: any difference is kept for `check_deferred`."""
+    def defer(self, pairs: list, names: frozenset = frozenset()) -> None:
+        """Compare trusted pairs (of the arguments `names`) on the device, without a read: any difference is kept for
+        `check_deferred`."""
         if pairs:
             differs = torch.stack([(a != b).any() for a, b in pairs]).any()
             self.unverified = differs if self.unverified is None else self.unverified | differs
+            self.unverified_names |= names
 
     def check_deferred(self) -> None:
         """ForwardError when a trusted argument differed from its prediction since the last check (one read)."""
-        differs, self.unverified = self.unverified, None
+        differs, names, self.unverified, self.unverified_names = self.unverified, self.unverified_names, None, set()
         if differs is not None and bool(differs):
             raise ForwardError(
-                f"cfg={self.groups}: a later call of a step passed other latents than the rows of its first call that "
-                "dtp trusts this pipeline to pass (runtime/cfg/passes.py TRUSTED_ROWS); the result is wrong. Run it "
-                "with cfg=1 and report the pipeline."
+                f"cfg={self.groups}: a later call of a step passed other values of {', '.join(sorted(names))} than "
+                "its prediction, which dtp trusts this pipeline to pass (runtime/cfg/passes.py: TRUSTED_ROWS, the "
+                "rows of the step's first call; TRUSTED_PAIR, the first call's timestep) and compares on the device "
+                "only; the result is wrong. Run it with cfg=1 and report the pipeline."
             )
 
     def drop(self, *, early: bool = False) -> None:
@@ -291,8 +295,10 @@ class Steps:
         missed = 0 if early or not self.pending else 1
         self.stats.missed += missed
         self.stats.dropped += len(self.pending) - missed
+        learned = self.cycle is not None
         self.cycle, self.pending, self.record = None, [], []
-        self.check_deferred()
+        if learned:  # not on every call of a cached run (`wrapper._step_path`), whose pairs defer their timestep
+            self.check_deferred()
 
 
 def _keep_held(call: Call, sources: dict) -> Call:
@@ -332,7 +338,7 @@ def run_step(wrapper, cycle: Cycle, arguments: dict) -> list:
     sizes = [_numel(cycle, assignment(cycle.batches, wrapper.groups, g)) for g in range(wrapper.groups)]
     flat = torch.cat(local) if local else torch.empty(0)
     assert flat.numel() == sizes[wrapper.group], "a pass's output differs from the learned one"
-    parts = gather_flat(flat, sizes, wrapper.axis.get_group())
+    parts = gather_flat(flat, sizes, wrapper.process_group)
     return _rebuild(cycle, parts, wrapper.groups), held
 
 

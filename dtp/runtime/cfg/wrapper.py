@@ -31,9 +31,11 @@ No decision reads the GPU where the host can decide alone (a read waits for ever
 forward's included). Tensors are held, not copied (`tree.hold`: the object and its version counter), and
 compared by identity: diffusers' pipelines pass the same latents and prompt embeddings to both calls of a
 step, an in-place change bumps the version. Values are read only for a tensor that is a different object of
-the same shape in the hit test, where nothing else can tell (Qwen-Image and FLUX.1 compute `timestep / 1000`
-anew for each call: one torch.equal of a [batch] tensor per step; Wan passes the same timestep: none), and
-when a pair is learned. The two flags (hit, predict) are agreed by one all-reduce over the whole mesh on every
+the same shape in the hit test, where nothing else can tell (one fused read of them all), and when a pair is
+learned. Qwen-Image, FLUX.1 and Chroma compute `timestep / 1000` anew for each call: for their pipelines
+(`passes.trusted_pair`) the timestep is compared on the device instead and read once per generation by
+`check_predictions` (`dtp run` / `dtp serve` call it), so a steady step reads nothing; Wan passes the same
+timestep object. The two flags (hit, predict) are agreed by one all-reduce over the whole mesh on every
 pair-or-whole call, so no rank runs a forward its peers skip; it runs on CPU tensors over gloo side groups
 (`host.py`), as does the exchange's shape header, so neither drains the GPU's queue.
 
@@ -62,7 +64,7 @@ from .batch import batch_size, join_parts, rows, split_arguments
 from .exchange import agree_min, gather_parts
 from .hooks import SHARED, hook_view
 from .host import HostGroups, host_groups
-from .passes import check_passes, trusted_rows
+from .passes import check_passes, trusted_pair, trusted_rows
 from .steps import NOT_TAKEN, Steps, run_step, signature, verify
 from .tree import differences, hold, matches, release
 
@@ -114,13 +116,18 @@ class CfgParallel:
         """The cfg axis through this rank (slicing a DeviceMesh builds a new one: done once)."""
         return self.mesh[CFG_AXIS]
 
-    @property
+    @functools.cached_property
     def groups(self) -> int:
         return self.axis.size()
 
-    @property
+    @functools.cached_property
     def group(self) -> int:
         return self.axis.get_local_rank()
+
+    @functools.cached_property
+    def process_group(self):
+        """The cfg axis's process group (a DeviceMesh looks it up by name on every `get_group`: ~µs a call)."""
+        return self.axis.get_group()
 
     def __call__(self, *args, **kwargs):
         bound = self.signature.bind(*args, **kwargs)
@@ -177,7 +184,7 @@ class CfgParallel:
         trusted = trusted_rows(self.pipeline() if self.pipeline is not None else None) & rows
         (hit,) = self._agree([int(verify(arguments, held, steps.checked, trusted, deferred))])
         if hit:
-            steps.defer(deferred)
+            steps.defer(deferred, trusted)
             steps.pending.pop(0)
             steps.stats.answered += 1
             return output
@@ -248,16 +255,24 @@ class CfgParallel:
         return join_parts(self._exchange(output), sizes)
 
     def _exchange(self, output) -> list:
-        return gather_parts(output, self.axis.get_group(), self.host.cfg, self.host.device)
+        return gather_parts(output, self.process_group, self.host.cfg, self.host.device)
 
     def _agree(self, flags: list[int]) -> list[int]:
         return agree_min(flags, self.host.span, self.host.device)
 
-    def _hit(self, arguments: dict) -> bool:
-        return self.pending is not None and matches(arguments, self.pending.arguments, values=True)
+    def _hit(self, arguments: dict, deferred: list) -> bool:
+        """Whether this call is the pending prediction (`steps.verify`: identity, version, views; one fused read of the
+        tensors nothing else vouches for, except the pipeline's trusted ones, appended to `deferred`)."""
+        if self.pending is None:
+            return False
+        return verify(arguments, self.pending.arguments, {}, self._trusted_pair(), deferred)
+
+    def _trusted_pair(self) -> frozenset:
+        return trusted_pair(self.pipeline() if self.pipeline is not None else None)
 
     def _pair_or_whole(self, arguments: dict):
-        mine = self._hit(arguments)
+        deferred: list = []
+        mine = self._hit(arguments, deferred)
         template = self.template if mine else self._learn(arguments)  # a hit learns nothing (and reads nothing)
         cached = hook_view(self.model)[1] if self.model is not None else None
         # A state shared by the branches needs both calls on every group.
@@ -266,6 +281,7 @@ class CfgParallel:
         # never let one rank skip a collective its peers enter.
         hit, predict = (bool(v) for v in self._agree([int(mine), int(predict)]))
         if hit:
+            self.steps.defer(deferred, self._trusted_pair())  # read once per generation (`check_predictions`)
             self.stats.hits += 1
             output, self.pending, self.last = self.pending.output, None, None
             return output
@@ -336,8 +352,9 @@ def _recording_context(model: nn.Module, wrapper: CfgParallel):
 
 
 def check_predictions(model: nn.Module | None) -> None:
-    """ForwardError when a later call of a step the cfg step path ran differed from its prediction in an argument
-    compared on the device only (`passes.TRUSTED_ROWS`); one host read. `dtp run` / `dtp serve` call it after each
+    """ForwardError when a later call of a step (the step path's, or the pair path's second call) differed from its
+    prediction in an argument compared on the device only (`passes.TRUSTED_ROWS`, `passes.TRUSTED_PAIR`); one
+    host read. `dtp run` / `dtp serve` call it after each
     generation; a caller of the pipeline itself may too. Nothing to do without the cfg axis."""
     wrapper = getattr(model, CFG_ATTR, None)
     if wrapper is not None:
