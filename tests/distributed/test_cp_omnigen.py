@@ -6,7 +6,7 @@ its pad keys masked), 9 condition tokens + 1 time token + 16 image tokens = 26 j
 tp=2) Ulysses by default, and at cp=2 (ranks {0, 1} and {2, 3} each a (cp=2, tp=1) submesh) with DTP_FULL=1:
 max |out - ref| <= 1e-5 * max |ref|. Ring is refused before anything changes (`ring_refused`). Negative control: the
 whole mask's query rows shifted by one rank's share (each query given another rank's query's row, the mask cut by
-query rows wrongly): far off.
+query rows wrongly), and with 25 joint tokens (padded to 26) the padded mask's pad key left visible: far off.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import dtp
 import dtp.runtime.cp.attention as attention_module
+import dtp.runtime.cp.whole_pad as whole_pad
 from dtp.analysis.launch import spawn
 from dtp.testing.scope import full_run
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
@@ -32,8 +33,8 @@ def _rel(model, inputs: dict, ref: torch.Tensor) -> float:
     return float((out - ref).abs().max() / ref.abs().max())
 
 
-def _inputs() -> dict:
-    return tiny_inputs(CLS, batch=2, txt_tokens=9)  # 9 condition + 1 time + 16 image = 26 joint tokens
+def _inputs(txt: int = 9) -> dict:
+    return tiny_inputs(CLS, batch=2, txt_tokens=txt)  # txt condition + 1 time + 16 image joint tokens
 
 
 @torch.no_grad()
@@ -47,6 +48,17 @@ def _all(rank: int, world: int) -> dict:
     if full_run():  # cp=2 alone: ranks {0, 1} and {2, 3} each run the whole batch on a (cp=2, tp=1) submesh
         pairs = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("pair", "cp", "tp"))["cp", "tp"]
         results["cp"] = _rel(dtp.parallelize(tiny_model(CLS), pairs, cp_mode="ulysses"), inputs, ref)
+    # 8 + 1 + 16 = 25 joint tokens: padded to 26 with the RoPE rows, the model's 25 x 25 mask padded (pad keys
+    # masked), the pad row trimmed at the norm's gather
+    odd = _inputs(txt=8)
+    odd_ref = output_tensor(tiny_model(CLS)(**odd)).float()
+    results["padded"] = _rel(dtp.parallelize(tiny_model(CLS), tp, cp_mode="ulysses"), odd, odd_ref)
+    masked_value = whole_pad.masked_value
+    whole_pad.masked_value = lambda dtype: True if dtype == torch.bool else 0.0  # control: the pad key left visible
+    try:
+        results["pad_keys_unmasked"] = _rel(dtp.parallelize(tiny_model(CLS), tp, cp_mode="ulysses"), odd, odd_ref)
+    finally:
+        whole_pad.masked_value = masked_value
     try:
         dtp.parallelize(tiny_model(CLS), tp, cp_mode="ring")
         results["ring"] = "ran"
@@ -86,6 +98,14 @@ def test_omnigen_ulysses_cp(four):
     """cp=2 Ulysses (tp=1): within 1e-5 relative of one process."""
     for results in four:
         assert results["cp"] <= TOL, results
+
+
+def test_omnigen_padded(four):
+    """25 joint tokens at (cp=2, tp=2) Ulysses: padded to 26, the model's mask padded with its pad key masked, within
+    1e-5 relative; the pad key left visible: far off."""
+    for results in four:
+        assert results["padded"] <= TOL, results
+        assert results["pad_keys_unmasked"] > 1e-3, results
 
 
 def test_omnigen_ring_refused(four):
