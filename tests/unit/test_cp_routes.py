@@ -72,16 +72,17 @@ def test_processor_without_attention_call_is_refused_at_resolve():
 
 
 def test_cli_check_refuses_cp_for_a_refused_plan(capsys):
-    """Before the module-scoped fake world below: `dtp check` builds its own."""
-    assert main(["check", "omnigen", "--tp", "2", "--cp", "2", "--no-forward"]) == 1
-    assert "cannot take context parallelism" in capsys.readouterr().err
+    """Before the module-scoped fake world below: `dtp check` builds its own. OmniGen takes Ulysses only (its full
+    [B, 1, S, S] mask, `ring_refused`)."""
+    assert main(["check", "omnigen", "--tp", "2", "--cp", "2", "--cp-mode", "ring", "--no-forward"]) == 1
+    assert "ring attention cannot run this model" in capsys.readouterr().err
     assert main(["check", "wan", "--tp", "2", "--cp", "4", "--cp-mode", "ring", "--no-forward"]) == 0
 
 
 @pytest.mark.parametrize(
     "name,mode,reason",
     [
-        ("omnigen", "ulysses", "cannot take context parallelism: "),
+        ("omnigen", "ring", r"ring attention cannot run this model: its attention mask is a full \[B, 1, S, S\]"),
         ("qwenimage21", "ring", "ring attention cannot run this model: its attention mask is block-causal"),
     ],
 )

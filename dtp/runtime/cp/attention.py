@@ -41,6 +41,7 @@ from .masks import ForwardMasks, gather_key_mask, split_mask, whole_mask
 from .ring import ring_attention
 from .sdpa import SdpaRoute
 from .ulysses import ulysses_attention
+from .whole_pad import pad_whole_mask
 
 SDPA_ROUTE = "sdpa"  # `resolve.cp.attention_routes`: the processor calls F.scaled_dot_product_attention itself
 _ACTIVE: list = []  # the scopes of the attention modules running now, innermost last
@@ -77,7 +78,9 @@ class CpAttention:
                 f"flex / block-sparse mask chosen over the whole sequence, e.g. Kandinsky 5's NABLA sparse_params); "
                 f"run without it or with cp=1."
             )
-        whole = whole_mask(args.get("attn_mask"), query, key, self.group)
+        # a model's own mask over the unpadded whole sequence (OmniGen) padded with it first (`whole_pad.py`)
+        args = {**args, "attn_mask": pad_whole_mask(args.get("attn_mask"), query, self.group, self.pads)}
+        whole = whole_mask(args["attn_mask"], query, key, self.group)
         if whole is not None:
             return self._whole_mask_attention(original, args, whole)
         full_mask, blind_rows = self._key_mask(args.get("attn_mask"), query, key)
