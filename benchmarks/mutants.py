@@ -122,8 +122,8 @@ MUTANTS = (
         "ring-merge-weight",
         "collectives",
         "dtp/runtime/cp/ring.py",
-        "w_a, w_b = weights.transpose(2, 3).unsqueeze(-1).unbind(0)",
-        "w_b, w_a = weights.transpose(2, 3).unsqueeze(-1).unbind(0)",
+        "w_b = torch.sigmoid((lse_b - lse_a)",
+        "w_b = torch.sigmoid((lse_a - lse_b)",
         (f"{UNIT}/test_cp_math.py", f"{DIST}/test_cp_parity.py"),
     ),
     Mutant(

@@ -88,12 +88,7 @@ def load_pipeline(
                 model_dir, parallelism, plan, torch_dtype, quantization_config=quantization_config
             )
         loaded |= load_text_encoders(model_dir, encoders, torch_dtype)
-    if is_modular(model_dir):  # diffusers' ModularPipeline (FLUX.3): `modular.py`
-        pipe = build_modular(model_dir)
-        load_rest(pipe, model_dir, torch_dtype, loaded)
-        pipe = ModularRunner.wrap(pipe)
-    else:
-        pipe = pipeline_class(model_dir).from_pretrained(model_dir, **loaded, torch_dtype=torch_dtype)
+    pipe = _assemble(model_dir, torch_dtype, loaded)
     _check_kept(pipe, loaded)
     if mesh is not None:
         rest = {name: plan for name, plan in plans.items() if name not in loaded and name in pipe.components}
@@ -102,6 +97,15 @@ def load_pipeline(
     if compiler is not None:
         compile_denoisers(pipe, compiler)
     return pipe
+
+
+def _assemble(model_dir, torch_dtype, loaded: dict):
+    """The pipeline object around the components already `loaded`; diffusers reads the rest."""
+    if is_modular(model_dir):  # diffusers' ModularPipeline (FLUX.3): `modular.py`
+        pipe = build_modular(model_dir)
+        load_rest(pipe, model_dir, torch_dtype, loaded)
+        return ModularRunner.wrap(pipe)
+    return pipeline_class(model_dir).from_pretrained(model_dir, **loaded, torch_dtype=torch_dtype)
 
 
 def _whole_transformer(model_dir, torch_dtype, quantization_config, attention_backend):
