@@ -60,7 +60,12 @@ OWN_MESHES = {
     "cosmos3_omni": ((2, 2, "ring"),) + ((FULL[0],) + FULL[2:] if full_run() else ()),
 }
 PACKED = {"cosmos3_omni"}  # its attention run by `runtime/cp/packed.py` (counted there, not by the generic route)
-CASES = tuple((name, *mesh) for name in FAMILIES for mesh in OWN_MESHES.get(name, MESHES))
+# By default each family runs one (2, 2) mode, Ulysses and ring alternating down FAMILIES (a family's cut is the same
+# in both modes; each mode's exchange runs for half of them); both modes and (4, 1) with DTP_FULL=1.
+OWN_MESHES |= {
+    name: MESHES if full_run() else (MESHES[i % 2],) for i, name in enumerate(FAMILIES) if name not in OWN_MESHES
+}
+CASES = tuple((name, *mesh) for name in FAMILIES for mesh in OWN_MESHES[name])
 # Helios: 64 current tokens (2 frames of 2 x 16) and 44 history tokens (short 32, mid 8, long 4): each divides by 4
 IMG_TOKENS = {"helios": 64}
 # HunyuanVideo 1.5: 10 MLLM + 5 ByT5 + 4 image tokens = 19 joint text tokens (padded at cp = 2 and 4), prompts padded
@@ -169,7 +174,7 @@ def _family(name: str, meshes: dict) -> dict:
         refs = _outputs(reference(**inputs))
     routed = [spec for spec in resolve_cp(resolve(plan, reference), reference).attention if not spec.linear]
     results = {(name, "modules"): len(routed)}  # adapters that run the attention themselves route nothing
-    for cp, tp, mode in OWN_MESHES.get(name, MESHES):
+    for cp, tp, mode in OWN_MESHES[name]:
         results[name, cp, tp, mode] = _run(_model(name), meshes[cp, tp], mode, inputs, refs, plan)
     return results
 
