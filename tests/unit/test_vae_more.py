@@ -94,11 +94,15 @@ def test_fit_reads_the_dc_scale():
         ("AutoencoderDC", (1, 4, 8, 6)),
         ("AutoencoderKLCogVideoX", (1, 4, 5, 8, 6)),
         pytest.param("AutoencoderKLMagvit", (1, 4, 9, 8, 6), marks=pytest.mark.full),
+        ("AutoencoderKLMochi", (1, 4, 9, 8, 6)),
+        pytest.param("AutoencoderKLAllegro", (1, 4, 9, 8, 6), marks=pytest.mark.full),
+        pytest.param("AutoencoderKLCosmos", (1, 4, 5, 4, 3), marks=pytest.mark.full),
     ],
 )
 def test_fit_traces_the_split_decode(cls, latent):
     """`dtp fit`'s decode phase: latents of the VAE's layout and scale for a 32 x 24 (17-frame) request; the decode
-    split over 2 fake ranks has collectives and a lower activation peak than the whole decode."""
+    split over 2 fake ranks has collectives and a lower activation peak than the whole decode (Allegro's tiled decode:
+    0.876 measured, its stitched tiles and video are whole on every rank, as MiniMax-H3's tiled peak)."""
     with torch.device("meta"):
         template = tiny_vae(cls)
     z = decode_inputs(template, torch.float32, Shape(batch=1, height=32, width=24, frames=17))["z"]
@@ -114,7 +118,8 @@ def test_fit_traces_the_split_decode(cls, latent):
                 trace = trace_call(vae, decode, {"z": torch.empty(latent)})
         peaks[split], collectives[split] = trace.peak_bytes, len(trace.collectives)
     assert collectives[1] == 0 < collectives[2]
-    assert peaks[2] < 0.8 * peaks[1], peaks  # measured: 0.577 (DC), 0.508 (CogVideoX), 0.602 (Magvit)
+    bound = 0.95 if cls == "AutoencoderKLAllegro" else 0.8
+    assert peaks[2] < bound * peaks[1], peaks  # measured: 0.577 (DC), 0.508 (CogVideoX), 0.602 (Magvit)
 
 
 @given(st.integers(1, 96), st.integers(1, 8), st.sampled_from([1, 2, 4, 8]), st.integers(1, 3))
