@@ -63,7 +63,6 @@ from .forward import (
     peak_report,
     trace_peak,
     trace_sharded,
-    uneven_cp_hooks,
 )
 from .fsdp import fsdp_bytes
 from .inputs import ForwardShape, FullInputs, forward_inputs
@@ -222,9 +221,8 @@ class _CheckShard:
         self.cp_group = mesh.get_group("cp").group_name if cp > 1 else None
         # Alike blocks: trace one per list and repeat its records (`trace.expand_blocks`; FLUX.1-dev: 2 blocks of 57).
         # Hooks on a later block (a gather at `blocks.-1`: Kandinsky 5 / 6) would be cut away with it: traced whole
-        # then (`hooks_alike`: the later blocks' hooks differ; `uneven_cp_hooks`: a later block has cp hooks the first
-        # lacks, also in a list of two blocks).
-        alike = alike_blocks(module) and hooks_alike(module) and not uneven_cp_hooks(module)
+        # then (`hooks_alike`).
+        alike = alike_blocks(module) and hooks_alike(module)
         self.lengths = truncate_blocks(module, keep=1, skip=INDEXED_LISTS) if alike else {}
 
 

@@ -200,22 +200,6 @@ def peak_report(
     return report
 
 
-def uneven_cp_hooks(model: torch.nn.Module) -> bool:
-    """Whether some block of a block list carries cp hooks of kinds its first block lacks (a gather at
-    `visual_transformer_blocks.-1`: Kandinsky 5 / 6): cut to its first block, such a sharded forward loses them."""
-    ours = (GatherOutput, SplitInputs, SplitOutputs)
-
-    def kinds(block) -> set:
-        hooks = (*block._forward_pre_hooks.values(), *block._forward_hooks.values())
-        return {type(hook) for hook in hooks if isinstance(hook, ours)}
-
-    for path in block_lists(model):
-        blocks = list(model.get_submodule(path))
-        if blocks and any(kinds(block) - kinds(blocks[0]) for block in blocks[1:]):
-            return True
-    return False
-
-
 def alike_blocks(model: torch.nn.Module) -> bool:
     """Whether the blocks of each block list have the same parameters (names, shapes, dtypes) and module types: then
     the peak of the whole forward is the cut one's (module docstring). SD3.5-L's context-only last block is not."""
@@ -230,17 +214,23 @@ def alike_blocks(model: torch.nn.Module) -> bool:
 
 
 def hooks_alike(model: torch.nn.Module) -> bool:
-    """Whether every block after the first of each block list carries the same hooks (counts per submodule): a cut to
-    the first block keeps that block's hooks and drops the others'. Kandinsky 5's plan gathers its visual tokens at
-    `visual_transformer_blocks.-1`: cut after sharding, the gather went with the last block (and the forward's
-    unflatten failed on the rank's 1/cp of the tokens); such a model is traced whole."""
+    """Whether a cut to the first block of each block list keeps every hook the forward needs: every block after the
+    first carries the same hooks (counts per submodule), and none carries cp hooks of a kind the first lacks (also in
+    a list of two blocks). Kandinsky 5's and 6's plans gather their visual tokens at `visual_transformer_blocks.-1`:
+    cut after sharding, the gather went with the last block (and the forward's unflatten failed on the rank's 1/cp of
+    the tokens); such a model is traced whole."""
     for path in block_lists(model):
-        if path in INDEXED_LISTS:
-            continue
-        signatures = {_hooks(block) for block in list(model.get_submodule(path))[1:]}
-        if len(signatures) > 1:
+        blocks = list(model.get_submodule(path))
+        if path not in INDEXED_LISTS and len({_hooks(block) for block in blocks[1:]}) > 1:
+            return False
+        if blocks and any(_cp_hook_kinds(block) - _cp_hook_kinds(blocks[0]) for block in blocks[1:]):
             return False
     return True
+
+
+def _cp_hook_kinds(block: torch.nn.Module) -> set:
+    hooks = (*block._forward_pre_hooks.values(), *block._forward_hooks.values())
+    return {type(hook) for hook in hooks if isinstance(hook, (GatherOutput, SplitInputs, SplitOutputs))}
 
 
 def _hooks(block: torch.nn.Module) -> tuple:
