@@ -91,7 +91,7 @@ def tiny_flux_kontext_pipeline():
 def tiny_flux2_pipeline():
     """The tiny Flux2Pipeline: FLUX.2 transformer, 2-level VAE, 1-layer Mistral 3 text encoder, byte tokenizer."""
     import transformers
-    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2Pipeline
 
     tokenizer = qwen_tokenizer()
     tokenizer.chat_template = _CHAT_TEMPLATE
@@ -99,22 +99,29 @@ def tiny_flux2_pipeline():
     config.text_config.vocab_size = -(-len(tokenizer) // 8) * 8  # the byte vocabulary, padded to split over tp
     torch.manual_seed(2)
     text_encoder = getattr(transformers, MISTRAL3)(config).eval()
-    torch.manual_seed(1)
-    vae = AutoencoderKLFlux2(
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        latent_channels=TINY_CONFIGS["Flux2Transformer2DModel"]["in_channels"] // 4,
-        norm_num_groups=4,
-        sample_size=32,
-    )
+    vae = tiny_flux2_vae(TINY_CONFIGS["Flux2Transformer2DModel"]["in_channels"] // 4)
     return Flux2Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
         vae=vae,
         text_encoder=text_encoder,
         tokenizer=tokenizer,
         transformer=tiny_model("Flux2Transformer2DModel", seed=0),
+    )
+
+
+def tiny_flux2_vae(latent_channels: int):
+    """FLUX.2's VAE (FLUX.3's too) at two tiny levels; `latent_channels`: the transformer's in_channels / 4."""
+    from diffusers import AutoencoderKLFlux2
+
+    torch.manual_seed(1)
+    return AutoencoderKLFlux2(
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        latent_channels=latent_channels,
+        norm_num_groups=4,
+        sample_size=32,
     )
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ..families.pipelines import qwen_tokenizer, t5_encoder
-from .conditioned_pipelines import tiny_wan_video_pipeline
+from .conditioned_pipelines import tiny_flux2_vae, tiny_wan_video_pipeline
 from .tiny import TINY_CONFIGS, tiny_model
 from .tiny_text import tiny_text_model
 from .tiny_vae import tiny_vae
@@ -97,7 +97,7 @@ def tiny_hunyuanvideo15_pipeline():
 
 def tiny_flux3_pipeline():
     """The tiny Flux3ModularPipeline (text to image), its from_pretrained components set (see the module docstring)."""
-    from diffusers import AutoencoderKLFlux2, Flux3ModularPipeline
+    from diffusers import Flux3ModularPipeline
 
     layers = len(FLUX3_CALL["text_encoder_out_layers"])
     tokenizer = qwen_tokenizer()
@@ -105,16 +105,7 @@ def tiny_flux3_pipeline():
     text_encoder = tiny_text_model("Qwen3VLForConditionalGeneration", seed=2, vocab_size=-(-len(tokenizer) // 8) * 8)
     width = text_encoder.config.text_config.hidden_size
     transformer = tiny_model("Flux3Transformer2DModel", seed=0, joint_attention_dim=layers * width)
-    torch.manual_seed(1)
-    vae = AutoencoderKLFlux2(
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        latent_channels=transformer.config.in_channels // 4,  # the transformer packs 2 x 2 latents
-        norm_num_groups=4,
-        sample_size=32,
-    )
+    vae = tiny_flux2_vae(transformer.config.in_channels // 4)  # the transformer packs 2 x 2 latents
     pipe = Flux3ModularPipeline()  # Flux3AutoBlocks; scheduler, guider and image processor from their configs
     pipe.update_components(transformer=transformer, text_encoder=text_encoder, tokenizer=tokenizer, vae=vae)
     return pipe
