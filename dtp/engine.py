@@ -178,11 +178,21 @@ def _check_locally(model: nn.Module, parallelism: Parallelism, plan: Plan | None
         parallelism = parallelism.with_device(local_device(parallelism.device))
         check_device(parallelism.device, parallelism.tp_mesh)
     if parallelism.cfg > 1:
+        _check_cfg_plan(resolved.plan, model, parallelism.cfg)
         check_cfg(model, parallelism.mesh)
     if parallelism.fsdp:
         check_fsdp(model)
     check_cache(model, parallelism.mesh, fsdp=parallelism.fsdp)
     return Prepared(resolved, cp_resolved, parallelism, padding)
+
+
+def _check_cfg_plan(plan: Plan, model: nn.Module, cfg: int) -> None:
+    """The plan's `cfg_refused`: the cfg axis splits each call's batch by rows, which this model's inputs are not."""
+    if plan.cfg_refused is not None:
+        raise PlanError(
+            f"plan {plan.name} ({type(model).__name__}): cfg={cfg} cannot run this model: {plan.cfg_refused} "
+            f"Use cfg=1 and put those ranks on cp or tp (e.g. dtp.make_mesh(cp={cfg}))."
+        )
 
 
 def _check_pad_applies(padding: Padding, ulysses: int) -> None:

@@ -50,7 +50,7 @@ from ..policy import is_int
 from .cp import cp_plan_from_mapping
 from .types import Rule, Style
 
-_TOP_LEVEL_KEYS = {"models", "attention", "tp", "cp"}
+_TOP_LEVEL_KEYS = {"models", "attention", "tp", "cp", "cfg_refused"}
 # diffusers marker classes, matched by name so that reading a plan does not import diffusers hooks.
 _DIFFUSERS_MARKERS = {
     "PackedColwiseParallel": Style.PACKED_COLWISE,
@@ -73,8 +73,17 @@ def plan_fields(data: dict, name: str) -> dict:
             models=tuple(_string_list(data, "models", name) or ()),
             attention=_string_list(data, "attention", name),
             cp=cp_plan_from_mapping(data["cp"], name) if data.get("cp") is not None else None,
+            cfg_refused=_reason(data, "cfg_refused", name),
         )
     return dict(rules=_parse_rules(data, name))
+
+
+def _reason(data: dict, field: str, name: str) -> str | None:
+    """A `*_refused: "why"` entry: a non-empty string, or absent."""
+    value = data.get(field)
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise PlanError(f"plan {name}: `{field}` must say why in a non-empty string, got {value!r}.")
+    return value
 
 
 def _string_list(data: dict, field: str, name: str) -> tuple[str, ...] | None:

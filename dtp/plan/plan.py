@@ -20,6 +20,8 @@ class Plan:
     name: where the plan came from (bundled name or file path), for messages.
     cp: the context-parallel section (sequence splits and gathers, `plan.cp.CpPlan`), or None when
         the plan supports cp=1 only.
+    cfg_refused: why the cfg axis cannot split this model's calls (its inputs are not rows of one batch: OmniGen's
+        per-sample index maps, Cosmos 3 Omni's packed sequence), or None; `cfg > 1` is then a PlanError saying it.
     """
 
     rules: tuple[Rule, ...]
@@ -27,6 +29,7 @@ class Plan:
     attention: tuple[str, ...] | None = None
     name: str = "<dict>"
     cp: CpPlan | None = None
+    cfg_refused: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict, *, name: str = "<dict>") -> Plan:

@@ -24,6 +24,8 @@ class Binder:
         self.position = {name: i for i, name in enumerate(self.names)}
         self.defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
         self.exact = all(p.kind in POSITIONAL or p.kind == inspect.Parameter.KEYWORD_ONLY for p in params)
+        # `get` / `replace` hold for any signature without `*args`: what a `**kwargs` catches is in the call's kwargs
+        self.fixed_positions = all(p.kind != inspect.Parameter.VAR_POSITIONAL for p in params)
 
     def arguments(self, args: tuple, kwargs: dict) -> dict:
         """Every parameter's value in this call (defaults filled in), as `bind(...).apply_defaults()` gives them."""

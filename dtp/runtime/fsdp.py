@@ -31,6 +31,8 @@ plain tensors in the forward: no DTensor dispatch in the compute path.
 
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import dataclass
 
 from torch import nn
@@ -104,7 +106,7 @@ def unit_layout(model: nn.Module) -> FsdpUnits:
     units: list[Unit] = []
     for (path, block), size in zip(blocks, sizes):
         split = cap > 0 and size > SPLIT_RATIO * cap
-        children = [(f"{path}.{n}", c) for n, c in block.named_children() if split and local_param_bytes(c) > 0]
+        children = [(f"{path}.{n}", c) for n, c in called_parts(block)] if split else []
         inner = [Unit(p, c, local_param_bytes(c), inside=path) for p, c in children]
         units += [Unit(path, block, size - sum(u.size for u in inner)), *inner]
     return FsdpUnits(tuple(units), cap)
@@ -146,6 +148,32 @@ def fsdp_rows(length: int, fsdp: int, rank: int) -> tuple[int, int]:
     chunk = -(-length // fsdp)
     start = min(rank * chunk, length)
     return start, min(start + chunk, length)
+
+
+def called_parts(block: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules with parameters that a split block's forward calls as modules, by relative path: each child it
+    calls (`self.attn(...)`), else each of that child's children it calls (Kandinsky 6's fused block runs
+    `self.video_dec_block.visual_modulation(...)`, never `self.video_dec_block(...)`).
+
+    FSDP2 gathers a unit's parameters in the unit's forward pre-hook: a unit whose own forward never runs would
+    stay sharded while its children compute (a DTensor met a plain tensor in `addmm`). So a part is a unit only where
+    the block's source calls it; anything else stays in the block's own unit (always correct, one larger gather).
+    """
+    try:
+        source = inspect.getsource(type(block).forward)
+    except (OSError, TypeError):  # no source to read (built at run time): the block stays one unit
+        return []
+    parts = []
+    for name, child in block.named_children():
+        if local_param_bytes(child) == 0:
+            continue
+        if re.search(rf"self\.{name}\s*\(", source):
+            parts.append((name, child))
+            continue
+        for sub, grandchild in child.named_children():
+            if local_param_bytes(grandchild) > 0 and re.search(rf"self\.{name}\.{sub}\s*\(", source):
+                parts.append((f"{name}.{sub}", grandchild))
+    return parts
 
 
 def check_fsdp(model: nn.Module) -> None:

@@ -46,3 +46,18 @@ def test_var_arguments_fall_back_to_bind():
     assert binder.arguments((1, 2), {"temb": 3, "extra": 4}) == {
         "hidden_states": 1, "args": (2,), "temb": 3, "kwargs": {"extra": 4}
     }  # fmt: skip
+
+
+def keywords(hidden_states, encoder_hidden_states=None, **kwargs):  # diffusers' Attention.forward
+    return hidden_states, encoder_hidden_states, kwargs
+
+
+def test_get_and_replace_through_var_keywords():
+    """A `**kwargs` signature (no `*args`) keeps fixed positions: `get` / `replace` find a name it declares and one
+    that lands in `**kwargs` (`image_rotary_emb`), with no `bind` (which dynamo cannot trace)."""
+    binder = Binder(keywords)
+    assert binder.fixed_positions and not binder.exact and not Binder(loose).fixed_positions
+    args, kwargs = (1, 2), {"image_rotary_emb": 3}
+    assert (binder.get(args, kwargs, "encoder_hidden_states"), binder.get(args, kwargs, "image_rotary_emb")) == (2, 3)
+    new_args, new_kwargs = binder.replace(args, kwargs, {"encoder_hidden_states": 20, "image_rotary_emb": 30})
+    assert keywords(*new_args, **new_kwargs) == (1, 20, {"image_rotary_emb": 30})

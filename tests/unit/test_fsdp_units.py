@@ -108,3 +108,37 @@ def test_flux_dev_splits_the_double_blocks():
     assert len(single) == 38 and layout.cap == single[0].size  # 0.28 GB
     assert sum(u.size for u in double[:6]) > SPLIT_RATIO * layout.cap  # 0.68 GB
     assert layout.in_flight() == 2 * layout.cap
+
+
+class _Inner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mod = torch.nn.Linear(4, 4)
+        self.ff = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.ff(self.mod(x))
+
+
+class _Fused(torch.nn.Module):  # Kandinsky 6's fused block: runs its child's children, never the child
+    def __init__(self):
+        super().__init__()
+        self.inner = _Inner()
+        self.attn = torch.nn.Linear(4, 4)
+        self.helper = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        fn = self.helper  # called through a name the source does not show: stays in the block's unit
+        return self.inner.ff(self.attn(self.inner.mod(x))) + fn(x)
+
+
+def test_split_units_are_what_the_block_calls():
+    """A split block's units are the modules its forward calls: `self.attn(`, and `self.inner.mod(` / `self.inner.ff(`
+    where `self.inner(` never runs (its FSDP2 pre-hook would never gather it); `helper` stays in the block's unit.
+    The tiny Kandinsky 6's fused blocks split the same way (was: `video_dec_block` a unit, a DTensor in addmm)."""
+    from dtp.runtime.fsdp import called_parts
+
+    assert [name for name, _ in called_parts(_Fused())] == ["inner.mod", "inner.ff", "attn"]
+    paths = [u.path for u in unit_layout(tiny_model("Kandinsky6Transformer3DModel")).units]
+    assert "visual_transformer_blocks.0.video_dec_block.self_attention" in paths, paths
+    assert "visual_transformer_blocks.0.video_dec_block" not in paths, paths

@@ -99,7 +99,7 @@ class SplitInputs:
         self.tails = {}  # per call: a `tail` split's length input -> this rank's tail length (`_split_tail`)
 
     def __call__(self, module, args, kwargs):
-        if not self.binder.exact:  # *args / **kwargs in the signature: bind
+        if not self.binder.fixed_positions:  # *args in the signature: bind (dynamo cannot trace it: eager only)
             bound = self.binder.signature.bind(*args, **kwargs)
             self._cut(bound.arguments)
             return bound.args, bound.kwargs
