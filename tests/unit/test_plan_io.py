@@ -89,3 +89,15 @@ def test_a_folder_named_like_a_bundled_plan_does_not_shadow_it(tmp_path, monkeyp
     assert "FluxTransformer2DModel" in dtp.load_plan("flux").models
     with pytest.raises(dtp.PlanError, match="plan file missing.yaml does not exist"):
         dtp.load_plan("missing.yaml")
+
+
+def test_cfg_refused_is_a_reason():
+    """`cfg_refused` must say why (a non-empty string); the bundled OmniGen and Cosmos 3 Omni plans carry one,
+    FLUX.1's none."""
+    base = {"tp": {"blocks.*.attn.to_q": "colwise"}}
+    assert dtp.Plan.from_dict({**base, "cfg_refused": "packed inputs."}).cfg_refused == "packed inputs."
+    for bad in ("", "  ", True, ["x"]):
+        with pytest.raises(dtp.PlanError, match="cfg_refused"):
+            dtp.Plan.from_dict({**base, "cfg_refused": bad})
+    assert dtp.load_plan("omnigen").cfg_refused and dtp.load_plan("cosmos3_omni").cfg_refused
+    assert dtp.load_plan("flux").cfg_refused is None
