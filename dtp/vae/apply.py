@@ -127,14 +127,11 @@ def _entry(forward, state: VaeParallel, factor: int, dim: int):
                 f"parallel VAE: input height {height} must be a multiple of {factor} with at least "
                 f"{split.world} x {factor} rows (one latent row per rank on {split.world} ranks)."
             )
-        split.units = split_rows(latent_rows, split.world)
-        try:
+        with split.call(split_rows(latent_rows, split.world)):
             b = bounds(split.units)
             mine = sample.narrow(dim, b[split.rank] * factor, split.units[split.rank] * factor)
             out = forward(mine, *args, **kwargs)
             return _gathered(out, split, dim) if state.gather_output else out
-        finally:
-            split.units = None
 
     return run
 

@@ -46,6 +46,20 @@ def scaled_bounds(units: tuple[int, ...], rank: int, local_rows: int) -> tuple[i
     return bounds(tuple(int(r) for r in rows))
 
 
+def even_bounds(height: int, parts: int) -> tuple[int, ...]:
+    """`height` rows dealt evenly: even_bounds(120, 8) == (0, 15, 30, ..., 120). `height` must divide by `parts`."""
+    rows, rest = divmod(height, parts)
+    assert rest == 0, f"{height} rows do not divide over {parts} ranks"
+    return bounds((rows,) * parts)
+
+
+def on_even_level(height: int, first: int) -> bool:
+    """Whether a level of `height` rows is `first` rows times a power of 2 (1, 2, 4, ...): `first`'s level or one
+    reached from it by x2 upsamplings, which keep an even partition even."""
+    times, rest = divmod(height, first)
+    return rest == 0 and times >= 1 and times & (times - 1) == 0
+
+
 @dataclass(frozen=True)
 class ConvRows:
     """What one rank computes for a convolution along the height, and the input rows that takes.
