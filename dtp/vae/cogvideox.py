@@ -34,7 +34,7 @@ from torch import nn
 from .conv import conv2d_rows
 from .recut import recut_even, take_rows
 from .split import Split
-from .strip_rule import StripRule, VaeParallel, by_class_name, reason_check
+from .strip_rule import StripRule, VaeParallel, named_rule
 
 KINDS = {
     "CogVideoXCausalConv3d": "causal_conv",
@@ -101,7 +101,7 @@ def latent_rows(f: torch.Tensor, zq: torch.Tensor, split: Split) -> torch.Tensor
 
 def _rule(class_name: str, **fields) -> StripRule:
     kind = KINDS[class_name]
-    return StripRule(class_name, by_class_name(class_name), reason_check(lambda m: check(m, kind)), **fields)
+    return named_rule(class_name, lambda m: check(m, kind), **fields)
 
 
 # The causal conv's inner Conv3d, the spatial norm's GroupNorm and convs and the upsampler's Conv2d are visited and
