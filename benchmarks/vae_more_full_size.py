@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--every-rank", action="store_true", help="trace every rank, report the largest peak")
     args = parser.parse_args()
     who = "largest rank's peak (MB) | rank" if args.every_rank else "rank 0 peak (MB)"
-    rows = [f"| VAE | decodes | N | {who} | x whole |", "|---|---|--:|--:|" + ("--:|" if args.every_rank else "")]
+    rows = [f"| VAE | decodes | N | {who} | x whole |", "|---|---|--:|--:|--:|" + ("--:|" if args.every_rank else "")]
     for case in args.vaes:
         whole = None
         for n in args.ranks:
