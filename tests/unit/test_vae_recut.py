@@ -9,7 +9,7 @@ from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import dtp.vae.cogvideox as cogvideox
@@ -24,6 +24,7 @@ def _first_even_level(latent: int, world: int) -> int | None:
     return next((latent << e for e in range(1, LEVELS) if (latent << e) % world == 0), None)
 
 
+@settings(max_examples=50)
 @given(st.integers(1, 200), st.integers(2, 16))
 def test_bounds_tell_re_cut_levels_from_latent_ones(latent, world):
     """After a re-cut at the first level that divides, every rank's strip of every latent-partition level (units x
@@ -42,7 +43,8 @@ def test_bounds_tell_re_cut_levels_from_latent_ones(latent, world):
             assert split.bounds(height // world) == even_bounds(height, world)
 
 
-@given(st.integers(1, 60), st.integers(2, 8), st.sampled_from([2, 4, 8]), st.integers(1, 3))
+@settings(max_examples=50)
+@given(st.integers(1, 60), st.sampled_from([2, 4, 6, 8]), st.sampled_from([2, 4, 8]), st.integers(1, 3))
 def test_spatial_norm_latent_rows_are_the_whole_interpolation_rows(latent, world, scale, frames):
     """`cogvideox.latent_rows` on a re-cut level (rows height / world per rank): diffusers' interpolation of what it
     returns, to the strip's size, is the strip's rows of the whole latent's interpolation, on every rank. Each latent
