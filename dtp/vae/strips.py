@@ -10,7 +10,8 @@ Worked example: 13 latent rows on 4 ranks -> units (4, 3, 3, 3), bounds (0, 4, 7
 (the image) bounds (0, 32, 56, 80, 104).
 
 One exception: CogVideoX's decoder re-cuts its strips evenly at the first upsampled level whose height divides by
-the ranks (`even_bounds`, `recut.py`; 104 rows on 4 ranks: 26 each), and every x2 level after stays even.
+the ranks (`even_bounds`, `recut.py`; 13 latent rows on 4 ranks: from the 4x level, 52 rows, 13 each), and every x2
+level after stays even.
 """
 
 from __future__ import annotations
