@@ -94,9 +94,11 @@ def main() -> None:
             rows.append("| " + " | ".join(map(str, cells)) + f" | {peak / whole:.3f} |")
             print(rows[-1], shape, f"({time.perf_counter() - start:.0f} s)", flush=True)
     result = RESULT.with_name("vae_more_full_size_every_rank.md") if args.every_rank else RESULT
+    switches = {"every-rank": args.every_rank, "keep-others": args.keep_others}
+    flags = "".join(f" --{name}" for name, on in switches.items() if on)
     command = (
         f"`python benchmarks/vae_more_full_size.py --vaes {' '.join(args.vaes)} "
-        f"--ranks {' '.join(map(str, args.ranks))} --dtype {args.dtype}{' --every-rank' if args.every_rank else ''}`"
+        f"--ranks {' '.join(map(str, args.ranks))} --dtype {args.dtype}{flags}`"
     )
     if args.keep_others and result.exists():
         rows, command = _merged(result.read_text(), rows, args.vaes, command)
