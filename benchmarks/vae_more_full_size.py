@@ -12,9 +12,12 @@ of N (rank 0 holds the most rows). Peak: live bytes of every storage an op creat
 parameters, buffers and the latent not counted. The output is gathered on every rank (the default).
 
     python benchmarks/vae_more_full_size.py [--vaes dc cogvideox magvit cogvideox-512 mochi cosmos] [--ranks 1 2 4 8]
-        [--dtype bf16]
+        [--dtype bf16] [--every-rank] [--keep-others]
 
-Writes benchmarks/results/vae_more_full_size.md.
+Writes benchmarks/results/vae_more_full_size.md. With --every-rank each N > 1 is traced once per rank (this process
+plays each in turn) and the largest rank's peak is reported, with that rank; writes vae_more_full_size_every_rank.md.
+With --keep-others the file keeps its rows of the VAEs not in --vaes (and says which command measured them): a full
+run is 24 traces, tens of minutes on a loaded machine, for a change that touches one VAE.
 """
 
 from __future__ import annotations
@@ -57,11 +60,18 @@ CASES = {
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def fake_peak(case: str, world: int, dtype: torch.dtype) -> tuple[int, tuple]:
-    """(activation peak bytes of rank 0's decode among `world` ranks, output shape) under FakeTensorMode."""
+def fake_peak(case: str, world: int, dtype: torch.dtype, rank: int = 0) -> tuple[int, tuple]:
+    """(activation peak bytes of `rank`'s decode among `world` ranks, output shape) under FakeTensorMode."""
     class_name, config, latent, _ = CASES[case]
     shape = (1, latent[0]) + tuple(s for s in latent[1:] if s is not None)
-    return decode_peak(lambda: meta_model(class_name, config, dtype), world, shape, dtype)
+    return decode_peak(lambda: meta_model(class_name, config, dtype), world, shape, dtype, rank)
+
+
+def largest_peak(case: str, world: int, dtype: torch.dtype, every_rank: bool) -> tuple[int, int, tuple]:
+    """(peak bytes, the rank that has it, output shape): rank 0's, or the largest of every rank's."""
+    ranks = range(world) if every_rank else (0,)
+    (peak, shape), rank = max((fake_peak(case, world, dtype, r), r) for r in ranks)
+    return peak, rank, shape
 
 
 def main() -> None:
@@ -69,26 +79,51 @@ def main() -> None:
     parser.add_argument("--vaes", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    parser.add_argument("--every-rank", action="store_true", help="trace every rank, report the largest peak")
+    parser.add_argument("--keep-others", action="store_true", help="keep the result file's rows of other VAEs")
     args = parser.parse_args()
-    rows = ["| VAE | decodes | N | rank 0 peak (MB) | x whole |", "|---|---|--:|--:|--:|"]
+    who = "largest rank's peak (MB) | rank" if args.every_rank else "rank 0 peak (MB)"
+    rows = [f"| VAE | decodes | N | {who} | x whole |", "|---|---|--:|--:|--:|" + ("--:|" if args.every_rank else "")]
     for case in args.vaes:
         whole = None
         for n in args.ranks:
             start = time.perf_counter()
-            peak, shape = fake_peak(case, n, DTYPES[args.dtype])
+            peak, rank, shape = largest_peak(case, n, DTYPES[args.dtype], args.every_rank)
             whole = whole or peak
-            rows.append(f"| {CASES[case][0]} | {CASES[case][3]} | {n} | {peak / 1e6:.0f} | {peak / whole:.3f} |")
+            cells = [CASES[case][0], CASES[case][3], n, f"{peak / 1e6:.0f}", *([rank] if args.every_rank else [])]
+            rows.append("| " + " | ".join(map(str, cells)) + f" | {peak / whole:.3f} |")
             print(rows[-1], shape, f"({time.perf_counter() - start:.0f} s)", flush=True)
+    result = RESULT.with_name("vae_more_full_size_every_rank.md") if args.every_rank else RESULT
+    switches = {"every-rank": args.every_rank, "keep-others": args.keep_others}
+    flags = "".join(f" --{name}" for name, on in switches.items() if on)
+    command = (
+        f"`python benchmarks/vae_more_full_size.py --vaes {' '.join(args.vaes)} "
+        f"--ranks {' '.join(map(str, args.ranks))} --dtype {args.dtype}{flags}`"
+    )
+    if args.keep_others and result.exists():
+        rows, command = _merged(result.read_text(), rows, args.vaes, command)
     text = (
         f"# Parallel VAE, full size: decode activation peak per rank, {args.dtype}\n\n"
         "FakeTensorMode + torch's fake process group + a dispatch-mode live-bytes counter "
         "(`dtp.analysis.trace.PhaseTrace`; no compute); the first N's peak is the `x whole` base. Command: "
-        f"`python benchmarks/vae_more_full_size.py --vaes {' '.join(args.vaes)} "
-        f"--ranks {' '.join(map(str, args.ranks))} --dtype {args.dtype}`\n\n" + "\n".join(rows) + "\n"
+        f"{command}\n\n" + "\n".join(rows) + "\n"
     )
     print(text)
-    RESULT.parent.mkdir(exist_ok=True)
-    RESULT.write_text(text)
+    result.parent.mkdir(exist_ok=True)
+    result.write_text(text)
+
+
+def _merged(old: str, rows: list[str], measured: list[str], command: str) -> tuple[list[str], str]:
+    """The table in CASES order: the new rows of the measured VAEs, the old file's rows of the others; the command
+    line says which rows each command measured."""
+    old_command = old.split("Command: ", 1)[1].split("\n\n", 1)[0].split(" (rows of ", 1)[0]
+    old_rows = [line for line in old.splitlines() if line.startswith("| ") and not line.startswith("| VAE |")]
+    table = rows[:2]
+    for case in CASES:
+        source = rows[2:] if case in measured else old_rows
+        table += [row for row in source if row.split(" | ")[1] == CASES[case][3]]
+    kept = [CASES[case][0] + " (" + CASES[case][3] + ")" for case in CASES if case not in measured]
+    return table, f"{command} (rows of {', '.join(kept)}: from an earlier run of {old_command})"
 
 
 if __name__ == "__main__":

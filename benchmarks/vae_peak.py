@@ -19,14 +19,20 @@ from dtp.analysis.trace import PhaseTrace
 from dtp.vae import parallelize_vae
 
 
-def decode_peak(build, world: int, latent: tuple[int, ...], dtype=torch.bfloat16) -> tuple[int, tuple[int, ...]]:
-    """(peak bytes of rank 0's decode among `world` ranks, the decoded shape); `build()` makes the meta VAE."""
+def decode_peak(
+    build, world: int, latent: tuple[int, ...], dtype=torch.bfloat16, rank: int = 0
+) -> tuple[int, tuple[int, ...]]:
+    """(peak bytes of `rank`'s decode among `world` ranks, the decoded shape); `build()` makes the meta VAE.
+
+    rank: the rank this process plays (default 0). The fake group makes this process rank 0; the split's rank is set
+    after `parallelize_vae` (the fake collectives return empty tensors of the right size whatever the rank)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with fake_world(world):
         vae = build()
         if world > 1:
             parallelize_vae(vae, dist.group.WORLD)
+            vae._dtp_vae.split.rank = rank
         with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
             vae.to_empty(device="cpu")
             z = torch.empty(latent, dtype=dtype)

@@ -59,7 +59,8 @@ def parallelize_vae(vae: nn.Module, mesh, *, gather_output: bool = True) -> nn.M
     mesh: a DeviceMesh (all its axes are flattened: a VAE has no heads, so every rank takes rows) or
         a ProcessGroup. Each rank computes its own rows of the untiled decode, exactly (fp32: ~1e-7).
     gather_output: True (default): every rank gets the whole image (or latent); False: each rank keeps
-        its own rows (rank r's rows of `split_rows(latent height, N)`, scaled), for callers that write strips.
+        its own rows (rank r's rows of `split_rows(latent height, N)`, scaled; CogVideoX's decode: of the
+        even partition where its output height divides by N, `recut.py`), for callers that write strips.
     Raises PlanError, before changing anything, for a VAE class or a layer the split does not know.
     """
     return install_vae(vae, check_vae(vae), mesh, gather_output=gather_output)
@@ -127,14 +128,11 @@ def _entry(forward, state: VaeParallel, factor: int, dim: int):
                 f"parallel VAE: input height {height} must be a multiple of {factor} with at least "
                 f"{split.world} x {factor} rows (one latent row per rank on {split.world} ranks)."
             )
-        split.units = split_rows(latent_rows, split.world)
-        try:
+        with split.call(split_rows(latent_rows, split.world)):
             b = bounds(split.units)
             mine = sample.narrow(dim, b[split.rank] * factor, split.units[split.rank] * factor)
             out = forward(mine, *args, **kwargs)
             return _gathered(out, split, dim) if state.gather_output else out
-        finally:
-            split.units = None
 
     return run
 

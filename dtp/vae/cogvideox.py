@@ -8,11 +8,16 @@ Its layers (diffusers `autoencoder_kl_cogvideox.py`, `downsampling.py`, `upsampl
 - GroupNorm (resnets, the encoder's norm_out, the spatial norms' norm_layer): the whole frame batch's statistics
   (`norm.py`), as the untiled decode normalises each frame batch it is called on.
 - CogVideoXSpatialNorm3D: the latent zq (the decoder's input: this rank's latent rows) nearest-interpolated to the
-  activation's size, then 1 x 1 x 1 convs: output row o reads zq row floor(o / s) at an s x finer grid, and every
-  strip bound there is s x its latent bound, so each strip interpolates its own rows (s is a power of 2: the scale
-  H_zq / H_f is exact in floating point, on the strip as on the whole).
+  activation's size, then 1 x 1 x 1 convs: output row o reads zq row floor(o / s) at an s x finer grid (s a power of
+  2: the scale H_zq / H_f is exact in floating point). While the strips are the latent's scaled, each strip
+  interpolates its own rows; on a re-cut level (below) `latent_rows` takes zq rows [o0 // s, (o1 - 1) // s] for the
+  strip's rows [o0, o1) from the ranks that hold them and repeats each s times, so diffusers' interpolation is the
+  identity along rows.
 - CogVideoXUpsample3D: nearest x2 (time too when compress_time) then a 3 x 3 Conv2d per frame: row-local, then the
-  Conv2d strip rule. CogVideoXDownsample3D: time averaged per position (row-local), then F.pad(0, 1, 0, 1) and a
+  Conv2d strip rule. Its conv's input is re-cut first (`recut.recut_even`): at the first upsampled level whose
+  height divides by the ranks the strips become even (60 latent rows on 8 ranks: 120 rows, 15 per rank, instead of
+  16 on rank 0), so the largest rank's share of the full-resolution layers, the decode's peak, is 1 / N.
+- CogVideoXDownsample3D: time averaged per position (row-local), then F.pad(0, 1, 0, 1) and a
   stride-2 Conv2d with no padding: on a strip the padded bottom row is the image's only on the last rank, so its
   conv drops that row and reads its real bottom rows from the neighbour below (`conv2d_rows`, bottom zero row at
   the image's edge only).
@@ -23,10 +28,13 @@ conv with a stride in H.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from .conv import conv2d_rows
-from .strip_rule import StripRule, VaeParallel, by_class_name, reason_check
+from .recut import recut_even, take_rows
+from .split import Split
+from .strip_rule import StripRule, VaeParallel, named_rule
 
 KINDS = {
     "CogVideoXCausalConv3d": "causal_conv",
@@ -60,21 +68,53 @@ def _install_downsample(module: nn.Module, state: VaeParallel) -> None:
     state.replace(conv, strip_conv)
 
 
+def _install_upsample(module: nn.Module, state: VaeParallel) -> None:
+    """Re-cut the upsampled strip (B T, C, 2h, W) before the conv, which keeps its own Conv2d rule."""
+    split = state.split
+    hook = module.conv.register_forward_pre_hook(lambda conv, args: (recut_even(args[0], 2, split), *args[1:]))
+    state.hooks([hook])
+
+
+def _install_spatial_norm(module: nn.Module, state: VaeParallel) -> None:
+    forward = module.forward
+
+    def strip_forward(f, zq, conv_cache=None):
+        return forward(f, latent_rows(f, zq, state.split), conv_cache=conv_cache)
+
+    state.replace(module, strip_forward)
+
+
+def latent_rows(f: torch.Tensor, zq: torch.Tensor, split: Split) -> torch.Tensor:
+    """The latent `zq` (B, C, T, h, W) for this rank's rows of `f` (B, C, T', h', W'): zq as is when every rank's
+    strip of f is its strip of zq scaled; else zq's rows under f's rows, each repeated s = H_f / H_zq times (nearest
+    along rows: f row o reads zq row o // s), one row per row of f."""
+    f_bounds, z_bounds = split.bounds(f.shape[3]), split.bounds(zq.shape[3])
+    scale, rest = divmod(f_bounds[-1], z_bounds[-1])
+    assert rest == 0 and scale & (scale - 1) == 0, (f_bounds, z_bounds)
+    if f_bounds == tuple(scale * b for b in z_bounds):  # the same on every rank: all take rows, or none
+        return zq
+    wanted = [(f_bounds[q] // scale, (f_bounds[q + 1] - 1) // scale + 1) for q in range(split.world)]
+    rows = take_rows(zq, 3, z_bounds, wanted, split)
+    first, stop = f_bounds[split.rank], f_bounds[split.rank + 1]
+    return rows.repeat_interleave(scale, dim=3).narrow(3, first - wanted[split.rank][0] * scale, stop - first)
+
+
 def _rule(class_name: str, **fields) -> StripRule:
     kind = KINDS[class_name]
-    return StripRule(class_name, by_class_name(class_name), reason_check(lambda m: check(m, kind)), **fields)
+    return named_rule(class_name, lambda m: check(m, kind), **fields)
 
 
 # The causal conv's inner Conv3d, the spatial norm's GroupNorm and convs and the upsampler's Conv2d are visited and
-# take their own rules; the downsampler runs its conv itself.
+# take their own rules (the spatial norm's forward aligns its latent rows first, the upsampler's conv re-cuts its
+# input first); the downsampler runs its conv itself.
 RULES = (
     _rule("CogVideoXCausalConv3d"),
-    _rule("CogVideoXSpatialNorm3D"),
+    _rule("CogVideoXSpatialNorm3D", install=_install_spatial_norm),
     _rule(
         "CogVideoXDownsample3D",
         install=_install_downsample,
         owns=lambda m: ("",),
         height_stride=lambda m: m.conv.stride[0],
     ),
-    _rule("CogVideoXUpsample3D"),
+    _rule("CogVideoXUpsample3D", install=_install_upsample),
 )

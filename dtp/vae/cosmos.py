@@ -35,7 +35,7 @@ from torch import nn
 from .conv import rows_for_conv
 from .halo import gather_rows
 from .split import Split
-from .strip_rule import StripRule, VaeParallel, by_class_name, reason_check
+from .strip_rule import StripRule, VaeParallel, named_rule
 
 EDGES = {"constant": "zeros", "replicate": "replicate", "reflect": "reflect"}  # F.pad mode -> strip edge
 PROCESSORS = {"CosmosSpatialAttentionProcessor2_0": "spatial", "CosmosTemporalAttentionProcessor2_0": "temporal"}
@@ -145,33 +145,13 @@ def check_patch(module: nn.Module) -> str | None:
 
 
 RULES = (
-    StripRule(
-        "CosmosDownsample3d",
-        by_class_name("CosmosDownsample3d"),
-        reason_check(check_downsample),
-        install=_install_downsample,
-        owns=lambda m: ("",),  # conv1 run on strips here, conv2 / conv3 row-local
-    ),  # its height stride is conv1's, counted by the CosmosCausalConv3d rule (`height_factor` reads every layer)
-    StripRule(
-        "CosmosCausalConv3d",
-        by_class_name("CosmosCausalConv3d"),
-        reason_check(check_conv),
-        install=_install_conv,
-        height_stride=lambda m: m.stride[1],
-    ),
-    StripRule(
-        "CosmosCausalAttention",
-        by_class_name("CosmosCausalAttention"),
-        reason_check(check_attention),
-        install=_install_attention,
-    ),
-    StripRule(
-        "CosmosPatchEmbed3d",
-        by_class_name("CosmosPatchEmbed3d"),
-        reason_check(check_patch),
-        height_stride=lambda m: m.patch_size,
-    ),
-    StripRule("CosmosUnpatcher3d", by_class_name("CosmosUnpatcher3d"), reason_check(check_patch)),
+    # conv1 run on strips here, conv2 / conv3 row-local; its height stride is conv1's, counted by the
+    # CosmosCausalConv3d rule (`height_factor` reads every layer)
+    named_rule("CosmosDownsample3d", check_downsample, install=_install_downsample, owns=lambda m: ("",)),
+    named_rule("CosmosCausalConv3d", check_conv, install=_install_conv, height_stride=lambda m: m.stride[1]),
+    named_rule("CosmosCausalAttention", check_attention, install=_install_attention),
+    named_rule("CosmosPatchEmbed3d", check_patch, height_stride=lambda m: m.patch_size),
+    named_rule("CosmosUnpatcher3d", check_patch),
     # a block without attention holds ModuleList([None])
     StripRule("empty ModuleList", lambda m: isinstance(m, nn.ModuleList) and not list(m.children())),
 )

@@ -27,7 +27,7 @@ from .conv import rows_for_conv
 from .halo import gather_rows
 from .norm import group_norm_rows
 from .split import Split
-from .strip_rule import StripRule, VaeParallel, by_class_name, reason_check
+from .strip_rule import VaeParallel, named_rule
 
 EDGES = {"reflect": "reflect", "replicate": "replicate", "constant": "zeros", "zeros": "zeros"}  # F.pad -> strip edge
 
@@ -169,26 +169,10 @@ def _install_decoder(decoder: nn.Module, state: VaeParallel) -> None:
 
 
 RULES = (
-    StripRule(
-        "MiniMaxH3VideoCausalConv3d",
-        by_class_name("MiniMaxH3VideoCausalConv3d"),
-        reason_check(_check_conv),
-        install=_install_conv,
-        height_stride=lambda m: m.stride[1],
-    ),
-    StripRule(
-        "MiniMaxH3VideoDownsample3d",
-        by_class_name("MiniMaxH3VideoDownsample3d"),
-        reason_check(_check_downsample),
-        install=_install_downsample,
-        owns=lambda m: ("",),  # runs its conv itself, with the pad before it (whose rule counts the height stride)
-    ),
-    StripRule("MiniMaxH3VideoGroupNorm", by_class_name("MiniMaxH3VideoGroupNorm"), install=_install_norm),
-    StripRule(
-        "MiniMaxH3VideoViTDecoder3d",
-        by_class_name("MiniMaxH3VideoViTDecoder3d"),
-        reason_check(_check_decoder),
-        install=_install_decoder,
-        owns=lambda m: ("",),  # every layer of it acts per token, except the attentions it runs on gathered K / V
-    ),
+    named_rule("MiniMaxH3VideoCausalConv3d", _check_conv, install=_install_conv, height_stride=lambda m: m.stride[1]),
+    # runs its conv itself, with the pad before it (whose rule counts the height stride)
+    named_rule("MiniMaxH3VideoDownsample3d", _check_downsample, install=_install_downsample, owns=lambda m: ("",)),
+    named_rule("MiniMaxH3VideoGroupNorm", install=_install_norm),
+    # every layer of it acts per token, except the attentions it runs on gathered K / V
+    named_rule("MiniMaxH3VideoViTDecoder3d", _check_decoder, install=_install_decoder, owns=lambda m: ("",)),
 )

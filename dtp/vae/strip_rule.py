@@ -74,6 +74,13 @@ def by_class_name(*names: str) -> Callable[[nn.Module], bool]:
     return lambda module: type(module).__name__ in names
 
 
+def named_rule(class_name: str, reason: Callable[[nn.Module], str | None] | None = None, **fields) -> StripRule:
+    """The rule of diffusers' layer class `class_name` (matched by name), refused where `reason(module)` says why
+    (`reason_check`; None: every instance has a rule); `fields`: the rule's install / owns / height_stride."""
+    check = _no_check if reason is None else reason_check(reason)
+    return StripRule(class_name, by_class_name(class_name), check, **fields)
+
+
 def reason_check(reason: Callable[[nn.Module], str | None]) -> Callable[[nn.Module, str], None]:
     """A `check` from a function that says why a layer has no strip rule (None: it has one)."""
 

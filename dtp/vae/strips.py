@@ -8,6 +8,10 @@ between the latent grid and the image.
 
 Worked example: 13 latent rows on 4 ranks -> units (4, 3, 3, 3), bounds (0, 4, 7, 10, 13); at 8x
 (the image) bounds (0, 32, 56, 80, 104).
+
+One exception: CogVideoX's decoder re-cuts its strips evenly at the first upsampled level whose height divides by
+the ranks (`even_bounds`, `recut.py`; 13 latent rows on 4 ranks: from the 4x level, 52 rows, 13 each), and every x2
+level after stays even.
 """
 
 from __future__ import annotations
@@ -44,6 +48,20 @@ def scaled_bounds(units: tuple[int, ...], rank: int, local_rows: int) -> tuple[i
     rows = [u * scale for u in units]
     assert all(r.denominator == 1 for r in rows), f"rows {rows} of units {units} at scale {scale} are not whole"
     return bounds(tuple(int(r) for r in rows))
+
+
+def even_bounds(height: int, parts: int) -> tuple[int, ...]:
+    """`height` rows dealt evenly: even_bounds(120, 8) == (0, 15, 30, ..., 120). `height` must divide by `parts`."""
+    rows, rest = divmod(height, parts)
+    assert rest == 0, f"{height} rows do not divide over {parts} ranks"
+    return bounds((rows,) * parts)
+
+
+def on_even_level(height: int, first: int) -> bool:
+    """Whether a level of `height` rows is `first` rows times a power of 2 (1, 2, 4, ...): `first`'s level or one
+    reached from it by x2 upsamplings, which keep an even partition even."""
+    times, rest = divmod(height, first)
+    return rest == 0 and times >= 1 and times & (times - 1) == 0
 
 
 @dataclass(frozen=True)

@@ -42,14 +42,11 @@ def strip_decode(vae: nn.Module, split: Split, gather_output: bool):
 
         if _tiled(vae, z):
             return whole_decode(z, return_dict=return_dict)
-        split.units = _units(z.shape[ROW_DIM], split.world)
-        try:
+        with split.call(_units(z.shape[ROW_DIM], split.world)):
             start = bounds(split.units)[split.rank]
             (out,) = whole_decode(z.narrow(ROW_DIM, start, split.units[split.rank]), return_dict=False)
             if gather_output:
                 out = gather_rows(out, ROW_DIM, split.counts(out.shape[ROW_DIM]), split.group)
-        finally:
-            split.units = None
         return DecoderOutput(sample=out) if return_dict else (out,)
 
     return _decode

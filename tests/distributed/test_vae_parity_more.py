@@ -7,12 +7,15 @@ N = 4 the last strip holds 6 latent tokens, fewer than the head dim 8, so the li
 whole image's size. Its other layout (stride-2 conv and interpolation blocks, DC blocks as conv_in / conv_out, the
 quadratic attention form: 42 tokens <= head dim 64) at N = 3.
 AutoencoderKLCogVideoX decodes 5 latent frames (7 x 6) to 17 frames and encodes 17 frames of 28 x 24 at N = 2, 3, 4:
-two frame batches each way, so the conv caches of the first batch (each rank's rows) feed the second.
+two frame batches each way, so the conv caches of the first batch (each rank's rows) feed the second. Its decoder
+re-cuts the strips evenly at the first upsampled level that divides (`dtp/vae/recut.py`): 14 rows at N = 2, 28 at
+N = 4, none at N = 3; the strips left distributed show it (7 rows per rank at N = 4, not (8, 8, 8, 4)).
 AutoencoderKLMagvit (EasyAnimate) decodes 3 latent frames to 5 (three decoder calls) and encodes 5 frames (two
 encoder calls) at N = 2, 3, 4: its causal convs keep each rank's rows of the last frames between calls.
 Tolerance: max |parallel - untiled| <= 1e-5 * max |untiled| (the existing VAE tests' bound). Negative controls: a
-halo one row short, the linear attention without its all-reduce, the quadratic form on the strip's own keys, and
-the video VAEs' GroupNorms with each strip's own statistics.
+halo one row short, the linear attention without its all-reduce, the quadratic form on the strip's own keys,
+the video VAEs' GroupNorms with each strip's own statistics, and CogVideoX's re-cut taking rows one off its window or
+its spatial norms reading their own latent rows under re-cut strips.
 """
 
 from __future__ import annotations
@@ -24,13 +27,16 @@ import torch
 import torch.distributed as dist
 from vae_cases import one_short
 
+import dtp.vae.cogvideox as cogvideox_module
 import dtp.vae.conv as conv_module
 import dtp.vae.linear_attention as linear_attention
 import dtp.vae.norm as norm_module
+import dtp.vae.recut as recut_module
 from dtp.testing.launch import spawn
 from dtp.testing.tiny_vae import tiny_vae
 from dtp.vae import parallelize_vae, remove_vae_parallel
-from dtp.vae.strips import bounds, split_rows
+from dtp.vae.recut import take_rows
+from dtp.vae.strips import bounds, even_bounds, split_rows
 
 TOL = 1e-5
 DC, DC_CONV, COG, MAGVIT = "AutoencoderDC", "AutoencoderDCConv", "AutoencoderKLCogVideoX", "AutoencoderKLMagvit"
@@ -85,14 +91,26 @@ def _video(cls: str, group, latent_frames: int, frames: int) -> dict:
         result["halo_short"] = _rel(vae.decode(z).sample, ref_dec)
     with patch.object(norm_module, "combine", lambda stats, split: (stats[1], stats[2])):
         result["strip_stats"] = _rel(vae.decode(z).sample, ref_dec)
+    if cls == COG:
+        with patch.object(recut_module, "take_rows", _one_row_off):
+            result["recut_off"] = _rel(vae.decode(z).sample, ref_dec)
+        with patch.object(cogvideox_module, "latent_rows", lambda f, zq, split: zq):
+            result["own_latent_rows"] = _rel(vae.decode(z).sample, ref_dec)
     remove_vae_parallel(vae)
     if cls == COG:  # gather_output=False: the (sample, cache) entry leaves every frame batch as this rank's rows
         parallelize_vae(vae, group, gather_output=False)
         rank, n = dist.get_rank(group), dist.get_world_size(group)
-        rows = [4 * r for r in bounds(split_rows(7, n))]
+        # 7 latent rows -> 14 -> 28: even from the first of those that divides by n, else the latent split x 4
+        rows = even_bounds(28, n) if 28 % n == 0 else [4 * r for r in bounds(split_rows(7, n))]
         result["strip"] = _rel(vae.decode(z).sample, ref_dec[:, :, :, rows[rank] : rows[rank + 1]])
         remove_vae_parallel(vae)
     return result
+
+
+def _one_row_off(x, dim, owned, wanted, split):
+    """Negative control: every re-cut window but the last one row lower (right sizes, wrong rows)."""
+    shifted = [(a + 1, b + 1) if b < owned[-1] else (a, b) for a, b in wanted]
+    return take_rows(x, dim, owned, shifted, split)
 
 
 def _four_proc(rank: int, world: int) -> dict:
@@ -157,3 +175,13 @@ def test_group_norm_with_strip_statistics_fails(four, n, vae):
     """CogVideoX's GroupNorms (resnets and spatial norms) and Magvit's per-frame ones, normalised by each strip's own
     statistics, break the bound."""
     assert max(four[rank][n][vae]["strip_stats"] for rank in range(n)) > 100 * TOL
+
+
+@pytest.mark.parametrize("n", (2, 3, 4))
+@pytest.mark.parametrize("control", ("recut_off", "own_latent_rows"))
+def test_cogvideox_recut_controls_fail(four, n, control):
+    """CogVideoX's re-cut taking each window one row low, or its spatial norms reading their own latent strip under
+    re-cut rows, breaks the bound at N = 2 and 4; at N = 3 nothing is re-cut (neither 14 nor 28 divides), so the
+    controls change nothing there."""
+    worst = max(four[rank][n]["cogvideox"][control] for rank in range(n))
+    assert worst > 100 * TOL if n != 3 else worst <= TOL
