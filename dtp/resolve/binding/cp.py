@@ -77,6 +77,7 @@ class CpResolved:
     halos: tuple[tuple[str, int, int], ...] = ()  # (conv path, row dim, halo rows per side): `CpPlan.halo`
     keeps: tuple[tuple[str, object], ...] = ()  # (module path, `plan.cp.KeepRule`): slices by a global count
     gathered: tuple[tuple[str, str], ...] = ()  # (module path, kind): `cp.gathered`, the modules of the kind's class
+    grids: tuple[tuple[str, str, object], ...] = ()  # (output layer path, tokens path, `plan.cp.GridRule`): `cp.grid`
 
     def check(self, tp: int, cp: int, mode: str, ulysses: int | None = None) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp).
@@ -156,9 +157,24 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     )
     keeps = _keeps(plan, model, splits)
     gathered = _gathered(plan, model)
+    grids = _grids(plan, model)
     return CpResolved(
-        plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps, gathered
+        plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps, gathered, grids
     )
+
+
+def _grids(plan, model: nn.Module) -> tuple:
+    """`(layer path, tokens path, GridRule)` of `cp.grid`: the layer takes the input; `tokens` (a negative index
+    counted from its ModuleList's end) exists."""
+    grids = []
+    for rule in plan.cp.grid:
+        where = f"plan {plan.name}, cp.grid '{rule.key}'"
+        path = _last_index(model, rule.key, where)
+        module = _expand(model, path, plan.name)[0][1]
+        if rule.input not in inspect.signature(module.forward).parameters:
+            raise PlanError(f"{where}: '{path}' ({type(module).__name__}) has no forward() input '{rule.input}'.")
+        grids.append((path, _last_index(model, rule.tokens, f"{where}, tokens"), rule))
+    return tuple(grids)
 
 
 def _gathered(plan, model: nn.Module) -> tuple[tuple[str, str], ...]:
