@@ -107,6 +107,11 @@ class SplitRule:
         Allegro's blocks take image_rotary_emb = ((t, h, w) frequency tables, (t, h, w) position ids [1, S]): the
         position ids are cut with their tokens (`image_rotary_emb[1]`), the tables stay whole; JoyImage's
         ((image cos, sin), text tables or None): `[0]` padded `first` with the image, `[1]` `last` with the text.
+    embed: a module path: the tensor is that patch embedding's output after the forward's own flatten (raster, or
+        6 SR's 64-token blocks), and the embedding computes the rank's tokens only (`runtime/cp/grid_embed.py`): it
+        hands the forward a grid of token indices instead of the embedded grid, this split cuts the indices like
+        tokens, and the rank's indices are embedded here. A plain input split ([B, S, D] at dim 1, `pad` allowed).
+        Kandinsky 5 held the whole embedded video [B, S, D] through its first block otherwise (its forward's local).
     """
 
     key: str
@@ -122,6 +127,7 @@ class SplitRule:
     tail: str | None = None
     strided: bool = False
     element: int | None = None
+    embed: str | None = None
 
 
 @dataclass(frozen=True)
@@ -258,6 +264,7 @@ _SPLIT_FIELDS = {
     "tail",
     "strided",
     "element",
+    "embed",
 }
 _SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered", "grid"}
 _ITEM = re.compile(r"(\w+)\[(\d+)\]")
@@ -414,8 +421,13 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     tensor, element = _element(tensor, spec.get("element"), where)
     if element is not None and (output or segments or flatten or when is not None or tail is not None or strided):
         raise PlanError(f"{where}: an element split (`name[i]` or `element: i`) takes dim, expected_dims, pad only.")
+    embed = spec.get("embed")
+    plain = not (output or segments or flatten or when is not None or tail is not None or strided)
+    named = isinstance(embed, str) and embed and "*" not in embed
+    if embed is not None and (not named or not plain or element is not None):
+        raise PlanError(f"{where}: `embed` names the patch embedding (a module path) of a plain input split.")
     rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
-    return dataclasses.replace(rule, tail=tail, strided=strided, element=element)
+    return dataclasses.replace(rule, tail=tail, strided=strided, element=element, embed=embed)
 
 
 def _element(tensor, element, where: str) -> tuple:

@@ -11,6 +11,7 @@ from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, ScopeGuard, install_attention
 from .expert_choice import install_expert_choice
 from .grid import install_grids
+from .grid_embed import install_embeds
 from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
 from .kept import install_keeps
@@ -38,6 +39,7 @@ def apply_cp(
         module = model.get_submodule(path)
         hook = SplitInputs(path, module, rules, rank, cp, pads)
         handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+    handles += install_embeds(model, resolved.embeds)  # after the splits: the rank's cut indices are embedded
     for path, rules in outputs.items():
         module = model.get_submodule(path)
         local = local_embed_for(module, rules)  # computes the rank's tokens only, instead of cutting the whole
