@@ -112,6 +112,9 @@ class SplitRule:
         hands the forward a grid of token indices instead of the embedded grid, this split cuts the indices like
         tokens, and the rank's indices are embedded here. A plain input split ([B, S, D] at dim 1, `pad` allowed).
         Kandinsky 5 held the whole embedded video [B, S, D] through its first block otherwise (its forward's local).
+    per_frame: with `embed`, a module whose [B, F, D] output the forward adds to the embedded grid per frame
+        (Kandinsky 6's token types, `embed + types[:, :, None, None, :]`): it hands the forward zeros [B, F, 1]
+        (int64: the indices pass the sum unchanged) and each rank's token gets its frame's row when embedded.
     """
 
     key: str
@@ -128,6 +131,7 @@ class SplitRule:
     strided: bool = False
     element: int | None = None
     embed: str | None = None
+    per_frame: str | None = None
 
 
 @dataclass(frozen=True)
@@ -265,6 +269,7 @@ _SPLIT_FIELDS = {
     "strided",
     "element",
     "embed",
+    "per_frame",
 }
 _SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered", "grid"}
 _ITEM = re.compile(r"(\w+)\[(\d+)\]")
@@ -423,11 +428,13 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
         raise PlanError(f"{where}: an element split (`name[i]` or `element: i`) takes dim, expected_dims, pad only.")
     embed = spec.get("embed")
     plain = not (output or segments or flatten or when is not None or tail is not None or strided)
-    named = isinstance(embed, str) and embed and "*" not in embed
-    if embed is not None and (not named or not plain or element is not None):
-        raise PlanError(f"{where}: `embed` names the patch embedding (a module path) of a plain input split.")
+    embed, per_frame = spec.get("embed"), spec.get("per_frame")
+    if any(v is not None and not (isinstance(v, str) and v and "*" not in v) for v in (embed, per_frame)):
+        raise PlanError(f"{where}: `embed` and `per_frame` are module paths (no `*`), got {embed!r}, {per_frame!r}.")
+    if (embed is not None and (not plain or element is not None)) or (per_frame is not None and embed is None):
+        raise PlanError(f"{where}: `embed` (with `per_frame` or not) goes with a plain input split only.")
     rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
-    return dataclasses.replace(rule, tail=tail, strided=strided, element=element, embed=embed)
+    return dataclasses.replace(rule, tail=tail, strided=strided, element=element, embed=embed, per_frame=per_frame)
 
 
 def _element(tensor, element, where: str) -> tuple:

@@ -178,6 +178,8 @@ def _embeds(plan_name: str, model: nn.Module, splits) -> tuple:
                 f"plan {plan_name}, cp split '{rule.key}' '{rule.name}': `embed` '{rule.embed}' is a "
                 f"{type(embed).__name__}, not a patch embedding dtp computes per rank ({', '.join(EMBED_CLASSES)})."
             )
+        if rule.per_frame is not None:
+            _expand(model, rule.per_frame, plan_name)
         embeds.append((path, rule.embed, rule))
     return tuple(embeds)
 

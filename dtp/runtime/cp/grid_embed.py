@@ -14,8 +14,11 @@ as the forward's local variable through the first block (Kandinsky 5 at cp=8: 0.
    (view, permute, flatten: the same per-token patch vector) on the kept input, the rank's rows taken by index,
    then its `in_layer`: the rank's tokens [B, n, D], as the whole embedding would give them (a Linear is per token).
 
-A forward computing on the embedded grid before the first block (Kandinsky 6 adds per-frame token types there)
-would compute on the indices: int64 + a float table is a float tensor, which `EmbedRows` refuses (ForwardError).
+Kandinsky 6 adds per-frame token types to the embedded grid in its forward (`+ types[:, :, None, None, :]`): with
+`per_frame`, the table's module keeps its [B, F, D] output and hands the forward int64 zeros [B, F, 1], so the sum is
+the indices again, and `EmbedRows` adds each rank token's frame row (token index // (H W)). Any other computation
+on the embedded grid before the first block would compute on the indices: int64 + a float tensor is a float tensor,
+which `EmbedRows` refuses (ForwardError).
 """
 
 from __future__ import annotations
@@ -39,13 +42,14 @@ def patches(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class EmbedState:
-    """This forward's embedding input (kept by the replaced forward, read once by `EmbedRows`)."""
+    """This forward's embedding input and grid (F, H, W), and the per-frame table's output when it ran (kept by the
+    replaced forwards, read once by `EmbedRows`)."""
 
     def __init__(self):
-        self.input = None
+        self.reset()
 
     def reset(self, *unused) -> None:
-        self.input = None
+        self.input, self.grid, self.table = None, None, None
 
 
 class EmbedRows:
@@ -64,7 +68,9 @@ class EmbedRows:
         return self.binder.replace(args, kwargs, {self.rule.name: self._rows(index)})
 
     def _rows(self, index) -> torch.Tensor:
-        x, self.state.input = self.state.input, None
+        state = self.state
+        x, grid, table = state.input, state.grid, state.table
+        state.input, state.table = None, None  # read once: nothing whole held past the first block
         if x is None:
             raise ForwardError(f"cp split at '{self.path}': '{self.rule.embed}' did not run in this forward.")
         if not (isinstance(index, torch.Tensor) and index.dtype == torch.int64 and index.ndim == 3):
@@ -74,8 +80,11 @@ class EmbedRows:
                 f"(int64) that '{self.rule.embed}' handed the forward, got {got}: the forward computes on the "
                 f"embedded grid before '{self.path}', so the embedding cannot run per rank; drop the split's `embed`."
             )
-        rows = patches(self.embed, x).index_select(1, index[0, :, 0])
-        return self.embed.in_layer(rows)
+        index = index[0, :, 0]
+        rows = self.embed.in_layer(patches(self.embed, x).index_select(1, index))
+        if table is None:  # no per-frame table, or the forward did not call it (Kandinsky 6 without token types)
+            return rows
+        return rows + table.index_select(1, index // (grid[1] * grid[2]))
 
 
 class _Restore:
@@ -88,22 +97,42 @@ class _Restore:
         self.module.__dict__.pop("forward", None)
 
 
+def _index_grid(state: EmbedState):
+    """The embedding's forward under CP: keep the input, return the grid of token indices [B, F, H, W, 1]."""
+
+    def forward(self, x):
+        batch, duration, height, width, _ = x.shape
+        grid = tuple(n // p for n, p in zip((duration, height, width), self.patch_size))
+        state.input, state.grid = x, grid
+        return torch.arange(grid[0] * grid[1] * grid[2], device=x.device).view(1, *grid, 1).expand(batch, *grid, 1)
+
+    return forward
+
+
+def _zero_table(state: EmbedState, whole):
+    """The per-frame table's forward under CP: keep its [B, F, D] output, return int64 zeros [B, F, 1]."""
+
+    def forward(self, *args, **kwargs):
+        state.table = whole(self, *args, **kwargs)
+        return torch.zeros(*state.table.shape[:-1], 1, dtype=torch.int64, device=state.table.device)
+
+    return forward
+
+
 def install_embeds(model: nn.Module, embeds) -> list:
     """For every `(block path, embedding path, SplitRule)`: the embedding returns the index grid, the block embeds
     its rank's indices (register after the block's split hook). Returns the handles."""
     handles = []
     for path, embed_path, rule in embeds:
         state, embed = EmbedState(), model.get_submodule(embed_path)
+        handles.append(model.register_forward_pre_hook(state.reset))
         handles.append(model.register_forward_hook(state.reset, always_call=True))
-
-        def forward(self, x, state=state):
-            state.input = x
-            batch, duration, height, width, _ = x.shape
-            grid = tuple(n // p for n, p in zip((duration, height, width), self.patch_size))
-            return torch.arange(grid[0] * grid[1] * grid[2], device=x.device).view(1, *grid, 1).expand(batch, *grid, 1)
-
-        embed.forward = types.MethodType(forward, embed)
+        embed.forward = types.MethodType(_index_grid(state), embed)
         handles.append(_Restore(embed))
+        if rule.per_frame is not None:
+            table = model.get_submodule(rule.per_frame)
+            table.forward = types.MethodType(_zero_table(state, type(table).forward), table)
+            handles.append(_Restore(table))
         block = model.get_submodule(path)
         handles.append(block.register_forward_pre_hook(EmbedRows(path, block, rule, embed, state), with_kwargs=True))
     return handles
