@@ -7,14 +7,23 @@ grid order ignored (SR) and the patches taken in the layer's column order (the t
 
 from __future__ import annotations
 
+import types as types_module
+
 import pytest
 import torch
 from diffusers.models.transformers.transformer_kandinsky import Kandinsky5OutLayer, fractal_unflatten
-from diffusers.models.transformers.transformer_kandinsky6_sr import Kandinsky6SROutLayer, _local_merge
+from diffusers.models.transformers.transformer_kandinsky6_sr import (
+    Kandinsky6SROutLayer,
+    Kandinsky6SRVisualEmbeddings,
+    _local_merge,
+    _local_patch,
+)
+from torch import nn
 
 from dtp import ForwardError
-from dtp.plan.cp import GridRule
+from dtp.plan.cp import GridRule, SplitRule
 from dtp.runtime.cp.grid import GridInput, GridState, patch_grid, token_patches
+from dtp.runtime.cp.grid_embed import EmbedRows, EmbedState, index_grid, zero_table
 
 D, T_DIM, C = 16, 8, 4
 
@@ -88,7 +97,7 @@ def test_a_wrong_grid_order_or_patch_layout_fails(layout, broken):
     assert (out - ref).abs().max() > 1e-2 * ref.abs().max()
 
 
-def test_the_layer_refuses_anything_but_the_index_grid():
+def test_the_layer_refuses_anything_but_theindex_grid():
     """A forward that computed on the stand-in (a float grid, not the int64 indices) is a ForwardError."""
     layer = Kandinsky5OutLayer(D, T_DIM, C, (1, 2, 2))
     rule = GridRule("out_layer", "visual_embed", "visual_transformer_blocks.-1")
@@ -100,3 +109,46 @@ def test_the_layer_refuses_anything_but_the_index_grid():
     grid = torch.arange(12).view(1, 1, 3, 4, 1)
     args, _ = hook(layer, (grid, torch.randn(1, T_DIM)), {})
     assert args[0].shape == (1, 1, 1, 6, D) and state.order.tolist() == list(range(12))
+
+
+class _Block(nn.Module):
+    """The first block's signature, for `EmbedRows`' binder."""
+
+    def forward(self, hidden_states):
+        return hidden_states
+
+
+def _flatten(grid: torch.Tensor, layout: str, shape: tuple[int, int, int]) -> torch.Tensor:
+    """The forward's own flatten of its [B, F, H, W, X] grid to tokens (Kandinsky 5 / 6: raster; 6 SR: 64-blocks)."""
+    if layout == "raster":
+        return grid.flatten(1, 3)
+    return _local_patch(grid, shape, (1, 8, 8), dim=1).flatten(1, 2)
+
+
+@pytest.mark.parametrize("layout,frames", [("raster", True), ("blocks", False), ("raster", "broken")])
+def test_each_rank_embeds_its_own_tokens(layout, frames):
+    """`SplitRule.embed`: the embedding hands the forward the index grid, the forward flattens it, the split cuts it,
+    and `EmbedRows` embeds the rank's indices: equal to the rank's cut of the whole embedded tokens (Kandinsky 6's
+    patch embedding, raster with its per-frame token types; 6 SR's, block-major). Negative control: the per-frame
+    table's rows not added (`broken`): far off."""
+    shape, cp = ((3, 4, 6), 4) if layout == "raster" else ((2, 8, 16), 2)
+    torch.manual_seed(1)
+    embed, types = Kandinsky6SRVisualEmbeddings(C, D, (1, 2, 2)), nn.Embedding(2, D)
+    x, ids = torch.randn(2, shape[0], shape[1] * 2, shape[2] * 2, C), torch.tensor([[0, 1, 0], [1, 1, 0]])
+    with torch.no_grad():
+        whole = embed(x) + (types(ids)[:, :, None, None, :] if frames else 0)
+        ref = _flatten(whole, layout, shape)
+        state = EmbedState()
+        embed.forward = types_module.MethodType(index_grid(state), embed)
+        if frames:
+            types.forward = types_module.MethodType(zero_table(state, nn.Embedding.forward), types)
+        rule = SplitRule("blocks.0", "hidden_states", 1, embed="embed")
+        hook = EmbedRows("blocks.0", _Block(), rule, embed, state)
+        for rank in range(cp):
+            grid = embed(x) + (types(ids)[:, :, None, None, :] if frames else 0)
+            if frames == "broken":
+                state.table = None
+            index = _flatten(grid, layout, shape).chunk(cp, dim=1)[rank]
+            (rows,), _ = hook(None, (index,), {})
+            error = (rows - ref.chunk(cp, dim=1)[rank]).abs().max() / ref.abs().max()
+            assert error > 1e-2 if frames == "broken" else error <= 1e-6, (rank, float(error))

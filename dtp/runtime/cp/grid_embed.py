@@ -97,7 +97,7 @@ class _Restore:
         self.module.__dict__.pop("forward", None)
 
 
-def _index_grid(state: EmbedState):
+def index_grid(state: EmbedState):
     """The embedding's forward under CP: keep the input, return the grid of token indices [B, F, H, W, 1]."""
 
     def forward(self, x):
@@ -109,7 +109,7 @@ def _index_grid(state: EmbedState):
     return forward
 
 
-def _zero_table(state: EmbedState, whole):
+def zero_table(state: EmbedState, whole):
     """The per-frame table's forward under CP: keep its [B, F, D] output, return int64 zeros [B, F, 1]."""
 
     def forward(self, *args, **kwargs):
@@ -127,11 +127,11 @@ def install_embeds(model: nn.Module, embeds) -> list:
         state, embed = EmbedState(), model.get_submodule(embed_path)
         handles.append(model.register_forward_pre_hook(state.reset))
         handles.append(model.register_forward_hook(state.reset, always_call=True))
-        embed.forward = types.MethodType(_index_grid(state), embed)
+        embed.forward = types.MethodType(index_grid(state), embed)
         handles.append(_Restore(embed))
         if rule.per_frame is not None:
             table = model.get_submodule(rule.per_frame)
-            table.forward = types.MethodType(_zero_table(state, type(table).forward), table)
+            table.forward = types.MethodType(zero_table(state, type(table).forward), table)
             handles.append(_Restore(table))
         block = model.get_submodule(path)
         handles.append(block.register_forward_pre_hook(EmbedRows(path, block, rule, embed, state), with_kwargs=True))
