@@ -40,6 +40,7 @@ from ..errors import ForwardError, PlanError
 from ..plan import Plan
 from ..policy import check_degree
 from ..quant import config_for, quantize
+from ..runtime.cp.grid import HoldTokens
 from ..runtime.cp.hooks import GatherOutput, SplitInputs, SplitOutputs
 from .fakepg import fake_mesh, fake_world, meta_model
 from .inputs import ForwardShape, forward_inputs
@@ -216,9 +217,9 @@ def alike_blocks(model: torch.nn.Module) -> bool:
 def hooks_alike(model: torch.nn.Module) -> bool:
     """Whether a cut to the first block of each block list keeps every hook the forward needs: every block after the
     first carries the same hooks (counts per submodule), and none carries cp hooks of a kind the first lacks (also in
-    a list of two blocks). Kandinsky 5's and 6's plans gather their visual tokens at `visual_transformer_blocks.-1`:
-    cut after sharding, the gather went with the last block (and the forward's unflatten failed on the rank's 1/cp of
-    the tokens); such a model is traced whole."""
+    a list of two blocks). Kandinsky 5's and 6's plans hold their visual tokens at `visual_transformer_blocks.-1`
+    (`cp.grid`; a gather before): cut after sharding, the hook went with the last block (and the forward's unflatten
+    failed on the rank's 1/cp of the tokens); such a model is traced whole."""
     for path in block_lists(model):
         blocks = list(model.get_submodule(path))
         if path not in INDEXED_LISTS and len({_hooks(block) for block in blocks[1:]}) > 1:
@@ -230,7 +231,7 @@ def hooks_alike(model: torch.nn.Module) -> bool:
 
 def _cp_hook_kinds(block: torch.nn.Module) -> set:
     hooks = (*block._forward_pre_hooks.values(), *block._forward_hooks.values())
-    return {type(hook) for hook in hooks if isinstance(hook, (GatherOutput, SplitInputs, SplitOutputs))}
+    return {type(hook) for hook in hooks if isinstance(hook, (GatherOutput, SplitInputs, SplitOutputs, HoldTokens))}
 
 
 def _hooks(block: torch.nn.Module) -> tuple:

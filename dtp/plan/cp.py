@@ -20,6 +20,9 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
                                                # optional: a slice by a global count after the blocks (`KeepRule`)
       gathered: {blocks.*.mlp: expert_choice}  # optional: a choice over the whole sequence, made from gathered
                                                # scores (`GATHERED_KINDS`)
+      grid: {out_layer: {input: x, tokens: blocks.-1}}  # optional: the tokens stay cut through the forward's own
+                                               # reshape to the grid; the per-token output layer's patch grid is
+                                               # gathered in grid order (`GridRule`)
 
 A split key `name[i]` cuts element i of a tuple input only (JoyImage's RoPE argument ((image cos, sin), text
 tables); Allegro's ((t, h, w) tables, (t, h, w) position ids)): each element with its own rule (`pad` slot), the
@@ -104,6 +107,14 @@ class SplitRule:
         Allegro's blocks take image_rotary_emb = ((t, h, w) frequency tables, (t, h, w) position ids [1, S]): the
         position ids are cut with their tokens (`image_rotary_emb[1]`), the tables stay whole; JoyImage's
         ((image cos, sin), text tables or None): `[0]` padded `first` with the image, `[1]` `last` with the text.
+    embed: a module path: the tensor is that patch embedding's output after the forward's own flatten (raster, or
+        6 SR's 64-token blocks), and the embedding computes the rank's tokens only (`runtime/cp/grid_embed.py`): it
+        hands the forward a grid of token indices instead of the embedded grid, this split cuts the indices like
+        tokens, and the rank's indices are embedded here. A plain input split ([B, S, D] at dim 1, `pad` allowed).
+        Kandinsky 5 held the whole embedded video [B, S, D] through its first block otherwise (its forward's local).
+    per_frame: with `embed`, a module whose [B, F, D] output the forward adds to the embedded grid per frame
+        (Kandinsky 6's token types, `embed + types[:, :, None, None, :]`): it hands the forward zeros [B, F, 1]
+        (int64: the indices pass the sum unchanged) and each rank's token gets its frame's row when embedded.
     """
 
     key: str
@@ -119,6 +130,8 @@ class SplitRule:
     tail: str | None = None
     strided: bool = False
     element: int | None = None
+    embed: str | None = None
+    per_frame: str | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +207,34 @@ class KeepRule:
 
 
 @dataclass(frozen=True)
+class GridRule:
+    """The tokens stay cut through the forward's own reshape of them to the token grid, and the per-token module at
+    `key` (an output layer) runs on the rank's rows only; its output, a patch grid, is gathered in grid order
+    (`runtime/cp/grid.py`). Instead of a `gather` at the last block, after which every rank runs the output layer on
+    the whole sequence (Kandinsky 5's fp32 norm and modulation over [B, F, H, W, D]: the per-rank peak).
+
+    tokens: the module whose output holds the rank's tokens as the blocks leave them (`blocks.-1`: the last block),
+        element `element` of a tuple output (None: a bare tensor). Its hook keeps the rank's rows and hands the
+        forward an index stand-in instead: token indices [B, S, 1] (int64, S the whole length, a zero-stride view
+        along B), which the forward's reshape / permute between the blocks and `key` lay out as the grid.
+    key: the output layer; its input `input` must be that grid of indices ([B, F, H, W, 1]: the grid order of the
+        tokens, whatever order the forward flattened them in: raster, or NABLA's 64-token blocks). It gets the rank's
+        rows instead, shaped [B, 1, 1, n, D]; its output [B, p0, p1, n p2, C] (each token's p0 x p1 x p2 patch, the
+        channels-last layout of the Kandinsky output layers) is all-gathered and put in grid order: [B, F p0, H p1,
+        W p2, C].
+    trim: `first`|`last`: the tokens are that padded split's sequence: its pad rows are dropped after the gather.
+    Example: 2 frames of 2 x 3 tokens (S = 12), cp = 2, patch (1, 2, 2): rank 1 runs the layer on tokens 6..11 as
+    [B, 1, 1, 6, D] -> [B, 1, 2, 12, C]; the gather puts token 6 (frame 1, row 0, column 0) at [:, 1, 0:2, 0:2].
+    """
+
+    key: str
+    input: str
+    tokens: str
+    element: int | None = None
+    trim: str | None = None
+
+
+@dataclass(frozen=True)
 class CpPlan:
     """A parsed `cp` section: the splits and the gathers, in file order."""
 
@@ -205,6 +246,7 @@ class CpPlan:
     halo: tuple[HaloRule, ...] = ()  # convolutions over the split token grid: halo rows from the neighbours
     keep: tuple[KeepRule, ...] = ()  # slices by a global count after the blocks (`KeepRule`)
     gathered: tuple[tuple[str, str], ...] = ()  # (module glob, kind): whole-sequence choices (`GATHERED_KINDS`)
+    grid: tuple[GridRule, ...] = ()  # output layers run on the rank's rows past the forward's reshape (`GridRule`)
 
 
 # `cp.gathered` kinds: a module that chooses over the whole sequence runs a CP forward that makes the choice from
@@ -226,8 +268,10 @@ _SPLIT_FIELDS = {
     "tail",
     "strided",
     "element",
+    "embed",
+    "per_frame",
 }
-_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered"}
+_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered", "grid"}
 _ITEM = re.compile(r"(\w+)\[(\d+)\]")
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
@@ -241,7 +285,7 @@ def cp_plan_from_mapping(data, name: str) -> CpPlan:
         if not isinstance(data["refused"], str) or not data["refused"].strip():
             raise PlanError(f"plan {name}: cp.refused must say why the model cannot take CP, got {data['refused']!r}.")
         return CpPlan(splits=(), gathers=(), refused=data["refused"].strip())
-    sections = ("split", "gather", "halo", "keep", "gathered")
+    sections = ("split", "gather", "halo", "keep", "gathered", "grid")
     if set(data) <= _SECTION_FIELDS and all(isinstance(data.get(k, {}), dict) for k in sections):
         return _from_dtp(data, name)
     return _from_diffusers(data, name)
@@ -266,9 +310,10 @@ def _from_dtp(data: dict, name: str) -> CpPlan:
         for tensor, spec in (entries or {}).items()
     )  # fmt: skip
     gathered = tuple(_gathered_rule(key, kind, name) for key, kind in data.get("gathered", {}).items())
+    grid = tuple(_grid_rule(key, spec, name) for key, spec in data.get("grid", {}).items())
     cp_plan = CpPlan(
         tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused, halo=halo, keep=keep,
-        gathered=gathered,
+        gathered=gathered, grid=grid,
     )  # fmt: skip
     return _checked(cp_plan, name)
 
@@ -297,6 +342,24 @@ def _gathered_rule(key, kind, name: str) -> tuple[str, str]:
             f"makes over the whole sequence), got {kind!r}."
         )
     return key, kind
+
+
+def _grid_rule(key, spec, name: str) -> GridRule:
+    where = f"plan {name}: cp.grid['{key}']"
+    _check_key(key, name)
+    fields = set(spec) if isinstance(spec, dict) else set()
+    names = isinstance(spec, dict) and all(isinstance(spec.get(f), str) and spec[f] for f in ("input", "tokens"))
+    if not names or fields - {"input", "tokens", "element", "trim"} or "*" in key or "*" in spec["tokens"]:
+        raise PlanError(
+            f"{where}: expected {{input: the output layer's grid input, tokens: the module path whose output holds "
+            f"the rank's tokens, element: int?, trim: first|last?}} (no `*`; plan/cp.py GridRule), got {spec!r}."
+        )
+    element, trim = spec.get("element"), spec.get("trim")
+    if element is not None and (not is_int(element) or element < 0):
+        raise PlanError(f"{where}: `element` is the index (>= 0) of the tokens in the `tokens` module's tuple output.")
+    if trim is not None and trim not in PAD_AT:
+        raise PlanError(f"{where}: `trim` names the padded split (`pad.at`) whose pad rows to drop: first|last.")
+    return GridRule(key, spec["input"], spec["tokens"], element, trim)
 
 
 def _keep_rule(key, tensor, spec, name: str) -> KeepRule:
@@ -363,8 +426,15 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     tensor, element = _element(tensor, spec.get("element"), where)
     if element is not None and (output or segments or flatten or when is not None or tail is not None or strided):
         raise PlanError(f"{where}: an element split (`name[i]` or `element: i`) takes dim, expected_dims, pad only.")
+    embed = spec.get("embed")
+    plain = not (output or segments or flatten or when is not None or tail is not None or strided)
+    embed, per_frame = spec.get("embed"), spec.get("per_frame")
+    if any(v is not None and not (isinstance(v, str) and v and "*" not in v) for v in (embed, per_frame)):
+        raise PlanError(f"{where}: `embed` and `per_frame` are module paths (no `*`), got {embed!r}, {per_frame!r}.")
+    if (embed is not None and (not plain or element is not None)) or (per_frame is not None and embed is None):
+        raise PlanError(f"{where}: `embed` (with `per_frame` or not) goes with a plain input split only.")
     rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
-    return dataclasses.replace(rule, tail=tail, strided=strided, element=element)
+    return dataclasses.replace(rule, tail=tail, strided=strided, element=element, embed=embed, per_frame=per_frame)
 
 
 def _element(tensor, element, where: str) -> tuple:
@@ -433,7 +503,7 @@ def _from_diffusers(data: dict, name: str) -> CpPlan:
 def _checked(plan: CpPlan, name: str) -> CpPlan:
     if not plan.splits:
         raise PlanError(f"plan {name}: the `cp` section splits nothing; name the inputs to cut along the sequence.")
-    if not plan.gathers and not any(rule.gather for rule in plan.keep):
+    if not plan.gathers and not plan.grid and not any(rule.gather for rule in plan.keep):
         raise PlanError(
             f"plan {name}: the `cp` section gathers nothing, so the output would stay split; add a `gather` entry."
         )

@@ -167,6 +167,8 @@ def plan_items(resolved, cp_resolved) -> Items:
         ]
         items += [(f"cp halo '{path}'", f"dim={dim} rows={rows}") for path, dim, rows in cp_resolved.halos]
         items += [(f"cp keep '{path}' {rule.name!r}", repr(rule)) for path, rule in cp_resolved.keeps]
+        items += [(f"cp grid '{path}' from '{tokens}'", repr(rule)) for path, tokens, rule in cp_resolved.grids]
+        items += [(f"cp embed '{embed}' at '{path}'", repr(rule)) for path, embed, rule in cp_resolved.embeds]
     return items
 
 

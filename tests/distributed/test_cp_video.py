@@ -5,8 +5,10 @@ ONE 4-process group for the whole module. For each family, a tiny model (perturb
 max |out - ref| <= 1e-5 * max |ref| for EVERY output (LTX-2's video and audio samples), and every CP attention
 module really routed (Ulysses: one `to_heads` per call; ring: cp key blocks per call). Each new mechanism has a
 negative control that must miss by far:
-- LTX-2 (a rule per stream: video and audio tokens each cut with their own RoPE coords): the cross-modal
-  attentions given the text's rule (`local`: the rank's queries over the rank's keys of the other stream).
+- LTX-2 (a rule per stream: video and audio tokens each cut with their own RoPE coords): the video-to-audio
+  attention given the text's rule (`local`: the rank's audio queries over the rank's video keys). Any audio length:
+  7 audio tokens padded (with their timesteps and RoPE coords; (2, 2) Ulysses, (4, 1) ring and the pad keys unmasked,
+  the control, with DTP_FULL=1).
 - HunyuanVideo 1.5 (the text mask cut with its tokens, padded, so the processor's own [video_r, text_r] mask
   lines up): the mask left whole on every rank (the processor then crops it to the local length).
 - Wan 2.2 Animate (the face adapter's per-token frame from the rank's global token range): every rank told its
@@ -16,7 +18,7 @@ negative control that must miss by far:
   contiguously (a rank's rows from the wrong sample).
 - Helios (a split at a global token index, `tail`: [history_r | current_r] per rank): the tokens cut contiguously
   instead, so that a rank's current tokens are the wrong global ones.
-- Kandinsky 6 (a rule per stream, as LTX-2; the video gathered at the last fused block, as Kandinsky 5; 9 audio
+- Kandinsky 6 (a rule per stream, as LTX-2; the video cut through the forward's own reshapes, as Kandinsky 5; 9 audio
   tokens, as the pipeline sizes them for 5 frames, padded and gathered at the audio output layer): its av
   cross-modal attention (audio queries, video keys) given the text's rule (`local`); the audio pad keys unmasked.
   One (2, 2) case by default; the rest, the controls and a video-only call (no audio stream) with DTP_FULL=1.
@@ -302,8 +304,30 @@ def _kandinsky6_more(meshes: dict) -> dict:
     return results
 
 
+def _ltx2_odd_audio(meshes: dict) -> dict:
+    """LTX-2 with 7 audio tokens (padded to 8): (2, 2) Ulysses by default; (4, 1) ring and, as the negative control,
+    its audio pad keys unmasked with DTP_FULL=1."""
+    inputs = _inputs("ltx2")
+    inputs["audio_hidden_states"] = inputs["audio_hidden_states"][:, :7].contiguous()
+    inputs["audio_num_frames"] = 7
+    with torch.no_grad():
+        refs = _outputs(_model("ltx2")(**inputs))
+    results = {("ltx2", "odd_audio", 2, 2): _run(_model("ltx2"), meshes[2, 2], "ulysses", inputs, refs, "ltx2")}
+    if full_run():
+        results["ltx2", "odd_audio", 4, 1] = _run(_model("ltx2"), meshes[4, 1], "ring", inputs, refs, "ltx2")
+        unmasked = hooks_module.PadState.key_valid
+        hooks_module.PadState.key_valid = lambda self, keys, batch, device: None
+        try:
+            results["ltx2", "odd_audio_control"] = _run(_model("ltx2"), meshes[4, 1], "ring", inputs, refs, "ltx2")
+        finally:
+            hooks_module.PadState.key_valid = unmasked
+    return results
+
+
 def _controls(meshes: dict) -> dict:
-    cross_modal = ("transformer_blocks.*.audio_to_video_attn", "transformer_blocks.*.video_to_audio_attn")
+    # video_to_audio only (audio queries over the video keys): audio_to_video's keys are the padded audio, whose pad
+    # keys need CP attention (a PlanError otherwise)
+    cross_modal = ("transformer_blocks.*.video_to_audio_attn",)
     kandinsky6 = {}
     if full_run():  # Kandinsky 6's streams: the kind of LTX-2's control, which runs by default
         # av (audio queries over the video keys) only: va's keys are the padded audio, whose pad keys need CP
@@ -313,6 +337,7 @@ def _controls(meshes: dict) -> dict:
     return {
         **kandinsky6,
         **_cosmos3_controls(meshes),
+        **_ltx2_odd_audio(meshes),
         ("ltx2", "control"): _control("ltx2", meshes[2, 2], "ring", _local("ltx2", cross_modal)),
         ("helios", "control"): _control("helios", meshes[4, 1], "ring", _without_tail("helios")),
         ("wan_animate", "control"): _wan_animate_offset_control(meshes[4, 1]),
@@ -359,10 +384,25 @@ def test_parity(four, name, cp, tp, mode):
 
 
 def test_ltx2_cross_modal_attention_with_the_text_rule_fails(four):
-    """Negative control: LTX-2's audio-to-video / video-to-audio attentions left `local` (the rank's queries over
-    the rank's chunk of the other stream) at (2, 2) ring are far off."""
+    """Negative control: LTX-2's video-to-audio attention left `local` (the rank's audio queries over the rank's
+    chunk of the video) at (2, 2) ring is far off."""
     for results in four:
+        assert "error" not in results["ltx2", "control"], results["ltx2", "control"]
         assert results["ltx2", "control"]["rel"] > 1e-3, results["ltx2", "control"]
+
+
+@pytest.mark.parametrize("cp,tp", ((2, 2), (4, 1)))
+def test_ltx2_any_audio_length_is_padded_exactly(four, cp, tp):
+    """LTX-2, 7 audio tokens: zero-padded to a multiple of cp with their timesteps and RoPE coords, the pad keys
+    masked in audio_attn1 / audio_to_video_attn, the pad rows trimmed: max |out - ref| <= 1e-5 * max |ref| ((4, 1)
+    ring with DTP_FULL=1); the control, the same pad keys unmasked, far off."""
+    for results in four:
+        if (cp, tp) == (4, 1) and not full_run():
+            pytest.skip("(4, 1) with DTP_FULL=1")
+        r = results["ltx2", "odd_audio", cp, tp]
+        assert r["shape_ok"] and r["rel"] <= TOL, r
+        if full_run():
+            assert results["ltx2", "odd_audio_control"]["rel"] > 1e-3, results["ltx2", "odd_audio_control"]
 
 
 def test_helios_contiguous_cut_at_the_wrong_offset_fails(four):

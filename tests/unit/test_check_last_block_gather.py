@@ -11,7 +11,8 @@ from dtp.testing.tiny import PLAN_CLASSES, tiny_model
 
 
 def test_a_gather_at_the_last_block_is_uneven(fake_world):
-    """Kandinsky 6 at (cp, tp) = (2, 2): its last fused block carries a gather its first lacks; Wan's blocks all
+    """Kandinsky 6 at (cp, tp) = (2, 2): its last fused block carries a hook its first lacks (`cp.grid`'s
+    `HoldTokens`, a gather before); Wan's blocks all
     carry the same RoPE split hooks (and its gather is outside the stack): alike, cut as before."""
     mesh = dtp.make_mesh(tp=2, cp=2, device_type="cpu")
     kandinsky6 = dtp.parallelize(tiny_model(PLAN_CLASSES["kandinsky6"]), mesh)

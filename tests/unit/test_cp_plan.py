@@ -37,11 +37,11 @@ def test_bundled_plans_have_cp_sections_that_resolve(name):
     """Every bundled plan with a `cp` section: its keys and input names fit the tiny model."""
     plan = dtp.load_plan(name)
     kept = [rule.gather for rule in plan.cp.keep if rule.gather] if plan.cp is not None else []  # FramePack's
-    assert plan.cp is not None and plan.cp.splits and (plan.cp.gathers or kept)
+    assert plan.cp is not None and plan.cp.splits and (plan.cp.gathers or kept or plan.cp.grid)  # Kandinsky: grid
     model = tiny_model(PLAN_CLASSES[name])
     cp_resolved = resolve_cp(resolve(plan, model), model)
     assert cp_resolved.attention  # every attention module is pluggable
-    assert {path for path, _ in cp_resolved.gathers} or kept
+    assert {path for path, _ in cp_resolved.gathers} or kept or cp_resolved.grids
 
 
 def test_dtp_form_parses_to_typed_rules():
@@ -106,6 +106,11 @@ def test_diffusers_objects_matched_by_class_name():
         ({"split": {"b.*": {"height": {"count": 1}}}, "gather": {"o": {"dim": 1}}}, "`{count: true}` alone"),
         ({"split": {"b.*": {"height": {"count": True, "dim": 0}}}, "gather": {"o": {"dim": 1}}}, "alone"),
         ({"split": {"b.*": {"x": {"dim": 1}}}, "gather": {"o": {"dim": 1}}, "halo": {"c": {"rows": 1}}}, "row dim"),
+        ({"split": {"b.0": {"x": {"dim": 1}}}, "grid": {"o": {"input": "x"}}}, "GridRule"),
+        ({"split": {"b.0": {"x": {"dim": 1}}}, "grid": {"o": {"input": "x", "tokens": "b.*"}}}, "no `\\*`"),
+        ({"split": {"b.0": {"x": {"dim": 1}}}, "grid": {"o": {"input": "x", "tokens": "b.-1", "trim": "x"}}}, "trim"),
+        ({"split": {"b.0": {"x": {"dim": 1, "per_frame": "t"}}}, "gather": {"o": {"dim": 1}}}, "plain input split"),
+        ({"split": {"b.0": {"x": {"dim": 1, "embed": "e", "strided": True}}}, "gather": {"o": {"dim": 1}}}, "plain"),
     ],
 )
 def test_malformed_cp_sections_are_plan_errors(data, match):
@@ -202,3 +207,17 @@ def test_full_size_models_resolve_cp_on_meta(name):
         assert dtp.tp_candidates(model, plan, cp=cp) == [tp for tp in base if (h // tp) % cp == 0]
         ring = [] if plan.cp.ring_refused else base  # Qwen-Image 2.1: Ulysses only (block-causal mask)
         assert dtp.tp_candidates(model, plan, cp=cp, cp_mode="ring") == ring
+
+
+def test_grid_and_embed_are_checked_at_resolve():
+    """Kandinsky 5's `grid` naming an input its output layer lacks, and an `embed` naming a module that is not a
+    patch embedding dtp computes per rank: PlanErrors before anything is hooked."""
+    model = tiny_model(PLAN_CLASSES["kandinsky5"])
+    split = {"visual_transformer_blocks.0": {"visual_embed": {"dim": 1, "expected_dims": 3}}}
+    grid = {"out_layer": {"input": "hidden_states", "tokens": "visual_transformer_blocks.-1"}}
+    with pytest.raises(dtp.PlanError, match="no forward\\(\\) input 'hidden_states'"):
+        resolve_cp(resolve(_plan_with_cp("kandinsky5", {"split": split, "grid": grid}), model), model)
+    split["visual_transformer_blocks.0"]["visual_embed"]["embed"] = "time_embeddings"
+    grid["out_layer"]["input"] = "visual_embed"
+    with pytest.raises(dtp.PlanError, match="not a patch embedding"):
+        resolve_cp(resolve(_plan_with_cp("kandinsky5", {"split": split, "grid": grid}), model), model)

@@ -49,6 +49,9 @@ GATHERED_CLASSES = {"expert_choice": ("NucleusMoELayer",)}
 # (runtime/cp/packed.py) that runs its own Ulysses / ring exchanges: nothing to scope, but its heads split as usual.
 PACKED_ROUTE = "packed"
 PACKED_PROCESSORS = ("Cosmos3AttnProcessor",)
+# patch embeddings a split's `embed` may name (runtime/cp/grid_embed.py): their forward is `in_layer(x.view(B, F, pt,
+# H, ph, W, pw, C).permute(0, 1, 3, 5, 2, 4, 6, 7).flatten(4, 7))` over channels-last latents, `patch_size` (pt, ph, pw)
+EMBED_CLASSES = ("Kandinsky5VisualEmbeddings", "Kandinsky6VisualEmbeddings", "Kandinsky6SRVisualEmbeddings")
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class CpResolved:
     halos: tuple[tuple[str, int, int], ...] = ()  # (conv path, row dim, halo rows per side): `CpPlan.halo`
     keeps: tuple[tuple[str, object], ...] = ()  # (module path, `plan.cp.KeepRule`): slices by a global count
     gathered: tuple[tuple[str, str], ...] = ()  # (module path, kind): `cp.gathered`, the modules of the kind's class
+    grids: tuple[tuple[str, str, object], ...] = ()  # (output layer path, tokens path, `plan.cp.GridRule`): `cp.grid`
+    embeds: tuple[tuple[str, str, SplitRule], ...] = ()  # (block path, embedding path, split): `SplitRule.embed`
 
     def check(self, tp: int, cp: int, mode: str, ulysses: int | None = None) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp).
@@ -156,9 +161,41 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     )
     keeps = _keeps(plan, model, splits)
     gathered = _gathered(plan, model)
+    grids, embeds = _grids(plan, model), _embeds(plan.name, model, splits)
     return CpResolved(
-        plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps, gathered
-    )
+        plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps, gathered,
+        grids, embeds,
+    )  # fmt: skip
+
+
+def _embeds(plan_name: str, model: nn.Module, splits) -> tuple:
+    """`(block path, embedding path, rule)` of each split with `embed`: the embedding is one of `EMBED_CLASSES`."""
+    embeds = []
+    for path, rule in ((p, r) for p, r in splits if r.embed is not None):
+        embed = _expand(model, rule.embed, plan_name)[0][1]
+        if type(embed).__name__ not in EMBED_CLASSES:
+            raise PlanError(
+                f"plan {plan_name}, cp split '{rule.key}' '{rule.name}': `embed` '{rule.embed}' is a "
+                f"{type(embed).__name__}, not a patch embedding dtp computes per rank ({', '.join(EMBED_CLASSES)})."
+            )
+        if rule.per_frame is not None:
+            _expand(model, rule.per_frame, plan_name)
+        embeds.append((path, rule.embed, rule))
+    return tuple(embeds)
+
+
+def _grids(plan, model: nn.Module) -> tuple:
+    """`(layer path, tokens path, GridRule)` of `cp.grid`: the layer takes the input; `tokens` (a negative index
+    counted from its ModuleList's end) exists."""
+    grids = []
+    for rule in plan.cp.grid:
+        where = f"plan {plan.name}, cp.grid '{rule.key}'"
+        path = _last_index(model, rule.key, where)
+        module = _expand(model, path, plan.name)[0][1]
+        if rule.input not in inspect.signature(module.forward).parameters:
+            raise PlanError(f"{where}: '{path}' ({type(module).__name__}) has no forward() input '{rule.input}'.")
+        grids.append((path, _last_index(model, rule.tokens, f"{where}, tokens"), rule))
+    return tuple(grids)
 
 
 def _gathered(plan, model: nn.Module) -> tuple[tuple[str, str], ...]:

@@ -10,6 +10,8 @@ from torch import nn
 from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, ScopeGuard, install_attention
 from .expert_choice import install_expert_choice
+from .grid import install_grids
+from .grid_embed import install_embeds
 from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
 from .kept import install_keeps
@@ -37,6 +39,7 @@ def apply_cp(
         module = model.get_submodule(path)
         hook = SplitInputs(path, module, rules, rank, cp, pads)
         handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+    handles += install_embeds(model, resolved.embeds)  # after the splits: the rank's cut indices are embedded
     for path, rules in outputs.items():
         module = model.get_submodule(path)
         local = local_embed_for(module, rules)  # computes the rank's tokens only, instead of cutting the whole
@@ -47,6 +50,7 @@ def apply_cp(
     handles += install_keeps(model, resolved.keeps, pads, group, rank, cp)  # after the splits that record lengths
     for path, rule in resolved.gathers:
         handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group, pads)))
+    handles += install_grids(model, resolved.grids, pads, group, cp)  # output layers past the forward's own reshape
     guard = ScopeGuard()  # pops the attention scopes a raised forward left open
     handles.append(model.register_forward_pre_hook(guard.open))
     handles.append(model.register_forward_hook(guard.close, always_call=True))
