@@ -30,7 +30,6 @@ import copy
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import partial
-from pathlib import Path
 
 import torch
 
@@ -164,7 +163,7 @@ class Measurer:
 
     def _source(self, name: str) -> str:
         """What identifies the component's config: the released pipeline's name, or its config.json's text."""
-        config = Path(self.pipeline.model_dir) / name / "config.json"
+        config = self.pipeline.component_dir(name) / "config.json"
         return (
             self.pipeline.name
             if self.pipeline.name in RELEASED_PIPELINES or not config.is_file()
