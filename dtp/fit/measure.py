@@ -230,8 +230,8 @@ class Measurer:
     def _template(self, name: str, depth: int):
         """(component on meta cut to `depth` blocks per list, {list path or kept block's scope: blocks it stands
         for} (`trace.scale_blocks`)), built once. A text encoder keeps its first `depth` layers (`_text_peak`
-        extrapolates from depth 1 to 2); the others `depth` blocks of each kind (`kinds.py`: Nucleus-Image's dense
-        and expert blocks)."""
+        extrapolates from depth 1 to 2); the others every kind of block (`kinds.py`: Nucleus-Image's dense and expert
+        blocks)."""
         key = (name, depth)
         if key not in self._templates:
             module = self.pipeline.build(name, self.dtype)
@@ -242,7 +242,7 @@ class Measurer:
             elif self._is_text(name):
                 weights = {path: max(n // depth, 1) for path, n in truncate_blocks(module, keep=depth).items()}
             else:
-                weights = cut_by_kind(module, depth)[1]
+                weights = cut_by_kind(module)[1]  # depth 1: only the text encoders are traced at depth 2 too
             self._templates[key] = (module, weights)
         return self._templates[key]
 

@@ -27,18 +27,19 @@ NUCLEUS = {
 SHAPE = Shape(1, 64, 64, 1, 16)
 
 
-def test_the_released_nucleus_is_cut_to_one_block_of_each_kind():
-    """Nucleus-Image's 32 blocks (first three dense, 3-4 at capacity 4.0, 5-31 at 2.0): three blocks traced, standing
-    for 3, 2 and 27; FLUX.1's alike blocks: one per list, as `truncate_blocks` cuts them."""
+def test_the_released_nucleus_is_cut_after_the_first_block_of_its_last_kind():
+    """Nucleus-Image's 32 blocks (first three dense, 3-4 at capacity 4.0, 5-31 at 2.0): blocks 0-5 traced in their
+    places, block 5 standing for the 27 at capacity 2.0; FLUX.1's alike blocks: one per list, as `truncate_blocks`
+    cuts them."""
     from dtp.analysis.fakepg import meta_model
 
     model = meta_model(nucleusmoe.CLASS_NAME)
     lengths, weights = cut_by_kind(model)
     assert lengths == {"transformer_blocks": 32}
-    assert weights == {"transformer_blocks.0": 3, "transformer_blocks.1": 2, "transformer_blocks.2": 27}
+    assert weights == {f"transformer_blocks.{i}": n for i, n in enumerate([1, 1, 1, 1, 1, 27])}
     kept = model.transformer_blocks
-    assert [b.moe_enabled for b in kept] == [False, True, True]
-    assert [b.img_mlp.capacity_factor for b in kept[1:]] == [4.0, 2.0]
+    assert [b.moe_enabled for b in kept] == [False] * 3 + [True] * 3
+    assert [b.img_mlp.capacity_factor for b in kept[3:]] == [4.0, 4.0, 2.0]
     flux = meta_model("FluxTransformer2DModel")
     assert cut_by_kind(flux)[1] == {"transformer_blocks.0": 19, "single_transformer_blocks.0": 38}
     assert block_lists(flux) == {"transformer_blocks": 1, "single_transformer_blocks": 1}
