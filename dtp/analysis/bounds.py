@@ -5,7 +5,9 @@ FramePack at batch 1 keeps the prompt's tokens up to `encoder_attention_mask.sum
 integer read on the host). `MaskCounts` follows such counts from the reduction of a mask through views and
 additions of plain numbers, and answers a host read of one with its upper bound (every element of the mask set, as
 `trace.PhaseTrace._all_selected` takes a boolean selection whole): the largest tensor the forward can build, counted
-with the guessed branches. A host read of any other integer still raises (MoE routing counts: no bound known). A mask
+with the guessed branches. A count the forward fills in itself (`torch.full` of a non-negative integer: NucleusMoE's
+tokens per expert under expert-choice routing, each expert taking exactly its capacity) is known exactly, and taken
+so. A host read of any other integer still raises (token-choice MoE routing counts: no bound known). A mask
 is a boolean tensor, or an integer one known to hold 0 / 1: an input named `*mask*` (the prompt's attention mask,
 int64 in diffusers' pipelines), ones / zeros, and views and concatenations of masks.
 
@@ -60,6 +62,10 @@ class MaskCounts:
         return self._bounds.get(tensor) if isinstance(tensor, torch.Tensor) else None
 
     def record(self, func, args, kwargs, out) -> None:
+        if func is aten.unbind.int and self.bound(args[0]) is not None:  # `for count in counts`, `counts.tolist()`
+            for part in out:
+                self._bounds[part] = self.bound(args[0])
+            return
         if not isinstance(out, torch.Tensor) or not args:
             return
         found = self._bound_of(func, args, kwargs)
@@ -75,6 +81,8 @@ class MaskCounts:
 
     def _bound_of(self, func, args, kwargs) -> int | None:
         first = args[0]
+        if func is aten.full.default and not out_float(kwargs) and isinstance(args[1], int) and args[1] >= 0:
+            return args[1]  # a count set by the forward itself: NucleusMoE's tokens per expert, `torch.full(E, B C)`
         if func in SUMS and self.binary(first):
             dims = args[1] if len(args) > 1 else kwargs.get("dim")
             if dims is None or (isinstance(dims, (list, tuple)) and not dims):
@@ -103,3 +111,9 @@ class MaskCounts:
             value = int(constant.item())
             return value if value >= 0 else None
         return None
+
+
+def out_float(kwargs) -> bool:
+    """Whether a factory op's output is floating (its `dtype`; None: the default dtype, floating)."""
+    dtype = kwargs.get("dtype")
+    return dtype is None or dtype.is_floating_point

@@ -102,12 +102,18 @@ def meta_model(class_name: str, config: dict | None = None, dtype: torch.dtype |
     """A diffusers model of class `class_name` on the meta device (`config=None`: `default_config`). Built once per
     (class, config, dtype) and deep-copied (a meta copy costs next to nothing; diffusers' build of FLUX.1-dev is half
     of `dtp check flux`'s CPU time, and check builds it twice: the sharded model and the one-rank reference)."""
+    return copy.deepcopy(built_meta_model(class_name, config, dtype))
+
+
+def built_meta_model(class_name: str, config: dict | None = None, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """The one build `meta_model` copies, shared by every caller: read it or copy from it (`trace.cut_copy`), never
+    mutate it."""
     key = (class_name, json.dumps(config, sort_keys=True, default=str), str(dtype))
     if key not in _BUILT:
         if len(_BUILT) >= BUILT_KEPT:
             _BUILT.pop(next(iter(_BUILT)))
         _BUILT[key] = _build_meta(class_name, config, dtype)
-    return copy.deepcopy(_BUILT[key])
+    return _BUILT[key]
 
 
 def _build_meta(class_name: str, config: dict | None, dtype: torch.dtype | None) -> torch.nn.Module:

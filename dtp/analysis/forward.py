@@ -28,6 +28,7 @@ says 88.5 MB, so `dtp check`, which traces its sharded model whole, takes its on
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -42,9 +43,9 @@ from ..policy import check_degree
 from ..quant import config_for, quantize
 from ..runtime.cp.grid import HoldTokens
 from ..runtime.cp.hooks import GatherOutput, SplitInputs, SplitOutputs
-from .fakepg import fake_mesh, fake_world, meta_model
+from .fakepg import built_meta_model, fake_mesh, fake_world
 from .inputs import ForwardShape, forward_inputs
-from .trace import Trace, block_lists, fake_like, fake_mode, param_bytes_by_scope, to_fake, trace_call, truncate_blocks
+from .trace import Trace, block_lists, cut_copy, fake_like, fake_mode, param_bytes_by_scope, to_fake, trace_call
 from .whole import whole_at_peak
 
 INDEXED_LISTS = ("caption_projection",)  # HiDream's forward indexes it per text layer: kept whole, not cut
@@ -149,9 +150,9 @@ def forward_peak(
     no input builder; ForwardError from the cp hooks when cp does not divide the sequence."""
     check_degree(cp, "forward peak: cp")
     check_degree(tp, "forward peak: tp")
-    model = meta_model(class_name, config, dtype)
-    if cut or (cut is None and alike_blocks(model)):
-        truncate_blocks(model, keep=1, skip=INDEXED_LISTS)
+    built = built_meta_model(class_name, config, dtype)
+    cut = cut or (cut is None and alike_blocks(built))
+    model = cut_copy(built, keep=1, skip=INDEXED_LISTS) if cut else copy.deepcopy(built)
     inputs = forward_inputs(class_name, dict(model.config), dtype, shape)
     shard = partial(shard_with_plan, plan=plan, tp=tp, cp=cp, cp_mode=cp_mode, pad=pad, device=device)
     traces, _ = trace_sharded(model, cp * tp, shard, {0: Call(inputs.kwargs)}, device=device)
@@ -208,7 +209,7 @@ def alike_blocks(model: torch.nn.Module) -> bool:
         if path in INDEXED_LISTS:
             continue
         blocks = list(model.get_submodule(path))
-        signatures = {_signature(block) for block in blocks}
+        signatures = {block_signature(block) for block in blocks}
         if len(signatures) > 1:
             return False
     return True
@@ -238,7 +239,7 @@ def _hooks(block: torch.nn.Module) -> tuple:
     return tuple((len(m._forward_pre_hooks), len(m._forward_hooks)) for m in block.modules())
 
 
-def _signature(block: torch.nn.Module) -> tuple:
+def block_signature(block: torch.nn.Module) -> tuple:
     params = tuple((name, tuple(p.shape), p.dtype) for name, p in block.named_parameters())
     return params, tuple(type(m).__name__ for m in block.modules())
 

@@ -99,10 +99,12 @@ def _self_attention(module, mixin) -> bool:
 
 
 def _scope(path: str, lengths: dict) -> str:
-    """The block scope (`transformer_blocks.0`) of a module path, "" outside the block lists."""
-    for blocks in lengths:
-        if path.startswith(f"{blocks}."):
-            return ".".join(path.split(".")[: blocks.count(".") + 2])
+    """The block scope (`transformer_blocks.0`) of a module path, "" outside the block lists; `lengths` keyed by list
+    paths or by the kept blocks' own scopes (`kinds.cut_by_kind`)."""
+    for key in lengths:
+        if path.startswith(f"{key}."):
+            own = key.rpartition(".")[2].isdigit()  # a block's scope, not a list's
+            return key if own else ".".join(path.split(".")[: key.count(".") + 2])
     return ""
 
 

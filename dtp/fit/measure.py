@@ -30,14 +30,13 @@ import copy
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import partial
-from pathlib import Path
 
 import torch
 
 from ..analysis.fakepg import fake_mesh
 from ..analysis.forward import Call, trace_sharded
 from ..analysis.inputs import full_inputs
-from ..analysis.trace import Trace, scale_blocks, scale_collectives, truncate_blocks
+from ..analysis.trace import Trace, block_weight, scale_blocks, scale_collectives, truncate_blocks
 from ..engine import apply
 from ..errors import PlanError
 from ..pipeline import prepare_component
@@ -46,6 +45,7 @@ from ..runtime.parallelism import Parallelism
 from ..vae import parallelize_vae
 from ..vae.video_decode import FRAME_LOOP_VAES
 from .cache import FiguresCache, enabled
+from .kinds import cut_by_kind
 from .pipelines import (
     RELEASED_PIPELINES,
     FitPipeline,
@@ -163,7 +163,7 @@ class Measurer:
 
     def _source(self, name: str) -> str:
         """What identifies the component's config: the released pipeline's name, or its config.json's text."""
-        config = Path(self.pipeline.model_dir) / name / "config.json"
+        config = self.pipeline.component_dir(name) / "config.json"
         return (
             self.pipeline.name
             if self.pipeline.name in RELEASED_PIPELINES or not config.is_file()
@@ -191,7 +191,7 @@ class Measurer:
     def _trace(self, name: str, setup: Setup, shapes: list[Shape], depth: int):
         """({shape: trace or PlanError}, parameter bytes by scope, block multiplicities, {process group name: mesh
         axis}) of `name` cut to `depth` blocks per list, built and sharded once and traced at every shape."""
-        module, lengths = self._template(name, depth)
+        module, scale = self._template(name, depth)
         module = copy.deepcopy(module)  # sharding mutates it; a meta copy costs next to nothing
         calls = {}
         for s in shapes:
@@ -199,7 +199,6 @@ class Measurer:
                 calls[s] = self._call(name, module, setup, s)
             except PlanError as exc:  # e.g. an image that is not a whole number of tokens
                 calls[s] = exc
-        scale = {path: max(n // depth, 1) for path, n in lengths.items()}
         if name == self.pipeline.transformer and TRANSFORMER_DEVICE == "cuda":
             try:  # what a GPU runs (module docstring)
                 axes: dict = {}
@@ -222,29 +221,40 @@ class Measurer:
         return latents.numel() * latents.element_size()
 
     def transformer_call(self, shape: Shape):
-        """(the transformer on meta cut to one block per list, the lists' full lengths, its one-row `Call` at
-        `shape`): what `cache_state` runs to size a step cache's state."""
+        """(the transformer on meta cut to one block per kind, the blocks each kept one stands for
+        (`kinds.cut_by_kind`), its one-row `Call` at `shape`): what `cache_state` runs to size a step cache's state."""
         name = self.pipeline.transformer
-        module, lengths = self._template(name, 1)
-        return module, lengths, self._call(name, module, Setup(), self.relevant_shape(name, shape))
+        module, weights = self._template(name, 1)
+        return module, weights, self._call(name, module, Setup(), self.relevant_shape(name, shape))
 
     def _template(self, name: str, depth: int):
-        """(component on meta cut to `depth` blocks per list, the lists' full lengths), built once."""
+        """(component on meta cut to `depth` blocks per list, {list path or kept block's scope: blocks it stands
+        for} (`trace.scale_blocks`)), built once. A text encoder keeps its first `depth` layers (`_text_peak`
+        extrapolates from depth 1 to 2); the others every kind of block (`kinds.py`: Nucleus-Image's dense and expert
+        blocks)."""
         key = (name, depth)
         if key not in self._templates:
             module = self.pipeline.build(name, self.dtype)
             # A VAE's block lists (a vocoder's too) are stages of different widths, not repeats: it is traced whole.
             decoders = (self.pipeline.vae, *(n for n, phase in self.pipeline.extras.items() if phase == "decode"))
-            lengths = {} if name in decoders else truncate_blocks(module, keep=depth)
-            self._templates[key] = (module, lengths)
+            if name in decoders:
+                weights = {}
+            elif self._is_text(name):
+                weights = {path: max(n // depth, 1) for path, n in truncate_blocks(module, keep=depth).items()}
+            else:
+                weights = cut_by_kind(module)[1]  # depth 1: only the text encoders are traced at depth 2 too
+            self._templates[key] = (module, weights)
         return self._templates[key]
+
+    def _is_text(self, name: str) -> bool:
+        return name in self.pipeline.text_encoders or self.pipeline.extras.get(name) == "text"
 
     def relevant_shape(self, name: str, shape: Shape) -> Shape:
         """`shape` with what does not change `name`'s figures set to one value, so that equal measurements share a
         key: the batch (a component runs `Setup.batch`), a text encoder's pixels and frames (it sees the prompt
         only), a VAE's prompt length (it sees the latents only)."""
         shape = replace(shape, batch=1)
-        if name in self.pipeline.text_encoders or self.pipeline.extras.get(name) == "text":
+        if self._is_text(name):
             return replace(shape, height=0, width=0, frames=1)
         if name == self.pipeline.vae:
             return replace(shape, text_tokens=0)
@@ -327,7 +337,7 @@ def _figures(trace: Trace, weights, scale: dict, peak: int, axes: dict) -> Phase
     attention = Counter()
     for (scope, kind, kernel), calls in trace.kernels.items():
         if kind == "attention":
-            attention[kernel] += calls * (scale.get(scope.rpartition(".")[0], 1) if scope else 1)
+            attention[kernel] += calls * block_weight(scope, scale)
     return PhaseFigures(
         weight_bytes=int(weight_bytes),
         peak_bytes=int(peak),

@@ -1,7 +1,8 @@
 """What `dtp fit` needs to know about a pipeline: its components on the meta device, and how each phase calls them.
 
 A pipeline is a released one (`families/released_pipelines.py`: the public checkpoints' configs) or a diffusers
-pipeline directory, of which only `model_index.json` and each component's `config.json` are read.
+pipeline directory, of which only `model_index.json` (a modular pipeline's `modular_model_index.json`: FLUX.3 is
+released as one, `dtp/pipeline/modular.py`) and each component's `config.json` are read.
 
 The three phases of a generation and the call each one makes (shapes for an H x W image, batch B):
 
@@ -26,7 +27,8 @@ released pipeline calls it at its recommended settings, diffusers 0.42.1; `RELEA
                                                 modality_scale 3): CFG on a doubled batch, then the spatio-temporal
                                                 guidance call and the modality-isolation call: 4 passes in 3 calls
 
-A pipeline directory: (1, 1) for a family whose geometry says two-call CFG, else (1,).
+A pipeline directory: (1, 1) for a family whose geometry says two-call CFG, else (1,); a modular one the released
+pipeline's of its transformer class where there is one (FLUX.3's guider: two calls), as the modular blocks run it.
 
 Other components each run in one phase, whole on every rank (`EXTRA_PHASES`), their weights resident throughout:
 LTX-2's text connectors in the text phase (on the prompt's stacked hidden states, both CFG rows), its audio VAE's
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +52,7 @@ from ..analysis.released import RELEASED_PIPELINES, build_component
 from ..errors import PlanError
 from ..families import Geometry, geometry
 from ..loading import build_skeleton
+from ..pipeline.modular import MODULAR_INDEX, STANDARD_INDEX, component_folder, is_modular
 from ..vae.apply import VIDEO_VAES  # 3-D latents [B, C, frames, h, w]: one list with the parallel VAE's
 
 PROMPT_TOKENS = DEFAULT_TEXT_TOKENS  # T5 / Mistral / Qwen2.5-VL / UMT5 prompt length the pipelines pad or cap to
@@ -85,6 +89,8 @@ class FitPipeline:
     """The checkpoint directory the `dtp run` command names."""
     released_size: tuple[int, int, int] | None = None
     """A released checkpoint's own (frames, height, width) (`ReleasedPipeline.size`); None: the family's clip."""
+    modular: bool = False
+    """A modular pipeline folder (`modular_model_index.json`): components where its index's subfolders say."""
 
     @property
     def transformer(self) -> str:
@@ -132,7 +138,16 @@ class FitPipeline:
         LTX-2's doubled CFG batch, STG and modality calls."""
         if self.name in RELEASED_GUIDANCE:
             return RELEASED_GUIDANCE[self.name]
+        if self.modular:
+            transformer = self.classes[self.transformer]
+            for name, released in RELEASED_PIPELINES.items():
+                if released.components["transformer"].class_name == transformer and name in RELEASED_GUIDANCE:
+                    return RELEASED_GUIDANCE[name]
         return TRUE_CFG if self.geometry.two_call_cfg else (1,)
+
+    def component_dir(self, name: str) -> Path:
+        """The folder of component `name` in `model_dir` (a modular index's subfolder, else the name)."""
+        return Path(component_folder(self.model_dir, name) if self.modular else Path(self.model_dir) / name)
 
     @property
     def passes(self) -> int:
@@ -156,35 +171,42 @@ def fit_pipeline(source: str) -> FitPipeline:
             model_dir=released.model_dir,
             released_size=released.size,
         )
-    index = Path(source) / "model_index.json"
+    modular = is_modular(source)
+    index = Path(source) / (MODULAR_INDEX if modular else STANDARD_INDEX)
     if not index.is_file():
         raise PlanError(
             f"'{source}' is neither a released pipeline ({', '.join(RELEASED_PIPELINES)}) nor a pipeline "
-            f"directory with a model_index.json."
+            f"directory with a {STANDARD_INDEX} (or a modular pipeline's {MODULAR_INDEX})."
         )
     classes = _model_classes(json.loads(index.read_text()))
+    if modular:  # a component its index names but the folder lacks (FLUX.3's prompt upsampler): not loaded, not run
+        classes = {n: c for n, c in classes.items() if os.path.isdir(component_folder(source, n))}
     for needed in ("transformer", "vae"):
         if needed not in classes:
             raise PlanError(f"{index}: no '{needed}' component; dtp fit needs a transformer and a VAE.")
-    return FitPipeline(
+    pipeline = FitPipeline(
         name=source,
         title=Path(source).name,
         classes=classes,
-        build=lambda name, dtype: _build_from_dir(source, name, classes[name], dtype),
+        build=lambda name, dtype: _build_from_dir(pipeline.component_dir(name), classes[name], dtype),
         model_dir=source,
+        modular=modular,
     )
+    return pipeline
 
 
 def _model_classes(index: dict) -> dict[str, str]:
+    """{component: class} of the model components of a pipeline index: entries [library, class] (a modular index's
+    [library, class, spec] too)."""
     return {
         name: entry[1]
         for name, entry in index.items()
-        if isinstance(entry, list) and len(entry) == 2 and entry[0] in ("diffusers", "transformers")
+        if isinstance(entry, list) and len(entry) in (2, 3) and entry[0] in ("diffusers", "transformers")
         and entry[1] and (name in ("transformer", "vae", *EXTRA_PHASES) or name.startswith("text_encoder"))
     }  # fmt: skip
 
 
-def _build_from_dir(directory: str, name: str, class_name: str, dtype: torch.dtype) -> torch.nn.Module:
+def _build_from_dir(folder: Path, class_name: str, dtype: torch.dtype) -> torch.nn.Module:
     import transformers
 
     from ..families import model_class
@@ -194,8 +216,8 @@ def _build_from_dir(directory: str, name: str, class_name: str, dtype: torch.dty
     except PlanError:
         cls = getattr(transformers, class_name, None)
     if cls is None:
-        raise PlanError(f"{directory}/{name}: neither diffusers nor transformers has a class '{class_name}'.")
-    return build_skeleton(cls, str(Path(directory) / name), dtype).eval()
+        raise PlanError(f"{folder}: neither diffusers nor transformers has a class '{class_name}'.")
+    return build_skeleton(cls, str(folder), dtype).eval()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ A new axis is a degree here plus its submesh rule in `mesh.py`.
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass, replace
+from functools import cached_property
 
 import torch
 from torch import nn
@@ -115,9 +116,10 @@ class Parallelism:
         """Adopt `mesh` with these options (the entry points' keyword arguments); PlanError when they are wrong."""
         return cls(mesh, cp_mode=cp_mode, pad=pad, device=device, fsdp=fsdp, attention_backend=attention_backend)
 
-    @property
+    @cached_property
     def tp_mesh(self):
-        """The `tp` axis: every planned module's weights are split over it."""
+        """The `tp` axis: every planned module's weights are split over it. Sliced once: `apply` asks for it per
+        planned Linear, and each `mesh["tp"]` slice cost ~0.7 ms (FLUX.1-dev: 498 asks, 0.35 s of `dtp check`)."""
         return tp_submesh(self.mesh)
 
     @property
