@@ -266,23 +266,33 @@ def fsdp_breakdown_rows(repeats: int, compiled: bool) -> str:
     return "\n".join(lines)
 
 
-def _step_calls(inputs: dict, latents: torch.Tensor, step: int, kind: str) -> list[dict]:
-    """The transformer calls of one denoising step, made from `latents` as a pipeline makes them (new objects each
-    step): "pair" (true CFG: cond, then uncond, the same latents and timestep objects); "kpass" (LTX-2's multi-pass
-    guidance: a doubled batch [uncond, cond], then two calls on rows of it, the latents passed alone: 4 passes)."""
+def _prompts(inputs: dict) -> dict:
+    """The prompt embeddings a pipeline computes once, before its denoising loop: cond, uncond (another tensor of
+    the same shape) and, for LTX-2's doubled batch, [uncond, cond] concatenated once."""
     cond = inputs["encoder_hidden_states"]
     uncond = cond.flip(1)
+    return {"cond": cond, "uncond": uncond, "doubled": torch.cat([uncond, cond])}
+
+
+def _step_calls(inputs: dict, latents: torch.Tensor, step: int, kind: str, prompts: dict) -> list[dict]:
+    """The transformer calls of one denoising step, made from `latents` as a pipeline makes them (new latents and
+    timestep objects each step, the prompt embeddings of `_prompts` every step): "pair" (true CFG: cond, then uncond,
+    the same latents and timestep objects); "kpass" (LTX-2's multi-pass guidance: a doubled batch [uncond, cond], then
+    two calls on rows of it (the prompt's uncond rows sliced anew), the latents passed alone: 4 passes)."""
     timestep = torch.full_like(inputs["timestep"], 1000.0 - 10 * step)
     if kind == "pair":
         base = {**inputs, "hidden_states": latents, "timestep": timestep}
-        return [{**base, "encoder_hidden_states": cond}, {**base, "encoder_hidden_states": uncond}]
+        return [
+            {**base, "encoder_hidden_states": prompts["cond"]},
+            {**base, "encoder_hidden_states": prompts["uncond"]},
+        ]
     doubled = {
         **inputs,
         "hidden_states": torch.cat([latents] * 2),
-        "encoder_hidden_states": torch.cat([uncond, cond]),
+        "encoder_hidden_states": prompts["doubled"],
         "timestep": torch.cat([timestep] * 2),
     }
-    later = {**inputs, "hidden_states": latents, "encoder_hidden_states": uncond, "timestep": timestep}
+    later = {**inputs, "hidden_states": latents, "encoder_hidden_states": prompts["doubled"][:1], "timestep": timestep}
     return [doubled, later, dict(later)]
 
 
@@ -309,11 +319,12 @@ def step_path_row(class_name: str, kind: str, steps: int) -> dict:
         wrapper.forward = timed
         inputs = tiny_inputs(class_name, next(m for m in MESHES if m.name == "tp=2"))  # a batch of 1
         latents, total, calls = inputs["hidden_states"], 0.0, 0
+        prompts = _prompts(inputs)
         with torch.no_grad():
             for step in range(3 + steps):
                 if step == 3:
                     spent[:], total = [0.0, 0], 0.0
-                for arguments in _step_calls(inputs, latents, step, kind):
+                for arguments in _step_calls(inputs, latents, step, kind, prompts):
                     start = time.thread_time()
                     out = sharded(**arguments)[0]
                     total += time.thread_time() - start
