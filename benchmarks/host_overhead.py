@@ -49,11 +49,20 @@ def pin_one_core() -> int:
 
 
 def row(class_name: str, mesh, repeats: int) -> dict:
+    """One mesh's row; with fsdp also FSDP2 alone on diffusers' model at dtp's units (`fsdp_alone`), timed in the same
+    alternation: what FSDP2 costs by itself, against which dtp's (cp=2, fsdp) rank is read."""
+    alone_ms = None
     with fake_world(mesh.world):
         reference, sharded = sharded_pair(class_name, mesh)
         inputs = tiny_inputs(class_name, mesh)
         ops = dtensor_ops(sharded, inputs)
-        ref_s, dtp_s = alternated_medians(reference, sharded, inputs, repeats=repeats)
+        if mesh.fsdp:
+            ref_ms, alone_ms, dtp_ms = _median_ms(
+                [reference, fsdp_alone(reference, mesh.world), sharded], [inputs] * 3, repeats
+            )
+            ref_s, dtp_s = ref_ms / 1e3, dtp_ms / 1e3
+        else:
+            ref_s, dtp_s = alternated_medians(reference, sharded, inputs, repeats=repeats)
     return dict(
         model=class_name.replace("Transformer2DModel", "").replace("Transformer3DModel", ""),
         mesh=mesh.name,
@@ -63,10 +72,13 @@ def row(class_name: str, mesh, repeats: int) -> dict:
         target=TARGETS.get(mesh.name, 1.15),
         dtensor_ops=sum(ops.ops.values()),
         total_ops=ops.total,
+        alone_ms=alone_ms,
     )
 
 
 def table(rows: list[dict]) -> str:
+    """The ratios; under each fsdp row, FSDP2 alone (diffusers' model, dtp's units, no dtp hook) against diffusers',
+    and dtp's rank against FSDP2 alone (what dtp adds to FSDP2's own cost: its cp work and its hooks)."""
     lines = [
         "| model | mesh | diffusers ms | dtp rank ms | ratio | target | DTensor ops | aten ops |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -77,6 +89,16 @@ def table(rows: list[dict]) -> str:
             f"| {r['model']} | {r['mesh']} | {r['ref_ms']:.2f} | {r['dtp_ms']:.2f} | {r['ratio']:.2f}x{mark} | "
             f"{r['target']:.2f}x | {r['dtensor_ops']} | {r['total_ops']} |"
         )
+        if r.get("alone_ms") is not None:
+            alone = r["alone_ms"]
+            lines.append(
+                f"| {r['model']} | FSDP2 alone, same units (vs diffusers) | {r['ref_ms']:.2f} | {alone:.2f} | "
+                f"{alone / r['ref_ms']:.2f}x | | | |"
+            )
+            lines.append(
+                f"| {r['model']} | {r['mesh']} vs FSDP2 alone | {alone:.2f} | {r['dtp_ms']:.2f} | "
+                f"{r['dtp_ms'] / alone:.2f}x | 1.15x | | |"
+            )
     return "\n".join(lines)
 
 
@@ -418,7 +440,7 @@ def main(argv=None) -> int:
     for class_name in MODELS:
         for mesh in meshes:
             rows.append(row(class_name, mesh, args.repeats))
-            print(table(rows[-1:]).splitlines()[-1], flush=True)
+            print("\n".join(table(rows[-1:]).splitlines()[2:]), flush=True)
     text = table(rows)
     print(text)
     if not args.only:
