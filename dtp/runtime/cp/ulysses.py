@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
 from ...errors import ForwardError
 from ...styles.collectives import all_to_all
@@ -75,19 +76,11 @@ def heads_to_seq(x: torch.Tensor, group) -> torch.Tensor:
     return recv.permute(1, 2, 0, 3, 4).reshape(b, s, cp * h_local, d)
 
 
-_REGISTRY = []  # diffusers' `_AttentionBackendRegistry`, imported at the first call (`_native`)
-
-
 def _native(backend) -> bool:
     """True when `dispatch_attention_fn(..., backend=backend)` would run diffusers' native backend (torch SDPA on
     permuted views) without its argument checks: `backend`, or diffusers' active one when None, is "native"."""
-    if not _REGISTRY:
-        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
-
-        _REGISTRY.append(_AttentionBackendRegistry)
-    registry = _REGISTRY[0]
-    name = registry._active_backend if backend is None else backend
-    return name == "native" and not registry._checks_enabled
+    name = _AttentionBackendRegistry._active_backend if backend is None else backend
+    return name == "native" and not _AttentionBackendRegistry._checks_enabled
 
 
 def whole_attention(original, backend, scale, args: dict):
