@@ -49,11 +49,20 @@ def pin_one_core() -> int:
 
 
 def row(class_name: str, mesh, repeats: int) -> dict:
+    """One mesh's row; with fsdp also FSDP2 alone on diffusers' model at dtp's units (`fsdp_alone`), timed in the same
+    alternation: what FSDP2 costs by itself, against which dtp's (cp=2, fsdp) rank is read."""
+    alone_ms = None
     with fake_world(mesh.world):
         reference, sharded = sharded_pair(class_name, mesh)
         inputs = tiny_inputs(class_name, mesh)
         ops = dtensor_ops(sharded, inputs)
-        ref_s, dtp_s = alternated_medians(reference, sharded, inputs, repeats=repeats)
+        if mesh.fsdp:
+            ref_ms, alone_ms, dtp_ms = _median_ms(
+                [reference, fsdp_alone(reference, mesh.world), sharded], [inputs] * 3, repeats
+            )
+            ref_s, dtp_s = ref_ms / 1e3, dtp_ms / 1e3
+        else:
+            ref_s, dtp_s = alternated_medians(reference, sharded, inputs, repeats=repeats)
     return dict(
         model=class_name.replace("Transformer2DModel", "").replace("Transformer3DModel", ""),
         mesh=mesh.name,
@@ -63,10 +72,13 @@ def row(class_name: str, mesh, repeats: int) -> dict:
         target=TARGETS.get(mesh.name, 1.15),
         dtensor_ops=sum(ops.ops.values()),
         total_ops=ops.total,
+        alone_ms=alone_ms,
     )
 
 
 def table(rows: list[dict]) -> str:
+    """The ratios; under each fsdp row, FSDP2 alone (diffusers' model, dtp's units, no dtp hook) against diffusers',
+    and dtp's rank against FSDP2 alone (what dtp adds to FSDP2's own cost: its cp work and its hooks)."""
     lines = [
         "| model | mesh | diffusers ms | dtp rank ms | ratio | target | DTensor ops | aten ops |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -77,6 +89,16 @@ def table(rows: list[dict]) -> str:
             f"| {r['model']} | {r['mesh']} | {r['ref_ms']:.2f} | {r['dtp_ms']:.2f} | {r['ratio']:.2f}x{mark} | "
             f"{r['target']:.2f}x | {r['dtensor_ops']} | {r['total_ops']} |"
         )
+        if r.get("alone_ms") is not None:
+            alone = r["alone_ms"]
+            lines.append(
+                f"| {r['model']} | FSDP2 alone, same units (vs diffusers) | {r['ref_ms']:.2f} | {alone:.2f} | "
+                f"{alone / r['ref_ms']:.2f}x | | | |"
+            )
+            lines.append(
+                f"| {r['model']} | {r['mesh']} vs FSDP2 alone | {alone:.2f} | {r['dtp_ms']:.2f} | "
+                f"{r['dtp_ms'] / alone:.2f}x | 1.15x | | |"
+            )
     return "\n".join(lines)
 
 
@@ -266,23 +288,33 @@ def fsdp_breakdown_rows(repeats: int, compiled: bool) -> str:
     return "\n".join(lines)
 
 
-def _step_calls(inputs: dict, latents: torch.Tensor, step: int, kind: str) -> list[dict]:
-    """The transformer calls of one denoising step, made from `latents` as a pipeline makes them (new objects each
-    step): "pair" (true CFG: cond, then uncond, the same latents and timestep objects); "kpass" (LTX-2's multi-pass
-    guidance: a doubled batch [uncond, cond], then two calls on rows of it, the latents passed alone: 4 passes)."""
+def _prompts(inputs: dict) -> dict:
+    """The prompt embeddings a pipeline computes once, before its denoising loop: cond, uncond (another tensor of
+    the same shape) and, for LTX-2's doubled batch, [uncond, cond] concatenated once."""
     cond = inputs["encoder_hidden_states"]
     uncond = cond.flip(1)
+    return {"cond": cond, "uncond": uncond, "doubled": torch.cat([uncond, cond])}
+
+
+def _step_calls(inputs: dict, latents: torch.Tensor, step: int, kind: str, prompts: dict) -> list[dict]:
+    """The transformer calls of one denoising step, made from `latents` as a pipeline makes them (new latents and
+    timestep objects each step, the prompt embeddings of `_prompts` every step): "pair" (true CFG: cond, then uncond,
+    the same latents and timestep objects); "kpass" (LTX-2's multi-pass guidance: a doubled batch [uncond, cond], then
+    two calls on rows of it (the prompt's uncond rows sliced anew), the latents passed alone: 4 passes)."""
     timestep = torch.full_like(inputs["timestep"], 1000.0 - 10 * step)
     if kind == "pair":
         base = {**inputs, "hidden_states": latents, "timestep": timestep}
-        return [{**base, "encoder_hidden_states": cond}, {**base, "encoder_hidden_states": uncond}]
+        return [
+            {**base, "encoder_hidden_states": prompts["cond"]},
+            {**base, "encoder_hidden_states": prompts["uncond"]},
+        ]
     doubled = {
         **inputs,
         "hidden_states": torch.cat([latents] * 2),
-        "encoder_hidden_states": torch.cat([uncond, cond]),
+        "encoder_hidden_states": prompts["doubled"],
         "timestep": torch.cat([timestep] * 2),
     }
-    later = {**inputs, "hidden_states": latents, "encoder_hidden_states": uncond, "timestep": timestep}
+    later = {**inputs, "hidden_states": latents, "encoder_hidden_states": prompts["doubled"][:1], "timestep": timestep}
     return [doubled, later, dict(later)]
 
 
@@ -309,11 +341,12 @@ def step_path_row(class_name: str, kind: str, steps: int) -> dict:
         wrapper.forward = timed
         inputs = tiny_inputs(class_name, next(m for m in MESHES if m.name == "tp=2"))  # a batch of 1
         latents, total, calls = inputs["hidden_states"], 0.0, 0
+        prompts = _prompts(inputs)
         with torch.no_grad():
             for step in range(3 + steps):
                 if step == 3:
                     spent[:], total = [0.0, 0], 0.0
-                for arguments in _step_calls(inputs, latents, step, kind):
+                for arguments in _step_calls(inputs, latents, step, kind, prompts):
                     start = time.thread_time()
                     out = sharded(**arguments)[0]
                     total += time.thread_time() - start
@@ -407,7 +440,7 @@ def main(argv=None) -> int:
     for class_name in MODELS:
         for mesh in meshes:
             rows.append(row(class_name, mesh, args.repeats))
-            print(table(rows[-1:]).splitlines()[-1], flush=True)
+            print("\n".join(table(rows[-1:]).splitlines()[2:]), flush=True)
     text = table(rows)
     print(text)
     if not args.only:

@@ -17,9 +17,9 @@ would hang them).
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ...errors import ForwardError
+from ...styles.collectives import all_gather_along
 from . import host
 from .tree import leaves, rebuild
 
@@ -70,9 +70,10 @@ def _gather_leaf(tensor: torch.Tensor, sizes: list[torch.Size], group) -> list[t
     flat = tensor.contiguous().reshape(-1)
     if flat.numel() < longest:
         flat = torch.cat([flat, flat.new_zeros(longest - flat.numel())])
-    gathered = [torch.empty_like(flat) for _ in sizes]
-    dist.all_gather(gathered, flat, group=group)
-    return [g[: size.numel()].view(size) for g, size in zip(gathered, sizes)]
+    # One buffer and the ProcessGroup's own all-gather (`styles.collectives`: `dist.all_gather`'s Python checks
+    # and one buffer per rank cost more host time than the exchange itself); each rank's part a view of it.
+    gathered = all_gather_along(flat, group, 0)
+    return [gathered[at * longest : at * longest + size.numel()].view(size) for at, size in enumerate(sizes)]
 
 
 def agree_min(flags: list[int], groups, device: str = "cpu") -> list[int]:

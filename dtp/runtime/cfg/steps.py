@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from ...errors import ForwardError
 from .batch import split_arguments
-from .tree import Held, hold, map_tensors, release
+from .tree import Held, hold, map_tensors, release, same_object, same_view
 
 FIRST, ROWS, HELD = "first", "rows", "held"
 MAX_CALLS = 8  # calls a learned step may have (a longer record is dropped: nothing repeats)
@@ -408,8 +408,6 @@ def verify(arguments: dict, held: dict, checked: dict, trusted: frozenset = froz
 
 def _structure(value, held, pairs: list) -> bool:
     """`tree.matches` without value reads: the tensor pairs that need one are appended to `pairs`."""
-    from .tree import same_object, same_view
-
     if isinstance(held, Held):
         if not isinstance(value, torch.Tensor) or not held.unchanged():
             return False

@@ -39,13 +39,18 @@ def map_tensors(value, fn: Callable[[torch.Tensor], object], kind: type = torch.
     """`value` with every leaf of type `kind` replaced by `fn(leaf)`; containers rebuilt as their own type."""
     if isinstance(value, kind):
         return fn(value)
-    if isinstance(value, Mapping):
-        mapped = {key: map_tensors(item, fn, kind) for key, item in value.items()}
-        return type(value)(**mapped) if _is_output_class(value) else type(value)(mapped)
+    if value is None or type(value) in _SCALARS:  # the common leaves, before the (slower) ABC check below
+        return value
     if isinstance(value, (tuple, list)):
         items = [map_tensors(item, fn, kind) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, Mapping):
+        mapped = {key: map_tensors(item, fn, kind) for key, item in value.items()}
+        return type(value)(**mapped) if _is_output_class(value) else type(value)(mapped)
     return value
+
+
+_SCALARS = (bool, int, float, str)  # exact types: never a container, never a tensor (a subclass goes the long way)
 
 
 def _is_output_class(value) -> bool:

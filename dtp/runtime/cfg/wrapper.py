@@ -61,6 +61,7 @@ from torch import nn
 from ...errors import ForwardError, PlanError
 from ..mesh import CFG_AXIS, cfg_degree
 from .batch import batch_size, join_parts, rows, split_arguments
+from .call import CallTable
 from .exchange import agree_min, gather_parts
 from .hooks import SHARED, hook_view
 from .host import HostGroups, host_groups
@@ -129,9 +130,13 @@ class CfgParallel:
         """The cfg axis's process group (a DeviceMesh looks it up by name on every `get_group`: ~µs a call)."""
         return self.axis.get_group()
 
+    @functools.cached_property
+    def table(self) -> CallTable:
+        """The forward's parameters, read once (`call.py`: the arguments by name without `Signature.bind`)."""
+        return CallTable(self.signature)
+
     def __call__(self, *args, **kwargs):
-        bound = self.signature.bind(*args, **kwargs)
-        arguments = dict(bound.arguments)
+        arguments = self.table.arguments(args, kwargs)
         self._check_hooks()
         check_passes(self.pipeline() if self.pipeline is not None else None, self.groups)
         if self.context is not None:
@@ -222,12 +227,14 @@ class CfgParallel:
         return None if self.pending is not None else self.template
 
     def _call(self, arguments: dict):
-        arguments = dict(arguments)
-        name = arguments.pop(CONTEXT_KEY, None)
-        bound = self.signature.bind_partial()
-        bound.arguments.update(arguments)
+        name = None
+        if CONTEXT_KEY in arguments:
+            arguments = dict(arguments)
+            name = arguments.pop(CONTEXT_KEY)
+        if name is None or self.context is None or name == self.context.name:  # `_context_named` has nothing to do
+            return self.table.call(self.forward, arguments)
         with self._context_named(name):
-            return self.forward(*bound.args, **bound.kwargs)
+            return self.table.call(self.forward, arguments)
 
     @contextmanager
     def _context_named(self, name):

@@ -40,7 +40,7 @@ from .adapters import install_adapter
 from .masks import ForwardMasks, gather_key_mask, split_mask, whole_mask
 from .ring import ring_attention
 from .sdpa import SdpaRoute
-from .ulysses import ulysses_attention
+from .ulysses import ulysses_attention, whole_attention
 from .whole_pad import pad_whole_mask
 
 SDPA_ROUTE = "sdpa"  # `resolve.cp.attention_routes`: the processor calls F.scaled_dot_product_attention itself
@@ -72,17 +72,18 @@ class CpAttention:
             )
         if args.get("parallel_config") is not None:
             raise ForwardError("this model also has a diffusers parallel_config; use either dtp CP or diffusers CP.")
-        if args.get("attn_mask") is not None and not isinstance(args["attn_mask"], torch.Tensor):
-            raise ForwardError(
-                f"context-parallel attention takes tensor masks only, got a {type(args['attn_mask']).__name__} (a "
-                f"flex / block-sparse mask chosen over the whole sequence, e.g. Kandinsky 5's NABLA sparse_params); "
-                f"run without it or with cp=1."
-            )
-        # a model's own mask over the unpadded whole sequence (OmniGen) padded with it first (`whole_pad.py`)
-        args = {**args, "attn_mask": pad_whole_mask(args.get("attn_mask"), query, self.group, self.pads)}
-        whole = whole_mask(args["attn_mask"], query, key, self.group)
-        if whole is not None:
-            return self._whole_mask_attention(original, args, whole)
+        if args.get("attn_mask") is not None:  # without a mask (most layers) none of the whole-mask checks apply
+            if not isinstance(args["attn_mask"], torch.Tensor):
+                raise ForwardError(
+                    f"context-parallel attention takes tensor masks only, got a {type(args['attn_mask']).__name__} "
+                    f"(a flex / block-sparse mask chosen over the whole sequence, e.g. Kandinsky 5's NABLA "
+                    f"sparse_params); run without it or with cp=1."
+                )
+            # a model's own mask over the unpadded whole sequence (OmniGen) padded with it first (`whole_pad.py`)
+            args = {**args, "attn_mask": pad_whole_mask(args["attn_mask"], query, self.group, self.pads)}
+            whole = whole_mask(args["attn_mask"], query, key, self.group)
+            if whole is not None:
+                return self._whole_mask_attention(original, args, whole)
         full_mask, blind_rows = self._key_mask(args.get("attn_mask"), query, key)
         if self.mode == "usp":
             out = self._usp(query, key, value, args.get("scale"), full_mask)
@@ -93,11 +94,7 @@ class CpAttention:
                 full_mask=full_mask,
             )  # fmt: skip
         else:
-            backend = args.get("backend") or self.backend
-
-            def attend(q, k, v, attn_mask):
-                return original(q, k, v, attn_mask=attn_mask, scale=args.get("scale"), backend=backend)
-
+            attend = whole_attention(original, args.get("backend") or self.backend, args.get("scale"), args)
             out = ulysses_attention(query, key, value, None, group=self.group, attend=attend, full_mask=full_mask)
         if blind_rows is None:
             return out

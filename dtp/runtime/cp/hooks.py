@@ -97,6 +97,9 @@ class SplitInputs:
         inputs += [r.tail for r in rules if r.tail is not None]  # a `tail` split reads its length input
         self.names = tuple(dict.fromkeys(inputs))
         self.tails = {}  # per call: a `tail` split's length input -> this rank's tail length (`_split_tail`)
+        # Joint tensors last: their segment lengths are read from the other inputs once those are local; counts after
+        # the tails that set them (`_cut`). Sorted once: the hook runs on every forward.
+        self.order = sorted(rules, key=lambda r: (bool(r.segments), r.count))
 
     def __call__(self, module, args, kwargs):
         if not self.binder.fixed_positions:  # *args in the signature: bind (dynamo cannot trace it: eager only)
@@ -107,15 +110,13 @@ class SplitInputs:
         arguments = dict(passed)
         self._cut(arguments)
         changed = {name: value for name, value in arguments.items() if value is not passed[name]}
-        return self.binder.replace(args, kwargs, changed)
+        return self.binder.replace(args, kwargs, changed) if changed else None  # None: the call as it came
 
     def _cut(self, arguments) -> None:
         """Replace the planned entries of `arguments` (name -> value passed, None if not) by their local chunks."""
         given = dict(arguments)  # global values: a `tail` length is read before a `count` split divides it
         self.tails = {}
-        # Joint tensors last: their segment lengths are read from the other inputs once those are local; counts after
-        # the tails that set them.
-        for rule in sorted(self.rules, key=lambda r: (bool(r.segments), r.count)):
+        for rule in self.order:  # joint tensors last, counts after the tails that set them (`__init__`)
             if rule.element is not None:  # one element of a nested argument (JoyImage's ((image RoPE), text RoPE))
                 arguments[rule.name] = self._split_element(arguments.get(rule.name), rule)
                 continue

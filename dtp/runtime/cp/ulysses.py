@@ -23,6 +23,8 @@ ProcessGroup call ~7 µs.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
 from ...errors import ForwardError
 from ...styles.collectives import all_to_all
@@ -72,6 +74,33 @@ def heads_to_seq(x: torch.Tensor, group) -> torch.Tensor:
     send = dense(x.view(b, cp, s, h_local, d).transpose(0, 1))  # [cp (dest), B, s, h/cp, D]
     recv = all_to_all(send, group)  # [cp (head group), B, s, h/cp, D]
     return recv.permute(1, 2, 0, 3, 4).reshape(b, s, cp * h_local, d)
+
+
+def _native(backend) -> bool:
+    """True when `dispatch_attention_fn(..., backend=backend)` would run diffusers' native backend (torch SDPA on
+    permuted views) without its argument checks: `backend`, or diffusers' active one when None, is "native"."""
+    name = _AttentionBackendRegistry._active_backend if backend is None else backend
+    return name == "native" and not _AttentionBackendRegistry._checks_enabled
+
+
+def whole_attention(original, backend, scale, args: dict):
+    """`attend(q, k, v, attn_mask)` for `ulysses_attention` on whole sequences (`[B, S, H/cp, D]`): diffusers'
+    dispatcher `original` with `backend`; or, when that would run diffusers' native backend with no extra
+    `attention_kwargs`, torch's SDPA itself on the same `[B, H, S, D]` views with the same arguments (the call
+    `_native_attention` makes), skipping the dispatcher's Python (its registry lookup, kwargs dicts and filter),
+    which a CP attention would otherwise pay on top of its own."""
+    if _native(backend) and not args.get("attention_kwargs"):
+
+        def sdpa(q, k, v, attn_mask):
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale).transpose(1, 2)
+
+        return sdpa
+
+    def attend(q, k, v, attn_mask):
+        return original(q, k, v, attn_mask=attn_mask, scale=scale, backend=backend)
+
+    return attend
 
 
 def ulysses_attention(query, key, value, mask, *, group, attend, full_mask=None) -> torch.Tensor:
