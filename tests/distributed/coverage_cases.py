@@ -5,6 +5,7 @@ need, in one spawned group per degree."""
 import dataclasses
 
 import torch
+
 import dtp
 from dtp.analysis.collectives import CollectiveCounter, implied_collectives
 from dtp.runtime.norms import ShardedRMSNorm

@@ -6,7 +6,6 @@ from test_coverage_parity import DATA_DEPENDENT, EXTRA_AT_ROOT, EXTRA_PER_BLOCK,
 
 from dtp.testing.launch import spawn
 
-
 PLAN_PARAMS = plan_params(4)  # each kind's family at tp=2 (test_coverage_parity.py) or tp=4 by default
 
 
