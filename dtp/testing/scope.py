@@ -51,6 +51,15 @@ def default_family(plan: str) -> bool:
     return plan in KINDS
 
 
+def default_slot(plan: str, slot: int, slots: int) -> bool:
+    """Whether a kind's family runs by default in `slot` of `slots` settings of one mechanism (tp=2 or tp=4; a cp
+    mesh and mode): the families of `KINDS` take the settings in turn, in `KINDS` order, so each kind runs once per
+    mechanism and each setting runs about 1 / `slots` of the kinds. Every family in every slot with DTP_FULL=1."""
+    if full_run():
+        return True
+    return plan in KINDS and list(KINDS).index(plan) % slots == slot
+
+
 def family_runs(plan: str) -> bool:
     """Whether a spawned group computes `plan`'s family in this run: a kind's family, or every one with DTP_FULL=1."""
     return full_run() or default_family(plan)

@@ -5,31 +5,47 @@ need, in one spawned group per degree."""
 import dataclasses
 
 import torch
-from coverage_2026_cases import params
 
 import dtp
 from dtp.analysis.collectives import CollectiveCounter, implied_collectives
 from dtp.runtime.norms import ShardedRMSNorm
-from dtp.testing.scope import family_runs
+from dtp.testing.scope import default_slot, full_run
 from dtp.testing.tiny import PLAN_CLASSES, model_class, output_tensor, tiny_inputs, tiny_model
 
 # Plans bundled before issue 10; their parity lives in test_tp_parity_2.py / _4.py.
 EARLIER_PLANS = ("flux", "flux2", "qwenimage", "zimage")
 COVERAGE_PLANS = tuple(sorted(set(PLAN_CLASSES) - set(EARLIER_PLANS)))
-# One family per structural kind by default (dtp.testing.scope.KINDS); the families that repeat a covered kind run
-# with DTP_FULL=1 (marked `full`, and skipped by the workers, which is where the time goes).
-RUN_PLANS = tuple(name for name in COVERAGE_PLANS if family_runs(name))
-PLAN_PARAMS = params(COVERAGE_PLANS)
+# One family per structural kind by default (dtp.testing.scope.KINDS), each at one tp degree: the kinds take tp=2 and
+# tp=4 in turn (`default_slot`), so each kind's tp parity and collectives run once. The families that repeat a covered
+# kind, and each kind's other degree, run with DTP_FULL=1 (marked `full`, and skipped by the workers, which is where
+# the time goes).
+TP_SLOTS = (2, 4)
+
+
+def runs_at(name: str, tp: int) -> bool:
+    """Whether the tp=`tp` group computes plan `name`'s family in this run."""
+    return default_slot(name, TP_SLOTS.index(tp), len(TP_SLOTS))
+
+
+def plan_params(tp: int) -> list:
+    """pytest parameters over the coverage plans at tp=`tp`: those the group computes by default as they are, every
+    other one marked `full`."""
+    import pytest
+
+    return [name if runs_at(name, tp) else pytest.param(name, marks=pytest.mark.full) for name in COVERAGE_PLANS]
+
+
 BATCH = 2  # sample 1 has a padded prompt where the model takes a text mask (see dtp/families/shapes.py)
 
 
 def run_cases(rank, world_size, tp, wan_checkpoint=None):
     mesh = dtp.make_mesh(tp=tp)
     results = {}
-    for name in RUN_PLANS:
+    for name in (name for name in COVERAGE_PLANS if runs_at(name, tp)):
         results[name], results[f"{name}/collectives"] = parity_and_collectives(mesh, name)
-    results["wan/per_rank_qk_norm"] = per_rank_qk_norm(mesh)
-    results["ltx_video/rope_uncut"] = rope_uncut_error(mesh)
+    if tp == TP_SLOTS[0] or full_run():  # the controls' mechanisms (norm all-reduce, flow check) at tp=4 too: full
+        results["wan/per_rank_qk_norm"] = per_rank_qk_norm(mesh)
+        results["ltx_video/rope_uncut"] = rope_uncut_error(mesh)
     if wan_checkpoint is not None:
         results["wan/loaded"] = loaded_parity(mesh, "wan", wan_checkpoint)
     return results

@@ -21,13 +21,17 @@ from dtp.testing.launch import spawn
 MEAN_TOL = 1e-6  # measured: <= 1.3e-7 at tp and cp, 0.0 at cfg=2 (each group runs a whole call)
 CACHES = ("fbc", "taylorseer", "pab")
 COUNTED = {"fbc": "block", "taylorseer": "attention", "pab": "attention"}  # what each cache skips
-# Enabling before sharding is one kind: its second case (TaylorSeer at cfg=2) runs with DTP_FULL=1 only.
+# Enabling before sharding is one kind: its second case (TaylorSeer at cfg=2) runs with DTP_FULL=1 only. So does
+# FirstBlockCache at ring: a block-skipping cache decides outside attention, where ring cuts the sequence as Ulysses
+# does (its cp=2 case); the attention-skipping caches (TaylorSeer, PAB) keep ring, where attention issues the
+# collectives.
 FULL_RUN = os.environ.get("DTP_FULL") == "1"
-RUNS = [(mesh, name, False) for mesh in MESHES for name in CACHES] + [("cp=2", "fbc", True)]
-FULL = [("cfg=2", "taylorseer", True)]
+FULL = [("cfg=2", "taylorseer", True), ("ring", "fbc", False)]
+RUNS = [(mesh, name, False) for mesh in MESHES for name in CACHES if (mesh, name, False) not in FULL]
+RUNS += [("cp=2", "fbc", True)]
 SPAWNED = RUNS + (FULL if FULL_RUN else [])
 PARAMS = [pytest.param(r, id=f"{r[0]}-{r[1]}{'-before' if r[2] else ''}") for r in RUNS] + [
-    pytest.param(r, id=f"{r[0]}-{r[1]}-before", marks=pytest.mark.full) for r in FULL
+    pytest.param(r, id=f"{r[0]}-{r[1]}{'-before' if r[2] else ''}", marks=pytest.mark.full) for r in FULL
 ]
 STEP0 = 2 * BLOCKS  # the first step's two calls, run by both cfg groups
 

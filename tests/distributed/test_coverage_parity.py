@@ -1,7 +1,7 @@
 """Issue 10 coverage: every plan added for it, tp=2 on 2 gloo processes against a single-process reference."""
 
 import pytest
-from coverage_cases import COVERAGE_PLANS, PLAN_PARAMS, run_cases, save_checkpoint
+from coverage_cases import COVERAGE_PLANS, plan_params, run_cases, save_checkpoint
 
 from dtp.testing.launch import spawn
 
@@ -17,6 +17,9 @@ EXTRA_AT_ROOT["dit"] = {"all_reduce": 1}
 # ... and one fewer: Cosmos 3 Omni's lm_head is planned (colwise_gathered, for memory) but forward never calls it.
 EXTRA_AT_ROOT["cosmos3_omni"] = {"all_gather_into_tensor": -1}
 DATA_DEPENDENT = {"hidream"}  # moe_infer skips routed experts that got no token: measured <= implied
+
+
+PLAN_PARAMS = plan_params(2)  # each kind's family at tp=2 or tp=4 (test_coverage_parity_4.py) by default
 
 
 @pytest.fixture(scope="module")

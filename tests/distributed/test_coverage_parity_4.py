@@ -1,10 +1,12 @@
 """Issue 10 coverage at tp=4: every plan added for it on 4 gloo processes against a single-process reference."""
 
 import pytest
-from coverage_cases import PLAN_PARAMS, run_cases
+from coverage_cases import plan_params, run_cases
 from test_coverage_parity import DATA_DEPENDENT, EXTRA_AT_ROOT, EXTRA_PER_BLOCK, TOL
 
 from dtp.testing.launch import spawn
+
+PLAN_PARAMS = plan_params(4)  # each kind's family at tp=2 (test_coverage_parity.py) or tp=4 by default
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +30,7 @@ def test_ranks_issue_the_same_collectives(results, name):
         assert first["measured"] == first["implied"]
 
 
+@pytest.mark.full  # the same controls run at tp=2 by default (test_coverage_parity.py)
 def test_negative_controls(results):
     """Per-rank QK-norm misses parity by > 100x the bound; uncut RoPE raises."""
     assert all(r["wan/per_rank_qk_norm"] > 100 * TOL for r in results)

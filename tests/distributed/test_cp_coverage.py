@@ -36,7 +36,7 @@ import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.resolve import resolve, resolve_cp
 from dtp.testing.counting import CallCounter
 from dtp.testing.launch import spawn
-from dtp.testing.scope import default_family, family_runs, full_run
+from dtp.testing.scope import default_slot, family_runs, full_run
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 
 TOL = 1e-5
@@ -51,14 +51,15 @@ COVERED = sorted(
 )
 # Qwen-Image 2.1 (Ulysses only: `ring_refused`) runs its own, richer case below (`_qwenimage21`)
 CASES = [(name, cp, tp, mode) for name in COVERED for cp, tp, mode in MESHES if PLANS[name].cp.ring_refused is None]
-# By default one family per structural kind (dtp.testing.scope.KINDS) at (2, 2) Ulysses and (4, 1) ring (the other two
-# meshes repeat a mode and a split test_cp_parity.py runs on the first four families by default); every case with
-# DTP_FULL=1, skipped by the worker too.
+# By default one family per structural kind (dtp.testing.scope.KINDS), each at one of (2, 2) Ulysses and (4, 1) ring:
+# the kinds take the two in turn (`default_slot`), so both modes and both meshes run for about half the kinds each (the
+# other two meshes repeat a mode and a split test_cp_parity.py runs on the first four families by default); every
+# case with DTP_FULL=1, skipped by the worker too.
 SMALL_MESHES = ((2, 2, "ulysses"), (4, 1, "ring"))  # also the meshes of the per-token / padded cases below
 
 
 def _runs(case: tuple) -> bool:
-    return full_run() or (default_family(case[0]) and case[1:] in SMALL_MESHES)
+    return full_run() or (case[1:] in SMALL_MESHES and default_slot(case[0], SMALL_MESHES.index(case[1:]), 2))
 
 
 CASE_PARAMS = [case if _runs(case) else pytest.param(*case, marks=pytest.mark.full) for case in CASES]
@@ -79,9 +80,17 @@ def _inputs(name: str) -> dict:
 PER_TOKEN = ("wan", "ltx_video", "cosmos")
 PADDED = {"cogvideox": 10, "sd3": 10, "lumina2": 9}  # text tokens; Lumina2 packs 9 (or 7) + 16 image = 25
 # LTX's [B, S] timesteps are Wan's kind, CogVideoX's padded text SD3's (whose pad-key control runs by default): with
-# DTP_FULL=1.
+# DTP_FULL=1. The others run by default at one mesh each (both with DTP_FULL=1): Wan's per-token timesteps under
+# Ulysses, Cosmos' per-frame ones under ring; SD3's 10 text tokens at cp=4 ring (cp=2 divides them: no pad),
+# Lumina2's 25 joint tokens at cp=2 Ulysses (padded to 26).
 REPEATS = {"ltx_video", "cogvideox"}
 FULL_ONLY = set() if full_run() else REPEATS
+DEFAULT_MESH = {"wan": SMALL_MESHES[0], "cosmos": SMALL_MESHES[1], "sd3": SMALL_MESHES[1], "lumina2": SMALL_MESHES[0]}
+
+
+def _meshes(name: str) -> tuple:
+    """The meshes a per-token / padded case runs at in this run."""
+    return SMALL_MESHES if full_run() else tuple(m for m in SMALL_MESHES if DEFAULT_MESH.get(name) == m)
 
 
 def _per_token_inputs(name: str) -> dict:
@@ -157,14 +166,14 @@ def _all_plans(rank: int, world: int) -> dict:
     for name in (n for n in PER_TOKEN if n not in FULL_ONLY):
         inputs = _per_token_inputs(name)
         ref = _reference(name, inputs)
-        for cp, tp, mode in SMALL_MESHES:
+        for cp, tp, mode in _meshes(name):
             model = tiny_model(PLAN_CLASSES[name])
             results["per_token", name, cp, tp, mode] = _run(model, meshes[cp, tp], mode, inputs, ref, PLANS[name])
     # 10 text tokens: cp=4 pads them to 12; Lumina2's 25 joint tokens to 26 / 28
     for name, text in ((n, t) for n, t in PADDED.items() if n not in FULL_ONLY):
         inputs = tiny_inputs(PLAN_CLASSES[name], batch=2, txt_tokens=text)
         ref = _reference(name, inputs)
-        for cp, tp, mode in SMALL_MESHES:
+        for cp, tp, mode in _meshes(name):
             model = tiny_model(PLAN_CLASSES[name])
             results["padded", name, cp, tp, mode] = _run(model, meshes[cp, tp], mode, inputs, ref, PLANS[name])
     # Negative control: the same padding with the pad keys left unmasked (every rank attends to them).
@@ -222,11 +231,15 @@ def test_lumina2_gqa_kv_heads_shared_at_tp4(four):
 
 
 def _marked(names) -> list:
-    return [pytest.param(n, marks=pytest.mark.full) if n in REPEATS else n for n in names]
+    """(name, cp, tp, mode) at both small meshes: a name's default mesh as it is, the rest `full`."""
+    return [
+        (n, *mesh) if DEFAULT_MESH.get(n) == mesh else pytest.param(n, *mesh, marks=pytest.mark.full)
+        for n in names
+        for mesh in SMALL_MESHES
+    ]
 
 
-@pytest.mark.parametrize("name", _marked(PER_TOKEN))
-@pytest.mark.parametrize("cp,tp,mode", SMALL_MESHES)
+@pytest.mark.parametrize("name,cp,tp,mode", _marked(PER_TOKEN))
 def test_per_token_timesteps(four, name, cp, tp, mode):
     """Per-token / per-frame timesteps split with their tokens: max |out - ref| <= 1e-5 * max |ref|."""
     for results in four:
@@ -234,8 +247,7 @@ def test_per_token_timesteps(four, name, cp, tp, mode):
         assert r["shape_ok"] and r["rel"] <= TOL, (name, cp, tp, mode, r)
 
 
-@pytest.mark.parametrize("name", _marked(PADDED))
-@pytest.mark.parametrize("cp,tp,mode", SMALL_MESHES)
+@pytest.mark.parametrize("name,cp,tp,mode", _marked(PADDED))
 def test_text_length_cp_does_not_divide_is_padded_exactly(four, name, cp, tp, mode):
     """10 text tokens (cp=4: padded to 12, pad keys masked): max |out - ref| <= 1e-5 * max |ref|."""
     for results in four:

@@ -48,7 +48,7 @@ def files(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp-compose")
     lora = tmp / "lora.safetensors"
     save_file(random_lora(tiny_model("QwenImageTransformer2DModel"), seed=10), str(lora))
-    return str(tiny_checkpoint("flux", root=tmp)), str(lora)
+    return str(tiny_checkpoint("flux")), str(lora)  # the shared cache: built once per machine, only read
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def _run_args(checkpoint, pixels, *extra) -> list[str]:
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lora_run")
-    checkpoint = tiny_checkpoint("flux", root=tmp / "cache")
+    checkpoint = tiny_checkpoint("flux")  # the shared cache: built once per machine, only read
     lora = tmp / "lora.safetensors"
     save_file(random_lora(tiny_model("FluxTransformer2DModel"), seed=10), str(lora))
     lora_args = ["--lora", str(lora), "--lora-scale", str(SCALE)]

@@ -46,7 +46,7 @@ def checkpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
     lora = root / "style.safetensors"
     save_file(random_lora(tiny_model("FluxTransformer2DModel"), seed=10), str(lora))
-    return tiny_checkpoint("flux", root=root), lora, root
+    return tiny_checkpoint("flux"), lora, root  # the shared cache: built once per machine, only read
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,7 @@ def replica_job(rank: int, world: int, model_dir: str) -> dict:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return str(tiny_checkpoint("flux", root=tmp_path_factory.mktemp("replica_cfg")))
+    return str(tiny_checkpoint("flux"))  # the shared cache: built once per machine, only read
 
 
 def test_two_replicas_of_cfg_2_each_equal_one_process(checkpoint):

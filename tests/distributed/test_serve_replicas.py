@@ -49,7 +49,7 @@ def test_layout_splits_the_world_or_says_why():
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("replicas")
-    return tiny_checkpoint("flux", root=root), root
+    return tiny_checkpoint("flux"), root  # the shared cache: built once per machine, only read
 
 
 def test_replicas_without_torchrun_is_a_plan_error_before_loading(checkpoint, capsys, monkeypatch):

@@ -116,7 +116,7 @@ def results(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("text_load")
     dirs = _save_checkpoints(root)
-    return spawn(_worker, 2, dirs, str(tiny_checkpoint("flux", root / "pipelines")))
+    return spawn(_worker, 2, dirs, str(tiny_checkpoint("flux")))
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -42,7 +42,7 @@ def two_agents(args: list[str]) -> tuple[list[int], list[str]]:
 def one_process(tmp_path_factory):
     """(the tiny FLUX.1 checkpoint, the one-process run's pixels)."""
     tmp = tmp_path_factory.mktemp("two_nodes")
-    model_dir = tiny_checkpoint("flux", root=tmp)
+    model_dir = tiny_checkpoint("flux")  # the shared cache: built once per machine, only read
     one = [*RUN, "--model-dir", str(model_dir), "--output", str(tmp / "one.png"), "--save-pixels", str(tmp / "one.npy")]
     assert main(one) == 0
     return model_dir, np.load(tmp / "one.npy").astype(np.float64)
@@ -71,7 +71,7 @@ def test_two_agents_draw_the_one_process_image(tmp_path, one_process, mesh):
 @pytest.mark.full
 def test_ulysses_across_the_two_agents_is_refused(tmp_path):
     """--cp 4 as plain Ulysses on 2 nodes x 2 ranks: its one group spans both nodes; refused naming the axis."""
-    model_dir = tiny_checkpoint("flux", root=tmp_path)
+    model_dir = tiny_checkpoint("flux")
     out = [*RUN, "--model-dir", str(model_dir), "--output", str(tmp_path / "x.png"), "--cp", "4"]
     codes, logs = two_agents(out)
     assert all(code != 0 for code in codes), codes
@@ -81,7 +81,7 @@ def test_ulysses_across_the_two_agents_is_refused(tmp_path):
 @pytest.mark.full  # suite time (24 s, 4 processes): the node rule itself is test_nodes / test_usp_cli
 def test_tp_across_the_two_agents_is_refused(tmp_path):
     """tp=4 on 2 nodes x 2 ranks: the one tp group spans both nodes; every rank fails with the axis named."""
-    model_dir = tiny_checkpoint("flux", root=tmp_path)
+    model_dir = tiny_checkpoint("flux")
     codes, logs = two_agents([*RUN, "--model-dir", str(model_dir), "--output", str(tmp_path / "x.png")])
     assert all(code != 0 for code in codes), codes
     assert any("the tp group of ranks [0, 1, 2, 3] spans 2 nodes" in log for log in logs), logs[0][-3000:]

@@ -20,8 +20,9 @@ from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_mode
 PLANS = ("flux", "flux2", "qwenimage", "zimage")
 
 
-def run_cases(rank, world_size, tp, cp):
-    """Every bundled plan (YAML and, where diffusers has one, its `_tp_plan` dict) on a (cp, tp) mesh.
+def run_cases(rank, world_size, tp, cp, diffusers_plans: bool = True):
+    """Every bundled plan (YAML and, where diffusers has one and `diffusers_plans`, its `_tp_plan` dict) on a (cp, tp)
+    mesh.
 
     With cp > 1 the YAML plans run TP on `tp` and their cp sections (Ulysses) on `cp`.
     """
@@ -33,7 +34,7 @@ def run_cases(rank, world_size, tp, cp):
         make = partial(tiny_model, cls)
         results[f"{plan_name}/yaml"] = forward_parity(make, inputs, mesh, dtp.load_plan(plan_name)).relative
         diffusers_plan = getattr(dtp.testing.tiny.model_class(cls), "_tp_plan", None)
-        if diffusers_plan:
+        if diffusers_plan and diffusers_plans:
             # A bare `_tp_plan` has no cp section, so on a (cp > 1) mesh it runs on the `tp` axis alone.
             tp_mesh = mesh["tp"] if cp > 1 else mesh
             plan = dtp.Plan.from_dict(diffusers_plan)
