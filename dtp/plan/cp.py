@@ -104,6 +104,10 @@ class SplitRule:
         Allegro's blocks take image_rotary_emb = ((t, h, w) frequency tables, (t, h, w) position ids [1, S]): the
         position ids are cut with their tokens (`image_rotary_emb[1]`), the tables stay whole; JoyImage's
         ((image cos, sin), text tables or None): `[0]` padded `first` with the image, `[1]` `last` with the text.
+    frames_of: with `output`: output 0 is [B x F, P, D], the F frames of each of the B samples of the model's input of
+        this name (B its dim 0), which the caller makes frame-major tokens [B, F x P, D]: the rank keeps its chunk of
+        each sample's F x P tokens, returned [B, F x P / cp, D] (`runtime/cp/framewise.py`; Allegro's per-frame
+        `pos_embed`, whose `PatchEmbed` then projects only the frames the rank's tokens touch). `dim` is 1.
     """
 
     key: str
@@ -119,6 +123,7 @@ class SplitRule:
     tail: str | None = None
     strided: bool = False
     element: int | None = None
+    frames_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -226,6 +231,7 @@ _SPLIT_FIELDS = {
     "tail",
     "strided",
     "element",
+    "frames_of",
 }
 _SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered"}
 _ITEM = re.compile(r"(\w+)\[(\d+)\]")
@@ -363,8 +369,15 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     tensor, element = _element(tensor, spec.get("element"), where)
     if element is not None and (output or segments or flatten or when is not None or tail is not None or strided):
         raise PlanError(f"{where}: an element split (`name[i]` or `element: i`) takes dim, expected_dims, pad only.")
+    frames_of = spec.get("frames_of")
+    plain_output = output and tensor == 0 and dim == 1 and expected in (None, 3) and not (pad or flatten or when)
+    if frames_of is not None and (not isinstance(frames_of, str) or not plain_output):
+        raise PlanError(
+            f"{where}: `frames_of` (a model input whose dim 0 is the batch) cuts output 0 along dim 1 with nothing "
+            f"else but `expected_dims: 3`, got {spec!r}."
+        )
     rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
-    return dataclasses.replace(rule, tail=tail, strided=strided, element=element)
+    return dataclasses.replace(rule, tail=tail, strided=strided, element=element, frames_of=frames_of)
 
 
 def _element(tensor, element, where: str) -> tuple:

@@ -10,6 +10,7 @@ from torch import nn
 from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, ScopeGuard, install_attention
 from .expert_choice import install_expert_choice
+from .framewise import Samples, install_frames
 from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
 from .kept import install_keeps
@@ -37,10 +38,16 @@ def apply_cp(
         module = model.get_submodule(path)
         hook = SplitInputs(path, module, rules, rank, cp, pads)
         handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+    framewise = [rule.frames_of for rules in outputs.values() for rule in rules if rule.frames_of is not None]
+    samples = Samples(model, framewise)  # the batch of the inputs `frames_of` splits name, recorded per forward
+    if framewise:
+        handles.append(model.register_forward_pre_hook(samples.record, with_kwargs=True))
     for path, rules in outputs.items():
         module = model.get_submodule(path)
         local = local_embed_for(module, rules)  # computes the rank's tokens only, instead of cutting the whole
-        if local is not None:
+        if rules[0].frames_of is not None:  # the only rule of its module (`plan/cp.py`: output 0 alone)
+            handles.append(install_frames(module, path, rules[0], samples, rank, cp, pads))
+        elif local is not None:
             handles.append(install_local_embed(module, path, local, rank, cp))
         else:
             handles.append(module.register_forward_hook(SplitOutputs(path, rules, rank, cp, pads)))
