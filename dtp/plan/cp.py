@@ -108,6 +108,10 @@ class SplitRule:
         this name (B its dim 0), which the caller makes frame-major tokens [B, F x P, D]: the rank keeps its chunk of
         each sample's F x P tokens, returned [B, F x P / cp, D] (`runtime/cp/framewise.py`; Allegro's per-frame
         `pos_embed`, whose `PatchEmbed` then projects only the frames the rank's tokens touch). `dim` is 1.
+    skip: with `output`: output 0's first rows along `dim`, as many as the module's input of this name has, pass whole
+        and only the rest is cut (with `pad`, zero-padded and recorded like an input split): a joint [text | video]
+        embedding whose caller slices the text off by the text input's length (ConsisID's and CogVideoX's
+        `CogVideoXPatchEmbed`, which then projects only the rank's video frames; `runtime/cp/joint_embed.py`).
     """
 
     key: str
@@ -124,6 +128,7 @@ class SplitRule:
     strided: bool = False
     element: int | None = None
     frames_of: str | None = None
+    skip: str | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,7 @@ _SPLIT_FIELDS = {
     "strided",
     "element",
     "frames_of",
+    "skip",
 }
 _SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered"}
 _ITEM = re.compile(r"(\w+)\[(\d+)\]")
@@ -376,8 +382,14 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
             f"{where}: `frames_of` (a model input whose dim 0 is the batch) cuts output 0 along dim 1 with nothing "
             f"else but `expected_dims: 3`, got {spec!r}."
         )
+    skip = spec.get("skip")
+    if skip is not None and (not isinstance(skip, str) or not output or tensor != 0 or flatten or when or frames_of):
+        raise PlanError(
+            f"{where}: `skip` (an input of the module whose length of rows passes whole) cuts output 0, with dim, "
+            f"expected_dims and pad only, got {spec!r}."
+        )
     rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
-    return dataclasses.replace(rule, tail=tail, strided=strided, element=element, frames_of=frames_of)
+    return dataclasses.replace(rule, tail=tail, strided=strided, element=element, frames_of=frames_of, skip=skip)
 
 
 def _element(tensor, element, where: str) -> tuple:

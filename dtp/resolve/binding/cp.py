@@ -246,9 +246,11 @@ def _expand(model: nn.Module, key: str, plan_name: str, optional: bool = False):
 
 def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module, model: nn.Module) -> None:
     """An input split must name a forward() parameter (outputs are checked when the module returns); a `frames_of`
-    split, a parameter of the model's forward."""
+    split, a parameter of the model's forward; a `skip` split, one of the module's."""
     if rule.output and rule.frames_of is not None:
         module, path, names = model, "", (rule.frames_of,)
+    elif rule.output and rule.skip is not None:
+        names = (rule.skip,)
     elif rule.output:
         return
     else:
@@ -263,16 +265,16 @@ def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module, 
 
 
 def _check_frames(plan_name: str, splits) -> None:
-    """A `frames_of` split is the only split of its module's output (it reshapes the whole output)."""
+    """A `frames_of` or `skip` split is the only split of its module's output (it reshapes the whole output)."""
     outputs = {}
     for path, rule in splits:
         if rule.output:
             outputs.setdefault(path, []).append(rule)
     for path, rules in outputs.items():
-        if len(rules) > 1 and any(rule.frames_of is not None for rule in rules):
+        if len(rules) > 1 and any(rule.frames_of is not None or rule.skip is not None for rule in rules):
             raise PlanError(
-                f"plan {plan_name}: '{path}' has a `frames_of` output split and {len(rules) - 1} other output "
-                f"split(s); a `frames_of` split cuts the module's one output alone."
+                f"plan {plan_name}: '{path}' has a `frames_of` / `skip` output split and {len(rules) - 1} other "
+                f"output split(s); such a split cuts the module's one output alone."
             )
 
 

@@ -13,6 +13,7 @@ from .expert_choice import install_expert_choice
 from .framewise import Samples, install_frames
 from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
+from .joint_embed import install_skip
 from .kept import install_keeps
 from .local_embed import install_local_embed, local_embed_for
 from .masks import ForwardMasks
@@ -45,8 +46,10 @@ def apply_cp(
     for path, rules in outputs.items():
         module = model.get_submodule(path)
         local = local_embed_for(module, rules)  # computes the rank's tokens only, instead of cutting the whole
-        if rules[0].frames_of is not None:  # the only rule of its module (`plan/cp.py`: output 0 alone)
+        if rules[0].frames_of is not None:  # the only rule of its module (`_check_frames`: output 0 alone)
             handles.append(install_frames(module, path, rules[0], samples, rank, cp, pads))
+        elif rules[0].skip is not None:  # likewise
+            handles.append(install_skip(module, path, rules[0], pads, rank, cp))
         elif local is not None:
             handles.append(install_local_embed(module, path, local, rank, cp))
         else:

@@ -1,22 +1,28 @@
-"""A per-frame module's output cut to the rank's tokens of each sample (`dtp/runtime/cp/framewise.py`, Allegro).
+"""Embeddings cut to the rank's tokens as they run: a per-frame module's output cut to the rank's tokens of each
+sample (`dtp/runtime/cp/framewise.py`, Allegro), and a joint [text | video] embedding cut to [whole text | the rank's
+video chunk] (`dtp/runtime/cp/joint_embed.py`, ConsisID).
 
 Compared with an independent construction: diffusers' `PatchEmbed` on the whole [B x F, C, H, W] frames, made
 frame-major per sample as Allegro's forward does (`unflatten(0, (B, -1)).flatten(1, 2)`), then cut with
 `chunk(cp)[rank]`. Token ranges that cross a frame boundary (3 frames of 4 patches at cp = 2, 3, 4, 6) are the
-case a per-frame cut would get wrong. The gloo parity of Allegro's plan is tests/distributed/test_cp_video.py.
+case a per-frame cut would get wrong. The joint embedding against diffusers' `CogVideoXPatchEmbed` output whose video
+rows are zero-padded to a multiple of cp and cut, the text rows whole. The gloo parity of the plans is
+tests/distributed/test_cp_video.py (Allegro) and tests/distributed/test_cp_video_b.py (ConsisID).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from diffusers.models.embeddings import PatchEmbed
+from diffusers.models.embeddings import CogVideoXPatchEmbed, PatchEmbed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dtp.errors import ForwardError, PlanError
-from dtp.plan.cp import cp_plan_from_mapping
+from dtp.plan.cp import PadRule, SplitRule, cp_plan_from_mapping
 from dtp.runtime.cp.framewise import frames_chunk, patch_embed_frames
+from dtp.runtime.cp.hooks import PadState
+from dtp.runtime.cp.joint_embed import cogvideox_patch_embed
 
 FRAMES, BATCH = 3, 2
 
@@ -88,3 +94,59 @@ def test_frames_of_is_an_output_zero_dim_one_rule(rule):
     key = 0 if rule.get("output") else "x"
     with pytest.raises(PlanError, match="frames_of"):
         cp_plan_from_mapping({"split": {"pos_embed": {key: rule}}}, "t")
+
+
+JOINT = SplitRule("patch_embed", 0, 1, 3, True, pad=PadRule("last", ("a",)), skip="text_embeds")
+COGVIDEOX = dict(patch_size=2, in_channels=3, embed_dim=32, text_embed_dim=6, sample_width=6, sample_height=4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    cp=st.sampled_from([2, 3, 4, 8]),
+    batch=st.integers(1, 2),
+    kwargs=st.sampled_from(
+        [
+            dict(use_positional_embeddings=False, use_learned_positional_embeddings=False),  # ConsisID: RoPE
+            dict(
+                use_positional_embeddings=False, use_learned_positional_embeddings=False, patch_size_t=2
+            ),  # 1.5's linear patching
+            dict(max_text_seq_length=5, sample_frames=5, temporal_compression_ratio=2),  # CogVideoX 2B: sincos table
+        ]
+    ),
+)
+def test_joint_embedding_is_the_whole_text_and_the_ranks_padded_video_chunk(cp, batch, kwargs):
+    """3 (or 4 with a temporal patch) frames of 2 x 3 patches: [text (5 rows) whole | video chunk r of the video
+    zero-padded to a multiple of cp] within 1e-6 x max |ref| (the projection runs on fewer frames); the pad slot and
+    the split's lengths recorded as an input split records them."""
+    module = _perturbed(CogVideoXPatchEmbed(**{**COGVIDEOX, **kwargs}))
+    frames = 4 if kwargs.get("patch_size_t") else 3
+    text, video = torch.randn(batch, 5, 6), torch.randn(batch, frames, 3, 4, 6)
+    with torch.no_grad():
+        whole = module(text, video)
+        total = whole.shape[1] - 5
+        padded = torch.cat([whole[:, 5:], whole.new_zeros(batch, (-total) % cp, 32)], dim=1)
+        for rank in range(cp):
+            pads = PadState()
+            where = dict(rule=JOINT, pads=pads, path="p", rank=rank, cp=cp, what="p")
+            out = cogvideox_patch_embed(module, text, video, **where)
+            expected = torch.cat([whole[:, :5], padded.chunk(cp, dim=1)[rank]], dim=1)
+            assert out.shape == expected.shape, (cp, rank)
+            assert (out - expected).abs().max() <= 1e-6 * expected.abs().max(), (cp, rank)
+            local, slot = padded.shape[1] // cp, pads.slots["last"]
+            assert pads.lengths["p.0"] == (local, total)
+            assert (slot.local, slot.valid, slot.total) == (local, max(0, min(local, total - rank * local)), total)
+            assert slot.padded == (local * cp != total)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"dim": 1, "skip": "text_embeds"},  # an input split
+        {"dim": 1, "output": True, "flatten": True, "skip": "text_embeds"},
+        {"dim": 1, "output": True, "frames_of": "hidden_states", "skip": "text_embeds"},
+    ],
+)
+def test_skip_is_an_output_zero_rule(rule):
+    key = 0 if rule.get("output") else "x"
+    with pytest.raises(PlanError, match="skip"):
+        cp_plan_from_mapping({"split": {"patch_embed": {key: rule}}}, "t")
