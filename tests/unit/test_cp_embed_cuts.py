@@ -12,12 +12,15 @@ tests/distributed/test_cp_video.py (Allegro) and tests/distributed/test_cp_video
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from diffusers.models.embeddings import CogVideoXPatchEmbed, PatchEmbed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dtp.analysis.whole import Made, padded, whole_at_peak
 from dtp.errors import ForwardError, PlanError
 from dtp.plan.cp import PadRule, SplitRule, cp_plan_from_mapping
 from dtp.runtime.cp.framewise import frames_chunk, patch_embed_frames
@@ -150,3 +153,18 @@ def test_skip_is_an_output_zero_rule(rule):
     key = 0 if rule.get("output") else "x"
     with pytest.raises(PlanError, match="skip"):
         cp_plan_from_mapping({"split": {"patch_embed": {key: rule}}}, "t")
+
+
+def test_check_counts_a_whole_sequence_padded_for_the_cut_as_whole():
+    """`dtp check`'s whole-tensor report: a tensor one rank never makes, the whole video zero-padded to a multiple of
+    cp ([1, 17552, 3072] of 17550 tokens at cp = 8: ConsisID's 0.108 GB that the report missed), is held whole; a
+    rank's own chunk ([1, 2194, 3072]) and a count that is not a padded length ([1, 6, 8] of [1, 1, 8]) are not."""
+    made = frozenset({((1, 17550, 3072), "bfloat16"), ((1, 1, 8), "bfloat16")})
+    one = SimpleNamespace(made=made, at_peak=())
+    at_peak = tuple(
+        Made(n, shape, "bfloat16", "cat", "")
+        for n, shape in ((107_839_488, (1, 17552, 3072)), (13_479_936, (1, 2194, 3072)), (96, (1, 6, 8)))
+    )
+    report = whole_at_peak(SimpleNamespace(at_peak=at_peak), one, cp=8, tp=1, per_rank=1, ideal=1.0)
+    assert [row["tensor"] for row in report["tensors"]] == ["[1, 17552, 3072] bfloat16"]
+    assert not padded(((1, 6, 8), "bfloat16"), made, 8) and not padded(((1, 17560, 3072), "bfloat16"), made, 8)
