@@ -78,6 +78,9 @@ def padded_chunk(x: torch.Tensor, dim: int, rank: int, cp: int, what: str, expec
     size = -(-n // cp)
     valid = max(0, min(size, n - rank * size))
     chunk = x.narrow(dim, min(rank * size, n), valid)
-    if valid < size:
-        chunk = torch.cat([chunk, x.new_zeros(*x.shape[:dim], size - valid, *x.shape[dim + 1 :])], dim=dim)
-    return chunk, valid
+    if size * cp == n:  # nothing padded: a view, as `local_chunk`
+        return chunk, valid
+    # padded: a copy on every rank, as the padded whole's cut was (a view of the caller's tensor on the ranks without
+    # pad rows let an in-place op downstream write into it)
+    zeros = x.new_zeros(*x.shape[:dim], size - valid, *x.shape[dim + 1 :])
+    return torch.cat([chunk, zeros], dim=dim), valid
