@@ -1,13 +1,15 @@
 """The tensors a sharded forward holds whole at its peak: why a per-rank peak is above one rank's / (cp x tp).
 
 A cp plan cuts the sequence at a module boundary; what the model's forward builds for the whole sequence before that
-boundary (Helios' per-token modulation, Kandinsky 5's RoPE tables, the embedded video of Allegro and Wan Animate)
+boundary (Helios' per-token modulation, Kandinsky 5's RoPE tables, Wan Animate's embedded video)
 lives on every rank, undivided, and so does what a plan gathers on purpose (a gathered region). `PeakTensors`
 records, during `trace.PhaseTrace`, what each live tensor is (shape, dtype, the op and the module that made it) and
 which were alive at the peak; `whole_at_peak` compares the sharded trace with one rank's:
 
     whole tensor    alive at the sharded peak, and a tensor of the same shape and dtype was made by one rank's
-                    forward too: not divided by cp x tp (a divided one has 1/cp of its sequence axis)
+                    forward too: not divided by cp x tp (a divided one has 1/cp of its sequence axis); or the same
+                    but for one dim of m > cp rows made the next multiple of cp: the whole sequence zero-padded
+                    for the cp cut (`padded`; ConsisID's video [1, 17552, 3072] of 17550 tokens used to be one)
     above ideal     its bytes x (1 - 1 / (cp tp)): what it adds to the rank's peak beyond its ideal share
     region's cost   the sum over the whole tensors; ratio without it = (per rank - cost) / ideal
 
@@ -99,7 +101,7 @@ def whole_at_peak(sharded, one, *, cp: int, tp: int, per_rank: int, ideal: float
     `Trace`): {"tensors": [...], "above_ideal_bytes", "ratio_without"} (module docstring)."""
     ranks = cp * tp
     floor = FLOOR * per_rank
-    whole = [m for m in sharded.at_peak if m.key in one.made and m.nbytes >= floor]
+    whole = [m for m in sharded.at_peak if m.nbytes >= floor and (m.key in one.made or padded(m.key, one.made, cp))]
     whole.sort(key=lambda m: -m.nbytes)
     above = sum(m.nbytes for m in whole) * (1 - 1 / ranks)
     rows = [
@@ -117,3 +119,17 @@ def whole_at_peak(sharded, one, *, cp: int, tp: int, per_rank: int, ideal: float
         "above_ideal_bytes": int(above),
         "ratio_without": (per_rank - above) / ideal if ideal else 0.0,
     }
+
+
+def padded(key: tuple, made, cp: int) -> bool:
+    """Whether `key` (shape, dtype) is a shape of `made` with one dim of m > cp rows made n, the next multiple of cp:
+    a whole sequence zero-padded for the cp cut (module docstring). [1, 17552, 3072] of [1, 17550, 3072] at cp = 8:
+    True; [1, 6, D] of [1, 1, D] (a count, not a padded sequence): False."""
+    shape, dtype = key
+    for other, other_dtype in made:
+        if other_dtype != dtype or len(other) != len(shape):
+            continue
+        longer = [(n, m) for n, m in zip(shape, other) if n != m]
+        if len(longer) == 1 and longer[0][1] > cp and longer[0][0] == longer[0][1] + (-longer[0][1]) % cp:
+            return True
+    return False

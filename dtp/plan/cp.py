@@ -115,6 +115,14 @@ class SplitRule:
     per_frame: with `embed`, a module whose [B, F, D] output the forward adds to the embedded grid per frame
         (Kandinsky 6's token types, `embed + types[:, :, None, None, :]`): it hands the forward zeros [B, F, 1]
         (int64: the indices pass the sum unchanged) and each rank's token gets its frame's row when embedded.
+    frames_of: with `output`: output 0 is [B x F, P, D], the F frames of each of the B samples of the model's input of
+        this name (B its dim 0), which the caller makes frame-major tokens [B, F x P, D]: the rank keeps its chunk of
+        each sample's F x P tokens, returned [B, F x P / cp, D] (`runtime/cp/framewise.py`; Allegro's per-frame
+        `pos_embed`, whose `PatchEmbed` then projects only the frames the rank's tokens touch). `dim` is 1.
+    skip: with `output`: output 0's first rows along `dim`, as many as the module's input of this name has, pass whole
+        and only the rest is cut (with `pad`, zero-padded and recorded like an input split): a joint [text | video]
+        embedding whose caller slices the text off by the text input's length (ConsisID's and CogVideoX's
+        `CogVideoXPatchEmbed`, which then projects only the rank's video frames; `runtime/cp/joint_embed.py`).
     """
 
     key: str
@@ -132,6 +140,8 @@ class SplitRule:
     element: int | None = None
     embed: str | None = None
     per_frame: str | None = None
+    frames_of: str | None = None
+    skip: str | None = None
 
 
 @dataclass(frozen=True)
@@ -270,6 +280,8 @@ _SPLIT_FIELDS = {
     "element",
     "embed",
     "per_frame",
+    "frames_of",
+    "skip",
 }
 _SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered", "grid"}
 _ITEM = re.compile(r"(\w+)\[(\d+)\]")
@@ -426,15 +438,48 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     tensor, element = _element(tensor, spec.get("element"), where)
     if element is not None and (output or segments or flatten or when is not None or tail is not None or strided):
         raise PlanError(f"{where}: an element split (`name[i]` or `element: i`) takes dim, expected_dims, pad only.")
-    embed = spec.get("embed")
+    embed, per_frame = _embed_fields(spec, where, output, segments, flatten, when, tail, strided, element)
+    frames_of, skip = _output_cut_fields(spec, where, output, tensor, dim, expected, pad, flatten, when)
+    rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
+    return dataclasses.replace(
+        rule,
+        tail=tail,
+        strided=strided,
+        element=element,
+        embed=embed,
+        per_frame=per_frame,
+        frames_of=frames_of,
+        skip=skip,
+    )
+
+
+def _embed_fields(spec, where, output, segments, flatten, when, tail, strided, element) -> tuple:
+    """`embed` / `per_frame` (module paths) of a plain input split, checked."""
     plain = not (output or segments or flatten or when is not None or tail is not None or strided)
     embed, per_frame = spec.get("embed"), spec.get("per_frame")
     if any(v is not None and not (isinstance(v, str) and v and "*" not in v) for v in (embed, per_frame)):
         raise PlanError(f"{where}: `embed` and `per_frame` are module paths (no `*`), got {embed!r}, {per_frame!r}.")
     if (embed is not None and (not plain or element is not None)) or (per_frame is not None and embed is None):
         raise PlanError(f"{where}: `embed` (with `per_frame` or not) goes with a plain input split only.")
-    rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
-    return dataclasses.replace(rule, tail=tail, strided=strided, element=element, embed=embed, per_frame=per_frame)
+    return embed, per_frame
+
+
+def _output_cut_fields(spec, where, output, tensor, dim, expected, pad, flatten, when) -> tuple:
+    """`frames_of` / `skip` (cuts of an embedding's output 0), checked."""
+    frames_of = spec.get("frames_of")
+    plain_output = output and tensor == 0 and dim == 1 and expected in (None, 3) and not (pad or flatten or when)
+    if frames_of is not None and (not isinstance(frames_of, str) or not plain_output):
+        raise PlanError(
+            f"{where}: `frames_of` (a model input whose dim 0 is the batch) cuts output 0 along dim 1 with nothing "
+            f"else but `expected_dims: 3`, got {spec!r}."
+        )
+    skip = spec.get("skip")
+    if skip is not None and (not isinstance(skip, str) or not output or tensor != 0 or flatten or when or frames_of):
+        raise PlanError(
+            f"{where}: `skip` (an input of the module whose length of rows passes whole) cuts output 0, with dim, "
+            f"expected_dims and pad only, got {spec!r}."
+        )
+    return frames_of, skip
 
 
 def _element(tensor, element, where: str) -> tuple:

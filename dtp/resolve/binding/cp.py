@@ -139,9 +139,10 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     splits = []
     for rule in plan.cp.splits:
         for path, module in _expand(model, rule.key, plan.name):
-            _check_input(plan.name, rule, path, module)
+            _check_input(plan.name, rule, path, module, model)
             splits.append((path, rule))
     _check_unique(plan.name, splits)
+    _check_frames(plan.name, splits)
     gathers = [(path, rule) for rule in plan.cp.gathers for path, _ in _expand(model, rule.key, plan.name)]
     tp_paths = {spec.path for spec in resolved.attention}
     # a `local` glob may cover blocks that lack the attention (None there: FIBO 2.0's cross-attention exists in its
@@ -280,16 +281,37 @@ def _expand(model: nn.Module, key: str, plan_name: str, optional: bool = False):
     return [("", model)] if key == "" else expand(model, key, plan_name, optional=optional)
 
 
-def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module) -> None:
-    """An input split must name a forward() parameter (outputs are checked when the module returns)."""
-    if rule.output:
+def _check_input(plan_name: str, rule: SplitRule, path: str, module: nn.Module, model: nn.Module) -> None:
+    """An input split must name a forward() parameter (outputs are checked when the module returns); a `frames_of`
+    split, a parameter of the model's forward; a `skip` split, one of the module's."""
+    if rule.output and rule.frames_of is not None:
+        module, path, names = model, "", (rule.frames_of,)
+    elif rule.output and rule.skip is not None:
+        names = (rule.skip,)
+    elif rule.output:
         return
+    else:
+        names = (rule.name, *rule.segments, *((rule.tail,) if rule.tail else ()))
     params = inspect.signature(module.forward).parameters
-    for name in (rule.name, *rule.segments, *((rule.tail,) if rule.tail else ())):
+    for name in names:
         if name not in params:
             raise PlanError(
                 f"plan {plan_name}, cp key '{rule.key}': '{path or '<model>'}' ({type(module).__name__}) has no "
                 f"forward() parameter '{name}'; parameters: {', '.join(params)}."
+            )
+
+
+def _check_frames(plan_name: str, splits) -> None:
+    """A `frames_of` or `skip` split is the only split of its module's output (it reshapes the whole output)."""
+    outputs = {}
+    for path, rule in splits:
+        if rule.output:
+            outputs.setdefault(path, []).append(rule)
+    for path, rules in outputs.items():
+        if len(rules) > 1 and any(rule.frames_of is not None or rule.skip is not None for rule in rules):
+            raise PlanError(
+                f"plan {plan_name}: '{path}' has a `frames_of` / `skip` output split and {len(rules) - 1} other "
+                f"output split(s); such a split cuts the module's one output alone."
             )
 
 

@@ -10,10 +10,12 @@ from torch import nn
 from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, ScopeGuard, install_attention
 from .expert_choice import install_expert_choice
+from .framewise import Samples, install_frames
 from .grid import install_grids
 from .grid_embed import install_embeds
 from .halo import install_halo
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
+from .joint_embed import install_skip
 from .kept import install_keeps
 from .local_embed import install_local_embed, local_embed_for
 from .masks import ForwardMasks
@@ -40,10 +42,18 @@ def apply_cp(
         hook = SplitInputs(path, module, rules, rank, cp, pads)
         handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
     handles += install_embeds(model, resolved.embeds)  # after the splits: the rank's cut indices are embedded
+    framewise = [rule.frames_of for rules in outputs.values() for rule in rules if rule.frames_of is not None]
+    samples = Samples(model, framewise)  # the batch of the inputs `frames_of` splits name, recorded per forward
+    if framewise:
+        handles.append(model.register_forward_pre_hook(samples.record, with_kwargs=True))
     for path, rules in outputs.items():
         module = model.get_submodule(path)
         local = local_embed_for(module, rules)  # computes the rank's tokens only, instead of cutting the whole
-        if local is not None:
+        if rules[0].frames_of is not None:  # the only rule of its module (`_check_frames`: output 0 alone)
+            handles.append(install_frames(module, path, rules[0], samples, rank, cp, pads))
+        elif rules[0].skip is not None:  # likewise
+            handles.append(install_skip(module, path, rules[0], pads, rank, cp))
+        elif local is not None:
             handles.append(install_local_embed(module, path, local, rank, cp))
         else:
             handles.append(module.register_forward_hook(SplitOutputs(path, rules, rank, cp, pads)))

@@ -69,10 +69,18 @@ def gather_chunks(x: torch.Tensor, dim: int, group, what: str, expected_dims: in
 
 def padded_chunk(x: torch.Tensor, dim: int, rank: int, cp: int, what: str, expected_dims: int | None = None):
     """`(chunk, valid)`: this rank's chunk of `x` zero-padded along `dim` to a multiple of cp, and how many
-    of the chunk's leading tokens are real. n = 226, cp = 4: chunks of 57; ranks 0-2 valid 57, rank 3 55."""
+    of the chunk's leading tokens are real. n = 226, cp = 4: chunks of 57; ranks 0-2 valid 57, rank 3 55.
+    Only the rank's chunk is padded (its real rows, then zeros): the padded whole is never built, so no rank holds a
+    whole copy of the sequence alive through the first block (ConsisID's video, 0.108 GB at cp=8, was one)."""
+    if expected_dims is not None and x.ndim != expected_dims:
+        local_chunk(x, dim, rank, cp, what, expected_dims)  # raises the shape error
     n = x.shape[dim]
-    pad = (-n) % cp
-    if pad:
-        x = torch.cat([x, x.new_zeros(*x.shape[:dim], pad, *x.shape[dim + 1 :])], dim=dim)
-    size = (n + pad) // cp
-    return local_chunk(x, dim, rank, cp, what, expected_dims), max(0, min(size, n - rank * size))
+    size = -(-n // cp)
+    valid = max(0, min(size, n - rank * size))
+    chunk = x.narrow(dim, min(rank * size, n), valid)
+    if size * cp == n:  # nothing padded: a view, as `local_chunk`
+        return chunk, valid
+    # padded: a copy on every rank, as the padded whole's cut was (a view of the caller's tensor on the ranks without
+    # pad rows let an in-place op downstream write into it)
+    zeros = x.new_zeros(*x.shape[:dim], size - valid, *x.shape[dim + 1 :])
+    return torch.cat([chunk, zeros], dim=dim), valid
