@@ -80,11 +80,6 @@ def base_linear(model: nn.Module, path: str) -> nn.Module | None:
 
 def check_lora(model: nn.Module, peft_sd: dict[str, torch.Tensor], adapter_name: str, prefix) -> list[LoraTarget]:
     """Every module the LoRA adapts, with its rank; PlanError (model untouched) for anything that does not fit."""
-    if not hasattr(model, "load_lora_adapter"):  # diffusers' PeftAdapterMixin, which dtp loads through
-        raise PlanError(
-            f"{type(model).__name__} takes no LoRA in diffusers (it has no PeftAdapterMixin, so no load_lora_adapter); "
-            f"dtp loads LoRAs through diffusers' loader. Fuse the LoRA into the weights before sharding instead."
-        )
     if not peft_sd:
         raise PlanError(f"the LoRA holds no keys under prefix '{prefix}'; pass the prefix its keys start with.")
     if adapter_name in getattr(model, "peft_config", {}):

@@ -68,6 +68,11 @@ def load_lora(
     unchanged, when a key names no Linear of the model or a shape does not fit its base layer.
     Afterwards diffusers' adapter methods on `model` work as on an unsharded model.
     """
+    if not hasattr(model, "load_lora_adapter"):  # diffusers' PeftAdapterMixin, which dtp loads through
+        raise PlanError(
+            f"{type(model).__name__} takes no LoRA in diffusers (it has no PeftAdapterMixin, so no load_lora_adapter); "
+            f"dtp loads LoRAs through diffusers' loader. Fuse the LoRA into the weights before sharding instead."
+        )
     state_dict, file_metadata = read_lora(lora)
     peft_sd = peft_view(state_dict, prefix)
     fsdp = is_fsdp(model)

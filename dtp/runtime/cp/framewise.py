@@ -23,7 +23,7 @@ from torch import nn
 
 from ...errors import ForwardError
 from ..arguments import Binder
-from .local_embed import _Restore, _token_range, _whole_pos_embed
+from .local_embed import Restore, token_range, whole_pos_embed
 from .sequence import own_chunk
 
 
@@ -72,7 +72,7 @@ def patch_embed_frames(module, latent, *, batch: int, rank: int, cp: int, what: 
     else:
         height, width = latent.shape[-2] // module.patch_size, latent.shape[-1] // module.patch_size
     per_frame = (latent.shape[-2] // module.patch_size) * (latent.shape[-1] // module.patch_size)
-    start, stop = _token_range(frames * per_frame, rank, cp, what)
+    start, stop = token_range(frames * per_frame, rank, cp, what)
     first, last = start // per_frame, -(-stop // per_frame)  # the frames the rank's tokens touch
     touched = latent.unflatten(0, (batch, frames))[:, first:last].flatten(0, 1)
     tokens = module.proj(touched).flatten(2).transpose(1, 2)  # [B x touched, P, D]
@@ -84,7 +84,7 @@ def patch_embed_frames(module, latent, *, batch: int, rank: int, cp: int, what: 
     if module.pos_embed is None:
         return tokens
     index = torch.arange(start, stop, device=tokens.device) % per_frame
-    pos_embed = _whole_pos_embed(module, height, width, tokens.device)[:, index]
+    pos_embed = whole_pos_embed(module, height, width, tokens.device)[:, index]
     return (tokens + pos_embed).to(tokens.dtype)
 
 
@@ -114,5 +114,5 @@ def install_frames(module: nn.Module, path: str, rule, samples: Samples, rank: i
             return patch_embed_frames(self, latent, batch=samples.of(rule.frames_of, what), rank=rank, cp=cp, what=what)
 
         module.forward = types.MethodType(forward, module)
-        return _Restore(module)
+        return Restore(module)
     return module.register_forward_hook(SplitFrames(path, rule, samples, rank, cp, pads))

@@ -23,7 +23,7 @@ from torch import nn
 
 from ...errors import ForwardError
 from ..arguments import Binder
-from .local_embed import _Restore, _token_range
+from .local_embed import Restore, token_range
 from .sequence import padded_chunk
 
 
@@ -40,7 +40,7 @@ def _record(pads, path: str, rule, cp: int, local: int, valid: int, total: int) 
 def _range(total: int, rank: int, cp: int, padded: bool, what: str) -> tuple[int, int, int]:
     """(start, stop, local): this rank's real video rows [start, stop) and its chunk length (pad included)."""
     if not padded:
-        start, stop = _token_range(total, rank, cp, what)
+        start, stop = token_range(total, rank, cp, what)
         return start, stop, stop - start
     local = -(-total // cp)
     start = min(rank * local, total)
@@ -118,7 +118,7 @@ class SplitSkip:
         if self.rule.pad is not None:
             chunk, valid = padded_chunk(rest, dim, self.rank, self.cp, what)
         else:
-            start, stop = _token_range(rest.shape[dim], self.rank, self.cp, what)
+            start, stop = token_range(rest.shape[dim], self.rank, self.cp, what)
             chunk, valid = rest.narrow(dim, start, stop - start), stop - start
         _record(self.pads, self.path, self.rule, self.cp, chunk.shape[dim], valid, rest.shape[dim])
         return torch.cat([output.narrow(dim, 0, skip), chunk], dim=dim)
@@ -135,5 +135,5 @@ def install_skip(module: nn.Module, path: str, rule, pads, rank: int, cp: int):
             return cogvideox_patch_embed(self, text_embeds, image_embeds, **local)
 
         module.forward = types.MethodType(forward, module)
-        return _Restore(module)
+        return Restore(module)
     return module.register_forward_hook(SplitSkip(path, module, rule, pads, rank, cp), with_kwargs=True)

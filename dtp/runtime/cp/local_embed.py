@@ -23,7 +23,7 @@ from ...errors import ForwardError
 from .sequence import own_chunk
 
 
-def _token_range(n: int, rank: int, cp: int, what: str) -> tuple[int, int]:
+def token_range(n: int, rank: int, cp: int, what: str) -> tuple[int, int]:
     if n % cp:
         raise ForwardError(
             f"cp split of {what}: sequence length {n} (dim 1) is not divisible by the cp degree {cp}; "
@@ -38,7 +38,7 @@ def cosmos_learnable_pos_embed(module, hidden_states, *, rank: int, cp: int, wha
     norm.numel() / emb.numel() is 1 / D whatever the token count), so a token range needs no other token."""
     batch, _, frames, height, width = hidden_states.shape
     grid = (frames // module.patch_size[0], height // module.patch_size[1], width // module.patch_size[2])
-    start, stop = _token_range(math.prod(grid), rank, cp, what)
+    start, stop = token_range(math.prod(grid), rank, cp, what)
     index = torch.arange(start, stop, device=hidden_states.device)
     t, h, w = index // (grid[1] * grid[2]), index // grid[2] % grid[1], index % grid[2]
     emb = module.pos_emb_t[t] + module.pos_emb_h[h] + module.pos_emb_w[w]  # diffusers' order of the two sums
@@ -48,7 +48,7 @@ def cosmos_learnable_pos_embed(module, hidden_states, *, rank: int, cp: int, wha
     return (emb / norm).type_as(hidden_states)
 
 
-def _whole_pos_embed(module, height: int, width: int, device):
+def whole_pos_embed(module, height: int, width: int, device):
     """`PatchEmbed.forward`'s position table for a (height, width) grid: cropped, interpolated or its buffer."""
     from diffusers.models.embeddings import get_2d_sincos_pos_embed
 
@@ -75,13 +75,13 @@ def patch_embed(module, latent, *, rank: int, cp: int, what: str):
     else:
         height, width = latent.shape[-2] // module.patch_size, latent.shape[-1] // module.patch_size
     latent = module.proj(latent).flatten(2).transpose(1, 2)  # BCHW -> BNC
-    start, stop = _token_range(latent.shape[1], rank, cp, what)
+    start, stop = token_range(latent.shape[1], rank, cp, what)
     latent = own_chunk(latent, 1, rank, cp, what)
     if module.layer_norm:
         latent = module.norm(latent)
     if module.pos_embed is None:
         return latent
-    pos_embed = _whole_pos_embed(module, height, width, latent.device)[:, start:stop]
+    pos_embed = whole_pos_embed(module, height, width, latent.device)[:, start:stop]
     return (latent + pos_embed).to(latent.dtype)
 
 
@@ -92,7 +92,7 @@ def cosmos_patch_embed(module, hidden_states, *, rank: int, cp: int, what: str):
     p_t, p_h, p_w = module.patch_size
     patches = hidden_states.reshape(batch, channels, frames // p_t, p_t, height // p_h, p_h, width // p_w, p_w)
     patches = patches.permute(0, 2, 4, 6, 1, 3, 5, 7).flatten(4, 7).flatten(1, 3)  # [B, T H W, C p_t p_h p_w]
-    start, stop = _token_range(patches.shape[1], rank, cp, what)
+    start, stop = token_range(patches.shape[1], rank, cp, what)
     return module.proj(patches[:, start:stop])[:, :, None, None, :]
 
 
@@ -103,7 +103,7 @@ def anyflow_timestep(module, timestep, delta_timestep, encoder_hidden_states, to
     81 frames of 480 x 832 in bf16) for the plan to cut afterwards. The same values, bit for bit."""
     whole = type(module).forward_timestep
     per_frame = whole(module, timestep, delta_timestep, encoder_hidden_states, 1)
-    start, stop = _token_range(per_frame[0].shape[1] * token_per_frame, rank, cp, what)
+    start, stop = token_range(per_frame[0].shape[1] * token_per_frame, rank, cp, what)
     frame = torch.arange(start, stop, device=per_frame[0].device) // token_per_frame
     return tuple(rows[:, frame] for rows in per_frame)
 
@@ -131,7 +131,7 @@ LOCAL_EMBEDS = {
 LOCAL_METHODS = {"AnyFlowDualTimestepTextImageEmbedding": (anyflow_timestep, (0, 1))}
 
 
-class _Restore:
+class Restore:
     """A hook-handle look-alike: `remove()` drops the instance's forward, so the class's runs again."""
 
     def __init__(self, module: nn.Module, method: str = "forward"):
@@ -157,7 +157,7 @@ def local_embed_for(module: nn.Module, rules: list):
     return local if implements(rules[0]) and has_form(module) else None
 
 
-def install_local_embed(module: nn.Module, path: str, local, rank: int, cp: int) -> _Restore:
+def install_local_embed(module: nn.Module, path: str, local, rank: int, cp: int) -> Restore:
     """Make `module` compute only this rank's tokens (`local`, from `local_embed_for`); returns the restore handle."""
     what = f"output 0 of '{path}'"
     method = getattr(local, "method", "forward")
@@ -166,4 +166,4 @@ def install_local_embed(module: nn.Module, path: str, local, rank: int, cp: int)
         return local(self, *args, rank=rank, cp=cp, what=what)
 
     setattr(module, method, types.MethodType(forward, module))
-    return _Restore(module, method)
+    return Restore(module, method)
