@@ -45,6 +45,15 @@ class Binder:
         at = self.position.get(name)
         return args[at] if at is not None and at < len(args) else None
 
+    def map_argument(self, args: tuple, kwargs: dict, name: str, fn) -> tuple[tuple, dict]:
+        """`(args, kwargs)` with the argument `name` replaced by `fn(value passed, or None)`, where it was passed;
+        `bind` only for a signature with `*args` (dynamo cannot trace `bind`: an eager-only path)."""
+        if not self.fixed_positions:
+            bound = self.signature.bind(*args, **kwargs)
+            bound.arguments[name] = fn(bound.arguments.get(name))
+            return bound.args, bound.kwargs
+        return self.replace(args, kwargs, {name: fn(self.get(args, kwargs, name))})
+
     def replace(self, args: tuple, kwargs: dict, values: dict) -> tuple[tuple, dict]:
         """`(args, kwargs)` with the passed arguments named in `values` replaced (each where it was passed)."""
         args, kwargs = list(args), dict(kwargs)

@@ -61,3 +61,13 @@ def test_get_and_replace_through_var_keywords():
     assert (binder.get(args, kwargs, "encoder_hidden_states"), binder.get(args, kwargs, "image_rotary_emb")) == (2, 3)
     new_args, new_kwargs = binder.replace(args, kwargs, {"encoder_hidden_states": 20, "image_rotary_emb": 30})
     assert keywords(*new_args, **new_kwargs) == (1, 20, {"image_rotary_emb": 30})
+
+
+def test_map_argument_where_it_was_passed():
+    """`map_argument` replaces one argument by a function of it: through `**kwargs` without `bind`, through `*args`
+    with it (the grid and embed hooks of runtime/cp call it)."""
+    binder = Binder(keywords)
+    args, kwargs = binder.map_argument((1,), {"image_rotary_emb": 3}, "image_rotary_emb", lambda v: v * 10)
+    assert keywords(*args, **kwargs) == (1, None, {"image_rotary_emb": 30})
+    args, kwargs = Binder(loose).map_argument((1, 2), {"temb": 3}, "temb", lambda v: v + 1)
+    assert loose(*args, **kwargs) == (1, (2,), 4, {})

@@ -75,12 +75,7 @@ class GridInput:
         self.binder = Binder(module.forward)
 
     def __call__(self, module, args, kwargs):
-        if not self.binder.exact:
-            bound = self.binder.signature.bind(*args, **kwargs)
-            bound.arguments[self.rule.input] = self._rows(bound.arguments.get(self.rule.input))
-            return bound.args, bound.kwargs
-        grid = self.binder.get(args, kwargs, self.rule.input)
-        return self.binder.replace(args, kwargs, {self.rule.input: self._rows(grid)})
+        return self.binder.map_argument(args, kwargs, self.rule.input, self._rows)
 
     def _rows(self, grid) -> torch.Tensor:
         state = self.state

@@ -60,12 +60,7 @@ class EmbedRows:
         self.binder = Binder(block.forward)
 
     def __call__(self, module, args, kwargs):
-        if not self.binder.exact:
-            bound = self.binder.signature.bind(*args, **kwargs)
-            bound.arguments[self.rule.name] = self._rows(bound.arguments.get(self.rule.name))
-            return bound.args, bound.kwargs
-        index = self.binder.get(args, kwargs, self.rule.name)
-        return self.binder.replace(args, kwargs, {self.rule.name: self._rows(index)})
+        return self.binder.map_argument(args, kwargs, self.rule.name, self._rows)
 
     def _rows(self, index) -> torch.Tensor:
         state = self.state
