@@ -1,5 +1,10 @@
 """Shared fixtures: a single-process fake process group for checks that need a mesh but no data."""
 
+import json
+import os
+import resource
+import time
+
 import pytest
 import torch.distributed as dist
 from hypothesis import settings
@@ -40,3 +45,28 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist_order import DistributedFirst
 
     return DistributedFirst(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With DTP_CPU_LOG=FILE, one line per test: wall seconds and CPU seconds of this process and its waited children
+    (servers, torchrun); spawned ranks log their own (`dtp.analysis.launch`). For the suite's time per module."""
+    path = os.environ.get("DTP_CPU_LOG")
+    if not path:
+        yield
+        return
+    start = time.perf_counter(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+    yield
+    line = {
+        "test": item.nodeid,
+        "wall": time.perf_counter() - start[0],
+        "cpu": _cpu(resource.RUSAGE_SELF) - start[1],
+        "children_cpu": _cpu(resource.RUSAGE_CHILDREN) - start[2],
+    }
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def _cpu(who):
+    used = resource.getrusage(who)
+    return used.ru_utime + used.ru_stime

@@ -126,3 +126,19 @@ def _worker(rank, world_size, store_path, backend, fn, args, queue, environ):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        _log_cpu()
+
+
+def _log_cpu():
+    """With DTP_CPU_LOG set, append this rank's CPU seconds and the test that spawned it (the suite's time per module:
+    ranks are forked by the forkserver, so the pytest worker's own rusage never sees them)."""
+    path = os.environ.get("DTP_CPU_LOG")
+    if not path:
+        return
+    import json
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "?"), "rank_cpu": used.ru_utime + used.ru_stime}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
