@@ -147,14 +147,17 @@ def parallelized(model, mesh, cp_mode: str, backend: str):
 RING_FUSED = hasattr(ring, "reference_block")
 
 
-def measure(setup: Setup, model, inputs: dict, *, ring_mode: bool, backend: str) -> dict:
-    """Eager, then regionally compiled: device and host ms per call, the first compiled call's seconds."""
+def measure(setup: Setup, model, inputs: dict, *, ring_mode: bool, backend: str, compile: bool = True) -> dict:
+    """Eager, then regionally compiled: device and host ms per call, the first compiled call's seconds.
+    `compile=False`: eager only (the smoke compiles FLUX.1's rows only; each compile is seconds of CPU)."""
     torch._dynamo.reset()
     call = lambda: model(**inputs)  # noqa: E731
     with torch.no_grad(), attention(setup, backend):
         eager, eager_host = timed(setup, call)
         if ring_mode and not RING_FUSED and not setup.smoke:
             return dict(eager_ms=eager * 1e3, eager_host_ms=eager_host * 1e3, compiled="waits for the fused ring block")
+        if not compile:
+            return dict(eager_ms=eager * 1e3, eager_host_ms=eager_host * 1e3, compiled="eager only in the smoke")
         expected = output_tensor(call())
         compile_blocks(model, backend=setup.compile_backend)
         start = time.perf_counter()
@@ -174,6 +177,12 @@ def measure(setup: Setup, model, inputs: dict, *, ring_mode: bool, backend: str)
     )
 
 
+def compiles(setup: Setup, name: str) -> bool:
+    """The smoke compiles FLUX.1's rows only (baseline, tp, Ulysses, ring: every kind of mesh once); Wan's rows and
+    the backend rows run eager there. Compile on every axis is proven by tests/distributed/test_compile.py."""
+    return not setup.smoke or name == FLUX
+
+
 def mesh_label(axis: str, degree: int) -> str:
     return f"tp={degree}" if axis == "tp" else f"cp={degree} {axis}"
 
@@ -189,7 +198,9 @@ def rank_rows(setup: Setup, meshes: dict) -> None:
     inputs = {name: block_inputs(setup, name, base) for name, base in bases.items()}
     table, ones = setup.rows["ranks"], {}
     for name, base in bases.items():
-        ones[name] = measure(setup, copy.deepcopy(base), inputs[name], ring_mode=False, backend="auto")
+        ones[name] = measure(
+            setup, copy.deepcopy(base), inputs[name], ring_mode=False, backend="auto", compile=compiles(setup, name)
+        )
         table.append(dict(model=name, mesh="1 GPU (diffusers)", degree=1, **ones[name]))
     order = sorted({m for ms in meshes.values() for m in ms}, key=lambda m: (m[1] != 2, m[1] != 8, MESHES.index(m)))
     for axis, degree in order:  # degree 2, then 8, then 4: the ends of the range first
@@ -207,7 +218,9 @@ def _rank_row(setup: Setup, name: str, base, inputs: dict, axis: str, degree: in
         with fake_world(degree):
             mesh = mesh_of(axis, degree, setup.device)
             model = parallelized(copy.deepcopy(base), mesh, "ring" if axis == "ring" else "ulysses", "auto")
-            found = measure(setup, model, inputs, ring_mode=axis == "ring", backend="auto")
+            found = measure(
+                setup, model, inputs, ring_mode=axis == "ring", backend="auto", compile=compiles(setup, name)
+            )
             del model
     except Exception as error:  # noqa: BLE001 - a row that failed says why; the next rows still run
         return {**row, "error": f"{type(error).__name__}: {str(error)[:300]}"}
@@ -230,7 +243,9 @@ def backend_rows(setup: Setup, name: str, backends) -> None:
             try:
                 with fake_world(2):
                     model = parallelized(copy.deepcopy(base), mesh_of(cp_mode, 2, setup.device), cp_mode, backend)
-                    row |= measure(setup, model, inputs, ring_mode=cp_mode == "ring", backend=backend)
+                    row |= measure(
+                        setup, model, inputs, ring_mode=cp_mode == "ring", backend=backend, compile=not setup.smoke
+                    )
                     del model
             except Exception as error:  # noqa: BLE001 - e.g. a kernel this GPU or shape does not support
                 row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
