@@ -264,8 +264,10 @@ class ForwardRule:
 
 # `cp.forward` names: helios: HeliosTransformer3DModel, [history | current] cut as `tail` splits do (history `first`,
 # current `last`), before the forward joins the history and current tokens, their RoPE rows and the per-token
-# modulation, so none of them is built whole (the model's class is checked in `resolve/binding/cp.py`).
-CP_FORWARDS = ("helios",)
+# modulation, so none of them is built whole; framepack: HunyuanVideoFramepackTransformer3DModel, the packed [4x, 2x,
+# clean, noisy] tokens and RoPE rows cut contiguously (`first`) from the streams, never packed whole; recorded as the
+# split id `forward` (a `keep`'s `of`). The model's class is checked in `resolve/binding/cp.py`.
+CP_FORWARDS = ("helios", "framepack")
 
 
 @dataclass(frozen=True)

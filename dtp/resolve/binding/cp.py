@@ -53,7 +53,7 @@ PACKED_PROCESSORS = ("Cosmos3AttnProcessor",)
 # H, ph, W, pw, C).permute(0, 1, 3, 5, 2, 4, 6, 7).flatten(4, 7))` over channels-last latents, `patch_size` (pt, ph, pw)
 EMBED_CLASSES = ("Kandinsky5VisualEmbeddings", "Kandinsky6VisualEmbeddings", "Kandinsky6SRVisualEmbeddings")
 # `cp.forward` name -> the model class whose forward dtp's copy replaces (`plan.cp.CP_FORWARDS`, runtime/cp/helios.py)
-FORWARD_CLASSES = {"helios": "HeliosTransformer3DModel"}
+FORWARD_CLASSES = {"helios": "HeliosTransformer3DModel", "framepack": "HunyuanVideoFramepackTransformer3DModel"}
 
 
 @dataclass(frozen=True)
@@ -228,6 +228,7 @@ def _gathered(plan, model: nn.Module) -> tuple[tuple[str, str], ...]:
 def _keeps(plan, model: nn.Module, splits) -> tuple:
     """`(path, KeepRule)` of `cp.keep`: the module takes the input, and `of` / `after` name splits of this plan."""
     ids = {f"{path}.{rule.name}" if path else str(rule.name) for path, rule in splits}
+    ids |= {"forward"} if plan.cp.forward is not None else set()  # dtp's forward records its cut as `forward`
     keeps = []
     for rule in plan.cp.keep:
         where = f"plan {plan.name}, cp.keep '{rule.key}'"

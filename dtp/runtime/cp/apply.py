@@ -10,11 +10,11 @@ from torch import nn
 from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, ScopeGuard, install_attention
 from .expert_choice import install_expert_choice
+from .forwards import CP_FORWARDS
 from .framewise import Samples, install_frames
 from .grid import install_grids
 from .grid_embed import install_embeds
 from .halo import install_halo
-from .helios import CP_FORWARDS
 from .hooks import GatherOutput, PadState, SplitInputs, SplitOutputs
 from .joint_embed import install_skip
 from .kept import install_keeps

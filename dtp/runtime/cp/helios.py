@@ -215,7 +215,3 @@ def install_helios_forward(model, rule, pads, rank: int, cp: int) -> Restore:
 
     model.forward = types.MethodType(forward, model)
     return Restore(model)
-
-
-# `cp.forward` name -> its installer (`plan.cp.CP_FORWARDS`)
-CP_FORWARDS = {"helios": install_helios_forward}
