@@ -234,9 +234,10 @@ def test_framepack_wrong_offset_fails(four):
 
 def test_framepack_rope_rows_of_rank_0_fail(four):
     """Negative control: FramePack's forward (`cp.forward: framepack`) giving every rank the RoPE rows of rank 0's
-    range of the packed sequence (its tokens its own): far off at (cp=2, tp=2)."""
+    range of the packed sequence (its tokens its own): off at (cp=2, tp=2), measured 1.1e-2 (the tiny model's weights
+    are not perturbed here: small RoPE angles), 1000x the parity bound."""
     for results in four:
-        assert results["framepack_rope_rank0"] > 1e-2, results["framepack_rope_rank0"]
+        assert results["framepack_rope_rank0"] > 1e-3, results["framepack_rope_rank0"]
 
 
 def test_consisid_text_rows_at_local_length_fail(four):

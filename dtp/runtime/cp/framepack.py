@@ -56,6 +56,7 @@ class JointCut:
         if stop - start < size:
             first = pieces[0]
             parts.append(first.new_zeros(*first.shape[:dim], size - (stop - start), *first.shape[dim + 1 :]))
+        parts = parts or [pieces[0].narrow(dim, 0, 0)]  # an empty join: no rows
         return torch.cat(parts, dim=dim), stop - start, total
 
     def tokens(self, pieces: list, name: str, what: str) -> torch.Tensor:
