@@ -23,10 +23,10 @@ from dtp.testing.tiny import tiny_inputs, tiny_model
 CLASS = "HeliosTransformer3DModel"
 
 
-def _model_and_inputs(frames: int = 2):
+def _model_and_inputs(frames: int = 2, **config):
     """Tiny Helios (perturbed weights), batch 2: `frames` current latent frames of 4 x 6 tokens and the histories on
     the same grid (short 24, mid 6, long 2 = 32 history tokens); 1 frame: 24 current tokens."""
-    model = perturb(tiny_model(CLASS), seed=3).eval()
+    model = perturb(tiny_model(CLASS, **config), seed=3).eval()
     inputs = tiny_inputs(CLASS, batch=2, img_tokens=64, txt_tokens=8)
     for key in ("hidden_states", "latents_history_short", "latents_history_mid", "latents_history_long"):
         inputs[key] = inputs[key][..., :8, :12].contiguous()
@@ -60,9 +60,13 @@ def _captured(model, run):
     return seen["block"], seen["norm"]
 
 
-def test_at_cp_1_it_is_diffusers_forward_bit_for_bit():
-    """dtp's forward on the whole sequence (cp = 1): the same output, and the same block inputs, as diffusers'."""
-    model, inputs = _model_and_inputs()
+@pytest.mark.parametrize("case", ("default", "every token at t", "no history"))
+def test_at_cp_1_it_is_diffusers_forward_bit_for_bit(case):
+    """dtp's forward on the whole sequence (cp = 1): the same output as diffusers', also with the history modulated at
+    t (`zero_history_timestep=False`) and without history latents."""
+    model, inputs = _model_and_inputs(**({"zero_history_timestep": False} if case == "every token at t" else {}))
+    if case == "no history":
+        inputs = {k: v for k, v in inputs.items() if "history" not in k}
     with torch.no_grad():
         ref = model(**inputs)[0]
         out = helios_forward(model, **inputs, cut=RunCut(0, 1, None, False))[0]
