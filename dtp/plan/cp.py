@@ -96,7 +96,8 @@ class SplitRule:
         (its global value, read before a `count` split of it): head and tail are each cut into cp chunks and the
         rank keeps [head_r | tail_r] (`runtime/cp/tail.py`). Helios' blocks split their tokens at the global
         `original_context_length` into [history, current]; with both cut on their own, every rank's chunk is
-        [history_r | current_r] and `original_context_length: {count: true}` hands it the local current count.
+        [history_r | current_r] and `original_context_length: {count: true}` hands it the local current count (the
+        bundled Helios plan now makes the same cut before its forward's joins: `cp.forward`, `ForwardRule`).
         40 history + 24 current tokens, cp = 4: rank 1 keeps history 10..19 and current 6..11 (tokens 46..51).
         With `pad` (`at: first`), the head and the tail are each zero-padded to a multiple of cp, as the forward's
         `first` and `last` padded sequences: the listed attentions mask both pad runs, `trim: last` drops the tail's.
