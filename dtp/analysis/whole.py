@@ -1,7 +1,7 @@
 """The tensors a sharded forward holds whole at its peak: why a per-rank peak is above one rank's / (cp x tp).
 
 A cp plan cuts the sequence at a module boundary; what the model's forward builds for the whole sequence before that
-boundary (Helios' per-token modulation, Kandinsky 5's RoPE tables, Wan Animate's embedded video)
+boundary (Helios' per-token modulation before its plan's `cp.forward`, Wan Animate's embedded video)
 lives on every rank, undivided, and so does what a plan gathers on purpose (a gathered region). `PeakTensors`
 records, during `trace.PhaseTrace`, what each live tensor is (shape, dtype, the op and the module that made it) and
 which were alive at the peak; `whole_at_peak` compares the sharded trace with one rank's:

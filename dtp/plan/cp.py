@@ -23,6 +23,8 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
       grid: {out_layer: {input: x, tokens: blocks.-1}}  # optional: the tokens stay cut through the forward's own
                                                # reshape to the grid; the per-token output layer's patch grid is
                                                # gathered in grid order (`GridRule`)
+      forward: {name: helios, pad: {...}}      # optional: dtp's forward for the model's class cuts the sequence
+                                               # before the forward's own joins (`ForwardRule`)
 
 A split key `name[i]` cuts element i of a tuple input only (JoyImage's RoPE argument ((image cos, sin), text
 tables); Allegro's ((t, h, w) tables, (t, h, w) position ids)): each element with its own rule (`pad` slot), the
@@ -94,7 +96,8 @@ class SplitRule:
         (its global value, read before a `count` split of it): head and tail are each cut into cp chunks and the
         rank keeps [head_r | tail_r] (`runtime/cp/tail.py`). Helios' blocks split their tokens at the global
         `original_context_length` into [history, current]; with both cut on their own, every rank's chunk is
-        [history_r | current_r] and `original_context_length: {count: true}` hands it the local current count.
+        [history_r | current_r] and `original_context_length: {count: true}` hands it the local current count (the
+        bundled Helios plan now makes the same cut before its forward's joins: `cp.forward`, `ForwardRule`).
         40 history + 24 current tokens, cp = 4: rank 1 keeps history 10..19 and current 6..11 (tokens 46..51).
         With `pad` (`at: first`), the head and the tail are each zero-padded to a multiple of cp, as the forward's
         `first` and `last` padded sequences: the listed attentions mask both pad runs, `trim: last` drops the tail's.
@@ -245,6 +248,30 @@ class GridRule:
 
 
 @dataclass(frozen=True)
+class ForwardRule:
+    """The model's forward is replaced under CP by dtp's copy of it (`name`, one of `CP_FORWARDS`) with the sequence
+    cut moved before the forward's own joins: where diffusers concatenates whole-sequence tensors in the forward's
+    body (no module boundary a hook could cut at), the copy builds the rank's rows of each and hands the blocks the
+    local tensors (`runtime/cp/helios.py`). It stands for the splits of those tensors (the plan lists none).
+
+    pad: as a split's `PadRule`: each run the forward cuts is zero-padded to a multiple of cp (`CP_FORWARDS` says which
+        is `first` / `last`), the listed attentions mask the pad keys, a gather's `trim` drops the pad rows. None: a
+        run cp does not divide is a ForwardError at call time.
+    """
+
+    name: str
+    pad: PadRule | None = None
+
+
+# `cp.forward` names: helios: HeliosTransformer3DModel, [history | current] cut as `tail` splits do (history `first`,
+# current `last`), before the forward joins the history and current tokens, their RoPE rows and the per-token
+# modulation, so none of them is built whole; framepack: HunyuanVideoFramepackTransformer3DModel, the packed [4x, 2x,
+# clean, noisy] tokens and RoPE rows cut contiguously (`first`) from the streams, never packed whole; recorded as the
+# split id `forward` (a `keep`'s `of`). The model's class is checked in `resolve/binding/cp.py`.
+CP_FORWARDS = ("helios", "framepack")
+
+
+@dataclass(frozen=True)
 class CpPlan:
     """A parsed `cp` section: the splits and the gathers, in file order."""
 
@@ -257,6 +284,7 @@ class CpPlan:
     keep: tuple[KeepRule, ...] = ()  # slices by a global count after the blocks (`KeepRule`)
     gathered: tuple[tuple[str, str], ...] = ()  # (module glob, kind): whole-sequence choices (`GATHERED_KINDS`)
     grid: tuple[GridRule, ...] = ()  # output layers run on the rank's rows past the forward's reshape (`GridRule`)
+    forward: ForwardRule | None = None  # dtp's forward for the model's class, cutting before its joins (`ForwardRule`)
 
 
 # `cp.gathered` kinds: a module that chooses over the whole sequence runs a CP forward that makes the choice from
@@ -283,7 +311,7 @@ _SPLIT_FIELDS = {
     "frames_of",
     "skip",
 }
-_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered", "grid"}
+_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered", "grid", "forward"}
 _ITEM = re.compile(r"(\w+)\[(\d+)\]")
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
@@ -323,11 +351,22 @@ def _from_dtp(data: dict, name: str) -> CpPlan:
     )  # fmt: skip
     gathered = tuple(_gathered_rule(key, kind, name) for key, kind in data.get("gathered", {}).items())
     grid = tuple(_grid_rule(key, spec, name) for key, spec in data.get("grid", {}).items())
+    forward = None if data.get("forward") is None else _forward_rule(data["forward"], name)
     cp_plan = CpPlan(
         tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused, halo=halo, keep=keep,
-        gathered=gathered, grid=grid,
+        gathered=gathered, grid=grid, forward=forward,
     )  # fmt: skip
     return _checked(cp_plan, name)
+
+
+def _forward_rule(spec, name: str) -> ForwardRule:
+    where = f"plan {name}: cp.forward"
+    if not isinstance(spec, dict) or spec.get("name") not in CP_FORWARDS or set(spec) - {"name", "pad"}:
+        raise PlanError(
+            f"{where}: expected {{name: {'|'.join(CP_FORWARDS)}, pad: {{at: first, attention: [glob, ...]}}?}} "
+            f"(dtp's forward for the model's class, plan/cp.py ForwardRule), got {spec!r}."
+        )
+    return ForwardRule(spec["name"], None if spec.get("pad") is None else _pad_rule(spec["pad"], where))
 
 
 def _local_attention(keys, name: str) -> tuple[str, ...]:
@@ -546,13 +585,15 @@ def _from_diffusers(data: dict, name: str) -> CpPlan:
 
 
 def _checked(plan: CpPlan, name: str) -> CpPlan:
-    if not plan.splits:
+    if not plan.splits and plan.forward is None:
         raise PlanError(f"plan {name}: the `cp` section splits nothing; name the inputs to cut along the sequence.")
     if not plan.gathers and not plan.grid and not any(rule.gather for rule in plan.keep):
         raise PlanError(
             f"plan {name}: the `cp` section gathers nothing, so the output would stay split; add a `gather` entry."
         )
-    if len({rule.pad.attention for rule in plan.splits if rule.pad is not None}) > 1:
+    pads = [rule.pad for rule in plan.splits if rule.pad is not None]
+    pads += [plan.forward.pad] if plan.forward is not None and plan.forward.pad is not None else []
+    if len({pad.attention for pad in pads}) > 1:
         # at most two padded sequences per forward (`PadState`: one `first`, one `last` among the keys), seen by
         # the same attentions; a sequence's tensors (Lumina2's tokens, their mask and RoPE) each carry its rule
         raise PlanError(f"plan {name}: every padded cp split (`pad`) must name the same `attention`.")

@@ -169,6 +169,7 @@ def plan_items(resolved, cp_resolved) -> Items:
         items += [(f"cp keep '{path}' {rule.name!r}", repr(rule)) for path, rule in cp_resolved.keeps]
         items += [(f"cp grid '{path}' from '{tokens}'", repr(rule)) for path, tokens, rule in cp_resolved.grids]
         items += [(f"cp embed '{embed}' at '{path}'", repr(rule)) for path, embed, rule in cp_resolved.embeds]
+        items += [("cp forward", repr(cp_resolved.forward))] if cp_resolved.forward is not None else []
     return items
 
 

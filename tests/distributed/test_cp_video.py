@@ -16,8 +16,8 @@ negative control that must miss by far:
 - Latte (cut along the patches: spatial attention over CP, temporal attention local after the forward's own
   reshape; the temporal timesteps, one per sample repeated per position, cut strided): those timesteps cut
   contiguously (a rank's rows from the wrong sample).
-- Helios (a split at a global token index, `tail`: [history_r | current_r] per rank): the tokens cut contiguously
-  instead, so that a rank's current tokens are the wrong global ones.
+- Helios (dtp's forward cutting [history_r | current_r] before the forward's own joins, `cp.forward: helios`): every
+  rank's temb and modulation rows taken from rank 0's range of the whole [history | current] rows.
 - Kandinsky 6 (a rule per stream, as LTX-2; the video cut through the forward's own reshapes, as Kandinsky 5; 9 audio
   tokens, as the pipeline sizes them for 5 frames, padded and gathered at the audio output layer): its av
   cross-modal attention (audio queries, video keys) given the text's rule (`local`); the audio pad keys unmasked.
@@ -37,6 +37,7 @@ import torch
 
 import dtp
 import dtp.runtime.cp.frames as frames_module
+import dtp.runtime.cp.helios as helios_module
 import dtp.runtime.cp.hooks as hooks_module
 import dtp.runtime.cp.packed as packed_module
 import dtp.runtime.cp.ring as ring_module
@@ -187,12 +188,20 @@ def _local(name: str, globs: tuple[str, ...]):
     return dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, local_attention=plan.cp.local_attention + globs))
 
 
-def _without_tail(name: str):
-    """`name`'s plan with every `tail` split made a plain contiguous cut (the count still divided by cp): a rank
-    then takes the last original_context_length / cp tokens of its contiguous chunk for its current tokens."""
-    plan = dtp.load_plan(name)
-    splits = tuple(dataclasses.replace(rule, tail=None) for rule in plan.cp.splits)
-    return dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, splits=splits))
+def _helios_rank0_modulation(mesh) -> dict:
+    """Helios' temb and modulation rows on every rank taken from rank 0's range (the first h_r + n_r rows) of the whole
+    [history | current] rows: the rank's current tokens then get history (timestep 0) rows."""
+    modulation, cp = helios_module._modulation, mesh["cp"].size()
+
+    def rank0(self, timestep, text, batch, history, current):
+        temb, proj, text = modulation(self, timestep, text, batch, history * cp, current * cp)
+        return temb[:, : history + current], proj[:, : history + current], text
+
+    helios_module._modulation = rank0
+    try:
+        return _control("helios", mesh, "ring", "helios")
+    finally:
+        helios_module._modulation = modulation
 
 
 def _unstrided(name: str):
@@ -339,7 +348,7 @@ def _controls(meshes: dict) -> dict:
         **_cosmos3_controls(meshes),
         **_ltx2_odd_audio(meshes),
         ("ltx2", "control"): _control("ltx2", meshes[2, 2], "ring", _local("ltx2", cross_modal)),
-        ("helios", "control"): _control("helios", meshes[4, 1], "ring", _without_tail("helios")),
+        ("helios", "control"): _helios_rank0_modulation(meshes[4, 1]),
         ("wan_animate", "control"): _wan_animate_offset_control(meshes[4, 1]),
         ("latte", "control"): _control("latte", meshes[4, 1], "ring", _unstrided("latte")),
         ("hunyuanvideo15", "control"): _control(
@@ -405,9 +414,9 @@ def test_ltx2_any_audio_length_is_padded_exactly(four, cp, tp):
             assert results["ltx2", "odd_audio_control"]["rel"] > 1e-3, results["ltx2", "odd_audio_control"]
 
 
-def test_helios_contiguous_cut_at_the_wrong_offset_fails(four):
-    """Negative control: Helios' [history | current] cut contiguously (no `tail`), the local count still
-    original_context_length / cp: each rank's "current" tokens are the wrong ones, far off at (4, 1) ring."""
+def test_helios_modulation_rows_of_rank_0_fail(four):
+    """Negative control: Helios' temb and modulation rows on every rank taken from rank 0's range of the whole rows
+    (44 history + 64 current at cp = 4: 27 history rows), so the current tokens get timestep 0: far off at (4, 1)."""
     for results in four:
         assert results["helios", "control"]["rel"] > 1e-2, results["helios", "control"]
 

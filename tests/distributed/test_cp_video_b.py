@@ -9,8 +9,10 @@ history rows and its pad row; a ragged gather at proj_out); at batch 1
 the model trims the condition to the prompt (4 image + 7 text = 11 tokens, padded to 12). ConsisID: 8 text + 32 video
 tokens. JoyImage Edit: the nested RoPE argument cut per element. Ideogram 4 (Ulysses only, ring refused): 24 packed
 tokens, the second sample with 2 left-pad tokens in their own segment (its whole segment mask applied by Ulysses).
-Negative controls: each rank's kept range computed for the other rank (a global offset wrong), and ConsisID's text
-rows before the slice left at their local length (the slice then eats video rows).
+FramePack's packed tokens and RoPE rows are cut by dtp's forward from the four streams (`cp.forward: framepack`).
+Negative controls: each rank's kept range computed for the other rank (a global offset wrong), FramePack's RoPE rows of
+rank 0's range on every rank, and ConsisID's text rows before the slice left at their local length (the slice then eats
+video rows).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 import dtp
+import dtp.runtime.cp.framepack as framepack_module
 import dtp.runtime.cp.kept as kept_module
 from dtp.analysis.launch import spawn
 from dtp.testing.scope import full_run
@@ -130,6 +133,7 @@ def _controls(meshes: dict) -> dict:
         results["framepack_offset"] = _rel(model, inputs, output_tensor(tiny_model(PLAN_CLASSES[name])(**inputs)))
     finally:
         kept_module.kept_range = kept_range
+    results["framepack_rope_rank0"] = _framepack_rope_of_rank_0(meshes)
     kept_module.KeepTokens._after = lambda self, x, rows: x  # the text rows left at their local length
     try:
         name = "consisid"
@@ -143,6 +147,24 @@ def _controls(meshes: dict) -> dict:
     finally:
         kept_module.KeepTokens._after = keep_after
     return results
+
+
+def _framepack_rope_of_rank_0(meshes: dict) -> float:
+    """FramePack's forward cutting the packed tokens right but every rank's RoPE rows from rank 0's range."""
+    rows = framepack_module.JointCut.rows
+
+    def rank0(self, pieces, dim, what):
+        if dim != 0:  # the tokens: the rank's own rows
+            return rows(self, pieces, dim, what)
+        return rows(framepack_module.JointCut(0, self.cp, None, self.pad), pieces, dim, what)
+
+    framepack_module.JointCut.rows = rank0
+    try:
+        name = "hunyuanvideo_framepack"
+        model, inputs = dtp.parallelize(tiny_model(PLAN_CLASSES[name]), meshes["tp"]), _inputs(name)
+        return _rel(model, inputs, output_tensor(tiny_model(PLAN_CLASSES[name])(**inputs)))
+    finally:
+        framepack_module.JointCut.rows = rows
 
 
 def _all(rank: int, world: int) -> dict:
@@ -208,6 +230,14 @@ def test_framepack_wrong_offset_fails(four):
     """Negative control: each rank keeps the rows of the other rank's global range: far off."""
     for results in four:
         assert results["framepack_offset"] > 1e-2, results["framepack_offset"]
+
+
+def test_framepack_rope_rows_of_rank_0_fail(four):
+    """Negative control: FramePack's forward (`cp.forward: framepack`) giving every rank the RoPE rows of rank 0's
+    range of the packed sequence (its tokens its own): off at (cp=2, tp=2), measured 1.1e-2 (the tiny model's weights
+    are not perturbed here: small RoPE angles), 1000x the parity bound."""
+    for results in four:
+        assert results["framepack_rope_rank0"] > 1e-3, results["framepack_rope_rank0"]
 
 
 def test_consisid_text_rows_at_local_length_fail(four):

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import dtp
-from dtp.runtime.cp.kept import kept_range
+from dtp.plan.cp import KeepRule
+from dtp.runtime.cp.hooks import PadState
+from dtp.runtime.cp.kept import KeepState, KeepTokens, kept_range
 
 
 @given(st.integers(1, 8), st.integers(1, 200), st.data())
@@ -55,3 +60,25 @@ def test_keep_section_parses():
 def test_bad_keep_rules_are_plan_errors(spec):
     with pytest.raises(dtp.PlanError, match="cp.keep"):
         dtp.Plan.from_dict(_plan({"norm": {"x": spec}}))
+
+
+class _Norm(torch.nn.Module):
+    def forward(self, hidden_states, scale=None):
+        return hidden_states
+
+
+def test_keep_pre_hook_replaces_the_input_without_signature_bind(monkeypatch):
+    """ConsisID's `after` keep as a pre-hook: [T zero rows, the `of` chunk] replaces the input where it was passed
+    (positionally or by keyword), found by its position once (`Binder`): `Signature.bind` per call, which dynamo cannot
+    trace (a graph break under torch.compile(fullgraph=True)), is never called."""
+    pads = PadState()
+    pads.lengths.update({"b.text": (2, 3), "b.video": (4, 8)})  # rank's 2 of 3 text rows, 4 of 8 video rows
+    rule = KeepRule("norm", "hidden_states", "b.video", after="b.text")
+    hook = KeepTokens("norm", _Norm(), rule, 1, 2, pads, KeepState())
+    monkeypatch.setattr(inspect.Signature, "bind", lambda *a, **k: pytest.fail("Signature.bind called"))
+    x = torch.arange(6.0).view(1, 6, 1)  # [text_r (2) | video_r (4)]
+    expected = torch.cat([torch.zeros(1, 3, 1), x[:, 2:]], dim=1)
+    args, kwargs = hook(None, (x,), {"scale": 2})
+    assert torch.equal(args[0], expected) and kwargs == {"scale": 2}
+    args, kwargs = hook(None, (), {"hidden_states": x})
+    assert args == () and torch.equal(kwargs["hidden_states"], expected)

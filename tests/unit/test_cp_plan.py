@@ -37,7 +37,8 @@ def test_bundled_plans_have_cp_sections_that_resolve(name):
     """Every bundled plan with a `cp` section: its keys and input names fit the tiny model."""
     plan = dtp.load_plan(name)
     kept = [rule.gather for rule in plan.cp.keep if rule.gather] if plan.cp is not None else []  # FramePack's
-    assert plan.cp is not None and plan.cp.splits and (plan.cp.gathers or kept or plan.cp.grid)  # Kandinsky: grid
+    cuts = plan.cp is not None and (plan.cp.splits or plan.cp.forward)  # Helios: its forward cuts (`cp.forward`)
+    assert cuts and (plan.cp.gathers or kept or plan.cp.grid)  # Kandinsky: grid
     model = tiny_model(PLAN_CLASSES[name])
     cp_resolved = resolve_cp(resolve(plan, model), model)
     assert cp_resolved.attention  # every attention module is pluggable

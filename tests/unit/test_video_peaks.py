@@ -2,6 +2,7 @@
 `dtp check --cp 8` fail, each on a cheap stand-in (`analysis/bounds.py`, `analysis/inputs.py`, `hooks_alike`), and
 the tensors a check names as held whole at the per-rank peak (`analysis/whole.py`)."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import diffusers
@@ -76,20 +77,46 @@ def test_framepack_full_size_histories_follow_the_grid():
     assert kwargs["indices_latents"].tolist() == list(range(7, 7 + 33))
 
 
+# Helios' cp section before `cp.forward: helios` (round 14): `tail` splits at the first block, every block and the
+# output norm, which took the rank's rows of what diffusers' forward had joined whole
+_PAD = {"at": "first", "attention": ["blocks.*.attn1"]}
+HELIOS_TAIL_SPLITS = {
+    "split": {
+        "blocks.0": {"hidden_states": {"dim": 1, "expected_dims": 3, "tail": "original_context_length", "pad": _PAD}},
+        "blocks.*": {
+            "temb": {"dim": 1, "expected_dims": 4, "tail": "original_context_length", "pad": _PAD},
+            "rotary_emb": {"dim": 1, "expected_dims": 3, "tail": "original_context_length", "pad": _PAD},
+            "original_context_length": {"count": True},
+        },
+        "norm_out": {
+            "temb": {"dim": 1, "expected_dims": 3, "tail": "original_context_length", "pad": _PAD},
+            "original_context_length": {"count": True},
+        },
+    },
+    "gather": {"proj_out": {"dim": 1, "expected_dims": 3, "trim": "last"}},
+    "local": ["blocks.*.attn2"],
+}
+
+
 def test_check_names_what_stays_whole_at_the_peak():
-    """Tiny Helios at cp=2 (84 current + 38 history tokens): the per-token modulation the forward builds for the
-    whole joint sequence, [1, 6, 122, 64] from a `cat`, is the largest tensor no rank divides at the peak; its cost
-    above ideal is half its bytes; the ratio without the whole tensors is lower; `dtp check` prints them. Negative
-    control: judged against a one-rank trace that made no tensor of those shapes, nothing is whole."""
+    """Tiny Helios at cp=2 (84 current + 38 history tokens) under its former `tail` splits: the per-token modulation
+    diffusers' forward builds for the whole joint sequence, [1, 6, 122, 64] from a `cat`, is the largest tensor no
+    rank divides at the peak; its cost above ideal is half its bytes; the ratio without the whole tensors is lower;
+    `dtp check` prints them. The bundled plan (`cp.forward: helios`, the cut before the joins) leaves none whole.
+    Negative control: judged against a one-rank trace that made no tensor of those shapes, nothing is whole."""
     shape = ForwardShape(resolution=64, frames=9, text_tokens=8)
     config = FAMILIES["HeliosTransformer3DModel"].tiny
-    report = peak_report("HeliosTransformer3DModel", load_plan("helios"), cp=2, tp=1, config=config, shape=shape)
+    plan = load_plan("helios")
+    tails = dataclasses.replace(plan, cp=cp_plan_from_mapping(HELIOS_TAIL_SPLITS, "helios (tail splits)"))
+    report = peak_report("HeliosTransformer3DModel", tails, cp=2, tp=1, config=config, shape=shape)
     whole = report["whole"]
     first = whole["tensors"][0]
     assert first["tensor"] == "[1, 6, 122, 64] bfloat16" and first["made_by"].startswith("cat")
     assert first["above_ideal_bytes"] == first["bytes"] // 2
     assert whole["ratio_without"] < report["ratio"] - 0.2
     assert any("held whole by every rank" in line for line in format_peak(report, "bf16"))
+    bundled = peak_report("HeliosTransformer3DModel", plan, cp=2, tp=1, config=config, shape=shape)
+    assert bundled["whole"]["count"] == 0 and bundled["ratio"] < report["ratio"] - 0.2, bundled
     sharded = SimpleNamespace(at_peak=[Made(10**6, (1, 6, 122, 64), "bfloat16", "cat", "")])
     assert whole_at_peak(sharded, SimpleNamespace(made=set()), cp=2, tp=1, per_rank=10**6, ideal=5e5)["count"] == 0
 

@@ -52,6 +52,8 @@ PACKED_PROCESSORS = ("Cosmos3AttnProcessor",)
 # patch embeddings a split's `embed` may name (runtime/cp/grid_embed.py): their forward is `in_layer(x.view(B, F, pt,
 # H, ph, W, pw, C).permute(0, 1, 3, 5, 2, 4, 6, 7).flatten(4, 7))` over channels-last latents, `patch_size` (pt, ph, pw)
 EMBED_CLASSES = ("Kandinsky5VisualEmbeddings", "Kandinsky6VisualEmbeddings", "Kandinsky6SRVisualEmbeddings")
+# `cp.forward` name -> the model class whose forward dtp's copy replaces (`plan.cp.CP_FORWARDS`, runtime/cp/helios.py)
+FORWARD_CLASSES = {"helios": "HeliosTransformer3DModel", "framepack": "HunyuanVideoFramepackTransformer3DModel"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class CpResolved:
     gathered: tuple[tuple[str, str], ...] = ()  # (module path, kind): `cp.gathered`, the modules of the kind's class
     grids: tuple[tuple[str, str, object], ...] = ()  # (output layer path, tokens path, `plan.cp.GridRule`): `cp.grid`
     embeds: tuple[tuple[str, str, SplitRule], ...] = ()  # (block path, embedding path, split): `SplitRule.embed`
+    forward: object = None  # `plan.cp.ForwardRule`: dtp's forward for the model's class (checked: `_forward`)
 
     def check(self, tp: int, cp: int, mode: str, ulysses: int | None = None) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp).
@@ -165,8 +168,20 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     grids, embeds = _grids(plan, model), _embeds(plan.name, model, splits)
     return CpResolved(
         plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps, gathered,
-        grids, embeds,
+        grids, embeds, _forward(plan, model),
     )  # fmt: skip
+
+
+def _forward(plan, model: nn.Module):
+    """`cp.forward`: the model is of the class whose forward the named copy replaces (another class's forward would
+    run with the wrong body)."""
+    rule = plan.cp.forward
+    if rule is not None and type(model).__name__ != FORWARD_CLASSES[rule.name]:
+        raise PlanError(
+            f"plan {plan.name}: cp.forward '{rule.name}' is dtp's forward for {FORWARD_CLASSES[rule.name]}, but the "
+            f"model is a {type(model).__name__}; remove `forward` from the plan's cp section or use the class's plan."
+        )
+    return rule
 
 
 def _embeds(plan_name: str, model: nn.Module, splits) -> tuple:
@@ -213,6 +228,7 @@ def _gathered(plan, model: nn.Module) -> tuple[tuple[str, str], ...]:
 def _keeps(plan, model: nn.Module, splits) -> tuple:
     """`(path, KeepRule)` of `cp.keep`: the module takes the input, and `of` / `after` name splits of this plan."""
     ids = {f"{path}.{rule.name}" if path else str(rule.name) for path, rule in splits}
+    ids |= {"forward"} if plan.cp.forward is not None else set()  # dtp's forward records its cut as `forward`
     keeps = []
     for rule in plan.cp.keep:
         where = f"plan {plan.name}, cp.keep '{rule.key}'"
@@ -266,8 +282,9 @@ def _halo(plan_name: str, rule, path: str, conv: nn.Module) -> tuple[str, int, i
 
 def _padded_attention(plan, model: nn.Module, cp_paths: set[str]) -> tuple[str, ...]:
     """The attention paths named by the (one) padded split's `pad.attention`; each must run CP attention."""
-    rules = [rule for rule in plan.cp.splits if rule.pad is not None]
-    paths = [path for rule in rules for key in rule.pad.attention for path, _ in _expand(model, key, plan.name)]
+    pads = [rule.pad for rule in plan.cp.splits if rule.pad is not None]
+    pads += [plan.cp.forward.pad] if plan.cp.forward is not None and plan.cp.forward.pad is not None else []
+    paths = [path for pad in pads[:1] for key in pad.attention for path, _ in _expand(model, key, plan.name)]
     for path in paths:
         if path not in cp_paths:
             raise PlanError(

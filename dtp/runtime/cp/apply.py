@@ -10,6 +10,7 @@ from torch import nn
 from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, ScopeGuard, install_attention
 from .expert_choice import install_expert_choice
+from .forwards import CP_FORWARDS
 from .framewise import Samples, install_frames
 from .grid import install_grids
 from .grid_embed import install_embeds
@@ -42,6 +43,8 @@ def apply_cp(
         hook = SplitInputs(path, module, rules, rank, cp, pads)
         handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
     handles += install_embeds(model, resolved.embeds)  # after the splits: the rank's cut indices are embedded
+    if resolved.forward is not None:  # dtp's forward for the class: it cuts before the forward's own joins
+        handles.append(CP_FORWARDS[resolved.forward.name](model, resolved.forward, pads, rank, cp))
     framewise = [rule.frames_of for rules in outputs.values() for rule in rules if rule.frames_of is not None]
     samples = Samples(model, framewise)  # the batch of the inputs `frames_of` splits name, recorded per forward
     if framewise:

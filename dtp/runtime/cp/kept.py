@@ -18,14 +18,13 @@ pre-hook on the next module rewrites the sliced tensor into the rank's share:
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ...errors import ForwardError
 from ...plan.cp import KeepRule
+from ..arguments import Binder
 from .hooks import PadState
 from .sequence import dense
 
@@ -64,16 +63,15 @@ class CountTokens:
 class KeepTokens:
     """Pre-hook: rewrite input `rule.name` (dim 1 is the sequence) into this rank's share (module docstring)."""
 
-    def __init__(self, path: str, rule: KeepRule, rank: int, cp: int, pads: PadState, state: KeepState):
+    def __init__(self, path: str, module: nn.Module, rule: KeepRule, rank: int, cp: int, pads: PadState, state):
         self.path, self.rule, self.rank, self.cp, self.pads, self.state = path, rule, rank, cp, pads, state
-        self.signature = None
+        # the input by its position in the signature, found once: no `Signature.bind` per call, which dynamo cannot
+        # trace (a graph break under torch.compile(fullgraph=True)), as the split hooks do
+        self.binder = Binder(module.forward)
 
     def __call__(self, module, args, kwargs):
         """Pre-hook on the module's input `rule.name`."""
-        self.signature = self.signature or inspect.signature(module.forward)
-        bound = self.signature.bind(*args, **kwargs)
-        bound.arguments[self.rule.name] = self._keep(bound.arguments.get(self.rule.name))
-        return bound.args, bound.kwargs
+        return self.binder.map_argument(args, kwargs, self.rule.name, self._keep)
 
     def output(self, module, args, output):
         """Forward hook on the module's output element `rule.name` (0 for a bare tensor)."""
@@ -148,7 +146,8 @@ def install_keeps(model: nn.Module, keeps, pads: PadState, group, rank: int, cp:
     for path, rule in keeps:
         if rule.last is not None:
             handles.append(model.get_submodule(rule.last).register_forward_hook(CountTokens(rule.last, state)))
-        hook, module = KeepTokens(path, rule, rank, cp, pads, state), model.get_submodule(path)
+        module = model.get_submodule(path)
+        hook = KeepTokens(path, module, rule, rank, cp, pads, state)
         if isinstance(rule.name, int):
             handles.append(module.register_forward_hook(hook.output))
         else:
