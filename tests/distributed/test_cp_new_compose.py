@@ -33,13 +33,22 @@ from dtp.runtime.compile import compile_blocks
 from dtp.testing.flex import sparse_flex
 from dtp.testing.launch import spawn
 from dtp.testing.perturb import perturb
+from dtp.testing.quant import quantize
 from dtp.testing.tiny import PLAN_CLASSES, output_tensor, tiny_inputs, tiny_model
 
 pytestmark = pytest.mark.full  # each mechanism's own parity (and its control) runs by default in its module
 
 TOL = 1e-5
-MODES = dict(nucleusmoe="ring", kandinsky6_sr="ring", kandinsky6="ring", cosmos3_omni="ring", omnigen="ulysses")
-OPTIONS = ("cfg", "fsdp", "lora", "compile")
+MODES = dict(
+    nucleusmoe="ring",
+    kandinsky6_sr="ring",
+    kandinsky6="ring",
+    cosmos3_omni="ring",
+    omnigen="ulysses",
+    helios="ring",  # cp.forward: dtp's copy of the class's forward, cut before its own joins
+    hunyuanvideo_framepack="ulysses",
+)
+OPTIONS = ("cfg", "fsdp", "lora", "compile", "quant")
 REFUSED = {  # a PlanError before anything changes, with these words
     ("omnigen", "cfg"): "cannot run this model: its inputs are not rows of one batch",
     ("cosmos3_omni", "cfg"): "cannot run this model: its forward takes one packed sequence",
@@ -51,10 +60,12 @@ def _model(name: str):
     return perturb(tiny_model(PLAN_CLASSES[name]), seed=7)
 
 
-def _reference(name: str, inputs: dict, lora: dict | None) -> torch.Tensor:
+def _reference(name: str, option: str, inputs: dict, lora: dict | None) -> torch.Tensor:
     model = _model(name)
     if lora is not None and hasattr(model, "load_lora_adapter"):
         model.load_lora_adapter(lora, adapter_name="a", prefix="transformer")
+    if option == "quant":  # torchao's own int8 weight-only on one process
+        quantize(model, "int8wo")
     return output_tensor(model(**inputs)).float()
 
 
@@ -78,6 +89,8 @@ def _sharded(name: str, option: str, meshes: dict, lora: dict | None):
         before = _state(model)
         if option == "lora":
             dtp.load_lora(model, lora, adapter_name="a")
+        if option == "quant":
+            quantize(model, "int8wo", sharded=True)
     except dtp.PlanError as error:
         return None, dict(refused=str(error), unchanged=_same(model, before))
     if option == "compile":
@@ -93,13 +106,13 @@ def _case(name: str, option: str, meshes: dict) -> dict:
         model, refusal = _sharded(name, option, meshes, lora)
         if refusal is not None:
             return refusal
-        ref = _reference(name, inputs, lora)
+        ref = _reference(name, option, inputs, lora)
         plain = output_tensor(_model(name)(**inputs)).float()
         out = output_tensor(model(**inputs)).float()
     scale = ref.abs().max()
     return dict(
         error=float((out - ref).abs().max() / scale) if out.shape == ref.shape else float("inf"),
-        effect=float((plain - ref).abs().max() / scale),  # how far the LoRA moves the output
+        effect=float((plain - ref).abs().max() / scale),  # how far the LoRA (or int8) moves the output
     )
 
 
@@ -134,8 +147,8 @@ def test_composed_parity(four, name, option):
         print(f"{name} {MODES[name]} + {option}: {found}")
         assert "refused" not in found and "raised" not in found, (rank, found)
         assert found["error"] <= TOL, (rank, name, option, found)
-        if option == "lora":
-            assert found["effect"] > 100 * TOL, found  # the adapter really changed the output
+        if option in ("lora", "quant"):
+            assert found["effect"] > 100 * TOL, found  # the adapter / the int8 weights really changed the output
 
 
 @pytest.mark.parametrize("name,option", _cases(refused=True))
