@@ -47,10 +47,10 @@ _TEMPLATES: dict = {}
 _FIGURES: dict = {}
 
 
-def component_figures(pipeline, name: str, c, setup, dtype) -> FsdpFigures | None:
-    """Component `name` of `pipeline` traced with fsdp=True on candidate `c`'s mesh at its `setup` (tp, pad); None
-    when it has no plan (held whole). Built once per component, traced once per mesh."""
-    key = (pipeline.name, pipeline.model_dir, name, str(dtype), setup.tp, setup.pad, c.cfg, c.cp)
+def component_figures(pipeline, name: str, c, setup, dtype, unit=True) -> FsdpFigures | None:
+    """Component `name` of `pipeline` traced with fsdp=`unit` (True or a unit size) on candidate `c`'s mesh at its
+    `setup` (tp, pad); None when it has no plan (held whole). Built once per component, traced once per mesh."""
+    key = (pipeline.name, pipeline.model_dir, name, str(dtype), setup.tp, setup.pad, c.cfg, c.cp, unit)
     if key not in _FIGURES:
         source = (pipeline.name, pipeline.model_dir, name, str(dtype))
         if source not in _TEMPLATES:
@@ -59,17 +59,20 @@ def component_figures(pipeline, name: str, c, setup, dtype) -> FsdpFigures | Non
         # A candidate without a cp axis has no cp_mode (None); FSDP's bytes do not depend on it.
         # USP's mesh is the plain (cfg, cp, tp) one plus side groups: FSDP's bytes are those of its ring twin
         mode = {None: "ulysses", "usp": "ring"}.get(c.cp_mode, c.cp_mode)
-        options = dict(tp=setup.tp, cp=c.cp, cfg=c.cfg, cp_mode=mode, pad=setup.pad)
+        options = dict(tp=setup.tp, cp=c.cp, cfg=c.cfg, cp_mode=mode, pad=setup.pad, fsdp=unit)
         _FIGURES[key] = traced_fsdp(name, module, **options)
     return _FIGURES[key]
 
 
-def fsdp_row(row: dict, c, pipeline, plan, call_seconds: float, dtype, hw, memory: int, network=cost.ONE_NODE) -> dict:
-    """`row` (measured without FSDP) as it is with FSDP over F = cfg x cp ranks (the module docstring's model); its
-    gathers on the inter-node link where the fsdp axis crosses nodes (`network`)."""
+def fsdp_row(
+    row: dict, c, pipeline, plan, call_seconds: float, dtype, hw, memory: int, network=cost.ONE_NODE, unit=True
+) -> dict:
+    """`row` (measured without FSDP) as it is with FSDP over F = cfg x cp ranks (the module docstring's model) in
+    units of `unit` (`fsdp=` as `dtp run --fsdp UNIT` takes it); its gathers on the inter-node link where the fsdp
+    axis crosses nodes (`network`)."""
     f, name = c.cfg * c.cp, pipeline.transformer
     sharded = [name] + (list(pipeline.text_encoders) if c.text_encoders == "sharded" else [])
-    traced = {n: component_figures(pipeline, n, c, plan.setups[n], dtype) for n in sharded}
+    traced = {n: component_figures(pipeline, n, c, plan.setups[n], dtype, unit) for n in sharded}
     traced = {n: figures for n, figures in traced.items() if figures is not None}
     weights = {**row["weight_bytes"], **{n: figures.resident for n, figures in traced.items()}}
     encoders = [traced[n].in_flight for n in pipeline.text_encoders if n in traced]
