@@ -154,10 +154,17 @@ def prefetch_windows(sizes: list[int], cap: int) -> list[range]:
 
 def in_flight(sizes: list[int], cap: int) -> int:
     """The most gathered bytes alive at once: unit i running and its window issued (any earlier window that reaches
-    past i is a prefix of i's), the last unit with the first window: <= the largest unit + max(cap, largest unit)."""
+    past i is a prefix of i's), the last unit with the first window; and unit i's copy-out, where its all-gather
+    buffer and its parameters are both alive (2 x the unit) beside the rest of the window that gathered it (the
+    buffer is freed right after: `apply_fsdp`'s async unshard). <= the largest unit + max(cap, largest unit).
+
+    The copy-out term only shows where a unit is larger than what follows it: fsdp=2 on 2 double + 1 single FLUX.1
+    blocks holds 2 x the double pair (2.39 MB) at its copy-out, the pair and the single block (1.44 MB) after it
+    (measured on gloo: 2.42 MB above the activations, tests/distributed/test_fsdp_unit.py)."""
     windows = prefetch_windows(sizes, cap)
     alive = [sum(sizes[j] for j in windows[0])]
     alive += [size + sum(sizes[j] for j in windows[i + 1] if j != i) for i, size in enumerate(sizes)]
+    alive += [size + sum(sizes[j] for j in windows[i]) for i, size in enumerate(sizes)]  # copy-out of unit i
     return max(alive)
 
 

@@ -32,12 +32,15 @@ FAMILIES = (
 
 def _simulated_peak(sizes: list[int], windows: list[range]) -> int:
     """FSDP2 with explicit prefetch, by hand, over two calls: the root issues windows[0]; each unit is gathered if
-    nothing issued it, issues its window (itself excepted: it is gathered), runs (the bytes alive are counted), and
-    is freed."""
+    nothing issued it and copied out of its all-gather buffer (buffer and parameters both alive: counted, then the
+    buffer freed), issues its window (itself excepted: it is gathered), runs (the bytes alive are counted), and is
+    freed."""
     alive: set[int] = set(windows[0])
     peak = sum(sizes[j] for j in alive)
     for i in list(range(len(sizes))) * 2:
-        alive |= {i} | set(windows[i + 1])
+        alive |= {i}
+        peak = max(peak, sum(sizes[j] for j in alive) + sizes[i])  # the copy-out: unit i twice
+        alive |= set(windows[i + 1])
         peak = max(peak, sum(sizes[j] for j in alive))
         alive.discard(i)
     return peak
