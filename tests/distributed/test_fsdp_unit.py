@@ -113,7 +113,11 @@ def test_grouped_units_are_the_asked_groups(results):
     """fsdp=2: FLUX.1's double blocks one unit, its single blocks another, Wan's 2 blocks one; "1MB" the same here
     (FLUX.1's double blocks 0.60 MB each: one a unit; single 0.25 MB: both in one)."""
     for per_rank in results:
-        assert per_rank["units"][2] == [("transformer_blocks.0", 2), ("single_transformer_blocks.0", 2), ("blocks.0", 2)]
+        assert per_rank["units"][2] == [
+            ("transformer_blocks.0", 2),
+            ("single_transformer_blocks.0", 2),
+            ("blocks.0", 2),
+        ]
         assert per_rank["units"]["1MB"] == [
             ("transformer_blocks.0", 1),
             ("transformer_blocks.1", 1),
