@@ -118,7 +118,7 @@ def prepare(
     cp_mode: str = "ulysses",
     device=None,
     pad: bool = False,
-    fsdp: bool = False,
+    fsdp: bool | int | str = False,
     attention_backend: str | None = None,
 ) -> Prepared:
     """Run every check (see the module docstring for the order); mutate nothing; return what `apply` needs.

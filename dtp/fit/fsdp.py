@@ -6,11 +6,14 @@ traced, not estimated: each sharded component (the transformer; text encoders wh
 at full size on meta as the run shards it (`analysis/fsdp.traced_fsdp`, the function `dtp check --fsdp` prints):
 
     weight_bytes[c]   = its traced resident bytes (units' chunks + the root gathered after the first call)
-    in flight         = the traced running unit + its prefetch window, on top of the resident weights in the phase
+    in flight         = the traced running unit + its prefetch window (or a unit's copy-out, buffer and parameters
+                        both alive: `runtime/fsdp.in_flight`), at the unit size `dtp fit --fsdp-unit` gives
+                        (`dtp run --fsdp UNIT`; dtp's units by default), on top of the resident weights in the phase
                         the component runs in (denoise: the transformer; text: the largest sharded text encoder);
                         nothing in the decode (the pipeline frees the window the last call prefetched before its VAE
                         decodes: `pipeline/parallelize.release_before_decode`); measured on gloo against
-                        `runtime/fsdp.in_flight_bytes` (tests/distributed/test_fsdp_more.py: 0.88 x in flight + root)
+                        `runtime/fsdp.in_flight_bytes` (tests/distributed/test_fsdp_more.py: 0.81 x in flight + root;
+                        test_fsdp_unit.py at fsdp=2: 0.95 x)
     peak              = max over phases of (resident weights + in flight + phase activations)
     gather per call   = one all_gather per unit of the transformer's (F - 1) / F x its tp-local bytes on the link
     step_seconds      = measured + calls x (max(0, gather - call) + copy-out): each unit issues the next window
