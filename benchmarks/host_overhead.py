@@ -276,13 +276,9 @@ def fsdp_unit_rows(repeats: int, layers: int) -> str:
         with fake_world(mesh.world):
             reference = deep_tiny(class_name, layers)
             device_mesh = dtp.make_mesh(cp=mesh.cp, device_type="cpu")
-            # The first model sharded with fsdp in a process runs ~6 % slower than the same layout sharded after it
-            # (tiny Wan, 8 blocks: 16.4 against 15.4-15.5 ms, whichever unit size comes first; cause not found):
-            # one is sharded first and never timed.
-            dtp.parallelize(copy.deepcopy(reference), device_mesh, fsdp=True)
             sharded = [dtp.parallelize(copy.deepcopy(reference), device_mesh, fsdp=u) for u in FSDP_UNITS]
             inputs = tiny_inputs(class_name, mesh)
-            ref_ms, *dtp_ms = _rotated_median_ms([reference, *sharded], inputs, repeats)
+            ref_ms, *dtp_ms = _shuffled_median_ms([reference, *sharded], inputs, repeats)
         model = class_name.replace("Transformer2DModel", "").replace("Transformer3DModel", "")
         whole = local_param_bytes(reference) / 1e3
         for unit, model_s, ms in zip(FSDP_UNITS, sharded, dtp_ms):
@@ -299,13 +295,18 @@ def fsdp_unit_rows(repeats: int, layers: int) -> str:
     return "\n".join(lines)
 
 
-def _rotated_median_ms(models: list, inputs: dict, repeats: int, warmup: int = 3) -> list[float]:
-    """Median thread CPU ms of each `models[i](**inputs)`, all called in each round, the round's order rotated by one
-    every round (no model always runs right after the same one)."""
+def _shuffled_median_ms(models: list, inputs: dict, repeats: int, warmup: int = 3) -> list[float]:
+    """Median thread CPU ms of each `models[i](**inputs)`, all called in each round, in an order shuffled every round
+    (seeded): a model run right after another pays for it (measured: tiny Wan's fsdp=True and fsdp=1, the same units,
+    17.9 and 16.3 ms when True always ran right after the unsharded cp=2 model)."""
+    import random
+
     times: list[list[float]] = [[] for _ in models]
+    order, shuffle = list(range(len(models))), random.Random(0).shuffle
     with torch.no_grad():
         for i in range(warmup + repeats):
-            for j in [(i + k) % len(models) for k in range(len(models))]:
+            shuffle(order)
+            for j in order:
                 start = time.thread_time()
                 models[j](**inputs)
                 if i >= warmup:
@@ -516,8 +517,9 @@ def main(argv=None) -> int:
             out.write(
                 f"\n## FSDP unit size at (cp=2, fsdp), {args.layers} blocks a list\n\n"
                 f"`python benchmarks/host_overhead.py --fsdp-units --layers {args.layers}` (median of {args.repeats} "
-                "alternated calls, thread CPU time, one pinned core; fsdp=k: k blocks a unit, '1MB': blocks grouped up "
-                "to 1 MB a unit, True: dtp's units; bytes per rank from `runtime/fsdp`, fp32)\n\n{text}\n"
+                "calls, the order shuffled each round, thread CPU time, one pinned core; fsdp=False: cp=2 alone, "
+                "True: dtp's units, k: k blocks a unit, '1MB': blocks grouped up to 1 MB a unit; bytes per rank from "
+                f"`runtime/fsdp`, fp32; load average {os.getloadavg()[0]:.1f} at the end)\n\n{text}\n"
             )
         return 0
     if args.fsdp_breakdown:
