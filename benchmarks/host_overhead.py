@@ -8,6 +8,7 @@
     python benchmarks/host_overhead.py --fsdp-breakdown [--compiled]  # (cp=2, fsdp): dtp's share vs FSDP2's own
     python benchmarks/host_overhead.py --steps         # cfg=2's pair and K-pass step paths: dtp's cost per call
     python benchmarks/host_overhead.py --fsdp-units [--layers 8]  # (cp=2, fsdp) per FSDP unit size; appends
+    python benchmarks/host_overhead.py --fsdp-units --phases --layers 8  # FSDP2's phases at fsdp=True and fsdp=8
 
 Each row builds the family's TINY model (seed 0) and the same weights sharded by dtp on rank 0 of the mesh
 (`dtp.testing.host`), then calls the two in turn (3 warm-up calls, then `repeats` alternated ones, no grad) and
@@ -314,6 +315,44 @@ def _shuffled_median_ms(models: list, inputs: dict, repeats: int, warmup: int = 
     return [statistics.median(t) * 1e3 for t in times]
 
 
+def fsdp_unit_phase_rows(repeats: int, layers: int, units=(True, 8)) -> str:
+    """Per model (`deep_tiny` with `layers` blocks a list) and unit size: ms per (cp=2, fsdp) forward in each FSDP2
+    phase (`FSDP_PHASES`, the timers' own cost included) and the calls a forward makes to it: which phases shrink
+    with fewer units and which stay (one model timed at a time, medians of `repeats` forwards)."""
+    import copy
+
+    import dtp
+
+    mesh = next(m for m in MESHES if m.fsdp)
+    head = " | ".join(f"fsdp={u} ms | calls" for u in units)
+    lines = [f"| model ({layers} blocks a list) | phase | {head} |", "|---|---|" + "---:|---:|" * len(units)]
+    for class_name in MODELS:
+        columns = []
+        for unit in units:
+            spent, calls = defaultdict(float), defaultdict(int)
+            with fsdp_timers(spent, calls), fake_world(mesh.world):
+                reference = deep_tiny(class_name, layers)
+                device_mesh = dtp.make_mesh(cp=mesh.cp, device_type="cpu")
+                sharded = dtp.parallelize(copy.deepcopy(reference), device_mesh, fsdp=unit)
+                inputs, times = tiny_inputs(class_name, mesh), []
+                with torch.no_grad():
+                    for i in range(3 + repeats):
+                        if i == 3:
+                            spent.clear(), calls.clear()
+                        start = time.thread_time()
+                        sharded(**inputs)
+                        times.append(time.thread_time() - start)
+            column = {"whole forward (timers on)": (statistics.median(times[3:]) * 1e3, 1)}
+            column |= {label: (spent[label] / repeats * 1e3, calls[label] / repeats) for label, _ in FSDP_PHASES}
+            columns.append(column)
+        model = class_name.replace("Transformer2DModel", "").replace("Transformer3DModel", "")
+        for label in columns[0]:
+            cells = " | ".join(f"{c[label][0]:.2f} | {c[label][1]:.0f}" for c in columns)
+            lines.append(f"| {model} | {label} | {cells} |")
+        print("\n".join(lines[-len(columns[0]) :]), flush=True)
+    return "\n".join(lines)
+
+
 FULL_SIZE_UNITS = (True, 1, 2, 4, 8, "1GB", "2GB")
 
 
@@ -498,6 +537,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", action="store_true", help="cfg=2's pair and K-pass step paths; appends")
     parser.add_argument("--fsdp-units", action="store_true", help="(cp=2, fsdp) per FSDP unit size; appends")
     parser.add_argument("--layers", type=int, default=2, help="with --fsdp-units: blocks per block list")
+    parser.add_argument("--phases", action="store_true", help="with --fsdp-units: FSDP2's phases at fsdp=True and 8")
     args = parser.parse_args(argv)
     core = pin_one_core()
     if args.steps:
@@ -509,6 +549,16 @@ def main(argv=None) -> int:
                 "group, thread CPU time of the wrapper's calls less the forwards it ran; pair: true CFG's two calls, "
                 "kpass: LTX-2's doubled batch and two calls on its rows, 4 passes over 2 groups)\n\n"
                 f"{text}\n"
+            )
+        return 0
+    if args.fsdp_units and args.phases:
+        text = fsdp_unit_phase_rows(args.repeats, args.layers)
+        with RESULT.open("a") as out:
+            out.write(
+                f"\n## FSDP2's phases per unit size at (cp=2, fsdp), {args.layers} blocks a list\n\n"
+                f"`python benchmarks/host_overhead.py --fsdp-units --phases --layers {args.layers}` (median forward / "
+                f"mean phase time over {args.repeats} calls, thread CPU time, timers on; nested rows are part of the "
+                f"row above; load average {os.getloadavg()[0]:.1f} at the end)\n\n{text}\n"
             )
         return 0
     if args.fsdp_units:
