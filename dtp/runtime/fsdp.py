@@ -8,6 +8,8 @@ non-tp axes flattened into one (`Parallelism.fsdp_mesh`: cfg x cp ranks). No all
                 (embedders, norms, output projection: everything outside the blocks); a block holding more than
                 SPLIT_RATIO x the smallest main block's parameters is split: each child module with parameters is a unit
                 of its own, the block's unit keeps the rest (`unit_layout`)
+                with a unit size (`fsdp=4`, `fsdp="1GB"`: `fsdp_unit.py`), consecutive blocks of a list grouped
+                into one unit instead (one `fully_shard` on the list of them), none split
     at rest   = a parameter is dim-0 chunk r of its tp slice on fsdp rank r (torch.chunk, padded):
                 Shard(0) on the fsdp axis, or (_StridedShard(0), Shard(d)) with TP inside (torchtitan's 2-D layout)
     forward   = a unit's all-gather runs just before it, its whole parameters are freed right after
@@ -64,7 +66,7 @@ class Unit:
     inside: str | None = None  # a split block's path, for the units of its children
     members: tuple[nn.Module, ...] = ()  # the blocks grouped after `module` in one unit (`fsdp=k` or a byte budget)
 
-    def modules(self) -> list[nn.Module]:
+    def modules(self) -> nn.Module | list[nn.Module]:
         """What `fully_shard` takes for this unit: its module, or the list of the blocks it groups."""
         return [self.module, *self.members] if self.members else self.module
 
