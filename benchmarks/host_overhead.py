@@ -7,6 +7,8 @@
     python benchmarks/host_overhead.py --fsdp-phases   # where (cp=2, fsdp)'s host time goes in FSDP2; appends
     python benchmarks/host_overhead.py --fsdp-breakdown [--compiled]  # (cp=2, fsdp): dtp's share vs FSDP2's own
     python benchmarks/host_overhead.py --steps         # cfg=2's pair and K-pass step paths: dtp's cost per call
+    python benchmarks/host_overhead.py --fsdp-units [--layers 8]  # (cp=2, fsdp) per FSDP unit size; appends
+    python benchmarks/host_overhead.py --fsdp-units --phases --layers 8  # FSDP2's phases at fsdp=True and fsdp=8
 
 Each row builds the family's TINY model (seed 0) and the same weights sharded by dtp on rank 0 of the mesh
 (`dtp.testing.host`), then calls the two in turn (3 warm-up calls, then `repeats` alternated ones, no grad) and
@@ -240,6 +242,148 @@ def fsdp_alone(reference: torch.nn.Module, world: int) -> torch.nn.Module:
     return model
 
 
+# fsdp= values: no fsdp (dtp's cp work alone), dtp's units, blocks per unit, a byte budget per unit
+FSDP_UNITS = (False, True, 1, 2, 4, 8, "1MB")
+
+
+def deep_tiny(class_name: str, layers: int) -> torch.nn.Module:
+    """The family's tiny model (seed 0) with `layers` blocks in each block list (FLUX.1: `layers` double and
+    2 x `layers` single blocks, as FLUX.1-dev's 19 / 38), widths unchanged: per-block host time as at full depth."""
+    from dtp.families import FAMILIES, model_class
+
+    extra = {"num_layers": layers} | ({"num_single_layers": 2 * layers} if "Flux" in class_name else {})
+    torch.manual_seed(0)
+    return model_class(class_name).from_config({**FAMILIES[class_name].tiny, **extra}).eval()
+
+
+def fsdp_unit_rows(repeats: int, layers: int) -> str:
+    """Per model: diffusers' unsharded forward and dtp's (cp=2, fsdp) rank at each unit size of `FSDP_UNITS`, all
+    called in turn (one alternation, so load drifts hit every column alike), beside each unit size's gathering units
+    and its bytes per rank (`runtime/fsdp`: resident between calls, in flight while the blocks run; the peak's
+    weights are their sum)."""
+    import copy
+
+    import dtp
+    from dtp.runtime.fsdp import in_flight_bytes, resident_bytes
+    from dtp.runtime.memory import local_param_bytes
+
+    mesh = next(m for m in MESHES if m.fsdp)
+    lines = [
+        f"| model ({layers} blocks a list) | fsdp= | units | diffusers ms | dtp rank ms | ratio | resident kB | "
+        "in flight kB | weights' peak kB | whole kB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for class_name in MODELS:
+        with fake_world(mesh.world):
+            reference = deep_tiny(class_name, layers)
+            device_mesh = dtp.make_mesh(cp=mesh.cp, device_type="cpu")
+            sharded = [dtp.parallelize(copy.deepcopy(reference), device_mesh, fsdp=u) for u in FSDP_UNITS]
+            inputs = tiny_inputs(class_name, mesh)
+            ref_ms, *dtp_ms = _shuffled_median_ms([reference, *sharded], inputs, repeats)
+        model = class_name.replace("Transformer2DModel", "").replace("Transformer3DModel", "")
+        whole = local_param_bytes(reference) / 1e3
+        for unit, model_s, ms in zip(FSDP_UNITS, sharded, dtp_ms):
+            if unit is False:  # cp=2 alone: every weight whole on the rank, nothing gathered
+                units, resident, flight = 0, whole, 0.0
+            else:
+                units = len(getattr(model_s, dtp_fsdp.LAYOUT_ATTR).gathered())
+                resident, flight = resident_bytes(model_s) / 1e3, in_flight_bytes(model_s) / 1e3
+            lines.append(
+                f"| {model} | {unit} | {units} | {ref_ms:.2f} | {ms:.2f} | {ms / ref_ms:.2f}x | {resident:.0f} | "
+                f"{flight:.0f} | {resident + flight:.0f} | {whole:.0f} |"
+            )
+            print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
+def _shuffled_median_ms(models: list, inputs: dict, repeats: int, warmup: int = 3) -> list[float]:
+    """Median thread CPU ms of each `models[i](**inputs)`, all called in each round, in an order shuffled every round
+    (seeded): a model run right after another pays for it (measured: tiny Wan's fsdp=True and fsdp=1, the same units,
+    17.9 and 16.3 ms when True always ran right after the unsharded cp=2 model)."""
+    import random
+
+    times: list[list[float]] = [[] for _ in models]
+    order, shuffle = list(range(len(models))), random.Random(0).shuffle
+    with torch.no_grad():
+        for i in range(warmup + repeats):
+            shuffle(order)
+            for j in order:
+                start = time.thread_time()
+                models[j](**inputs)
+                if i >= warmup:
+                    times[j].append(time.thread_time() - start)
+    return [statistics.median(t) * 1e3 for t in times]
+
+
+def fsdp_unit_phase_rows(repeats: int, layers: int, units=(True, 8)) -> str:
+    """Per model (`deep_tiny` with `layers` blocks a list) and unit size: ms per (cp=2, fsdp) forward in each FSDP2
+    phase (`FSDP_PHASES`, the timers' own cost included) and the calls a forward makes to it: which phases shrink
+    with fewer units and which stay (one model timed at a time, medians of `repeats` forwards)."""
+    import copy
+
+    import dtp
+
+    mesh = next(m for m in MESHES if m.fsdp)
+    head = " | ".join(f"fsdp={u} ms | calls" for u in units)
+    lines = [f"| model ({layers} blocks a list) | phase | {head} |", "|---|---|" + "---:|---:|" * len(units)]
+    for class_name in MODELS:
+        columns = []
+        for unit in units:
+            spent, calls = defaultdict(float), defaultdict(int)
+            with fsdp_timers(spent, calls), fake_world(mesh.world):
+                reference = deep_tiny(class_name, layers)
+                device_mesh = dtp.make_mesh(cp=mesh.cp, device_type="cpu")
+                sharded = dtp.parallelize(copy.deepcopy(reference), device_mesh, fsdp=unit)
+                inputs, times = tiny_inputs(class_name, mesh), []
+                with torch.no_grad():
+                    for i in range(3 + repeats):
+                        if i == 3:
+                            spent.clear(), calls.clear()
+                        start = time.thread_time()
+                        sharded(**inputs)
+                        times.append(time.thread_time() - start)
+            column = {"whole forward (timers on)": (statistics.median(times[3:]) * 1e3, 1)}
+            column |= {label: (spent[label] / repeats * 1e3, calls[label] / repeats) for label, _ in FSDP_PHASES}
+            columns.append(column)
+        model = class_name.replace("Transformer2DModel", "").replace("Transformer3DModel", "")
+        for label in columns[0]:
+            cells = " | ".join(f"{c[label][0]:.2f} | {c[label][1]:.0f}" for c in columns)
+            lines.append(f"| {model} | {label} | {cells} |")
+        print("\n".join(lines[-len(columns[0]) :]), flush=True)
+    return "\n".join(lines)
+
+
+FULL_SIZE_UNITS = (True, 1, 2, 4, 8, "1GB", "2GB")
+
+
+def full_size_unit_rows(ranks: int = 8) -> str:
+    """FLUX.1-dev and Wan 2.1 14B at their released configs (bf16, meta, tp=1) per unit size: the gathering units
+    per forward, the largest, the bytes in flight (`FsdpUnits.in_flight`: a unit and its prefetched successor), and
+    a rank's weights while the blocks run over `ranks` fsdp ranks (blocks / ranks + the gathered root + in flight)."""
+    from dtp.analysis.fakepg import meta_model
+    from dtp.runtime.fsdp import block_lists
+    from dtp.runtime.memory import local_param_bytes
+
+    lines = [
+        f"| model (bf16) | fsdp= | units | largest unit GB | in flight GB | weights while denoising, F={ranks}, GB |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for class_name in MODELS:
+        model = meta_model(class_name, None, torch.bfloat16)
+        blocks = sum(local_param_bytes(b) for _, lst in block_lists(model) for b in lst)
+        root = local_param_bytes(model) - blocks
+        for unit in FULL_SIZE_UNITS:
+            layout = dtp_fsdp.unit_layout(model, unit)
+            sizes = [u.size for u in layout.gathered()]
+            flight = layout.in_flight()
+            lines.append(
+                f"| {type(model).__name__} | {unit} | {len(sizes)} | {max(sizes) / 1e9:.2f} | {flight / 1e9:.2f} | "
+                f"{(blocks / ranks + root + flight) / 1e9:.2f} |"
+            )
+            print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def _median_ms(models: list, inputs: list[dict], repeats: int, warmup: int = 3) -> list[float]:
     """Median thread CPU ms of each `models[i](**inputs[i])`, the models called in turn (no grad)."""
     times: list[list[float]] = [[] for _ in models]
@@ -391,6 +535,9 @@ def main(argv=None) -> int:
     parser.add_argument("--fsdp-breakdown", action="store_true", help="(cp=2, fsdp): dtp's share vs FSDP2's; appends")
     parser.add_argument("--compiled", action="store_true", help="with --fsdp-breakdown: the blocks compiled too")
     parser.add_argument("--steps", action="store_true", help="cfg=2's pair and K-pass step paths; appends")
+    parser.add_argument("--fsdp-units", action="store_true", help="(cp=2, fsdp) per FSDP unit size; appends")
+    parser.add_argument("--layers", type=int, default=2, help="with --fsdp-units: blocks per block list")
+    parser.add_argument("--phases", action="store_true", help="with --fsdp-units: FSDP2's phases at fsdp=True and 8")
     args = parser.parse_args(argv)
     core = pin_one_core()
     if args.steps:
@@ -402,6 +549,27 @@ def main(argv=None) -> int:
                 "group, thread CPU time of the wrapper's calls less the forwards it ran; pair: true CFG's two calls, "
                 "kpass: LTX-2's doubled batch and two calls on its rows, 4 passes over 2 groups)\n\n"
                 f"{text}\n"
+            )
+        return 0
+    if args.fsdp_units and args.phases:
+        text = fsdp_unit_phase_rows(args.repeats, args.layers)
+        with RESULT.open("a") as out:
+            out.write(
+                f"\n## FSDP2's phases per unit size at (cp=2, fsdp), {args.layers} blocks a list\n\n"
+                f"`python benchmarks/host_overhead.py --fsdp-units --phases --layers {args.layers}` (median forward / "
+                f"mean phase time over {args.repeats} calls, thread CPU time, timers on; nested rows are part of the "
+                f"row above; load average {os.getloadavg()[0]:.1f} at the end)\n\n{text}\n"
+            )
+        return 0
+    if args.fsdp_units:
+        text = fsdp_unit_rows(args.repeats, args.layers) + "\n\nAt full size:\n\n" + full_size_unit_rows()
+        with RESULT.open("a") as out:
+            out.write(
+                f"\n## FSDP unit size at (cp=2, fsdp), {args.layers} blocks a list\n\n"
+                f"`python benchmarks/host_overhead.py --fsdp-units --layers {args.layers}` (median of {args.repeats} "
+                "calls, the order shuffled each round, thread CPU time, one pinned core; fsdp=False: cp=2 alone, "
+                "True: dtp's units, k: k blocks a unit, '1MB': blocks grouped up to 1 MB a unit; bytes per rank from "
+                f"`runtime/fsdp`, fp32; load average {os.getloadavg()[0]:.1f} at the end)\n\n{text}\n"
             )
         return 0
     if args.fsdp_breakdown:

@@ -118,7 +118,7 @@ def prepare(
     cp_mode: str = "ulysses",
     device=None,
     pad: bool = False,
-    fsdp: bool = False,
+    fsdp: bool | int | str = False,
     attention_backend: str | None = None,
 ) -> Prepared:
     """Run every check (see the module docstring for the order); mutate nothing; return what `apply` needs.
@@ -235,7 +235,8 @@ def apply(model: nn.Module, prepared: Prepared, *, weights_local: bool = False) 
         install_cfg(model, prepared.mesh)  # each call's branches over the cfg groups (runtime/cfg)
     attach_cache(model, prepared.mesh)  # enable_cache through dtp: checked, rank-consistent (dtp/cache)
     if prepared.parallelism.fsdp:
-        apply_fsdp(model, prepared.parallelism.fsdp_mesh)  # last: it shards what TP left on each rank
+        # last: it shards what TP left on each rank, in units of the size fsdp= asks (True: dtp's units)
+        apply_fsdp(model, prepared.parallelism.fsdp_mesh, prepared.parallelism.fsdp)
     return model
 
 

@@ -18,7 +18,7 @@ def parallelize(
     cp_mode: str = "ulysses",
     device=None,
     pad: bool = False,
-    fsdp: bool = False,
+    fsdp: bool | int | str = False,
     attention_backend: str | None = None,
 ) -> nn.Module:
     """Shard `model` in place with `plan` (default: `plan_for(model)`) on `mesh`'s `tp` axis; returns it.
@@ -38,6 +38,8 @@ def parallelize(
 
     `fsdp=True` also shards every weight over the mesh's non-tp axes (cfg x cp) with torch's FSDP2: one unit per
     transformer block plus the root, each gathered just before it runs and freed after (`runtime/fsdp.py`).
+    `fsdp=4` groups 4 consecutive blocks in a unit, `fsdp="1GB"` blocks up to 1 GB a unit (`runtime/fsdp_unit.py`):
+    FSDP2's host work per call divided by about the blocks grouped, 2 whole units gathered at once.
 
     `attention_backend` (`dtp.choices.ATTENTION_BACKENDS`: auto, flash, efficient, cudnn, math, or a diffusers
     backend name such as "_flash_3_hub" or "sage") is set on the model and used by Ulysses and ring attention; ring

@@ -71,13 +71,15 @@ def traced_fsdp(
     cp_mode: str = "ulysses",
     pad: bool = False,
     plan: Plan | None = None,
+    fsdp=True,
 ) -> FsdpFigures | None:
-    """`module` (on meta; mutated) sharded with fsdp=True as `parallelize_pipeline` shards component `name` (with
-    `plan`, else its own), on rank 0 of a fake world of cfg x cp x tp ranks; None when it has no plan (held whole).
-    PlanError as `dtp.prepare` raises it (e.g. cfg x cp = 1)."""
+    """`module` (on meta; mutated) sharded with `fsdp` (True or a unit size: `runtime/fsdp_unit.py`) as
+    `parallelize_pipeline` shards component `name` (with `plan`, else its own), on rank 0 of a fake world of
+    cfg x cp x tp ranks; None when it has no plan (held whole). PlanError as `dtp.prepare` raises it (e.g. cfg x cp =
+    1)."""
     with fake_world(cfg * cp * tp):
         mesh = make_mesh(tp=tp, cp=cp, cfg=cfg, device_type="cpu")
-        parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, fsdp=True)
+        parallelism = Parallelism.build(mesh, cp_mode=cp_mode, pad=pad, fsdp=fsdp)
         prepared = prepare_component(name, module, parallelism, plans=None if plan is None else [plan])
         if prepared is None:
             return None
@@ -96,11 +98,12 @@ def fsdp_bytes(
     config: dict | None = None,
     dtype: str = "bf16",
     pad: bool = False,
+    fsdp=True,
 ) -> dict:
     """{"fsdp": F, "fsdp_per_rank_bytes": resident, "fsdp_sharded_bytes": sharded, "fsdp_in_flight_bytes"} of
     `class_name` sharded with fsdp=True (module docstring); PlanError as `dtp.prepare` raises it."""
     model = meta_model(class_name, config, parse_dtype(dtype))
-    f = traced_fsdp("transformer", model, tp=tp, cp=cp, cfg=cfg, cp_mode=cp_mode, pad=pad, plan=plan)
+    f = traced_fsdp("transformer", model, tp=tp, cp=cp, cfg=cfg, cp_mode=cp_mode, pad=pad, plan=plan, fsdp=fsdp)
     return {
         "fsdp": f.fsdp,
         "fsdp_per_rank_bytes": f.resident,
@@ -119,10 +122,11 @@ def fsdp_pipeline_bytes(
     cp_mode: str = "ulysses",
     dtype: str = "bf16",
     pad: bool = False,
+    fsdp=True,
 ) -> dict[str, FsdpFigures | None]:
     """{component: figures, None when it stays whole} of the `planned` components of released pipeline `name` (full
     size, meta), each sharded alone with fsdp=True as `dtp.parallelize_pipeline(..., fsdp=True)` shards it on a
     (cfg, cp, tp) mesh: FSDP over the cfg x cp ranks, text encoders on the tp axis only (`Parallelism.for_model`)."""
     modules = build_pipeline(released_pipeline(name), parse_dtype(dtype))
-    options = dict(tp=tp, cp=cp, cfg=cfg, cp_mode=cp_mode, pad=pad)
+    options = dict(tp=tp, cp=cp, cfg=cfg, cp_mode=cp_mode, pad=pad, fsdp=fsdp)
     return {component: traced_fsdp(component, modules[component], **options) for component in sorted(planned)}

@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from ..errors import ForwardError, PlanError
 from ..policy import check_degree, parse_dtype
 from ..runtime.cfg.cost import exchange
+from ..runtime.fsdp_unit import check_fsdp_option
 from . import cost
 from .cache_state import CACHE_PHASES, CacheState
 from .candidates import USP, Arrangement, Candidate, arrangement, candidates
@@ -81,6 +82,7 @@ def fit(
     gpus_per_node: int | None = None,
     inter_node: str | None = None,
     replicas: int = 1,
+    fsdp_unit: bool | int | str = True,
 ) -> dict:
     """The `dtp fit --json` object: `{"pipeline", "gpus", "gpu_memory_bytes", "hardware", "rows": [...]}`.
 
@@ -92,6 +94,8 @@ def fit(
     gpu_memory: bytes, or a string such as "24GiB" / "80GB" (default: the `hardware` preset's memory).
     nodes, gpus_per_node, inter_node: nodes joined by a link preset (`hardware.INTER_NODE`; "400Gb IB" by default);
     replicas: also rows of R copies of a world / R mesh (`dtp serve --replicas R`), ranked by throughput per GPU.
+    fsdp_unit: the fsdp rows' FSDP2 unit size (`dtp run --fsdp UNIT`: blocks or bytes per unit; True: dtp's units):
+    their in-flight bytes, gathers and copy-outs are traced with it.
     height / width default to `resolution`, else the pipeline's usual size (`FitPipeline.usual_size`); frames to the
     usual clip's (81 for `wan-pipeline`). Rows as `estimate` builds them; `rejected`: candidates whose plans do not
     fit the mesh, with why; `reason`: why nothing fits.
@@ -103,7 +107,8 @@ def fit(
     frames = frames or spec.usual_frames
     shape = _shape(spec, batch, resolution, height, width, frames, text_tokens)
     measurer, start = measurer or Measurer(spec, parse_dtype(dtype)), time.perf_counter()
-    run, rows, rejected = RunOptions(compile, attention_backend, placed), [], []
+    unit = check_fsdp_option(fsdp_unit)
+    run, rows, rejected = RunOptions(compile, attention_backend, placed, fsdp_unit=unit), [], []
     for r in dict.fromkeys((1, replicas)):
         found = candidates(spec, gpus // r, batch, placed, r)
         some, refused = _estimate_all(found, spec, measurer, shape, memory, hw, only, cache, replace(run, replicas=r))
@@ -193,9 +198,14 @@ class RunOptions:
     attention_backend: str | None = None
     nodes: Nodes = Nodes()
     replicas: int = 1
+    fsdp_unit: bool | int | str = True  # the fsdp rows' unit size, as `fsdp=` takes it (runtime/fsdp_unit.py)
 
     def fields(self) -> dict:
-        return {"compiled": self.compile, "attention_backend": self.attention_backend or "auto"}
+        return {
+            "compiled": self.compile,
+            "attention_backend": self.attention_backend or "auto",
+            "fsdp_unit": self.fsdp_unit,
+        }
 
 
 def _best_first(row: dict) -> tuple:
@@ -287,7 +297,7 @@ def estimate(
         **cached,
     }
     if candidate.fsdp:
-        row = fsdp_row(row, candidate, spec, plan, call, measurer.dtype, hw, memory, network)
+        row = fsdp_row(row, candidate, spec, plan, call, measurer.dtype, hw, memory, network, run.fsdp_unit)
         row["steps_per_gpu_second"] = run.replicas / (row["step_seconds"] * world)
     return row
 
@@ -388,7 +398,7 @@ def command(
     if c.quant:
         args += ["--quant", c.quant]
     if c.fsdp:
-        args.append("--fsdp")
+        args += ["--fsdp"] if run.fsdp_unit is True else ["--fsdp", str(run.fsdp_unit)]
     if c.text_encoders == "whole" and c.world > 1:
         args.append("--whole-text-encoders")
     if c.text_encoders == "offloaded":

@@ -6,11 +6,14 @@ traced, not estimated: each sharded component (the transformer; text encoders wh
 at full size on meta as the run shards it (`analysis/fsdp.traced_fsdp`, the function `dtp check --fsdp` prints):
 
     weight_bytes[c]   = its traced resident bytes (units' chunks + the root gathered after the first call)
-    in flight         = the traced running unit + its prefetch window, on top of the resident weights in the phase
+    in flight         = the traced running unit + its prefetch window (or a unit's copy-out, buffer and parameters
+                        both alive: `runtime/fsdp.in_flight`), at the unit size `dtp fit --fsdp-unit` gives
+                        (`dtp run --fsdp UNIT`; dtp's units by default), on top of the resident weights in the phase
                         the component runs in (denoise: the transformer; text: the largest sharded text encoder);
                         nothing in the decode (the pipeline frees the window the last call prefetched before its VAE
                         decodes: `pipeline/parallelize.release_before_decode`); measured on gloo against
-                        `runtime/fsdp.in_flight_bytes` (tests/distributed/test_fsdp_more.py: 0.88 x in flight + root)
+                        `runtime/fsdp.in_flight_bytes` (tests/distributed/test_fsdp_more.py: 0.81 x in flight + root;
+                        test_fsdp_unit.py at fsdp=2: 0.95 x)
     peak              = max over phases of (resident weights + in flight + phase activations)
     gather per call   = one all_gather per unit of the transformer's (F - 1) / F x its tp-local bytes on the link
     step_seconds      = measured + calls x (max(0, gather - call) + copy-out): each unit issues the next window
@@ -47,10 +50,10 @@ _TEMPLATES: dict = {}
 _FIGURES: dict = {}
 
 
-def component_figures(pipeline, name: str, c, setup, dtype) -> FsdpFigures | None:
-    """Component `name` of `pipeline` traced with fsdp=True on candidate `c`'s mesh at its `setup` (tp, pad); None
-    when it has no plan (held whole). Built once per component, traced once per mesh."""
-    key = (pipeline.name, pipeline.model_dir, name, str(dtype), setup.tp, setup.pad, c.cfg, c.cp)
+def component_figures(pipeline, name: str, c, setup, dtype, unit=True) -> FsdpFigures | None:
+    """Component `name` of `pipeline` traced with fsdp=`unit` (True or a unit size) on candidate `c`'s mesh at its
+    `setup` (tp, pad); None when it has no plan (held whole). Built once per component, traced once per mesh."""
+    key = (pipeline.name, pipeline.model_dir, name, str(dtype), setup.tp, setup.pad, c.cfg, c.cp, unit)
     if key not in _FIGURES:
         source = (pipeline.name, pipeline.model_dir, name, str(dtype))
         if source not in _TEMPLATES:
@@ -59,17 +62,20 @@ def component_figures(pipeline, name: str, c, setup, dtype) -> FsdpFigures | Non
         # A candidate without a cp axis has no cp_mode (None); FSDP's bytes do not depend on it.
         # USP's mesh is the plain (cfg, cp, tp) one plus side groups: FSDP's bytes are those of its ring twin
         mode = {None: "ulysses", "usp": "ring"}.get(c.cp_mode, c.cp_mode)
-        options = dict(tp=setup.tp, cp=c.cp, cfg=c.cfg, cp_mode=mode, pad=setup.pad)
+        options = dict(tp=setup.tp, cp=c.cp, cfg=c.cfg, cp_mode=mode, pad=setup.pad, fsdp=unit)
         _FIGURES[key] = traced_fsdp(name, module, **options)
     return _FIGURES[key]
 
 
-def fsdp_row(row: dict, c, pipeline, plan, call_seconds: float, dtype, hw, memory: int, network=cost.ONE_NODE) -> dict:
-    """`row` (measured without FSDP) as it is with FSDP over F = cfg x cp ranks (the module docstring's model); its
-    gathers on the inter-node link where the fsdp axis crosses nodes (`network`)."""
+def fsdp_row(
+    row: dict, c, pipeline, plan, call_seconds: float, dtype, hw, memory: int, network=cost.ONE_NODE, unit=True
+) -> dict:
+    """`row` (measured without FSDP) as it is with FSDP over F = cfg x cp ranks (the module docstring's model) in
+    units of `unit` (`fsdp=` as `dtp run --fsdp UNIT` takes it); its gathers on the inter-node link where the fsdp
+    axis crosses nodes (`network`)."""
     f, name = c.cfg * c.cp, pipeline.transformer
     sharded = [name] + (list(pipeline.text_encoders) if c.text_encoders == "sharded" else [])
-    traced = {n: component_figures(pipeline, n, c, plan.setups[n], dtype) for n in sharded}
+    traced = {n: component_figures(pipeline, n, c, plan.setups[n], dtype, unit) for n in sharded}
     traced = {n: figures for n, figures in traced.items() if figures is not None}
     weights = {**row["weight_bytes"], **{n: figures.resident for n, figures in traced.items()}}
     encoders = [traced[n].in_flight for n in pipeline.text_encoders if n in traced]

@@ -86,7 +86,7 @@ def from_pretrained(
     cp_mode: str = "ulysses",
     pad: bool = False,
     quantization_config=None,
-    fsdp: bool = False,
+    fsdp: bool | int | str = False,
     attention_backend: str | None = None,
 ) -> nn.Module:
     """Build `model_class` from a diffusers or transformers folder, sharded on `mesh`'s `tp` axis, reading only

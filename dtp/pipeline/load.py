@@ -50,7 +50,7 @@ def load_pipeline(
     cp_mode: str = "ulysses",
     device=None,
     quantization_config=None,
-    fsdp: bool = False,
+    fsdp: bool | int | str = False,
     attention_backend: str | None = None,
     compile: bool | str = False,
 ):

@@ -90,7 +90,7 @@ def parallelize_pipeline(
     cp_mode: str = "ulysses",
     device=None,
     pad: bool = False,
-    fsdp: bool = False,
+    fsdp: bool | int | str = False,
     attention_backend: str | None = None,
     compile: bool | str = False,
 ) -> PipelineReport:

@@ -46,7 +46,7 @@ class LoadOptions:
     lora_scale: float = 1.0
     whole_text_encoders: bool = False
     offload_text_encoders: bool = False
-    fsdp: bool = False  # weights also sharded over the non-tp axes (FSDP2)
+    fsdp: bool | int | str = False  # weights also sharded over the non-tp axes (FSDP2), or a unit size
     cache: str | None = None  # a step cache by name (dtp.cache)
     cache_threshold: float | None = None
     cache_steps: int | None = None  # MagCache's ratios are per step: `dtp run --steps`

@@ -8,6 +8,8 @@ non-tp axes flattened into one (`Parallelism.fsdp_mesh`: cfg x cp ranks). No all
                 (embedders, norms, output projection: everything outside the blocks); a block holding more than
                 SPLIT_RATIO x the smallest main block's parameters is split: each child module with parameters is a unit
                 of its own, the block's unit keeps the rest (`unit_layout`)
+                with a unit size (`fsdp=4`, `fsdp="1GB"`: `fsdp_unit.py`), consecutive blocks of a list grouped
+                into one unit instead (one `fully_shard` on the list of them), none split
     at rest   = a parameter is dim-0 chunk r of its tp slice on fsdp rank r (torch.chunk, padded):
                 Shard(0) on the fsdp axis, or (_StridedShard(0), Shard(d)) with TP inside (torchtitan's 2-D layout)
     forward   = a unit's all-gather runs just before it, its whole parameters are freed right after
@@ -40,6 +42,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from .. import quant
 from ..errors import PlanError
+from .fsdp_unit import UnitSize, group_blocks, unit_size
 from .memory import local_param_bytes
 
 SPLIT_RATIO = 2
@@ -61,6 +64,11 @@ class Unit:
     module: nn.Module
     size: int
     inside: str | None = None  # a split block's path, for the units of its children
+    members: tuple[nn.Module, ...] = ()  # the blocks grouped after `module` in one unit (`fsdp=k` or a byte budget)
+
+    def modules(self) -> nn.Module | list[nn.Module]:
+        """What `fully_shard` takes for this unit: its module, or the list of the blocks it groups."""
+        return [self.module, *self.members] if self.members else self.module
 
 
 @dataclass(frozen=True)
@@ -93,14 +101,18 @@ def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
     return found
 
 
-def unit_layout(model: nn.Module) -> FsdpUnits:
-    """FSDP's units below the root of `model` (its tp slices, before FSDP shards them), by the rule on sizes:
-    each block is a unit; a block of more than SPLIT_RATIO x the smallest main block is split, each direct child holding
-    parameters a unit of its own (module docstring: FLUX.1's double blocks)."""
+def unit_layout(model: nn.Module, fsdp=True) -> FsdpUnits:
+    """FSDP's units below the root of `model` (its tp slices, before FSDP shards them). `fsdp=True`, by the rule on
+    sizes: each block is a unit; a block of more than SPLIT_RATIO x the smallest main block is split, each direct child
+    holding parameters a unit of its own (module docstring: FLUX.1's double blocks). A unit size (`fsdp=4`,
+    `fsdp="1GB"`: `runtime/fsdp_unit.py`): consecutive blocks of each block list grouped, none split."""
     lists = [(name, [local_param_bytes(block) for block in lst]) for name, lst in block_lists(model)]
     total = sum(sum(sizes) for _, sizes in lists)
     main = [size for _, sizes in lists if sum(sizes) >= MAIN_SHARE * total for size in sizes if size > 0]
     cap = min(main, default=0)
+    size = unit_size(fsdp)
+    if size is not None:
+        return FsdpUnits(tuple(grouped_units(model, lists, size)), cap)
     blocks = [(f"{name}.{i}", block) for name, lst in block_lists(model) for i, block in enumerate(lst)]
     sizes = [size for _, list_sizes in lists for size in list_sizes]
     units: list[Unit] = []
@@ -110,6 +122,17 @@ def unit_layout(model: nn.Module) -> FsdpUnits:
         inner = [Unit(p, c, local_param_bytes(c), inside=path) for p, c in children]
         units += [Unit(path, block, size - sum(u.size for u in inner)), *inner]
     return FsdpUnits(tuple(units), cap)
+
+
+def grouped_units(model: nn.Module, lists: list[tuple[str, list[int]]], size: UnitSize) -> list[Unit]:
+    """Each block list's blocks in consecutive groups of `size` (`fsdp_unit.group_blocks`), a unit a group, named
+    by its first block's path and holding the group's bytes; a block list never shares a unit with another."""
+    units = []
+    for (name, block_list), (_, sizes) in zip(block_lists(model), lists):
+        for group in group_blocks(sizes, size):
+            first, *rest = [block_list[i] for i in group]
+            units.append(Unit(f"{name}.{group.start}", first, sum(sizes[i] for i in group), members=tuple(rest)))
+    return units
 
 
 def prefetch_windows(sizes: list[int], cap: int) -> list[range]:
@@ -133,10 +156,17 @@ def prefetch_windows(sizes: list[int], cap: int) -> list[range]:
 
 def in_flight(sizes: list[int], cap: int) -> int:
     """The most gathered bytes alive at once: unit i running and its window issued (any earlier window that reaches
-    past i is a prefix of i's), the last unit with the first window: <= the largest unit + max(cap, largest unit)."""
+    past i is a prefix of i's), the last unit with the first window; and unit i's copy-out, where its all-gather
+    buffer and its parameters are both alive (2 x the unit) beside the rest of the window that gathered it (the
+    buffer is freed right after: `apply_fsdp`'s async unshard). <= the largest unit + max(cap, largest unit).
+
+    The copy-out term only shows where a unit is larger than what follows it: fsdp=2 on 2 double + 1 single FLUX.1
+    blocks holds 2 x the double pair (2.39 MB) at its copy-out, the pair and the single block (1.44 MB) after it
+    (measured on gloo: 2.42 MB above the activations, tests/distributed/test_fsdp_unit.py)."""
     windows = prefetch_windows(sizes, cap)
     alive = [sum(sizes[j] for j in windows[0])]
     alive += [size + sum(sizes[j] for j in windows[i + 1] if j != i) for i, size in enumerate(sizes)]
+    alive += [size + sum(sizes[j] for j in windows[i]) for i, size in enumerate(sizes)]  # copy-out of unit i
     return max(alive)
 
 
@@ -191,9 +221,10 @@ def check_fsdp(model: nn.Module) -> None:
         )
 
 
-def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
-    """`fully_shard` each unit of `unit_layout` (children before their block) and then the root over `fsdp_mesh`;
-    each gathering unit prefetches its `prefetch_windows` window, the root the first one.
+def apply_fsdp(model: nn.Module, fsdp_mesh, fsdp=True) -> nn.Module:
+    """`fully_shard` each unit of `unit_layout(model, fsdp)` (children before their block; a group of blocks as one
+    list: one all-gather, one reshard after its last block) and then the root over `fsdp_mesh`; each gathering unit
+    prefetches its `prefetch_windows` window, the root the first one.
 
     The windows follow registration order until the first call has run, then the order the units ran in
     (`follow_first_call`: Chroma's guidance layers alternate between two lists, a Wan block runs norm2 before attn2;
@@ -202,9 +233,9 @@ def apply_fsdp(model: nn.Module, fsdp_mesh) -> nn.Module:
     both ends of every call. The last unit prefetches the first window for the next call, so no call but the first
     waits on a gather; between calls that window is pending (`release` frees it).
     """
-    layout = unit_layout(model)
+    layout = unit_layout(model, fsdp)
     for unit in reversed(layout.units):  # a split block's children come after it: shard them first
-        fully_shard(unit.module, mesh=fsdp_mesh, reshard_after_forward=True)
+        fully_shard(unit.modules(), mesh=fsdp_mesh, reshard_after_forward=True)
     fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=False)
     chain(model, layout)
     # Free each unit's all-gather buffer right after its copy-out. By default FSDP2 keeps it until the next unit's

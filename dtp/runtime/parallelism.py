@@ -32,6 +32,7 @@ from torch import nn
 from ..errors import PlanError
 from ..plan.transformers import is_transformers_model
 from ..policy import check_attention_backend, check_cp_mode, check_degree, ulysses_degree
+from .fsdp_unit import check_fsdp_option
 from .mesh import CP_AXIS, TP_AXIS, cfg_degree, cp_degree, make_mesh, non_tp_submesh, tp_submesh, usp_groups
 
 
@@ -43,7 +44,8 @@ class Parallelism:
         None builds it from the degrees (`make_mesh`, over the initialized process group).
     tp, cp, cfg: the degrees; None reads them from an adopted mesh (1 when building one); a degree given with
         a mesh must equal the mesh's.
-    fsdp: shard every weight over the non-tp axes of `root` as well (FSDP2, `runtime/fsdp.py`).
+    fsdp: shard every weight over the non-tp axes of `root` as well (FSDP2, `runtime/fsdp.py`); True for dtp's
+        units, or a unit size: blocks per unit (4) or a byte budget per unit ("1GB") (`runtime/fsdp_unit.py`).
     cp_mode: context-parallel attention, "ulysses" or "ring" (used when the `cp` axis is > 1); a USP mesh
         (`make_mesh(cp=C, ulysses=U)`, 1 < U < C) runs Ulysses x ring whatever it says (`ulysses`, `ring`).
     pad: zero-pad heads and widths the TP degree does not divide (exact).
@@ -60,7 +62,7 @@ class Parallelism:
     tp: int | None = None
     cp: int | None = None
     cfg: int | None = None
-    fsdp: bool = False
+    fsdp: bool | int | str = False
     cp_mode: str = "ulysses"
     pad: bool = False
     device: torch.device | None = None
@@ -72,8 +74,7 @@ class Parallelism:
             if getattr(self, name) is not None:
                 check_degree(getattr(self, name), name)
         check_cp_mode(self.cp_mode)
-        if not isinstance(self.fsdp, bool):
-            raise PlanError(f"fsdp must be True or False, got {self.fsdp!r}.")
+        object.__setattr__(self, "fsdp", check_fsdp_option(self.fsdp))  # True, False or a unit size (fsdp_unit.py)
         if self.mesh is None:
             built = make_mesh(tp=self.tp or 1, cp=self.cp or 1, cfg=self.cfg or 1)
             object.__setattr__(self, "mesh", built)
@@ -110,7 +111,7 @@ class Parallelism:
         cp_mode: str = "ulysses",
         pad: bool = False,
         device=None,
-        fsdp: bool = False,
+        fsdp: bool | int | str = False,
         attention_backend: str | None = None,
     ):
         """Adopt `mesh` with these options (the entry points' keyword arguments); PlanError when they are wrong."""

@@ -53,7 +53,7 @@ class Mesh:
     cp: int = 1
     cfg: int = 1
     cp_mode: str = "ulysses"
-    fsdp: bool = False
+    fsdp: bool | int | str = False  # or a unit size (runtime/fsdp_unit.py)
 
     @property
     def world(self) -> int:

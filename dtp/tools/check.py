@@ -90,14 +90,16 @@ def add_fsdp(report: dict, args) -> None:
     options = dict(tp=args.tp, cp=args.cp, cp_mode=args.cp_mode, dtype=args.dtype, pad=args.pad)
     if "pipeline" in report:  # traced: each planned component sharded with fsdp=True on a fake world
         planned = {c["name"] for c in report["components"] if c["plan"]}
-        traced = fsdp_pipeline_bytes(args.target, planned, cfg=args.cfg, **options)
+        traced = fsdp_pipeline_bytes(args.target, planned, cfg=args.cfg, fsdp=args.fsdp, **options)
         report["fsdp_cfg"] = args.cfg
         for c in report["components"]:
             f = traced.get(c["name"])
             c["fsdp_per_rank_bytes"] = c["per_rank_bytes"] if f is None else f.resident
             c["fsdp_in_flight_bytes"] = 0 if f is None else f.in_flight
     else:  # traced: the model sharded with fsdp=True on a fake world (analysis/fsdp.py)
-        report.update(check_fsdp(args.target, plan=args.plan, config=args.config, cfg=args.cfg, **options))
+        report.update(
+            check_fsdp(args.target, plan=args.plan, config=args.config, cfg=args.cfg, fsdp=args.fsdp, **options)
+        )
 
 
 def _fsdp_lines(r: dict) -> list[str]:

@@ -168,8 +168,13 @@ def _add_weight_options(p: argparse.ArgumentParser) -> None:
     """Where the weights live and what is added to them (FSDP, text encoders, LoRA, quantization, cache)."""
     p.add_argument(
         "--fsdp",
-        action="store_true",
-        help="also divide every sharded component's weights over the cfg x cp ranks (FSDP2; needs --cp or --cfg > 1)",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="UNIT",
+        help="also divide every sharded component's weights over the cfg x cp ranks (FSDP2; needs --cp or --cfg > 1); "
+        "UNIT: blocks per FSDP2 unit (4) or a byte budget per unit (1GB): fewer units, less host time per call, more "
+        "weights gathered at once (default: dtp's units, one per block, big blocks split)",
     )
     p.add_argument(
         "--whole-text-encoders",
@@ -323,8 +328,12 @@ def _check(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--fsdp",
-        action="store_true",
-        help="weights also divided over the cfg x cp ranks (FSDP2): traced per-rank bytes (needs --cp or --cfg > 1)",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="UNIT",
+        help="weights also divided over the cfg x cp ranks (FSDP2): traced per-rank bytes (needs --cp or --cfg > 1); "
+        "UNIT as `dtp run --fsdp UNIT` (blocks or bytes per unit)",
     )
     p.add_argument(
         "--quant", choices=QUANT_SCHEMES, help="quantize every Linear (torchao) before sharding: quantized bytes"
@@ -476,6 +485,13 @@ def _fit(p: argparse.ArgumentParser) -> None:
         choices=FIT_CACHE_NAMES,
         default=None,
         help="add a step cache's state (dtp run --cache) to the denoise and decode peaks of every row",
+    )
+    p.add_argument(
+        "--fsdp-unit",
+        default=True,
+        metavar="UNIT",
+        help="the fsdp rows' FSDP2 unit size, as `dtp run --fsdp UNIT` takes it: blocks per unit (4) or a byte budget "
+        "per unit (1GB) (default: dtp's units)",
     )
     p.add_argument(
         "--compile",

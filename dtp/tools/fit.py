@@ -42,6 +42,7 @@ def run(args) -> int:
             dtype=args.dtype,
             cache=args.cache,
             compile=args.compile,
+            fsdp_unit=args.fsdp_unit,
             attention_backend=args.attention_backend,
             nodes=args.nodes,
             gpus_per_node=args.gpus_per_node,

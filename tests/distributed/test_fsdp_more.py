@@ -177,7 +177,8 @@ def test_blocks_in_flight_as_fit_models_them(results):
     keeps each unit's all-gather buffer until the next unit's copy-out (measured with a unit per block: 3.11 largest
     blocks above the activations by default, 2.11 with runtime/fsdp.py's async unshard, the root's gathered half
     included). The double blocks of this model (0.60 MB) are 2.4 x its single block, so they are split: measured
-    527 kB above the activations = 0.88 x (in flight 448 kB + root 154 kB); a unit per block held 2.11 x 0.60 MB."""
+    527 kB above the activations = 0.81 x (in flight 497 kB + root 154 kB; in flight is the single block's copy-out,
+    its buffer and parameters, 2 x 249 kB: 448 kB before it was counted); a unit per block held 2.11 x 0.60 MB."""
     for per_rank in results:
         m = per_rank["memory"]
         extra = m[True] - m[False]  # the same activations on both sides

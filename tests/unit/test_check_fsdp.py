@@ -129,3 +129,26 @@ def test_check_pipeline_fsdp_with_cfg(capsys):
     assert rows["transformer"]["fsdp_in_flight_bytes"] == alone["fsdp_in_flight_bytes"]
     assert cli.main(["check", "flux-pipeline", "--tp", "1", "--cfg", "2"]) == 1
     assert "--cfg needs the measured forward of one model" in capsys.readouterr().err
+
+
+def test_check_cli_fsdp_unit_size(tmp_path, capsys):
+    """`dtp check flux --fsdp 2` traces FLUX.1 (2 double + 2 single blocks, full width) with 2 blocks a unit: the same
+    resident bytes as `--fsdp` (grouping moves no shard), in flight twice the double pair (its copy-out: all-gather
+    buffer and parameters; more than the pair and the single pair after it), not two single blocks; `--fsdp 0`
+    refuses with what --fsdp takes."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL))
+    args = ["check", "flux", "--tp", "2", "--cp", "2", "--config", str(config), "--json", "--no-forward", "--fsdp"]
+    reports = {}
+    for unit in ([], ["2"]):
+        assert cli.main([*args, *unit]) == 0
+        reports[tuple(unit)] = json.loads(capsys.readouterr().out)
+    default, grouped = reports[()], reports[("2",)]
+    assert grouped["fsdp_per_rank_bytes"] == default["fsdp_per_rank_bytes"] == _expected(2, 2, 1)["resident"]
+    model = meta_model(FLUX, SMALL, torch.bfloat16)
+    # bf16 bytes (2 a weight) halved by tp=2 (all but a few norm weights are split)
+    double, single = (sum(p.numel() for b in lst for p in b.parameters()) for _, lst in block_lists(model))
+    assert grouped["fsdp_in_flight_bytes"] == pytest.approx(2 * double, rel=0.01), (grouped, double, single)
+    assert default["fsdp_in_flight_bytes"] < grouped["fsdp_in_flight_bytes"] / 3
+    assert cli.main([*args, "0"]) == 1
+    assert "byte budget per unit" in capsys.readouterr().err

@@ -96,3 +96,21 @@ def test_a_mesh_without_cp_is_traced():
     figures = COMPONENT_FIGURES(pipeline, "transformer", c, Setup(), None)
     whole = sum(p.numel() * 4 for p in tiny_model(flux).parameters())
     assert figures.fsdp == 2 and 0 < figures.resident < whole
+
+
+def test_unit_size_reaches_the_traced_figures(monkeypatch):
+    """`fsdp_row(..., unit=4)` traces every sharded component at that unit size (`component_figures`' unit), as
+    `dtp fit --fsdp-unit 4` asks; the row's command runs it (`--fsdp 4`)."""
+    from dtp.fit.estimate import RunOptions, command
+    from dtp.fit.pipelines import Shape, fit_pipeline
+
+    asked = []
+    monkeypatch.setattr(
+        fsdp_model, "component_figures", lambda p, name, c, s, d, unit=True: asked.append(unit) or TRACED.get(name)
+    )
+    c = Candidate(cp=8, tp=1, cp_mode="ulysses", text_encoders="sharded", fsdp=True)
+    fsdp_model.fsdp_row(ROW, c, PIPE, PLAN, 1.0, None, H100, 80 * GB, unit=4)
+    assert asked == [4, 4]  # the transformer and the sharded text encoder
+    shape = Shape(1, 1024, 1024)
+    assert command(c, fit_pipeline("flux-pipeline"), shape, run=RunOptions(fsdp_unit=4)).endswith("--fsdp 4")
+    assert command(c, fit_pipeline("flux-pipeline"), shape).endswith("--fsdp")

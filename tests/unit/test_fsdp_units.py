@@ -32,12 +32,15 @@ FAMILIES = (
 
 def _simulated_peak(sizes: list[int], windows: list[range]) -> int:
     """FSDP2 with explicit prefetch, by hand, over two calls: the root issues windows[0]; each unit is gathered if
-    nothing issued it, issues its window (itself excepted: it is gathered), runs (the bytes alive are counted), and
-    is freed."""
+    nothing issued it and copied out of its all-gather buffer (buffer and parameters both alive: counted, then the
+    buffer freed), issues its window (itself excepted: it is gathered), runs (the bytes alive are counted), and is
+    freed."""
     alive: set[int] = set(windows[0])
     peak = sum(sizes[j] for j in alive)
     for i in list(range(len(sizes))) * 2:
-        alive |= {i} | set(windows[i + 1])
+        alive |= {i}
+        peak = max(peak, sum(sizes[j] for j in alive) + sizes[i])  # the copy-out: unit i twice
+        alive |= set(windows[i + 1])
         peak = max(peak, sum(sizes[j] for j in alive))
         alive.discard(i)
     return peak
@@ -142,3 +145,53 @@ def test_split_units_are_what_the_block_calls():
     paths = [u.path for u in unit_layout(tiny_model("Kandinsky6Transformer3DModel")).units]
     assert "visual_transformer_blocks.0.video_dec_block.self_attention" in paths, paths
     assert "visual_transformer_blocks.0.video_dec_block" not in paths, paths
+
+
+@pytest.mark.parametrize(
+    "value, kept",
+    [(True, True), (False, False), (4, 4), ("4", 4), ("512 mb", "512MB"), ("1.5gib", "1.5GiB"), ("2GB", "2GB")],
+)
+def test_unit_size_values(value, kept):
+    """fsdp= keeps True / False, a number of blocks per unit, or a byte budget (the CLI's strings normalized)."""
+    from dtp.runtime.fsdp_unit import check_fsdp_option
+
+    assert check_fsdp_option(value) == kept and type(check_fsdp_option(value)) is type(kept)
+
+
+@pytest.mark.parametrize("value", [0, -2, "0", "many", "0MB", "3 parsecs", 1.5, None])
+def test_unit_size_refusals(value):
+    """A unit size that names no block count or byte budget: PlanError saying what fsdp= takes, from Parallelism."""
+    from dtp.errors import PlanError
+    from dtp.runtime.parallelism import Parallelism
+
+    with pytest.raises(PlanError, match="byte budget per unit"):
+        Parallelism(tp=1, cp=1, fsdp=value)
+
+
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=40), st.integers(1, 9), st.integers(1, 300))
+def test_groups_are_consecutive_and_full(sizes, blocks, budget):
+    """`group_blocks`: consecutive ranges covering every block once; k blocks each (the last may hold fewer); with a
+    budget, each group <= the budget unless one block, and the next block would not have fitted."""
+    from dtp.runtime.fsdp_unit import UnitSize, group_blocks
+
+    by_count = group_blocks(sizes, UnitSize(blocks=blocks))
+    assert [i for g in by_count for i in g] == list(range(len(sizes)))
+    assert all(len(g) == blocks for g in by_count[:-1]) and 1 <= len(by_count[-1]) <= blocks
+    by_bytes = group_blocks(sizes, UnitSize(budget=budget))
+    assert [i for g in by_bytes for i in g] == list(range(len(sizes)))
+    for group, following in zip(by_bytes, by_bytes[1:]):
+        total = sum(sizes[i] for i in group)
+        assert len(group) == 1 or total <= budget
+        assert total + sizes[following.start] > budget
+
+
+@pytest.mark.parametrize("unit, units, in_flight_gb", [(1, 57, 1.36), (2, 29, 2.72), (4, 15, 5.44), ("1GB", 32, 1.70)])
+def test_flux_dev_units_per_size(unit, units, in_flight_gb):
+    """FLUX.1-dev bf16: fsdp=k groups k blocks of a list (19 double, 38 single: ceil(19 / k) + ceil(38 / k) units), none
+    split; in flight a unit and the next (two double pairs at k=2); "1GB": one double (0.68 GB) or three singles
+    (0.85 GB) a unit. Against dtp's units: 133 units, 0.57 GB in flight."""
+    model = meta_model("FluxTransformer2DModel", None, torch.bfloat16)
+    layout = unit_layout(model, unit)
+    assert len(layout.gathered()) == units and all(u.inside is None for u in layout.units)
+    assert layout.in_flight() / 1e9 == pytest.approx(in_flight_gb, abs=0.01)
+    assert sum(u.size for u in layout.units) == sum(u.size for u in unit_layout(model).units)  # every block counted

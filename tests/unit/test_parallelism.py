@@ -53,13 +53,14 @@ def test_adopted_mesh_must_match_the_degrees(tp, cp, other):
 
 
 def test_bad_values_are_refused():
-    """A degree that is not a positive int, an unknown cp_mode, a non-bool fsdp, a world of the wrong size."""
+    """A degree that is not a positive int, an unknown cp_mode, an fsdp that is no bool nor unit size, a world of the
+    wrong size."""
     with fake_world(4):
         for kwargs, words in (
             (dict(tp=0), "tp must be a positive integer"),
             (dict(tp=True), "tp must be a positive integer"),
             (dict(tp=4, cp_mode="ulises"), "cp_mode must be one of"),
-            (dict(tp=2, cp=2, fsdp="yes"), "fsdp must be True or False"),
+            (dict(tp=2, cp=2, fsdp="yes"), "fsdp=.yes.: give True .* a byte budget per unit"),
             (dict(tp=2, cp=1), r"world size 4 != cfg \* cp \* tp"),
         ):
             with pytest.raises(PlanError, match=words):
