@@ -92,18 +92,22 @@ def remove_cp(model: nn.Module) -> None:
 
 def move_cp_hooks(model: nn.Module, base: nn.Module, wrapper: nn.Module) -> None:
     """Move the CP hooks `apply_cp` put on `base` to `wrapper`, a module that now calls `base` and adds to its output
-    (peft's LoRA layer: `base(x) + B(A(x)) s`). Left on `base`, a split or gather would apply to the base's output
-    only, and the adapter's term, on the other sequence length, would not add up (FLUX.1's `proj_out` gathers)."""
+    (peft's LoRA layer: `base(x) + B(A(x)) s`). Left on `base`, a split, keep or gather would apply to the base's
+    output only, and the adapter's term, on the other sequence length, would not add up (FLUX.1's `proj_out` gathers;
+    FramePack's keeps its last rows, then gathers them ragged). Every hook of ours is moved, whatever its kind: the
+    ones whose handle `apply_cp` recorded, in the order they were registered."""
     handles = getattr(model, HANDLES_ATTR, [])
-    ours = (SplitInputs, SplitOutputs, GatherOutput)
-    for key, hook in list(base._forward_pre_hooks.items()):  # torch keeps a module's hooks in these dicts
-        if isinstance(hook, ours):
-            with_kwargs = base._forward_pre_hooks_with_kwargs.pop(key, False)
-            del base._forward_pre_hooks[key]
-            handles.append(wrapper.register_forward_pre_hook(hook, with_kwargs=with_kwargs))
-    for key, hook in list(base._forward_hooks.items()):
-        if isinstance(hook, ours):
-            with_kwargs = base._forward_hooks_with_kwargs.pop(key, False)
-            del base._forward_hooks[key]
-            handles.append(wrapper.register_forward_hook(hook, with_kwargs=with_kwargs))
-    setattr(model, HANDLES_ATTR, handles)
+    kept = []
+    for handle in handles:
+        ref = getattr(handle, "hooks_dict_ref", None)  # torch's RemovableHandle; dtp's own handles (swapped
+        hooks = ref() if ref is not None else None  # processors, forwards) stay as they are
+        if hooks is base._forward_pre_hooks and handle.id in hooks:
+            hook, with_kwargs = hooks.pop(handle.id), base._forward_pre_hooks_with_kwargs.pop(handle.id, False)
+            kept.append(wrapper.register_forward_pre_hook(hook, with_kwargs=with_kwargs))
+        elif hooks is base._forward_hooks and handle.id in hooks:
+            hook, with_kwargs = hooks.pop(handle.id), base._forward_hooks_with_kwargs.pop(handle.id, False)
+            always = base._forward_hooks_always_called.pop(handle.id, False)
+            kept.append(wrapper.register_forward_hook(hook, with_kwargs=with_kwargs, always_call=always))
+        else:
+            kept.append(handle)
+    setattr(model, HANDLES_ATTR, kept)
