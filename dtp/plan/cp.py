@@ -115,6 +115,10 @@ class SplitRule:
     per_frame: with `embed`, a module whose [B, F, D] output the forward adds to the embedded grid per frame
         (Kandinsky 6's token types, `embed + types[:, :, None, None, :]`): it hands the forward zeros [B, F, 1]
         (int64: the indices pass the sum unchanged) and each rank's token gets its frame's row when embedded.
+    added: with `embed`, a second patch embedding whose grid the forward adds into part of the embedded grid (Wan 2.2
+        Animate's pose, `hidden_states[:, :, 1:] = hidden_states[:, :, 1:] + pose_patch_embedding(pose)`): it hands
+        the forward int64 codes S (1 + its token index), S the embedded grid's tokens, so the sum tells each token
+        which added row it got (none: code < S), and the rank's tokens get theirs when embedded (`grid_embed.py`).
     frames_of: with `output`: output 0 is [B x F, P, D], the F frames of each of the B samples of the model's input of
         this name (B its dim 0), which the caller makes frame-major tokens [B, F x P, D]: the rank keeps its chunk of
         each sample's F x P tokens, returned [B, F x P / cp, D] (`runtime/cp/framewise.py`; Allegro's per-frame
@@ -140,6 +144,7 @@ class SplitRule:
     element: int | None = None
     embed: str | None = None
     per_frame: str | None = None
+    added: str | None = None
     frames_of: str | None = None
     skip: str | None = None
 
@@ -280,6 +285,7 @@ _SPLIT_FIELDS = {
     "element",
     "embed",
     "per_frame",
+    "added",
     "frames_of",
     "skip",
 }
@@ -438,7 +444,7 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     tensor, element = _element(tensor, spec.get("element"), where)
     if element is not None and (output or segments or flatten or when is not None or tail is not None or strided):
         raise PlanError(f"{where}: an element split (`name[i]` or `element: i`) takes dim, expected_dims, pad only.")
-    embed, per_frame = _embed_fields(spec, where, output, segments, flatten, when, tail, strided, element)
+    embed, per_frame, added = _embed_fields(spec, where, output, segments, flatten, when, tail, strided, element)
     frames_of, skip = _output_cut_fields(spec, where, output, tensor, dim, expected, pad, flatten, when)
     rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
     return dataclasses.replace(
@@ -448,20 +454,26 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
         element=element,
         embed=embed,
         per_frame=per_frame,
+        added=added,
         frames_of=frames_of,
         skip=skip,
     )
 
 
 def _embed_fields(spec, where, output, segments, flatten, when, tail, strided, element) -> tuple:
-    """`embed` / `per_frame` (module paths) of a plain input split, checked."""
+    """`embed` / `per_frame` / `added` (module paths) of a plain input split, checked."""
     plain = not (output or segments or flatten or when is not None or tail is not None or strided)
-    embed, per_frame = spec.get("embed"), spec.get("per_frame")
-    if any(v is not None and not (isinstance(v, str) and v and "*" not in v) for v in (embed, per_frame)):
-        raise PlanError(f"{where}: `embed` and `per_frame` are module paths (no `*`), got {embed!r}, {per_frame!r}.")
-    if (embed is not None and (not plain or element is not None)) or (per_frame is not None and embed is None):
-        raise PlanError(f"{where}: `embed` (with `per_frame` or not) goes with a plain input split only.")
-    return embed, per_frame
+    embed, per_frame, added = spec.get("embed"), spec.get("per_frame"), spec.get("added")
+    if any(v is not None and not (isinstance(v, str) and v and "*" not in v) for v in (embed, per_frame, added)):
+        raise PlanError(
+            f"{where}: `embed`, `per_frame` and `added` are module paths (no `*`), got {embed!r}, {per_frame!r}, "
+            f"{added!r}."
+        )
+    if (embed is not None and (not plain or element is not None)) or (embed is None and (per_frame or added)):
+        raise PlanError(f"{where}: `embed` (with `per_frame` / `added` or not) goes with a plain input split only.")
+    if per_frame is not None and added is not None:
+        raise PlanError(f"{where}: `per_frame` and `added` are two encodings of the index grid: one of them only.")
+    return embed, per_frame, added
 
 
 def _output_cut_fields(spec, where, output, tensor, dim, expected, pad, flatten, when) -> tuple:

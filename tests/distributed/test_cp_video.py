@@ -12,7 +12,8 @@ negative control that must miss by far:
 - HunyuanVideo 1.5 (the text mask cut with its tokens, padded, so the processor's own [video_r, text_r] mask
   lines up): the mask left whole on every rank (the processor then crops it to the local length).
 - Wan 2.2 Animate (the face adapter's per-token frame from the rank's global token range): every rank told its
-  tokens start at token 0.
+  tokens start at token 0. Its video embedded per rank (`embed` + `added`: the pose added to the rank's tokens from
+  the index codes the forward's own add leaves): the codes read without their pose rows.
 - Latte (cut along the patches: spatial attention over CP, temporal attention local after the forward's own
   reshape; the temporal timesteps, one per sample repeated per position, cut strided): those timesteps cut
   contiguously (a rank's rows from the wrong sample).
@@ -37,6 +38,7 @@ import torch
 
 import dtp
 import dtp.runtime.cp.frames as frames_module
+import dtp.runtime.cp.grid_embed as grid_embed_module
 import dtp.runtime.cp.hooks as hooks_module
 import dtp.runtime.cp.packed as packed_module
 import dtp.runtime.cp.ring as ring_module
@@ -256,6 +258,16 @@ def _wan_animate_offset_control(mesh) -> dict:
         frames_module.WanAnimateFaceCpProcessor.offset = offset
 
 
+def _wan_animate_pose_control(mesh) -> dict:
+    """The index codes read as plain tokens: the rank's tokens embedded without their pose rows."""
+    decode = grid_embed_module.decode
+    grid_embed_module.decode = lambda codes, count: (codes % count, torch.full_like(codes, -1))
+    try:
+        return _control("wan_animate", mesh, "ulysses", "wan_animate")
+    finally:
+        grid_embed_module.decode = decode
+
+
 def _cosmos3_controls(meshes: dict) -> dict:
     """Cosmos 3 broken twice: the block-causal ring with every rank's prefix block taken as the first (no earlier
     block seen: a wrong global offset) at (2, 2); with DTP_FULL=1, both pathways' pad keys unmasked at (4, 1) ring."""
@@ -341,6 +353,7 @@ def _controls(meshes: dict) -> dict:
         ("ltx2", "control"): _control("ltx2", meshes[2, 2], "ring", _local("ltx2", cross_modal)),
         ("helios", "control"): _control("helios", meshes[4, 1], "ring", _without_tail("helios")),
         ("wan_animate", "control"): _wan_animate_offset_control(meshes[4, 1]),
+        ("wan_animate", "pose_control"): _wan_animate_pose_control(meshes[2, 2]),
         ("latte", "control"): _control("latte", meshes[4, 1], "ring", _unstrided("latte")),
         ("hunyuanvideo15", "control"): _control(
             "hunyuanvideo15",
@@ -447,6 +460,12 @@ def test_wan_animate_face_adapter_with_a_wrong_offset_fails(four):
     tokens paired with the first frames' motion tokens): far off."""
     for results in four:
         assert results["wan_animate", "control"]["rel"] > 1e-2, results["wan_animate", "control"]
+
+
+def test_wan_animate_tokens_without_their_pose_rows_fail(four):
+    """The video embedded per rank with the pose codes ignored: measured 0.0 (see the docstring's figure)."""
+    for rank, results in enumerate(four):
+        assert results["wan_animate", "pose_control"]["rel"] > 1e-2, (rank, results["wan_animate", "pose_control"])
 
 
 def test_latte_contiguous_temporal_timesteps_fail(four):

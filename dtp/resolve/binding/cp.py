@@ -51,7 +51,9 @@ PACKED_ROUTE = "packed"
 PACKED_PROCESSORS = ("Cosmos3AttnProcessor",)
 # patch embeddings a split's `embed` may name (runtime/cp/grid_embed.py): their forward is `in_layer(x.view(B, F, pt,
 # H, ph, W, pw, C).permute(0, 1, 3, 5, 2, 4, 6, 7).flatten(4, 7))` over channels-last latents, `patch_size` (pt, ph, pw)
-EMBED_CLASSES = ("Kandinsky5VisualEmbeddings", "Kandinsky6VisualEmbeddings", "Kandinsky6SRVisualEmbeddings")
+# (Kandinsky 5 / 6 / 6 SR), or a Conv3d patchifier over channels-first latents (Wan's `patch_embedding`; kernel =
+# stride, no padding: `runtime/cp/conv_embed.py`), the only kind an `added` embedding may be
+EMBED_CLASSES = ("Kandinsky5VisualEmbeddings", "Kandinsky6VisualEmbeddings", "Kandinsky6SRVisualEmbeddings", "Conv3d")
 
 
 @dataclass(frozen=True)
@@ -181,8 +183,28 @@ def _embeds(plan_name: str, model: nn.Module, splits) -> tuple:
             )
         if rule.per_frame is not None:
             _expand(model, rule.per_frame, plan_name)
+        convs = [rule.embed] if isinstance(embed, nn.Conv3d) or rule.added is not None else []
+        for key in convs + [rule.added] * (rule.added is not None):  # `added` codes are laid out channels-first
+            _check_patch_conv(plan_name, rule, key, _expand(model, key, plan_name)[0][1])
         embeds.append((path, rule.embed, rule))
     return tuple(embeds)
+
+
+def _check_patch_conv(plan_name: str, rule: SplitRule, key: str, module: nn.Module) -> None:
+    """A Conv3d `embed`, and any `added` embedding, must patchify: kernel = stride, no padding, dilation 1, groups 1
+    (each token the conv of its own patch alone; `runtime/cp/conv_embed.py`)."""
+    if isinstance(module, nn.Conv3d):
+        patchify = module.stride == module.kernel_size and module.dilation == (1, 1, 1) and module.groups == 1
+        if patchify and module.padding in ((0, 0, 0), "valid"):
+            return
+        kind = f"a Conv3d with kernel {module.kernel_size}, stride {module.stride}, padding {module.padding}"
+    else:
+        kind = f"a {type(module).__name__}"
+    raise PlanError(
+        f"plan {plan_name}, cp split '{rule.key}' '{rule.name}': '{key}' is {kind}; a Conv3d `embed`, and any `added` "
+        f"embedding (with a Conv3d `embed`), must patchify (kernel = stride, no padding, dilation 1, groups 1) for "
+        f"dtp to embed a rank's tokens only; drop `embed` / `added` from the split."
+    )
 
 
 def _grids(plan, model: nn.Module) -> tuple:
