@@ -23,6 +23,8 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
       grid: {out_layer: {input: x, tokens: blocks.-1}}  # optional: the tokens stay cut through the forward's own
                                                # reshape to the grid; the per-token output layer's patch grid is
                                                # gathered in grid order (`GridRule`)
+      per_sample: {blocks.*.attn2: hidden_states}  # optional: `local` cross-attention whose context is each sample's
+                                               # repeated per frame: K / V projected once per sample (`per_sample`)
 
 A split key `name[i]` cuts element i of a tuple input only (JoyImage's RoPE argument ((image cos, sin), text
 tables); Allegro's ((t, h, w) tables, (t, h, w) position ids)): each element with its own rule (`pad` slot), the
@@ -262,6 +264,11 @@ class CpPlan:
     keep: tuple[KeepRule, ...] = ()  # slices by a global count after the blocks (`KeepRule`)
     gathered: tuple[tuple[str, str], ...] = ()  # (module glob, kind): whole-sequence choices (`GATHERED_KINDS`)
     grid: tuple[GridRule, ...] = ()  # output layers run on the rank's rows past the forward's reshape (`GridRule`)
+    # (attention glob, model input): `local` cross-attentions whose context rows [B x F, L, D] are each sample's
+    # context repeated once per frame (diffusers' `repeat_interleave(F, dim=0)`, Latte's spatial blocks), B the
+    # batch (dim 0) of that model input: the keys / values are projected once per sample and each sample's F frames
+    # of queries attend to them in one call (`runtime/cp/per_sample.py`), never the [B x F, L, D] keys / values
+    per_sample: tuple[tuple[str, str], ...] = ()
 
 
 # `cp.gathered` kinds: a module that chooses over the whole sequence runs a CP forward that makes the choice from
@@ -289,7 +296,7 @@ _SPLIT_FIELDS = {
     "frames_of",
     "skip",
 }
-_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered", "grid"}
+_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered", "grid", "per_sample"}
 _ITEM = re.compile(r"(\w+)\[(\d+)\]")
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
@@ -303,7 +310,7 @@ def cp_plan_from_mapping(data, name: str) -> CpPlan:
         if not isinstance(data["refused"], str) or not data["refused"].strip():
             raise PlanError(f"plan {name}: cp.refused must say why the model cannot take CP, got {data['refused']!r}.")
         return CpPlan(splits=(), gathers=(), refused=data["refused"].strip())
-    sections = ("split", "gather", "halo", "keep", "gathered", "grid")
+    sections = ("split", "gather", "halo", "keep", "gathered", "grid", "per_sample")
     if set(data) <= _SECTION_FIELDS and all(isinstance(data.get(k, {}), dict) for k in sections):
         return _from_dtp(data, name)
     return _from_diffusers(data, name)
@@ -329,9 +336,12 @@ def _from_dtp(data: dict, name: str) -> CpPlan:
     )  # fmt: skip
     gathered = tuple(_gathered_rule(key, kind, name) for key, kind in data.get("gathered", {}).items())
     grid = tuple(_grid_rule(key, spec, name) for key, spec in data.get("grid", {}).items())
+    per_sample = tuple(
+        _per_sample_rule(key, batch_of, local, name) for key, batch_of in data.get("per_sample", {}).items()
+    )
     cp_plan = CpPlan(
         tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused, halo=halo, keep=keep,
-        gathered=gathered, grid=grid,
+        gathered=gathered, grid=grid, per_sample=per_sample,
     )  # fmt: skip
     return _checked(cp_plan, name)
 
@@ -360,6 +370,21 @@ def _gathered_rule(key, kind, name: str) -> tuple[str, str]:
             f"makes over the whole sequence), got {kind!r}."
         )
     return key, kind
+
+
+def _per_sample_rule(key, batch_of, local: tuple[str, ...], name: str) -> tuple[str, str]:
+    _check_key(key, name)
+    if not isinstance(batch_of, str) or not batch_of:
+        raise PlanError(
+            f"plan {name}: cp.per_sample['{key}'] names the model input whose dim 0 is the batch B (the context rows "
+            f"are B x frames), got {batch_of!r}."
+        )
+    if key not in local:
+        raise PlanError(
+            f"plan {name}: cp.per_sample['{key}'] must also be in cp.local (a cross-attention over the whole context "
+            f"on every rank); cp.local is {list(local)}."
+        )
+    return key, batch_of
 
 
 def _grid_rule(key, spec, name: str) -> GridRule:

@@ -16,7 +16,8 @@ negative control that must miss by far:
   the index codes the forward's own add leaves): the codes read without their pose rows.
 - Latte (cut along the patches: spatial attention over CP, temporal attention local after the forward's own
   reshape; the temporal timesteps, one per sample repeated per position, cut strided): those timesteps cut
-  contiguously (a rank's rows from the wrong sample).
+  contiguously (a rank's rows from the wrong sample). The spatial cross-attention's caption keys / values projected
+  once per sample (`cp.per_sample`): the context rows of the wrong sample (the first B rows, both sample 0's).
 - Helios (a split at a global token index, `tail`: [history_r | current_r] per rank): the tokens cut contiguously
   instead, so that a rank's current tokens are the wrong global ones.
 - Kandinsky 6 (a rule per stream, as LTX-2; the video cut through the forward's own reshapes, as Kandinsky 5; 9 audio
@@ -41,6 +42,7 @@ import dtp.runtime.cp.frames as frames_module
 import dtp.runtime.cp.grid_embed as grid_embed_module
 import dtp.runtime.cp.hooks as hooks_module
 import dtp.runtime.cp.packed as packed_module
+import dtp.runtime.cp.per_sample as per_sample_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.resolve import resolve, resolve_cp
@@ -268,6 +270,16 @@ def _wan_animate_pose_control(mesh) -> dict:
         grid_embed_module.decode = decode
 
 
+def _latte_context_control(mesh) -> dict:
+    """Latte's per-sample caption taken from the first B context rows (sample 0's frames) instead of rows 0, F, ..."""
+    one = per_sample_module.one_per_sample
+    per_sample_module.one_per_sample = lambda context, frames: context[: context.shape[0] // frames]
+    try:
+        return _control("latte", mesh, "ulysses", "latte")
+    finally:
+        per_sample_module.one_per_sample = one
+
+
 def _cosmos3_controls(meshes: dict) -> dict:
     """Cosmos 3 broken twice: the block-causal ring with every rank's prefix block taken as the first (no earlier
     block seen: a wrong global offset) at (2, 2); with DTP_FULL=1, both pathways' pad keys unmasked at (4, 1) ring."""
@@ -355,6 +367,7 @@ def _controls(meshes: dict) -> dict:
         ("wan_animate", "control"): _wan_animate_offset_control(meshes[4, 1]),
         ("wan_animate", "pose_control"): _wan_animate_pose_control(meshes[2, 2]),
         ("latte", "control"): _control("latte", meshes[4, 1], "ring", _unstrided("latte")),
+        ("latte", "context_control"): _latte_context_control(meshes[2, 2]),
         ("hunyuanvideo15", "control"): _control(
             "hunyuanvideo15",
             meshes[2, 2],
@@ -463,7 +476,7 @@ def test_wan_animate_face_adapter_with_a_wrong_offset_fails(four):
 
 
 def test_wan_animate_tokens_without_their_pose_rows_fail(four):
-    """The video embedded per rank with the pose codes ignored: measured 0.0 (see the docstring's figure)."""
+    """Negative control: the video embedded per rank with the pose codes ignored (no pose rows added): measured 0.12."""
     for rank, results in enumerate(four):
         assert results["wan_animate", "pose_control"]["rel"] > 1e-2, (rank, results["wan_animate", "pose_control"])
 
@@ -473,6 +486,12 @@ def test_latte_contiguous_temporal_timesteps_fail(four):
     come from the wrong sample (batch 2, two timesteps): far off."""
     for results in four:
         assert results["latte", "control"]["rel"] > 1e-2, results["latte", "control"]
+
+
+def test_latte_caption_of_the_wrong_sample_fails(four):
+    """Negative control: the per-sample caption keys / values taken from sample 0's rows for both samples."""
+    for rank, results in enumerate(four):
+        assert results["latte", "context_control"]["rel"] > 1e-2, (rank, results["latte", "context_control"])
 
 
 def test_cosmos3_causal_prefix_with_a_wrong_offset_fails(four):

@@ -54,6 +54,9 @@ PACKED_PROCESSORS = ("Cosmos3AttnProcessor",)
 # (Kandinsky 5 / 6 / 6 SR), or a Conv3d patchifier over channels-first latents (Wan's `patch_embedding`; kernel =
 # stride, no padding: `runtime/cp/conv_embed.py`), the only kind an `added` embedding may be
 EMBED_CLASSES = ("Kandinsky5VisualEmbeddings", "Kandinsky6VisualEmbeddings", "Kandinsky6SRVisualEmbeddings", "Conv3d")
+# processors whose cross-attention `cp.per_sample` reruns with the context projected once per sample
+# (runtime/cp/per_sample.py: that processor's math, without its spatial / group norms, which the adapter refuses)
+PER_SAMPLE_PROCESSORS = ("AttnProcessor2_0",)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class CpResolved:
     gathered: tuple[tuple[str, str], ...] = ()  # (module path, kind): `cp.gathered`, the modules of the kind's class
     grids: tuple[tuple[str, str, object], ...] = ()  # (output layer path, tokens path, `plan.cp.GridRule`): `cp.grid`
     embeds: tuple[tuple[str, str, SplitRule], ...] = ()  # (block path, embedding path, split): `SplitRule.embed`
+    per_sample: tuple[tuple[str, str], ...] = ()  # (attention path, model input): `cp.per_sample`
 
     def check(self, tp: int, cp: int, mode: str, ulysses: int | None = None) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp).
@@ -167,7 +171,7 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     grids, embeds = _grids(plan, model), _embeds(plan.name, model, splits)
     return CpResolved(
         plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps, gathered,
-        grids, embeds,
+        grids, embeds, _per_sample(plan, model),
     )  # fmt: skip
 
 
@@ -205,6 +209,30 @@ def _check_patch_conv(plan_name: str, rule: SplitRule, key: str, module: nn.Modu
         f"embedding (with a Conv3d `embed`), must patchify (kernel = stride, no padding, dilation 1, groups 1) for "
         f"dtp to embed a rank's tokens only; drop `embed` / `added` from the split."
     )
+
+
+def _per_sample(plan, model: nn.Module) -> tuple[tuple[str, str], ...]:
+    """`(attention path, model input)` of `cp.per_sample`: the model takes the input, each attention's processor is
+    one the adapter copies (`PER_SAMPLE_PROCESSORS`), with no spatial or group norm on its queries."""
+    sites, params = [], inspect.signature(model.forward).parameters
+    for key, batch_of in plan.cp.per_sample:
+        if batch_of not in params:
+            raise PlanError(
+                f"plan {plan.name}, cp.per_sample '{key}': the model ({type(model).__name__}) has no forward() "
+                f"parameter '{batch_of}' (the input whose dim 0 is the batch); parameters: {', '.join(params)}."
+            )
+        for path, attn in _expand(model, key, plan.name):
+            processor = type(getattr(attn, "processor", None)).__name__
+            norms = [n for n in ("spatial_norm", "group_norm") if getattr(attn, n, None) is not None]
+            if processor not in PER_SAMPLE_PROCESSORS or norms:
+                raise PlanError(
+                    f"plan {plan.name}, cp.per_sample '{key}': '{path}' runs {processor}"
+                    f"{' with ' + ', '.join(norms) if norms else ''}; the per-sample adapter copies "
+                    f"{', '.join(PER_SAMPLE_PROCESSORS)} without spatial / group norm. Drop the entry (the keys are "
+                    f"then projected per frame)."
+                )
+            sites.append((path, batch_of))
+    return tuple(sites)
 
 
 def _grids(plan, model: nn.Module) -> tuple:

@@ -19,6 +19,7 @@ from .joint_embed import install_skip
 from .kept import install_keeps
 from .local_embed import install_local_embed, local_embed_for
 from .masks import ForwardMasks
+from .per_sample import install_per_sample
 
 HANDLES_ATTR = "_dtp_cp_handles"
 
@@ -76,6 +77,7 @@ def apply_cp(
         handles += install_halo(model.get_submodule(path), path, dim, rows, group, rank, cp)
     for path, _kind in resolved.gathered:  # choices over the whole sequence from gathered scores (one kind so far)
         handles += install_expert_choice(model.get_submodule(path), path, group)
+    handles += install_per_sample(model, resolved.per_sample)  # `local` cross-attention, context once per sample
     setattr(model, HANDLES_ATTR, getattr(model, HANDLES_ATTR, []) + handles)
 
 
