@@ -23,8 +23,8 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
       grid: {out_layer: {input: x, tokens: blocks.-1}}  # optional: the tokens stay cut through the forward's own
                                                # reshape to the grid; the per-token output layer's patch grid is
                                                # gathered in grid order (`GridRule`)
-      per_sample: {blocks.*.attn2: hidden_states}  # optional: `local` cross-attention whose context is each sample's
-                                               # repeated per frame: K / V projected once per sample (`per_sample`)
+      per_sample: {blocks.*.attn2: caption_projection}  # optional: `local` cross-attention to that module's
+                                               # output, which the forward repeats per frame: K / V once per sample
 
 A split key `name[i]` cuts element i of a tuple input only (JoyImage's RoPE argument ((image cos, sin), text
 tables); Allegro's ((t, h, w) tables, (t, h, w) position ids)): each element with its own rule (`pad` slot), the
@@ -264,10 +264,10 @@ class CpPlan:
     keep: tuple[KeepRule, ...] = ()  # slices by a global count after the blocks (`KeepRule`)
     gathered: tuple[tuple[str, str], ...] = ()  # (module glob, kind): whole-sequence choices (`GATHERED_KINDS`)
     grid: tuple[GridRule, ...] = ()  # output layers run on the rank's rows past the forward's reshape (`GridRule`)
-    # (attention glob, model input): `local` cross-attentions whose context rows [B x F, L, D] are each sample's
-    # context repeated once per frame (diffusers' `repeat_interleave(F, dim=0)`, Latte's spatial blocks), B the
-    # batch (dim 0) of that model input: the keys / values are projected once per sample and each sample's F frames
-    # of queries attend to them in one call (`runtime/cp/per_sample.py`), never the [B x F, L, D] keys / values
+    # (attention glob, context module path): `local` cross-attentions whose context [B x F, L, D] is that module's
+    # [B, L, D] output repeated once per frame by the forward (`repeat_interleave(F, dim=0)`, Latte's spatial blocks
+    # and `caption_projection`): the module's output is kept, the forward repeats an int64 stand-in [B, L, 1], and
+    # the keys / values are projected once per sample (`runtime/cp/per_sample.py`): no [B x F, L, D] tensor
     per_sample: tuple[tuple[str, str], ...] = ()
 
 
@@ -372,19 +372,19 @@ def _gathered_rule(key, kind, name: str) -> tuple[str, str]:
     return key, kind
 
 
-def _per_sample_rule(key, batch_of, local: tuple[str, ...], name: str) -> tuple[str, str]:
+def _per_sample_rule(key, context, local: tuple[str, ...], name: str) -> tuple[str, str]:
     _check_key(key, name)
-    if not isinstance(batch_of, str) or not batch_of:
+    if not isinstance(context, str) or not context or "*" in context:
         raise PlanError(
-            f"plan {name}: cp.per_sample['{key}'] names the model input whose dim 0 is the batch B (the context rows "
-            f"are B x frames), got {batch_of!r}."
+            f"plan {name}: cp.per_sample['{key}'] names the module (no `*`) whose [B, L, D] output the forward repeats "
+            f"per frame as this attention's context, got {context!r}."
         )
     if key not in local:
         raise PlanError(
             f"plan {name}: cp.per_sample['{key}'] must also be in cp.local (a cross-attention over the whole context "
             f"on every rank); cp.local is {list(local)}."
         )
-    return key, batch_of
+    return key, context
 
 
 def _grid_rule(key, spec, name: str) -> GridRule:

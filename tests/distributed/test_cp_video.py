@@ -17,7 +17,7 @@ negative control that must miss by far:
 - Latte (cut along the patches: spatial attention over CP, temporal attention local after the forward's own
   reshape; the temporal timesteps, one per sample repeated per position, cut strided): those timesteps cut
   contiguously (a rank's rows from the wrong sample). The spatial cross-attention's caption keys / values projected
-  once per sample (`cp.per_sample`): the context rows of the wrong sample (the first B rows, both sample 0's).
+  once per sample (`cp.per_sample`): the queries grouped frame-major (frames attend to the wrong sample's caption).
 - Helios (a split at a global token index, `tail`: [history_r | current_r] per rank): the tokens cut contiguously
   instead, so that a rank's current tokens are the wrong global ones.
 - Kandinsky 6 (a rule per stream, as LTX-2; the video cut through the forward's own reshapes, as Kandinsky 5; 9 audio
@@ -270,14 +270,19 @@ def _wan_animate_pose_control(mesh) -> dict:
         grid_embed_module.decode = decode
 
 
+def _frame_major(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """[B x F, P, C] rows grouped as if frame-major ([F, B]): a sample's group holds frames of both samples."""
+    return x.view(-1, batch, *x.shape[1:]).transpose(0, 1).reshape(batch, -1, x.shape[-1])
+
+
 def _latte_context_control(mesh) -> dict:
-    """Latte's per-sample caption taken from the first B context rows (sample 0's frames) instead of rows 0, F, ..."""
-    one = per_sample_module.one_per_sample
-    per_sample_module.one_per_sample = lambda context, frames: context[: context.shape[0] // frames]
+    """Latte's spatial cross-attention with the queries grouped frame-major: frames attend to the wrong caption."""
+    by_sample = per_sample_module.by_sample
+    per_sample_module.by_sample = _frame_major
     try:
         return _control("latte", mesh, "ulysses", "latte")
     finally:
-        per_sample_module.one_per_sample = one
+        per_sample_module.by_sample = by_sample
 
 
 def _cosmos3_controls(meshes: dict) -> dict:
@@ -489,7 +494,7 @@ def test_latte_contiguous_temporal_timesteps_fail(four):
 
 
 def test_latte_caption_of_the_wrong_sample_fails(four):
-    """Negative control: the per-sample caption keys / values taken from sample 0's rows for both samples."""
+    """Negative control: the per-sample caption keys / values, the queries grouped frame-major."""
     for rank, results in enumerate(four):
         assert results["latte", "context_control"]["rel"] > 1e-2, (rank, results["latte", "context_control"])
 

@@ -87,7 +87,7 @@ class CpResolved:
     gathered: tuple[tuple[str, str], ...] = ()  # (module path, kind): `cp.gathered`, the modules of the kind's class
     grids: tuple[tuple[str, str, object], ...] = ()  # (output layer path, tokens path, `plan.cp.GridRule`): `cp.grid`
     embeds: tuple[tuple[str, str, SplitRule], ...] = ()  # (block path, embedding path, split): `SplitRule.embed`
-    per_sample: tuple[tuple[str, str], ...] = ()  # (attention path, model input): `cp.per_sample`
+    per_sample: tuple[tuple[str, str], ...] = ()  # (attention path, context module path): `cp.per_sample`
 
     def check(self, tp: int, cp: int, mode: str, ulysses: int | None = None) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp).
@@ -212,15 +212,11 @@ def _check_patch_conv(plan_name: str, rule: SplitRule, key: str, module: nn.Modu
 
 
 def _per_sample(plan, model: nn.Module) -> tuple[tuple[str, str], ...]:
-    """`(attention path, model input)` of `cp.per_sample`: the model takes the input, each attention's processor is
-    one the adapter copies (`PER_SAMPLE_PROCESSORS`), with no spatial or group norm on its queries."""
-    sites, params = [], inspect.signature(model.forward).parameters
-    for key, batch_of in plan.cp.per_sample:
-        if batch_of not in params:
-            raise PlanError(
-                f"plan {plan.name}, cp.per_sample '{key}': the model ({type(model).__name__}) has no forward() "
-                f"parameter '{batch_of}' (the input whose dim 0 is the batch); parameters: {', '.join(params)}."
-            )
+    """`(attention path, context module path)` of `cp.per_sample`: the context module exists, and each attention's
+    processor is one the adapter copies (`PER_SAMPLE_PROCESSORS`), with no spatial or group norm on its queries."""
+    sites = []
+    for key, context in plan.cp.per_sample:
+        _expand(model, context, plan.name)
         for path, attn in _expand(model, key, plan.name):
             processor = type(getattr(attn, "processor", None)).__name__
             norms = [n for n in ("spatial_norm", "group_norm") if getattr(attn, n, None) is not None]
@@ -231,7 +227,7 @@ def _per_sample(plan, model: nn.Module) -> tuple[tuple[str, str], ...]:
                     f"{', '.join(PER_SAMPLE_PROCESSORS)} without spatial / group norm. Drop the entry (the keys are "
                     f"then projected per frame)."
                 )
-            sites.append((path, batch_of))
+            sites.append((path, context))
     return tuple(sites)
 
 

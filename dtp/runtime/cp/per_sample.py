@@ -1,59 +1,89 @@
-"""Cross-attention to a context repeated once per frame, its keys and values projected once per sample (a plan's
-`cp.per_sample`, `plan.cp.CpPlan.per_sample`).
+"""Cross-attention to a context the forward repeats once per frame, its keys and values projected once per sample (a
+plan's `cp.per_sample`, `plan.cp.CpPlan.per_sample`).
 
-Latte's spatial blocks run on frames ([B x F, P, D]) and cross-attend to the caption, which its forward repeats once
-per frame (`repeat_interleave(F, dim=0)`: [B x F, L, D], sample-major). diffusers' `AttnProcessor2_0` then projects
-the keys and values of every row: [B x F, L, D] each, F identical copies per sample. Under CP every rank holds every
-frame (the cut is along the patches), so each rank held those two whole tensors (16 frames of 512 caption tokens:
-[8192, 1152] each, 19 MB, at cp=8 on a 0.101 GB ideal). Here the adapter takes one context row per sample (rows 0, F,
-2F, ...), projects its keys and values ([B, L, D]), and lets each sample's F x P queries attend to them in one call:
-[B x F, P, D] queries viewed as [B, F x P, D]; attention is per query row, so this equals F calls against F copies.
+Latte's spatial blocks run on frames ([B x F, P, D]) and cross-attend to the caption, which its forward projects
+(`caption_projection`, [B, L, D]) and repeats once per frame (`repeat_interleave(F, dim=0)`: [B x F, L, D],
+sample-major); diffusers' `AttnProcessor2_0` then projects the keys and values of every row, F identical copies per
+sample. Under CP every rank holds every frame (the cut is along the patches), so each rank held three whole tensors
+(16 frames of 512 caption tokens: the repeated caption, its keys and its values, [8192, 1152] each, 19 MB, at cp=8
+on a 0.101 GB ideal). Here:
 
-B is the batch (dim 0) of the model's input the plan names (recorded per forward, `framewise.Samples`); that the F
-rows of a sample are copies is the forward's construction, not read on the device. Example: B = 2, F = 3, P = 4 local
-patches, L = 8: queries [6, 4, D] -> [2, 12, D], keys / values of context rows 0 and 3: [2, 8, D].
-With an attention mask (diffusers' Latte forward passes `encoder_attention_mask` through) the original processor
-runs: its mask is laid out per row.
+1. The context module (`caption_projection`) keeps its [B, L, D] output and hands the forward int64 zeros [B, L, 1]
+   (`grid_embed.zero_table`): the forward's repeat makes [B x F, L, 1] of them, not of the caption.
+2. The adapter (the cross-attention's processor) projects the kept context's keys and values once ([B, L, D]) and
+   lets each sample's F x P queries attend to them in one call: [B x F, P, D] viewed as [B, F x P, D]
+   (`by_sample`); attention is per query row, so this equals F calls against F copies.
+
+B is the kept context's dim 0; the queries' rows are B x F, sample-major, as the forward's repeat made the context's
+(its construction, not read on the device). Example: B = 2, F = 3, P = 4 local patches, L = 8: queries [6, 4, D] ->
+[2, 12, D], keys / values [2, 8, D]. With an attention mask (the forward passes `encoder_attention_mask` through),
+the original processor runs on the repeated context, rebuilt whole from the kept one: its mask is laid out per row.
 """
 
 from __future__ import annotations
+
+import types
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ForwardError
-from .framewise import Samples
+from .grid_embed import zero_table
+from .local_embed import Restore
 
 
-def one_per_sample(context: torch.Tensor, frames: int) -> torch.Tensor:
-    """Rows 0, F, 2F, ... of a sample-major [B x F, L, D] context: each sample's own context, [B, L, D]."""
-    return context[::frames]
+def by_sample(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """Sample-major rows [B x F, P, C] -> [B, F x P, C]: each sample's frames as one longer sequence."""
+    return x.view(batch, -1, x.shape[-1])
+
+
+class ContextState:
+    """The context module's [B, L, D] output of this forward (`table`, the name `zero_table` writes)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self, *unused) -> None:
+        self.table = None
 
 
 class PerSampleContextProcessor:
-    """`AttnProcessor2_0`'s cross-attention with the context's keys / values projected once per sample."""
+    """`AttnProcessor2_0`'s cross-attention with the kept context's keys / values projected once per sample."""
 
-    def __init__(self, original, samples: Samples, batch_of: str, path: str):
-        self.original, self.samples, self.batch_of, self.path = original, samples, batch_of, path
+    def __init__(self, original, state: ContextState, path: str, context: str):
+        self.original, self.state, self.path, self.context = original, state, path, context
+
+    def _frames(self, stand_in, rows: int) -> int:
+        context = self.state.table
+        if context is None:
+            raise ForwardError(f"cp.per_sample '{self.path}': '{self.context}' did not run in this forward.")
+        shape = (rows, context.shape[1], 1)
+        if not (isinstance(stand_in, torch.Tensor) and stand_in.dtype == torch.int64 and stand_in.shape == shape):
+            got = tuple(stand_in.shape) if isinstance(stand_in, torch.Tensor) else type(stand_in).__name__
+            raise ForwardError(
+                f"cp.per_sample '{self.path}': the context must be '{self.context}''s int64 stand-in repeated per "
+                f"frame, {shape}, got {got}: the forward computes on the context before this attention."
+            )
+        if rows % context.shape[0]:
+            raise ForwardError(
+                f"cp.per_sample '{self.path}': {rows} rows are not frames of {context.shape[0]} samples."
+            )
+        return rows // context.shape[0]
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args, **kw):
-        if encoder_hidden_states is None or attention_mask is not None or args or kw:
-            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kw)
-        batch, (rows, tokens) = self.samples.of(self.batch_of, self.path), hidden_states.shape[:2]
-        if hidden_states.ndim != 3 or rows % batch or encoder_hidden_states.shape[0] != rows:
-            raise ForwardError(
-                f"cp.per_sample '{self.path}': queries {tuple(hidden_states.shape)} and context "
-                f"{tuple(encoder_hidden_states.shape)} are not [B x F, ., D] rows of {batch} samples."
-            )
-        context = one_per_sample(encoder_hidden_states, rows // batch)
+        rows, tokens = hidden_states.shape[:2]
+        frames, context = self._frames(encoder_hidden_states, rows), self.state.table
+        if attention_mask is not None or args or kw or hidden_states.ndim != 3:
+            whole = context.repeat_interleave(frames, dim=0)  # as the forward built it: the processor's own math
+            return self.original(attn, hidden_states, whole, attention_mask, temb, *args, **kw)
         if attn.norm_cross:
             context = attn.norm_encoder_hidden_states(context)
         query, key, value = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
-        head_dim = key.shape[-1] // attn.heads
-        query = query.view(batch, -1, attn.heads, head_dim).transpose(1, 2)  # [B, H, F x P, hd]: a sample's frames
-        key = key.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
-        value = value.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
+        batch, head_dim = context.shape[0], key.shape[-1] // attn.heads
+        query = by_sample(query, batch).unflatten(2, (attn.heads, head_dim)).transpose(1, 2)  # [B, H, F x P, hd]
+        key = key.unflatten(2, (attn.heads, head_dim)).transpose(1, 2)
+        value = value.unflatten(2, (attn.heads, head_dim)).transpose(1, 2)
         if attn.norm_q is not None:
             query = attn.norm_q(query)
         if attn.norm_k is not None:
@@ -66,19 +96,6 @@ class PerSampleContextProcessor:
         return out / attn.rescale_output_factor
 
 
-def install_per_sample(model: nn.Module, sites) -> list:
-    """For every `(attention path, model input)` of `cp.per_sample`: swap in the adapter; returns the handles."""
-    if not sites:
-        return []
-    samples = Samples(model, [batch_of for _, batch_of in sites])
-    handles = [model.register_forward_pre_hook(samples.record, with_kwargs=True)]
-    for path, batch_of in sites:
-        attn = model.get_submodule(path)
-        handles.append(_Processor(attn, attn.processor))
-        attn.processor = PerSampleContextProcessor(attn.processor, samples, batch_of, path)
-    return handles
-
-
 class _Processor:
     """A hook-handle look-alike: `remove()` puts the original processor back."""
 
@@ -87,3 +104,21 @@ class _Processor:
 
     def remove(self) -> None:
         self.attn.processor = self.processor
+
+
+def install_per_sample(model: nn.Module, sites) -> list:
+    """For every `(attention path, context module path)` of `cp.per_sample`: the context module keeps its output
+    and returns the stand-in, the attention's processor is the adapter. Returns the handles."""
+    handles, states = [], {}
+    for path, context_path in sites:
+        if context_path not in states:
+            state = states[context_path] = ContextState()
+            handles.append(model.register_forward_pre_hook(state.reset))
+            handles.append(model.register_forward_hook(state.reset, always_call=True))
+            module = model.get_submodule(context_path)
+            module.forward = types.MethodType(zero_table(state, type(module).forward), module)
+            handles.append(Restore(module))
+        attn = model.get_submodule(path)
+        handles.append(_Processor(attn, attn.processor))
+        attn.processor = PerSampleContextProcessor(attn.processor, states[context_path], path, context_path)
+    return handles
