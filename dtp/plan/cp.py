@@ -25,6 +25,8 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
                                                # gathered in grid order (`GridRule`)
       per_sample: {blocks.*.attn2: caption_projection}  # optional: `local` cross-attention to that module's
                                                # output, which the forward repeats per frame: K / V once per sample
+      batch_rows: [motion_encoder]             # optional: modules over a whole batch of independent rows: each rank
+                                               # runs ceil(rows / cp) of them, the outputs all-gathered
 
 A split key `name[i]` cuts element i of a tuple input only (JoyImage's RoPE argument ((image cos, sin), text
 tables); Allegro's ((t, h, w) tables, (t, h, w) position ids)): each element with its own rule (`pad` slot), the
@@ -269,6 +271,10 @@ class CpPlan:
     # and `caption_projection`): the module's output is kept, the forward repeats an int64 stand-in [B, L, 1], and
     # the keys / values are projected once per sample (`runtime/cp/per_sample.py`): no [B x F, L, D] tensor
     per_sample: tuple[tuple[str, str], ...] = ()
+    # modules whose input 0 is whole on every rank and whose rows (dim 0) are independent (Wan Animate's motion encoder
+    # over a batch of face crops): each rank runs its ceil(rows / cp) and the outputs are all-gathered in rank order
+    # (`runtime/cp/batch_rows.py`)
+    batch_rows: tuple[str, ...] = ()
 
 
 # `cp.gathered` kinds: a module that chooses over the whole sequence runs a CP forward that makes the choice from
@@ -296,7 +302,18 @@ _SPLIT_FIELDS = {
     "frames_of",
     "skip",
 }
-_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered", "grid", "per_sample"}
+_SECTION_FIELDS = {
+    "split",
+    "gather",
+    "local",
+    "ring_refused",
+    "halo",
+    "keep",
+    "gathered",
+    "grid",
+    "per_sample",
+    "batch_rows",
+}
 _ITEM = re.compile(r"(\w+)\[(\d+)\]")
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
@@ -339,9 +356,10 @@ def _from_dtp(data: dict, name: str) -> CpPlan:
     per_sample = tuple(
         _per_sample_rule(key, batch_of, local, name) for key, batch_of in data.get("per_sample", {}).items()
     )
+    batch_rows = _batch_rows(data.get("batch_rows", []), name)
     cp_plan = CpPlan(
         tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused, halo=halo, keep=keep,
-        gathered=gathered, grid=grid, per_sample=per_sample,
+        gathered=gathered, grid=grid, per_sample=per_sample, batch_rows=batch_rows,
     )  # fmt: skip
     return _checked(cp_plan, name)
 
@@ -370,6 +388,14 @@ def _gathered_rule(key, kind, name: str) -> tuple[str, str]:
             f"makes over the whole sequence), got {kind!r}."
         )
     return key, kind
+
+
+def _batch_rows(keys, name: str) -> tuple[str, ...]:
+    if not isinstance(keys, list) or not all(isinstance(key, str) and key for key in keys):
+        raise PlanError(f"plan {name}: cp.batch_rows must be a list of module paths, got {keys!r}.")
+    for key in keys:
+        _check_key(key, name)
+    return tuple(keys)
 
 
 def _per_sample_rule(key, context, local: tuple[str, ...], name: str) -> tuple[str, str]:

@@ -88,6 +88,7 @@ class CpResolved:
     grids: tuple[tuple[str, str, object], ...] = ()  # (output layer path, tokens path, `plan.cp.GridRule`): `cp.grid`
     embeds: tuple[tuple[str, str, SplitRule], ...] = ()  # (block path, embedding path, split): `SplitRule.embed`
     per_sample: tuple[tuple[str, str], ...] = ()  # (attention path, context module path): `cp.per_sample`
+    batch_rows: tuple[str, ...] = ()  # module paths: `cp.batch_rows`
 
     def check(self, tp: int, cp: int, mode: str, ulysses: int | None = None) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp).
@@ -172,6 +173,7 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     return CpResolved(
         plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps, gathered,
         grids, embeds, _per_sample(plan, model),
+        tuple(path for key in plan.cp.batch_rows for path, _ in _expand(model, key, plan.name)),
     )  # fmt: skip
 
 
