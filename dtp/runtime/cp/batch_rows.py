@@ -18,10 +18,10 @@ from __future__ import annotations
 import types
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ...errors import ForwardError
+from ...styles.collectives import all_gather_along
 from .local_embed import Restore
 
 
@@ -45,9 +45,7 @@ def batch_rows_forward(whole, path: str, group, rank: int, cp: int):
         out = whole(self, mine, *args, **kwargs)
         if not isinstance(out, torch.Tensor) or out.ndim == 0 or out.shape[0] != share:
             raise ForwardError(f"cp.batch_rows '{path}': the output must keep the input's rows (dim 0).")
-        gathered = out.new_empty(share * cp, *out.shape[1:])
-        dist.all_gather_into_tensor(gathered, out.contiguous(), group=group)
-        return gathered[: x.shape[0]]
+        return all_gather_along(out, group, 0)[: x.shape[0]]
 
     return forward
 
