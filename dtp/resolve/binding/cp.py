@@ -214,12 +214,14 @@ def _check_patch_conv(plan_name: str, rule: SplitRule, key: str, module: nn.Modu
 
 
 def _per_sample(plan, model: nn.Module) -> tuple[tuple[str, str], ...]:
-    """`(attention path, context module path)` of `cp.per_sample`: the context module exists, and each attention's
-    processor is one the adapter copies (`PER_SAMPLE_PROCESSORS`), with no spatial or group norm on its queries."""
+    """`(attention path, context module path)` of `cp.per_sample`: the context module exists, and each attention
+    (where the config has it) runs a processor the adapter copies (`PER_SAMPLE_PROCESSORS`), with no spatial or group
+    norm on its queries."""
     sites = []
     for key, context in plan.cp.per_sample:
         _expand(model, context, plan.name)
-        for path, attn in _expand(model, key, plan.name):
+        # optional, as `cp.local`: a config without the cross-attention (Latte's cross_attention_dim None) has none
+        for path, attn in _expand(model, key, plan.name, optional=True):
             processor = type(getattr(attn, "processor", None)).__name__
             norms = [n for n in ("spatial_norm", "group_norm") if getattr(attn, n, None) is not None]
             if processor not in PER_SAMPLE_PROCESSORS or norms:
