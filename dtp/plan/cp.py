@@ -354,7 +354,7 @@ def _from_dtp(data: dict, name: str) -> CpPlan:
     gathered = tuple(_gathered_rule(key, kind, name) for key, kind in data.get("gathered", {}).items())
     grid = tuple(_grid_rule(key, spec, name) for key, spec in data.get("grid", {}).items())
     per_sample = tuple(
-        _per_sample_rule(key, batch_of, local, name) for key, batch_of in data.get("per_sample", {}).items()
+        _per_sample_rule(key, context, local, name) for key, context in data.get("per_sample", {}).items()
     )
     batch_rows = _batch_rows(data.get("batch_rows", []), name)
     cp_plan = CpPlan(

@@ -64,8 +64,8 @@ def decode(codes: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 class EmbedState:
-    """This forward's embedding input and grid (F, H, W), and the per-frame table's output when it ran (kept by the
-    replaced forwards, read once by `EmbedRows`)."""
+    """This forward's embedding input and grid (F, H, W), the per-frame table's output and the added embedding's input
+    when they ran (kept by the replaced forwards, read once by `EmbedRows`)."""
 
     def __init__(self):
         self.reset()
@@ -125,7 +125,8 @@ class _Restore:
 
 
 def index_grid(state: EmbedState):
-    """The embedding's forward under CP: keep the input, return the grid of token indices [B, F, H, W, 1]."""
+    """The embedding's forward under CP: keep the input, return the grid of token indices [B, F, H, W, 1] (a Conv3d
+    patchifier's: [B, 1, F, H, W], its own layout but for the channels)."""
 
     def forward(self, x):
         if isinstance(self, nn.Conv3d):  # channels-first [B, C, F, H, W] -> [B, 1, F, H, W]
