@@ -25,6 +25,10 @@ attention needs the other chunks, and gets them through Ulysses or ring attentio
                                                # gathered in grid order (`GridRule`)
       forward: {name: helios, pad: {...}}      # optional: dtp's forward for the model's class cuts the sequence
                                                # before the forward's own joins (`ForwardRule`)
+      per_sample: {blocks.*.attn2: caption_projection}  # optional: `local` cross-attention to that module's
+                                               # output, which the forward repeats per frame: K / V once per sample
+      batch_rows: [motion_encoder]             # optional: modules over a whole batch of independent rows: each rank
+                                               # runs ceil(rows / cp) of them, the outputs all-gathered
 
 A split key `name[i]` cuts element i of a tuple input only (JoyImage's RoPE argument ((image cos, sin), text
 tables); Allegro's ((t, h, w) tables, (t, h, w) position ids)): each element with its own rule (`pad` slot), the
@@ -118,6 +122,10 @@ class SplitRule:
     per_frame: with `embed`, a module whose [B, F, D] output the forward adds to the embedded grid per frame
         (Kandinsky 6's token types, `embed + types[:, :, None, None, :]`): it hands the forward zeros [B, F, 1]
         (int64: the indices pass the sum unchanged) and each rank's token gets its frame's row when embedded.
+    added: with `embed`, a second patch embedding whose grid the forward adds into part of the embedded grid (Wan 2.2
+        Animate's pose, `hidden_states[:, :, 1:] = hidden_states[:, :, 1:] + pose_patch_embedding(pose)`): it hands
+        the forward int64 codes S (1 + its token index), S the embedded grid's tokens, so the sum tells each token
+        which added row it got (none: code < S), and the rank's tokens get theirs when embedded (`grid_embed.py`).
     frames_of: with `output`: output 0 is [B x F, P, D], the F frames of each of the B samples of the model's input of
         this name (B its dim 0), which the caller makes frame-major tokens [B, F x P, D]: the rank keeps its chunk of
         each sample's F x P tokens, returned [B, F x P / cp, D] (`runtime/cp/framewise.py`; Allegro's per-frame
@@ -143,6 +151,7 @@ class SplitRule:
     element: int | None = None
     embed: str | None = None
     per_frame: str | None = None
+    added: str | None = None
     frames_of: str | None = None
     skip: str | None = None
 
@@ -285,6 +294,15 @@ class CpPlan:
     gathered: tuple[tuple[str, str], ...] = ()  # (module glob, kind): whole-sequence choices (`GATHERED_KINDS`)
     grid: tuple[GridRule, ...] = ()  # output layers run on the rank's rows past the forward's reshape (`GridRule`)
     forward: ForwardRule | None = None  # dtp's forward for the model's class, cutting before its joins (`ForwardRule`)
+    # (attention glob, context module path): `local` cross-attentions whose context [B x F, L, D] is that module's
+    # [B, L, D] output repeated once per frame by the forward (`repeat_interleave(F, dim=0)`, Latte's spatial blocks
+    # and `caption_projection`): the module's output is kept, the forward repeats an int64 stand-in [B, L, 1], and
+    # the keys / values are projected once per sample (`runtime/cp/per_sample.py`): no [B x F, L, D] tensor
+    per_sample: tuple[tuple[str, str], ...] = ()
+    # modules whose input 0 is whole on every rank and whose rows (dim 0) are independent (Wan Animate's motion encoder
+    # over a batch of face crops): each rank runs its ceil(rows / cp) and the outputs are all-gathered in rank order
+    # (`runtime/cp/batch_rows.py`)
+    batch_rows: tuple[str, ...] = ()
 
 
 # `cp.gathered` kinds: a module that chooses over the whole sequence runs a CP forward that makes the choice from
@@ -308,10 +326,23 @@ _SPLIT_FIELDS = {
     "element",
     "embed",
     "per_frame",
+    "added",
     "frames_of",
     "skip",
 }
-_SECTION_FIELDS = {"split", "gather", "local", "ring_refused", "halo", "keep", "gathered", "grid", "forward"}
+_SECTION_FIELDS = {
+    "split",
+    "gather",
+    "local",
+    "ring_refused",
+    "halo",
+    "keep",
+    "gathered",
+    "grid",
+    "forward",
+    "per_sample",
+    "batch_rows",
+}
 _ITEM = re.compile(r"(\w+)\[(\d+)\]")
 _DIFFUSERS_INPUT = "ContextParallelInput"
 _DIFFUSERS_OUTPUT = "ContextParallelOutput"
@@ -325,7 +356,7 @@ def cp_plan_from_mapping(data, name: str) -> CpPlan:
         if not isinstance(data["refused"], str) or not data["refused"].strip():
             raise PlanError(f"plan {name}: cp.refused must say why the model cannot take CP, got {data['refused']!r}.")
         return CpPlan(splits=(), gathers=(), refused=data["refused"].strip())
-    sections = ("split", "gather", "halo", "keep", "gathered", "grid")
+    sections = ("split", "gather", "halo", "keep", "gathered", "grid", "per_sample")
     if set(data) <= _SECTION_FIELDS and all(isinstance(data.get(k, {}), dict) for k in sections):
         return _from_dtp(data, name)
     return _from_diffusers(data, name)
@@ -352,9 +383,13 @@ def _from_dtp(data: dict, name: str) -> CpPlan:
     gathered = tuple(_gathered_rule(key, kind, name) for key, kind in data.get("gathered", {}).items())
     grid = tuple(_grid_rule(key, spec, name) for key, spec in data.get("grid", {}).items())
     forward = None if data.get("forward") is None else _forward_rule(data["forward"], name)
+    per_sample = tuple(
+        _per_sample_rule(key, context, local, name) for key, context in data.get("per_sample", {}).items()
+    )
+    batch_rows = _batch_rows(data.get("batch_rows", []), name)
     cp_plan = CpPlan(
         tuple(splits), tuple(gathers), local_attention=local, ring_refused=ring_refused, halo=halo, keep=keep,
-        gathered=gathered, grid=grid, forward=forward,
+        gathered=gathered, grid=grid, forward=forward, per_sample=per_sample, batch_rows=batch_rows,
     )  # fmt: skip
     return _checked(cp_plan, name)
 
@@ -393,6 +428,29 @@ def _gathered_rule(key, kind, name: str) -> tuple[str, str]:
             f"makes over the whole sequence), got {kind!r}."
         )
     return key, kind
+
+
+def _batch_rows(keys, name: str) -> tuple[str, ...]:
+    if not isinstance(keys, list) or not all(isinstance(key, str) and key for key in keys):
+        raise PlanError(f"plan {name}: cp.batch_rows must be a list of module paths, got {keys!r}.")
+    for key in keys:
+        _check_key(key, name)
+    return tuple(keys)
+
+
+def _per_sample_rule(key, context, local: tuple[str, ...], name: str) -> tuple[str, str]:
+    _check_key(key, name)
+    if not isinstance(context, str) or not context or "*" in context:
+        raise PlanError(
+            f"plan {name}: cp.per_sample['{key}'] names the module (no `*`) whose [B, L, D] output the forward repeats "
+            f"per frame as this attention's context, got {context!r}."
+        )
+    if key not in local:
+        raise PlanError(
+            f"plan {name}: cp.per_sample['{key}'] must also be in cp.local (a cross-attention over the whole context "
+            f"on every rank); cp.local is {list(local)}."
+        )
+    return key, context
 
 
 def _grid_rule(key, spec, name: str) -> GridRule:
@@ -477,7 +535,7 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
     tensor, element = _element(tensor, spec.get("element"), where)
     if element is not None and (output or segments or flatten or when is not None or tail is not None or strided):
         raise PlanError(f"{where}: an element split (`name[i]` or `element: i`) takes dim, expected_dims, pad only.")
-    embed, per_frame = _embed_fields(spec, where, output, segments, flatten, when, tail, strided, element)
+    embed, per_frame, added = _embed_fields(spec, where, output, segments, flatten, when, tail, strided, element)
     frames_of, skip = _output_cut_fields(spec, where, output, tensor, dim, expected, pad, flatten, when)
     rule = SplitRule(key, tensor, dim, expected, output, tuple(segments), when, pad, flatten)
     return dataclasses.replace(
@@ -487,20 +545,26 @@ def _split_rule(key, tensor, spec, name: str) -> SplitRule:
         element=element,
         embed=embed,
         per_frame=per_frame,
+        added=added,
         frames_of=frames_of,
         skip=skip,
     )
 
 
 def _embed_fields(spec, where, output, segments, flatten, when, tail, strided, element) -> tuple:
-    """`embed` / `per_frame` (module paths) of a plain input split, checked."""
+    """`embed` / `per_frame` / `added` (module paths) of a plain input split, checked."""
     plain = not (output or segments or flatten or when is not None or tail is not None or strided)
-    embed, per_frame = spec.get("embed"), spec.get("per_frame")
-    if any(v is not None and not (isinstance(v, str) and v and "*" not in v) for v in (embed, per_frame)):
-        raise PlanError(f"{where}: `embed` and `per_frame` are module paths (no `*`), got {embed!r}, {per_frame!r}.")
-    if (embed is not None and (not plain or element is not None)) or (per_frame is not None and embed is None):
-        raise PlanError(f"{where}: `embed` (with `per_frame` or not) goes with a plain input split only.")
-    return embed, per_frame
+    embed, per_frame, added = spec.get("embed"), spec.get("per_frame"), spec.get("added")
+    if any(v is not None and not (isinstance(v, str) and v and "*" not in v) for v in (embed, per_frame, added)):
+        raise PlanError(
+            f"{where}: `embed`, `per_frame` and `added` are module paths (no `*`), got {embed!r}, {per_frame!r}, "
+            f"{added!r}."
+        )
+    if (embed is not None and (not plain or element is not None)) or (embed is None and (per_frame or added)):
+        raise PlanError(f"{where}: `embed` (with `per_frame` / `added` or not) goes with a plain input split only.")
+    if per_frame is not None and added is not None:
+        raise PlanError(f"{where}: `per_frame` and `added` are two encodings of the index grid: one of them only.")
+    return embed, per_frame, added
 
 
 def _output_cut_fields(spec, where, output, tensor, dim, expected, pad, flatten, when) -> tuple:

@@ -170,6 +170,8 @@ def plan_items(resolved, cp_resolved) -> Items:
         items += [(f"cp grid '{path}' from '{tokens}'", repr(rule)) for path, tokens, rule in cp_resolved.grids]
         items += [(f"cp embed '{embed}' at '{path}'", repr(rule)) for path, embed, rule in cp_resolved.embeds]
         items += [("cp forward", repr(cp_resolved.forward))] if cp_resolved.forward is not None else []
+        items += [(f"cp per_sample '{path}'", f"context {context}") for path, context in cp_resolved.per_sample]
+        items += [(f"cp batch_rows '{path}'", "rows split, gathered") for path in cp_resolved.batch_rows]
     return items
 
 

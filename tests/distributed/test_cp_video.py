@@ -12,10 +12,12 @@ negative control that must miss by far:
 - HunyuanVideo 1.5 (the text mask cut with its tokens, padded, so the processor's own [video_r, text_r] mask
   lines up): the mask left whole on every rank (the processor then crops it to the local length).
 - Wan 2.2 Animate (the face adapter's per-token frame from the rank's global token range): every rank told its
-  tokens start at token 0.
+  tokens start at token 0. Its video embedded per rank (`embed` + `added`: the pose added to the rank's tokens from
+  the index codes the forward's own add leaves): the codes read without their pose rows.
 - Latte (cut along the patches: spatial attention over CP, temporal attention local after the forward's own
   reshape; the temporal timesteps, one per sample repeated per position, cut strided): those timesteps cut
-  contiguously (a rank's rows from the wrong sample).
+  contiguously (a rank's rows from the wrong sample). The spatial cross-attention's caption keys / values projected
+  once per sample (`cp.per_sample`): the queries grouped frame-major (frames attend to the wrong sample's caption).
 - Helios (dtp's forward cutting [history_r | current_r] before the forward's own joins, `cp.forward: helios`): every
   rank's temb and modulation rows taken from rank 0's range of the whole [history | current] rows.
 - Kandinsky 6 (a rule per stream, as LTX-2; the video cut through the forward's own reshapes, as Kandinsky 5; 9 audio
@@ -36,10 +38,13 @@ import pytest
 import torch
 
 import dtp
+import dtp.runtime.cp.batch_rows as batch_rows_module
 import dtp.runtime.cp.frames as frames_module
+import dtp.runtime.cp.grid_embed as grid_embed_module
 import dtp.runtime.cp.helios as helios_module
 import dtp.runtime.cp.hooks as hooks_module
 import dtp.runtime.cp.packed as packed_module
+import dtp.runtime.cp.per_sample as per_sample_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.resolve import resolve, resolve_cp
@@ -82,7 +87,19 @@ def _model(name: str, **overrides):
             for block in model.transformer_blocks:
                 block.attn1.to_q.weight.mul_(0.5)
                 block.attn1.to_k.weight.mul_(0.5)
+    if name == "wan_animate":  # the tiny perturbed motion encoder's scaled layers shrink the signal ~7x each: its
+        _motion_weights(model.motion_encoder)  # output varied by 7e-8 over face crops, so its crops could not matter
     return model
+
+
+def _motion_weights(encoder) -> None:
+    """The motion encoder's scaled conv / linear weights drawn N(0, 1), diffusers' own init (`torch.randn`, each
+    layer scaling by 1 / sqrt(fan-in)): its output then varies with the face crop (std over crops ~0.1)."""
+    g = torch.Generator().manual_seed(17)
+    with torch.no_grad():
+        for name, weight in encoder.named_parameters():
+            if name.endswith("weight") and weight.ndim > 1 and "motion_synthesis" not in name:
+                weight.copy_(torch.randn(weight.shape, generator=g))
 
 
 def _inputs(name: str) -> dict:
@@ -265,6 +282,41 @@ def _wan_animate_offset_control(mesh) -> dict:
         frames_module.WanAnimateFaceCpProcessor.offset = offset
 
 
+def _wan_animate_pose_control(mesh) -> dict:
+    """The index codes read as plain tokens: the rank's tokens embedded without their pose rows."""
+    decode = grid_embed_module.decode
+    grid_embed_module.decode = lambda codes, count: (codes % count, torch.full_like(codes, -1))
+    try:
+        return _control("wan_animate", mesh, "ulysses", "wan_animate")
+    finally:
+        grid_embed_module.decode = decode
+
+
+def _frame_major(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """[B x F, P, C] rows grouped as if frame-major ([F, B]): a sample's group holds frames of both samples."""
+    return x.view(-1, batch, *x.shape[1:]).transpose(0, 1).reshape(batch, -1, x.shape[-1])
+
+
+def _wan_animate_rows_control(mesh) -> dict:
+    """Wan Animate's motion encoder with every rank running rank 0's rows of each call (gathered cp times)."""
+    rows_of = batch_rows_module.rows_of
+    batch_rows_module.rows_of = lambda n, rank, cp: rows_of(n, 0, cp)
+    try:
+        return _control("wan_animate", mesh, "ring", "wan_animate")
+    finally:
+        batch_rows_module.rows_of = rows_of
+
+
+def _latte_context_control(mesh) -> dict:
+    """Latte's spatial cross-attention with the queries grouped frame-major: frames attend to the wrong caption."""
+    by_sample = per_sample_module.by_sample
+    per_sample_module.by_sample = _frame_major
+    try:
+        return _control("latte", mesh, "ulysses", "latte")
+    finally:
+        per_sample_module.by_sample = by_sample
+
+
 def _cosmos3_controls(meshes: dict) -> dict:
     """Cosmos 3 broken twice: the block-causal ring with every rank's prefix block taken as the first (no earlier
     block seen: a wrong global offset) at (2, 2); with DTP_FULL=1, both pathways' pad keys unmasked at (4, 1) ring."""
@@ -350,7 +402,10 @@ def _controls(meshes: dict) -> dict:
         ("ltx2", "control"): _control("ltx2", meshes[2, 2], "ring", _local("ltx2", cross_modal)),
         ("helios", "control"): _helios_rank0_modulation(meshes[4, 1]),
         ("wan_animate", "control"): _wan_animate_offset_control(meshes[4, 1]),
+        ("wan_animate", "pose_control"): _wan_animate_pose_control(meshes[2, 2]),
+        ("wan_animate", "rows_control"): _wan_animate_rows_control(meshes[4, 1]),
         ("latte", "control"): _control("latte", meshes[4, 1], "ring", _unstrided("latte")),
+        ("latte", "context_control"): _latte_context_control(meshes[2, 2]),
         ("hunyuanvideo15", "control"): _control(
             "hunyuanvideo15",
             meshes[2, 2],
@@ -458,11 +513,29 @@ def test_wan_animate_face_adapter_with_a_wrong_offset_fails(four):
         assert results["wan_animate", "control"]["rel"] > 1e-2, results["wan_animate", "control"]
 
 
+def test_wan_animate_tokens_without_their_pose_rows_fail(four):
+    """Negative control: the video embedded per rank with the pose codes ignored (no pose rows added): measured 0.12."""
+    for rank, results in enumerate(four):
+        assert results["wan_animate", "pose_control"]["rel"] > 1e-2, (rank, results["wan_animate", "pose_control"])
+
+
 def test_latte_contiguous_temporal_timesteps_fail(four):
     """Negative control: Latte's temporal timesteps ([B x P] rows) cut contiguously at (4, 1) ring: a rank's rows
     come from the wrong sample (batch 2, two timesteps): far off."""
     for results in four:
         assert results["latte", "control"]["rel"] > 1e-2, results["latte", "control"]
+
+
+def test_wan_animate_motion_encoder_rows_of_rank_0_fail(four):
+    """Negative control: the motion encoder's share of the face crops, every rank running rank 0's rows."""
+    for rank, results in enumerate(four):
+        assert results["wan_animate", "rows_control"]["rel"] > 1e-2, (rank, results["wan_animate", "rows_control"])
+
+
+def test_latte_caption_of_the_wrong_sample_fails(four):
+    """Negative control: the per-sample caption keys / values, the queries grouped frame-major: measured 0.21."""
+    for rank, results in enumerate(four):
+        assert results["latte", "context_control"]["rel"] > 1e-2, (rank, results["latte", "context_control"])
 
 
 def test_cosmos3_causal_prefix_with_a_wrong_offset_fails(four):

@@ -51,9 +51,14 @@ PACKED_ROUTE = "packed"
 PACKED_PROCESSORS = ("Cosmos3AttnProcessor",)
 # patch embeddings a split's `embed` may name (runtime/cp/grid_embed.py): their forward is `in_layer(x.view(B, F, pt,
 # H, ph, W, pw, C).permute(0, 1, 3, 5, 2, 4, 6, 7).flatten(4, 7))` over channels-last latents, `patch_size` (pt, ph, pw)
-EMBED_CLASSES = ("Kandinsky5VisualEmbeddings", "Kandinsky6VisualEmbeddings", "Kandinsky6SRVisualEmbeddings")
+# (Kandinsky 5 / 6 / 6 SR), or a Conv3d patchifier over channels-first latents (Wan's `patch_embedding`; kernel =
+# stride, no padding: `runtime/cp/conv_embed.py`), the only kind an `added` embedding may be
+EMBED_CLASSES = ("Kandinsky5VisualEmbeddings", "Kandinsky6VisualEmbeddings", "Kandinsky6SRVisualEmbeddings", "Conv3d")
 # `cp.forward` name -> the model class whose forward dtp's copy replaces (`plan.cp.CP_FORWARDS`, runtime/cp/helios.py)
 FORWARD_CLASSES = {"helios": "HeliosTransformer3DModel", "framepack": "HunyuanVideoFramepackTransformer3DModel"}
+# processors whose cross-attention `cp.per_sample` reruns with the context projected once per sample
+# (runtime/cp/per_sample.py: that processor's math, without its spatial / group norms, which the adapter refuses)
+PER_SAMPLE_PROCESSORS = ("AttnProcessor2_0",)
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,8 @@ class CpResolved:
     grids: tuple[tuple[str, str, object], ...] = ()  # (output layer path, tokens path, `plan.cp.GridRule`): `cp.grid`
     embeds: tuple[tuple[str, str, SplitRule], ...] = ()  # (block path, embedding path, split): `SplitRule.embed`
     forward: object = None  # `plan.cp.ForwardRule`: dtp's forward for the model's class (checked: `_forward`)
+    per_sample: tuple[tuple[str, str], ...] = ()  # (attention path, context module path): `cp.per_sample`
+    batch_rows: tuple[str, ...] = ()  # module paths: `cp.batch_rows`
 
     def check(self, tp: int, cp: int, mode: str, ulysses: int | None = None) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp).
@@ -168,7 +175,8 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     grids, embeds = _grids(plan, model), _embeds(plan.name, model, splits)
     return CpResolved(
         plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps, gathered,
-        grids, embeds, _forward(plan, model),
+        grids, embeds, _forward(plan, model), _per_sample(plan, model),
+        tuple(path for key in plan.cp.batch_rows for path, _ in _expand(model, key, plan.name)),
     )  # fmt: skip
 
 
@@ -196,8 +204,50 @@ def _embeds(plan_name: str, model: nn.Module, splits) -> tuple:
             )
         if rule.per_frame is not None:
             _expand(model, rule.per_frame, plan_name)
+        convs = [rule.embed] if isinstance(embed, nn.Conv3d) or rule.added is not None else []
+        for key in convs + [rule.added] * (rule.added is not None):  # `added` codes are laid out channels-first
+            _check_patch_conv(plan_name, rule, key, _expand(model, key, plan_name)[0][1])
         embeds.append((path, rule.embed, rule))
     return tuple(embeds)
+
+
+def _check_patch_conv(plan_name: str, rule: SplitRule, key: str, module: nn.Module) -> None:
+    """A Conv3d `embed`, and any `added` embedding, must patchify: kernel = stride, no padding, dilation 1, groups 1
+    (each token the conv of its own patch alone; `runtime/cp/conv_embed.py`)."""
+    if isinstance(module, nn.Conv3d):
+        patchify = module.stride == module.kernel_size and module.dilation == (1, 1, 1) and module.groups == 1
+        if patchify and module.padding in ((0, 0, 0), "valid"):
+            return
+        kind = f"a Conv3d with kernel {module.kernel_size}, stride {module.stride}, padding {module.padding}"
+    else:
+        kind = f"a {type(module).__name__}"
+    raise PlanError(
+        f"plan {plan_name}, cp split '{rule.key}' '{rule.name}': '{key}' is {kind}; a Conv3d `embed`, and any `added` "
+        f"embedding (with a Conv3d `embed`), must patchify (kernel = stride, no padding, dilation 1, groups 1) for "
+        f"dtp to embed a rank's tokens only; drop `embed` / `added` from the split."
+    )
+
+
+def _per_sample(plan, model: nn.Module) -> tuple[tuple[str, str], ...]:
+    """`(attention path, context module path)` of `cp.per_sample`: the context module exists, and each attention
+    (where the config has it) runs a processor the adapter copies (`PER_SAMPLE_PROCESSORS`), with no spatial or group
+    norm on its queries."""
+    sites = []
+    for key, context in plan.cp.per_sample:
+        _expand(model, context, plan.name)
+        # optional, as `cp.local`: a config without the cross-attention (Latte's cross_attention_dim None) has none
+        for path, attn in _expand(model, key, plan.name, optional=True):
+            processor = type(getattr(attn, "processor", None)).__name__
+            norms = [n for n in ("spatial_norm", "group_norm") if getattr(attn, n, None) is not None]
+            if processor not in PER_SAMPLE_PROCESSORS or norms:
+                raise PlanError(
+                    f"plan {plan.name}, cp.per_sample '{key}': '{path}' runs {processor}"
+                    f"{' with ' + ', '.join(norms) if norms else ''}; the per-sample adapter copies "
+                    f"{', '.join(PER_SAMPLE_PROCESSORS)} without spatial / group norm. Drop the entry (the keys are "
+                    f"then projected per frame)."
+                )
+            sites.append((path, context))
+    return tuple(sites)
 
 
 def _grids(plan, model: nn.Module) -> tuple:

@@ -9,6 +9,7 @@ from torch import nn
 
 from ...resolve.binding.cp import CpResolved
 from .attention import CpAttention, ScopeGuard, install_attention
+from .batch_rows import install_batch_rows
 from .expert_choice import install_expert_choice
 from .forwards import CP_FORWARDS
 from .framewise import Samples, install_frames
@@ -20,6 +21,7 @@ from .joint_embed import install_skip
 from .kept import install_keeps
 from .local_embed import install_local_embed, local_embed_for
 from .masks import ForwardMasks
+from .per_sample import install_per_sample
 
 HANDLES_ATTR = "_dtp_cp_handles"
 
@@ -79,6 +81,8 @@ def apply_cp(
         handles += install_halo(model.get_submodule(path), path, dim, rows, group, rank, cp)
     for path, _kind in resolved.gathered:  # choices over the whole sequence from gathered scores (one kind so far)
         handles += install_expert_choice(model.get_submodule(path), path, group)
+    handles += install_per_sample(model, resolved.per_sample)  # `local` cross-attention, context once per sample
+    handles += install_batch_rows(model, resolved.batch_rows, group, rank, cp)  # a share of a whole batch's rows
     setattr(model, HANDLES_ATTR, getattr(model, HANDLES_ATTR, []) + handles)
 
 
