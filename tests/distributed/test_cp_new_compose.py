@@ -7,12 +7,16 @@ ONE 4-process group. Each family tiny with perturbed weights, batch 2, in its cp
   `sparse_flex()` (eager flex then attends through the mask, as the compiled kernel does);
 - Kandinsky 6 (a rule per stream, the video gathered as one element of a tuple output), ring;
 - Cosmos 3 Omni (each pathway padded and cut at layers.0, a block-causal ring prefix, `runtime/cp/packed.py`), ring;
-- OmniGen (Ulysses with the model's whole mask, any length through `runtime/cp/whole_pad.py`), Ulysses.
+- OmniGen (Ulysses with the model's whole mask, any length through `runtime/cp/whole_pad.py`), Ulysses;
+- Helios (ring) and FramePack (Ulysses): dtp's forward for the class, cut before its own joins (`cp.forward`).
 Composed with: cfg=2 x cp=2 (the batch over the cfg groups, each group's half over its cp pair), fsdp=True at cp=2
 (weights over the cp ranks), a LoRA on every Linear (`dtp.load_lora` on the sharded model against diffusers'
 `load_lora_adapter` on one process), and the repeated blocks compiled with `fullgraph=True` (dynamo's "eager" backend
 traces what inductor would: a graph break raises; this found the cp split hook binding `**kwargs` signatures with
-`inspect.Signature.bind`, which dynamo cannot trace). Refused with a PlanError, the model as it was
+`inspect.Signature.bind`, which dynamo cannot trace), and torchao's int8 weight-only (`dtp.quantize` on the sharded
+model against torchao's `quantize_` on one process). FramePack + LoRA found that `load_lora` moved only three kinds of
+cp hook from the wrapped Linear to peft's layer: `proj_out`'s keep and ragged gather stayed on the base Linear and the
+adapter's term came on other rows (a shape error); every hook `apply_cp` registered there moves now. Refused with a PlanError, the model as it was
 (test_refusals_leave_the_model_unchanged): cfg on OmniGen and Cosmos 3 Omni (their plans' `cfg_refused`: inputs that
 are not rows of one batch; measured before: IndexError / a scatter_add error), a LoRA on OmniGen (no PeftAdapterMixin
 in diffusers; was an AttributeError).
