@@ -40,7 +40,7 @@ from .adapters import install_adapter
 from .masks import ForwardMasks, gather_key_mask, split_mask, whole_mask
 from .ring import ring_attention
 from .sdpa import SdpaRoute
-from .ulysses import ulysses_attention, whole_attention
+from .ulysses import native_whole, sdpa_heads, ulysses_attention, whole_attention
 from .whole_pad import pad_whole_mask
 
 SDPA_ROUTE = "sdpa"  # `resolve.cp.attention_routes`: the processor calls F.scaled_dot_product_attention itself
@@ -93,6 +93,11 @@ class CpAttention:
                 query, key, value, None, group=self.group, scale=args.get("scale"), backend=ring_backend,
                 full_mask=full_mask,
             )  # fmt: skip
+        elif native_whole(args.get("backend") or self.backend, args):  # SDPA on the received [B, H/cp, S, D] views
+            attend = sdpa_heads(args.get("scale"))
+            out = ulysses_attention(
+                query, key, value, None, group=self.group, attend=attend, full_mask=full_mask, heads_first=True
+            )
         else:
             attend = whole_attention(original, args.get("backend") or self.backend, args.get("scale"), args)
             out = ulysses_attention(query, key, value, None, group=self.group, attend=attend, full_mask=full_mask)
