@@ -115,14 +115,18 @@ def send_to_next(tensor: torch.Tensor, group) -> tuple:
     issued async: ~10 µs of host against ~290 µs), its Work waited for in `wait_for`, the send buffer held until then;
     under compile `funcol.permute_tensor`, which dynamo traces, its wait placed where the result is first read (in
     `wait_for`, after the compute in between)."""
-    size, sent = group.size(), tensor.contiguous().view(-1)
+    size = group.size()
     if torch.compiler.is_compiling():
+        sent = tensor.contiguous().view(-1)
         return funcol.permute_tensor(sent, [(m + 1) % size for m in range(size)], group), None, None, tensor.shape
+    # The split sizes count dim-0 rows: all of them go to one peer, so the tensor is sent in its own shape (no
+    # flattening view on the way out, none on the way back).
+    sent = tensor.contiguous()
     rank, received = group.rank(), torch.empty_like(sent)
     recv_splits, send_splits = [0] * size, [0] * size
-    recv_splits[(rank - 1) % size] = send_splits[(rank + 1) % size] = sent.numel()
+    recv_splits[(rank - 1) % size] = send_splits[(rank + 1) % size] = sent.shape[0]
     work = group.alltoall_base(received, sent, recv_splits, send_splits, _ALL_TO_ALL)
-    return received, work, sent, tensor.shape
+    return received, work, sent, None
 
 
 def wait_for(started: tuple) -> torch.Tensor:
@@ -130,7 +134,7 @@ def wait_for(started: tuple) -> torch.Tensor:
     received, work, _, shape = started
     if work is not None:
         work.wait()
-    return received.view(shape)
+    return received if shape is None else received.view(shape)
 
 
 def along_last(stacked: torch.Tensor, size: int) -> torch.Tensor:

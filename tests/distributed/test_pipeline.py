@@ -77,7 +77,7 @@ def _local_keys_pixels(ring_pipe):
     from dtp.pipeline.generate import generate
 
     real = ring.merge
-    ring.merge = lambda out_a, lse_a, out_b, lse_b: (out_a, lse_a)
+    ring.merge = lambda out_a, lse_a, out_b, lse_b, **unused: (out_a, lse_a)
     try:
         return generate(ring_pipe, **ARGS)[0]
     finally:

@@ -127,3 +127,28 @@ def test_key_mask_accepts_per_key_shapes_only():
     assert key_mask(None, 2, 5) is None
     with pytest.raises(dtp.ForwardError, match="per-key masks"):
         key_mask(torch.ones(2, 1, 3, 5, dtype=torch.bool), 2, 5)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_heads_first_merge_of_the_last_step_equals_sdpa_and_swapped_weights_fail(masked):
+    """Two key blocks merged as `ring_attention` merges them (`[B, H, S, D]`, no running LSE on the last step, no
+    nan guard without a mask) == SDPA over both blocks (<= 1e-5 rel). Negative control: the two blocks' weights
+    swapped (each output weighted by the other block's LSE) misses by far."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (
+        torch.randn(2, 5, 3, 8, generator=g),
+        torch.randn(2, 8, 3, 8, generator=g),
+        torch.randn(2, 8, 3, 8, generator=g),
+    )
+    mask = (torch.rand(2, 8, generator=g) > 0.4) | (torch.arange(8) == 0) if masked else None
+    parts = [
+        block_attention(q, k[:, j : j + 4], v[:, j : j + 4], None if mask is None else mask[:, j : j + 4], 8**-0.5)
+        for j in (0, 4)
+    ]
+    (o_a, lse_a), (o_b, lse_b) = ((o.transpose(1, 2), lse) for o, lse in parts)
+    out, lse = merge(o_a, lse_a, o_b, lse_b, heads_first=True, masked=masked, need_lse=False)
+    ref = _sdpa(q, k, v, mask)
+    assert lse is None
+    assert (out.transpose(1, 2) - ref).abs().max() <= 1e-5 * ref.abs().max()
+    swapped, _ = merge(o_a, lse_b, o_b, lse_a, heads_first=True, masked=masked, need_lse=False)
+    assert (swapped.transpose(1, 2) - ref).abs().max() > 1e-2 * ref.abs().max()

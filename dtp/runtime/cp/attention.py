@@ -40,7 +40,7 @@ from .adapters import install_adapter
 from .masks import ForwardMasks, gather_key_mask, split_mask, whole_mask
 from .ring import ring_attention
 from .sdpa import SdpaRoute
-from .ulysses import ulysses_attention, whole_attention
+from .ulysses import native_whole, sdpa_heads, ulysses_attention, whole_attention
 from .whole_pad import pad_whole_mask
 
 SDPA_ROUTE = "sdpa"  # `resolve.cp.attention_routes`: the processor calls F.scaled_dot_product_attention itself
@@ -93,6 +93,11 @@ class CpAttention:
                 query, key, value, None, group=self.group, scale=args.get("scale"), backend=ring_backend,
                 full_mask=full_mask,
             )  # fmt: skip
+        elif native_whole(args.get("backend") or self.backend, args):  # SDPA on the received [B, H/cp, S, D] views
+            attend = sdpa_heads(args.get("scale"))
+            out = ulysses_attention(
+                query, key, value, None, group=self.group, attend=attend, full_mask=full_mask, heads_first=True
+            )
         else:
             attend = whole_attention(original, args.get("backend") or self.backend, args.get("scale"), args)
             out = ulysses_attention(query, key, value, None, group=self.group, attend=attend, full_mask=full_mask)
@@ -147,9 +152,9 @@ class CpAttention:
 
     def _mask_pad_keys(self, mask, batch: int, key):
         """Add this rank's pad keys (`PadState`) to the `[B, S_k]` key mask: weight 0, as if absent."""
-        valid = None if self.pads is None else self.pads.key_valid(key.shape[1], batch, key.device)
-        if valid is None:
+        if self.pads is None or not self.pads.padded:  # nothing padded in this forward (most calls)
             return mask
+        valid = self.pads.key_valid(key.shape[1], batch, key.device)
         if mask is None:
             return valid
         if mask.dtype == torch.bool:
@@ -192,6 +197,7 @@ class _Scope:
         self.busy = False  # CP attention is running: SDPA calls it makes on whole sequences pass through
         self.modes = []
         self.runs = None  # the module's probed real runs when it was entered (None: not probed)
+        self.masks = getattr(attention, "masks", None)  # CpAttention's per-forward mask cache (looked up once)
 
     def route(self, original, args: dict):
         """Run CP attention for one attention call (from either route)."""
@@ -203,9 +209,8 @@ class _Scope:
             self.busy = False
 
     def enter(self, module, args, kwargs):
-        masks = getattr(self.attention, "masks", None)
-        if masks is not None:  # CpAttention's per-forward mask cache: the mask arguments of this call
-            masks.note_inputs(kwargs)
+        if self.masks is not None:  # CpAttention's per-forward mask cache: the mask arguments of this call
+            self.masks.note_inputs(kwargs)
         self.calls = 0
         self.runs = body_runs(module)
         _ACTIVE.append(self)

@@ -98,8 +98,9 @@ class SplitInputs:
         self.names = tuple(dict.fromkeys(inputs))
         self.tails = {}  # per call: a `tail` split's length input -> this rank's tail length (`_split_tail`)
         # Joint tensors last: their segment lengths are read from the other inputs once those are local; counts after
-        # the tails that set them (`_cut`). Sorted once: the hook runs on every forward.
+        # the tails that set them (`_cut`). Sorted once, each with its name in errors: the hook runs on every forward.
         self.order = sorted(rules, key=lambda r: (bool(r.segments), r.count))
+        self.whats = [f"input '{r.name}' of '{path or '<model>'}'" for r in self.order]
 
     def __call__(self, module, args, kwargs):
         if not self.binder.fixed_positions:  # *args in the signature: bind (dynamo cannot trace it: eager only)
@@ -116,14 +117,13 @@ class SplitInputs:
         """Replace the planned entries of `arguments` (name -> value passed, None if not) by their local chunks."""
         given = dict(arguments)  # global values: a `tail` length is read before a `count` split divides it
         self.tails = {}
-        for rule in self.order:  # joint tensors last, counts after the tails that set them (`__init__`)
+        for rule, what in zip(self.order, self.whats):  # joint tensors last, counts after their tails (`__init__`)
             if rule.element is not None:  # one element of a nested argument (JoyImage's ((image RoPE), text RoPE))
                 arguments[rule.name] = self._split_element(arguments.get(rule.name), rule)
                 continue
             value = arguments.get(rule.name)
             if value is None or (rule.when_dims is not None and getattr(value, "ndim", None) != rule.when_dims):
                 continue  # absent, or a per-sample tensor where the rule cuts per-token ones (`when_dims`)
-            what = f"input '{rule.name}' of '{self.path or '<model>'}'"
             if rule.count:
                 arguments[rule.name] = self._count(value, rule.name, what)
             elif rule.strided:
@@ -239,17 +239,17 @@ class SplitOutputs:
     def __init__(self, path: str, rules: list[SplitRule], rank: int, cp: int, pads: PadState | None = None):
         self.path, self.rules, self.rank, self.cp = path, rules, rank, cp
         self.pads = PadState() if pads is None else pads
+        self.whats = [f"output {rule.name} of '{path}'" for rule in rules]  # once: the hook runs on every forward
 
     def __call__(self, module, args, output):
         single = isinstance(output, torch.Tensor)
         items = [output] if single else list(output)
-        for rule in self.rules:
+        for rule, what in zip(self.rules, self.whats):
             if rule.name >= len(items) or not isinstance(items[rule.name], torch.Tensor):
                 raise ForwardError(
-                    f"cp split of output {rule.name} of '{self.path}': the module returned "
-                    f"{len(items)} item(s) and element {rule.name} is not a tensor."
+                    f"cp split of {what}: the module returned {len(items)} item(s) and element {rule.name} is not "
+                    f"a tensor."
                 )
-            what = f"output {rule.name} of '{self.path}'"
             if rule.pad is not None:
                 items[rule.name] = self._split_padded(items[rule.name], rule, what)
                 continue
@@ -286,6 +286,7 @@ class GatherOutput:
 
     def __init__(self, path: str, rule: GatherRule, group, pads: PadState | None = None):
         self.path, self.rule, self.group, self.pads = path, rule, group, pads
+        self.what = f"output of '{path}'"  # once: the hook runs on every forward
 
     def __call__(self, module, args, output):
         if self.rule.element is not None:  # one element of a tuple output (`GatherRule.element`)
@@ -300,7 +301,7 @@ class GatherOutput:
                 f"cp gather at '{self.path}': the module returned a {type(output).__name__}, not a tensor "
                 f"(or a tuple of tensors)."
             )
-        return self._gather(output, f"output of '{self.path}'")
+        return self._gather(output, self.what)
 
     def _gather(self, x: torch.Tensor, what: str) -> torch.Tensor:
         whole = gather_chunks(x, self.rule.dim, self.group, what, self.rule.expected_dims)

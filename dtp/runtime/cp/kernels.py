@@ -1,8 +1,10 @@
 """One place chooses the kernel of a ring block: (device type, dtype, masked, backend) -> a `BlockKernel`.
 
 A ring block is attention of the local queries over one rank's keys that also returns the log-sum-exp
-(`ring.merge` needs it). Every kernel takes `[B, S, H, D]` q, k, v, a per-key mask `[B, S_k]` (bool, True =
-attend, or additive float) or None, and the softmax scale, and returns `(out [B, S_q, H, D_v], lse [B, H, S_q])`:
+(`ring.merge` needs it). Every kernel's `run` takes `[B, H, S, D]` q, k, v (the layout the aten ops take, so that
+ring attention transposes q and its K/V buffer once per attention, not per step), a per-key mask `[B, S_k]` (bool,
+True = attend, or additive float) or None, and the softmax scale, and returns `(out [B, H, S_q, D_v],
+lse [B, H, S_q])`; calling the `BlockKernel` itself does the same on `[B, S, H, D]` tensors (out `[B, S_q, H, D_v]`).
 out in the kernel's dtype (the query dtype for the fused CUDA ops), lse in fp32. A row with no visible key
 (every key of the block masked) has out = 0 and lse = -inf, whatever the kernel gives for it (efficient and
 cuDNN are not specified there; the CPU kernel reports lse = 0), so it carries zero weight in the merge.
@@ -38,17 +40,20 @@ MAX_SCORES = 1 << 24  # reference_block: fp32 score elements computed at once (6
 HEAD_DIM_ALIGN = 8  # the CUDA flash / efficient / cuDNN aten ops take head dims that are multiples of 8
 BIAS_ALIGN = 16  # the efficient kernel wants its bias rows aligned (torch's SDPA pads them: `preprocess_mask`)
 CPU_FLASH = hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu")
+CPU_FLASH_OP = aten._scaled_dot_product_flash_attention_for_cpu.default if CPU_FLASH else None
 
 
 @dataclass(frozen=True)
 class BlockKernel:
-    """A ring block kernel: `name` says which aten op runs (what `dtp check --kernels` and the tests read)."""
+    """A ring block kernel: `name` says which aten op runs (what `dtp check --kernels` and the tests read); `run` takes
+    and returns `[B, H, S, D]` (module docstring), the call `[B, S, H, D]`."""
 
     name: str  # "flash", "efficient", "cudnn", "cpu_flash" or "reference"
     run: Callable
 
     def __call__(self, q, k, v, mask, scale: float):
-        return self.run(q, k, v, mask, scale)
+        out, lse = self.run(_bhsd(q), _bhsd(k), _bhsd(v), mask, scale)
+        return _bhsd(out), lse
 
     @property
     def fused(self) -> bool:
@@ -77,34 +82,33 @@ def block_kernel(
 
 def _flash(q, k, v, mask, scale: float):
     assert mask is None, "flash takes no mask: block_kernel gives masked blocks to the efficient kernel"
-    q, k, v = _bhsd(q), _bhsd(k), _bhsd(v)
     out, lse, *_ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
-    return _bhsd(out), lse
+    return out, lse
 
 
 def _efficient(q, k, v, mask, scale: float):
-    bias = None if mask is None else additive_bias(mask, q.dtype, q.shape[2], q.shape[1])
-    out, lse, *_ = aten._scaled_dot_product_efficient_attention(
-        _bhsd(q), _bhsd(k), _bhsd(v), bias, True, 0.0, False, scale=scale
-    )
-    return _blind_rows_zero(_bhsd(out), lse_rows(lse, q.shape[1]), mask)
+    bias = None if mask is None else additive_bias(mask, q.dtype, q.shape[1], q.shape[2])
+    out, lse, *_ = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, False, scale=scale)
+    return _blind_rows_zero(out, lse_rows(lse, q.shape[2]), mask)
 
 
 def _cudnn(q, k, v, mask, scale: float):
-    bias = None if mask is None else additive_bias(mask, q.dtype, q.shape[2], q.shape[1])
-    out, lse, *_ = aten._scaled_dot_product_cudnn_attention(
-        _bhsd(q), _bhsd(k), _bhsd(v), bias, True, 0.0, False, False, scale=scale
-    )
+    bias = None if mask is None else additive_bias(mask, q.dtype, q.shape[1], q.shape[2])
+    out, lse, *_ = aten._scaled_dot_product_cudnn_attention(q, k, v, bias, True, 0.0, False, False, scale=scale)
     lse = lse.squeeze(-1) if lse.ndim == 4 else lse  # [B, H, S_q, 1] in torch 2.13
-    return _blind_rows_zero(_bhsd(out), lse, mask)
+    return _blind_rows_zero(out, lse, mask)
 
 
 def _cpu_flash(q, k, v, mask, scale: float):
-    """torch's CPU flash kernel on fp32 copies (one per block; CPU only), mask as a `[B, 1, 1, S_k]` bias."""
-    qf, kf, vf = (_bhsd(t if t.dtype == torch.float32 else t.float()) for t in (q, k, v))
-    bias = None if mask is None else additive_bias(mask, torch.float32, 1, 1)
-    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(qf, kf, vf, 0.0, False, attn_mask=bias, scale=scale)
-    return _blind_rows_zero(_bhsd(out), lse, mask)
+    """torch's CPU flash kernel (fp32 copies of other dtypes, one per block; CPU only), mask as a `[B, 1, 1, S_k]`
+    bias. The overload is called directly (`CPU_FLASH_OP`): the packet's lookup is host time on every block."""
+    if not q.dtype == k.dtype == v.dtype == torch.float32:
+        q, k, v = q.float(), k.float(), v.float()  # an fp32 one is returned as it is
+    if mask is None:
+        return CPU_FLASH_OP(q, k, v, 0.0, False, scale=scale)
+    bias = additive_bias(mask, torch.float32, 1, 1)
+    out, lse = CPU_FLASH_OP(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+    return _blind_rows_zero(out, lse, mask)
 
 
 def lse_rows(lse: torch.Tensor, queries: int) -> torch.Tensor:
@@ -131,7 +135,8 @@ def key_visible(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _blind_rows_zero(out, lse, mask):
-    """out `[B, S_q, H, D]`, lse `[B, H, S_q]` with rows that see no key set to 0 and -inf (module docstring)."""
+    """out `[B, H, S_q, D]` (or `[B, S_q, H, D]`: only the batch dim is read), lse `[B, H, S_q]`, with rows that see
+    no key set to 0 and -inf (module docstring)."""
     if mask is None:
         return out, lse
     visible = key_visible(mask)
@@ -142,20 +147,26 @@ def _blind_rows_zero(out, lse, mask):
 
 
 def reference_block(q, k, v, mask, scale: float):
-    """Attention of `q` over one key block in portable fp32 math (module docstring): k and v are upcast once per
-    block; scores are materialised for at most `MAX_SCORES` elements at a time (query rows in chunks)."""
-    kf, vf = _bhsd(k.float()), _bhsd(v.float())
+    """Attention of `q` over one key block in portable fp32 math, on `[B, S, H, D]` tensors (the tests' reference)."""
+    out, lse = _reference(_bhsd(q), _bhsd(k), _bhsd(v), mask, scale)
+    return _bhsd(out), lse
+
+
+def _reference(q, k, v, mask, scale: float):
+    """`reference_block` on `[B, H, S, D]` (module docstring): k and v are upcast once per block; scores are
+    materialised for at most `MAX_SCORES` elements at a time (query rows in chunks)."""
+    kf, vf = k.float(), v.float()
     bias = None if mask is None else additive_bias(mask, torch.float32, 1, 1)
-    b, s_q, h, _ = q.shape
-    rows = max(1, MAX_SCORES // max(1, b * h * k.shape[1]))
-    parts = [_reference_rows(_bhsd(q_rows.float()), kf, vf, bias, scale) for q_rows in q.split(rows, dim=1)]
+    b, h, s_q, _ = q.shape
+    rows = max(1, MAX_SCORES // max(1, b * h * k.shape[2]))
+    parts = [_reference_rows(q_rows.float(), kf, vf, bias, scale) for q_rows in q.split(rows, dim=2)]
     if len(parts) == 1:
         return parts[0]
-    return torch.cat([o for o, _ in parts], dim=1), torch.cat([lse for _, lse in parts], dim=2)
+    return torch.cat([o for o, _ in parts], dim=2), torch.cat([lse for _, lse in parts], dim=2)
 
 
 def _reference_rows(qf, kf, vf, bias, scale: float):
-    """qf `[B, H, rows, D]`, kf / vf `[B, H, S_k, D]` fp32 -> out `[B, rows, H, D_v]`, lse `[B, H, rows]`."""
+    """qf `[B, H, rows, D]`, kf / vf `[B, H, S_k, D]` fp32 -> out `[B, H, rows, D_v]`, lse `[B, H, rows]`."""
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
     if bias is not None:
         scores = scores + bias
@@ -165,7 +176,7 @@ def _reference_rows(qf, kf, vf, bias, scale: float):
     denom = probs.sum(dim=-1, keepdim=True)
     lse = (row_max + denom.log()).squeeze(-1)
     out = torch.matmul(probs, vf) / denom.clamp_min(torch.finfo(torch.float32).tiny)
-    return _bhsd(out), lse
+    return out, lse
 
 
 def _bhsd(t: torch.Tensor) -> torch.Tensor:
@@ -177,4 +188,4 @@ FLASH = BlockKernel("flash", _flash)
 EFFICIENT = BlockKernel("efficient", _efficient)
 CUDNN = BlockKernel("cudnn", _cudnn)
 CPU_FLASH_KERNEL = BlockKernel("cpu_flash", _cpu_flash)
-REFERENCE = BlockKernel("reference", reference_block)
+REFERENCE = BlockKernel("reference", _reference)

@@ -30,27 +30,34 @@ from .kernels import block_kernel, reference_block
 from .masks import gather_key_mask
 
 
-def block_attention(q, k, v, mask, scale: float, backend: str | None = None, kernel=None):
+def block_attention(q, k, v, mask, scale: float, backend: str | None = None, kernel=None, heads_first: bool = False):
     """Attention of `q` over one key block: `(out [B, Sq, H, Dv], lse [B, H, Sq] fp32)`, in `kernel` or else the
     one `kernels.block_kernel` chooses for these tensors. mask: `[B, Sk]` bool (True = attend) or additive float,
-    or None. Rows with no visible key give out = 0 and lse = -inf, so that they carry zero weight in `merge`."""
+    or None. Rows with no visible key give out = 0 and lse = -inf, so that they carry zero weight in `merge`.
+    heads_first: q, k, v and out are `[B, H, S, D]` (the kernels' own layout, `kernels.BlockKernel.run`)."""
     if kernel is None:
         kernel = block_kernel(q.device.type, q.dtype, mask is not None, backend, (q.shape[-1], v.shape[-1]))
-    return kernel(q, k, v, mask, scale)
+    return kernel.run(q, k, v, mask, scale) if heads_first else kernel(q, k, v, mask, scale)
 
 
-def merge(out_a, lse_a, out_b, lse_b):
-    """Combine two partial results over disjoint key sets (fp32); see the module docstring. Written as one `lerp`:
-    exp(lse_a - lse) o_a + exp(lse_b - lse) o_b = o_a + w (o_b - o_a) with w = sigmoid(lse_b - lse_a) (torch's and
-    diffusers' ring merge), 7 ops a merge against 10 before (host time being what a step costs). A row neither block
-    sees (lse = -inf in both) gives -inf - -inf = nan, taken as w = 1/2 of two zero rows (0), and lse =
-    logaddexp(-inf, -inf) = -inf. Outputs of another dtype than the LSE's (bf16 blocks on CUDA) are promoted inside
-    the multiplies instead, never copied."""
-    lse = torch.logaddexp(lse_a, lse_b)
-    w_b = torch.sigmoid((lse_b - lse_a).nan_to_num(nan=0.0)).transpose(1, 2).unsqueeze(-1)  # [B, Sq, H, 1]
-    if out_a.dtype == out_b.dtype == w_b.dtype:
-        return torch.lerp(out_a, out_b, w_b), lse
-    return torch.addcmul(out_a * (1 - w_b), out_b, w_b), lse
+def merge(out_a, lse_a, out_b, lse_b, *, heads_first: bool = False, masked: bool = True, need_lse: bool = True):
+    """Combine two partial results over disjoint key sets (fp32; out `[B, Sq, H, D]`, or `[B, H, Sq, D]` with
+    `heads_first`, where the weight `[B, H, Sq, 1]` is a view of the LSEs; lse `[B, H, Sq]`); see the module docstring.
+    One `lerp`: exp(lse_a - lse) o_a + exp(lse_b - lse) o_b = o_b + w (o_a - o_b) with w = sigmoid(lse_a - lse_b)
+    (torch's and diffusers' ring merge): 3 ops, and the LSE of the sum (`logaddexp`) only when `need_lse` (another
+    step follows: the last step's is never read; None otherwise). A block whose keys are all masked has lse = -inf
+    and weight 0. A row neither block sees (lse = -inf in both; only when `masked`: unmasked blocks have finite LSEs)
+    gives -inf - -inf = nan, taken as w = 1/2 of two zero rows (0), and lse = logaddexp(-inf, -inf) = -inf. Outputs
+    of another dtype than the LSE's (bf16 blocks on CUDA) are promoted inside the multiplies instead, never copied."""
+    diff = lse_a - lse_b
+    w_a = torch.sigmoid(diff.nan_to_num(nan=0.0) if masked else diff).unsqueeze(-1)  # [B, H, Sq, 1]
+    if not heads_first:
+        w_a = w_a.transpose(1, 2)  # [B, Sq, H, 1]
+    if out_a.dtype == out_b.dtype == w_a.dtype:
+        out = torch.lerp(out_b, out_a, w_a)
+    else:
+        out = torch.addcmul(out_b * (1 - w_a), out_a, w_a)
+    return out, (torch.logaddexp(lse_a, lse_b) if need_lse else None)
 
 
 def ring_attention(
@@ -60,6 +67,8 @@ def ring_attention(
 
     mask: this rank's `[B, S/cp]` key mask (gathered here), or `full_mask`: every rank's, already gathered
     (`[B, S]`, e.g. from a per-forward cache). backend: a ring kernel family (`policy.ring_kernel_family`).
+    q and the K/V buffer are viewed as `[B, H, S, D]` once (the kernels' layout, `kernels.BlockKernel.run`), so a
+    step adds no transpose; K and V travel as one buffer, one message a step.
     """
     if key.shape[2] != query.shape[2]:
         raise ForwardError(
@@ -71,18 +80,21 @@ def ring_attention(
     masks = None if masks is None else masks.chunk(cp, dim=1)
     d_k, d_v = key.shape[-1], value.shape[-1]
     kernel = block_kernel(query.device.type, query.dtype, masks is not None, backend, (d_k, d_v))
+    q = query.transpose(1, 2)
     kv = torch.cat([key, value], dim=-1)  # one message per step: [B, S/cp, H, Dk + Dv], contiguous
-    k, v = key, value  # step 0: this rank's own block
     out = lse = None
     for step in range(cp):
         incoming = send_to_next(kv, group) if step < cp - 1 else None  # issued first
-        source = (rank - step) % cp
-        if step:
-            k, v = kv.narrow(-1, 0, d_k), kv.narrow(-1, d_k, d_v)
-        block = block_attention(query, k, v, None if masks is None else masks[source], scale, kernel=kernel)
-        out, lse = block if out is None else merge(out, lse, *block)
+        k, v = kv.transpose(1, 2).split_with_sizes((d_k, d_v), dim=-1)  # [B, H, S/cp, D] views, one op
+        block_mask = None if masks is None else masks[(rank - step) % cp]
+        block = block_attention(q, k, v, block_mask, scale, kernel=kernel, heads_first=True)
+        if out is None:
+            out, lse = block
+        else:
+            out, lse = merge(out, lse, *block, heads_first=True, masked=masks is not None, need_lse=step < cp - 1)
         if incoming is not None:
             kv = wait_for(incoming)  # after this block's compute
+    out = out.transpose(1, 2)
     return out if out.dtype == query.dtype else out.to(query.dtype)
 
 

@@ -39,31 +39,39 @@ def _refuse_heads(heads: int, cp: int) -> None:
     )
 
 
-def stacked_to_heads(tensors, group) -> tuple[torch.Tensor, ...]:
+def stacked_to_heads(tensors, group, heads_first: bool = False) -> tuple[torch.Tensor, ...]:
     """N tensors `[B, S/cp, H, D]` (the local sequence, all heads) -> N tensors `[B, S, H/cp, D]` (all sequence,
-    local heads) in one all-to-all: the send is `[cp (dest), B, s, N, H/cp, D]`, built by one `stack` of permuted
-    views (no intermediate stacked copy). At B = 1 the received `[cp (source), 1, s, N, H/cp, D]` is already
+    local heads) in one all-to-all: the send is `[cp (dest), B, s, N, H/cp, D]`, the N tensors stacked and laid out
+    by one view and one permute (4 ops; a stack of N permuted views is 2 N + 1: 10.4 against 6.7 µs of host at N = 3
+    on one core; it copies the stack once more, a device pass over q, k and v where host time is not the bound).
+    At B = 1 the received `[cp (source), 1, s, N, H/cp, D]` is already
     `[1, S, N, H/cp, D]`: the N results are views of it, with no copy (strided along the sequence, as attention
     kernels take them); at B > 1 one copy lays it out. The send is dropped once received: the activation peak holds
     two N-tensor buffers besides the inputs, as the three one-tensor exchanges did at most. Host time is the cost
-    that matters at these sizes, so the op count is kept low (`all_to_all` splits dim 0 as it is, no flatten)."""
+    that matters at these sizes, so the op count is kept low (`all_to_all` splits dim 0 as it is, no flatten).
+    heads_first: the N results as `[B, H/cp, S, D]` views instead (one permute before the unbind, no transpose
+    each), the layout torch's SDPA takes."""
     cp = group.size()
     b, s, h, d = tensors[0].shape
     if h % cp:
         _refuse_heads(h, cp)
-    send = torch.stack([t.view(b, s, cp, h // cp, d).permute(2, 0, 1, 3, 4) for t in tensors], dim=3)
+    n = len(tensors)
+    send = dense(torch.stack(tensors, dim=2).view(b, s, n, cp, h // cp, d).permute(3, 0, 1, 2, 4, 5))
     recv = all_to_all(send, group)
     del send  # [cp (source), B, s, N, ...] received: the send buffer is free before the result is laid out
     if b == 1:
-        return recv.view(1, cp * s, len(tensors), h // cp, d).unbind(2)
-    return recv.transpose(0, 1).reshape(b, cp * s, len(tensors), h // cp, d).unbind(2)
+        whole = recv.view(1, cp * s, n, h // cp, d)
+    else:
+        whole = recv.transpose(0, 1).reshape(b, cp * s, n, h // cp, d)
+    return whole.permute(2, 0, 3, 1, 4).unbind(0) if heads_first else whole.unbind(2)
 
 
-def to_heads(query, key, value, group):
-    """q, k, v `[B, S/cp, H, D]` -> `[B, S, H/cp, D]` each: one all-to-all when they share a shape, else one each."""
+def to_heads(query, key, value, group, heads_first: bool = False):
+    """q, k, v `[B, S/cp, H, D]` -> `[B, S, H/cp, D]` each (`[B, H/cp, S, D]` with `heads_first`): one all-to-all
+    when they share a shape, else one each."""
     if query.shape == key.shape == value.shape and query.dtype == key.dtype == value.dtype:
-        return stacked_to_heads((query, key, value), group)
-    return tuple(stacked_to_heads((t,), group)[0] for t in (query, key, value))
+        return stacked_to_heads((query, key, value), group, heads_first)
+    return tuple(stacked_to_heads((t,), group, heads_first)[0] for t in (query, key, value))
 
 
 def heads_to_seq(x: torch.Tensor, group) -> torch.Tensor:
@@ -83,13 +91,28 @@ def _native(backend) -> bool:
     return name == "native" and not _AttentionBackendRegistry._checks_enabled
 
 
+def native_whole(backend, args: dict) -> bool:
+    """`whole_attention` would call torch's SDPA itself (diffusers' native backend, no extra `attention_kwargs`)."""
+    return _native(backend) and not args.get("attention_kwargs")
+
+
+def sdpa_heads(scale):
+    """`attend` for `ulysses_attention(..., heads_first=True)` where `native_whole`: torch's SDPA on the received
+    `[B, H/cp, S, D]` views as they are (`whole_attention`'s, less its three transposes in and one out)."""
+
+    def sdpa(q, k, v, attn_mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+
+    return sdpa
+
+
 def whole_attention(original, backend, scale, args: dict):
     """`attend(q, k, v, attn_mask)` for `ulysses_attention` on whole sequences (`[B, S, H/cp, D]`): diffusers'
     dispatcher `original` with `backend`; or, when that would run diffusers' native backend with no extra
     `attention_kwargs`, torch's SDPA itself on the same `[B, H, S, D]` views with the same arguments (the call
     `_native_attention` makes), skipping the dispatcher's Python (its registry lookup, kwargs dicts and filter),
     which a CP attention would otherwise pay on top of its own."""
-    if _native(backend) and not args.get("attention_kwargs"):
+    if native_whole(backend, args):
 
         def sdpa(q, k, v, attn_mask):
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -103,13 +126,14 @@ def whole_attention(original, backend, scale, args: dict):
     return attend
 
 
-def ulysses_attention(query, key, value, mask, *, group, attend, full_mask=None) -> torch.Tensor:
-    """Attention over the whole `cp`-split sequence; `attend(q, k, v, attn_mask)` runs on full sequences.
+def ulysses_attention(query, key, value, mask, *, group, attend, full_mask=None, heads_first=False) -> torch.Tensor:
+    """Attention over the whole `cp`-split sequence; `attend(q, k, v, attn_mask)` runs on full sequences,
+    `[B, S, H/cp, D]` in and out, or `[B, H/cp, S, D]` with `heads_first` (`sdpa_heads`).
 
     mask: this rank's `[B, S/cp]` key mask or None, gathered here; or `full_mask`, every rank's already
     gathered (`[B, S]`). It is passed to `attend` as `[B, 1, 1, S]`.
     """
-    q, k, v = to_heads(query, key, value, group)
+    q, k, v = to_heads(query, key, value, group, heads_first)
     full = gather_key_mask(mask, group) if full_mask is None else full_mask
     out = attend(q, k, v, None if full is None else full.unsqueeze(1).unsqueeze(1))
-    return heads_to_seq(out, group)
+    return heads_to_seq(out.transpose(1, 2) if heads_first else out, group)
