@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import sys
 
+from .collector import no_collection, skip_final_collection
 from .commands import COMMANDS, build_parser
 from .failure import USER_ERRORS, report
 
 
 def command_module(name: str):
-    """The module whose `run(args) -> int` does `name`'s work, imported only now: it imports torch."""
-    return COMMANDS[name].module()
+    """The module whose `run(args) -> int` does `name`'s work, imported only now: it imports torch (the garbage
+    collector paused meanwhile: `collector.py`)."""
+    with no_collection():
+        return COMMANDS[name].module()
 
 
 def main(argv=None) -> int:
+    """Run the command `argv` names (None: `sys.argv`, i.e. this process is the `dtp` command, which ends next)."""
     args = build_parser().parse_args(argv)
-    from ..quant.noise import quiet_torchao  # here, not at the top: `dtp --help` imports no torch
+    with no_collection():
+        from ..quant.noise import quiet_torchao  # here, not at the top: `dtp --help` imports no torch
 
     quiet_torchao()  # before the command imports transformers, which imports torchao
     try:
@@ -29,6 +34,9 @@ def main(argv=None) -> int:
         if args.debug:
             raise
         return report(error, args.command)
+    finally:
+        if argv is None:  # the process ends next: its shutdown need not collect what the imports made
+            skip_final_collection(args.command)
 
 
 if __name__ == "__main__":
