@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from .collector import no_collection, skip_final_collection
+from .collector import exempt_from_collection, no_collection
 from .commands import COMMANDS, build_parser
 from .failure import USER_ERRORS, report
 
@@ -28,15 +28,19 @@ def main(argv=None) -> int:
         from ..quant.noise import quiet_torchao  # here, not at the top: `dtp --help` imports no torch
 
     quiet_torchao()  # before the command imports transformers, which imports torchao
+    own_process = argv is None  # the `dtp` command itself, which ends when this returns
     try:
-        return command_module(args.command).run(args)
+        module = command_module(args.command)
+        if own_process:
+            exempt_from_collection(args.command)  # what the imports made: no later full pass walks it
+        return module.run(args)
     except USER_ERRORS as error:
         if args.debug:
             raise
         return report(error, args.command)
     finally:
-        if argv is None:  # the process ends next: its shutdown need not collect what the imports made
-            skip_final_collection(args.command)
+        if own_process:
+            exempt_from_collection(args.command)  # nor shutdown's collection
 
 
 if __name__ == "__main__":
