@@ -9,26 +9,38 @@ from __future__ import annotations
 
 import sys
 
+from .collector import exempt_from_collection, no_collection
 from .commands import COMMANDS, build_parser
 from .failure import USER_ERRORS, report
 
 
 def command_module(name: str):
-    """The module whose `run(args) -> int` does `name`'s work, imported only now: it imports torch."""
-    return COMMANDS[name].module()
+    """The module whose `run(args) -> int` does `name`'s work, imported only now: it imports torch (the garbage
+    collector paused meanwhile: `collector.py`)."""
+    with no_collection():
+        return COMMANDS[name].module()
 
 
 def main(argv=None) -> int:
+    """Run the command `argv` names (None: `sys.argv`, i.e. this process is the `dtp` command, which ends next)."""
     args = build_parser().parse_args(argv)
-    from ..quant.noise import quiet_torchao  # here, not at the top: `dtp --help` imports no torch
+    with no_collection():
+        from ..quant.noise import quiet_torchao  # here, not at the top: `dtp --help` imports no torch
 
     quiet_torchao()  # before the command imports transformers, which imports torchao
+    own_process = argv is None  # the `dtp` command itself, which ends when this returns
     try:
-        return command_module(args.command).run(args)
+        module = command_module(args.command)
+        if own_process:
+            exempt_from_collection(args.command)  # what the imports made: no later full pass walks it
+        return module.run(args)
     except USER_ERRORS as error:
         if args.debug:
             raise
         return report(error, args.command)
+    finally:
+        if own_process:
+            exempt_from_collection(args.command)  # nor shutdown's collection
 
 
 if __name__ == "__main__":
