@@ -268,7 +268,10 @@ class ForwardRule:
 # modulation, so none of them is built whole; framepack: HunyuanVideoFramepackTransformer3DModel, the packed [4x, 2x,
 # clean, noisy] tokens and RoPE rows cut contiguously (`first`) from the streams, never packed whole; recorded as the
 # split id `forward` (a `keep`'s `of`). The model's class is checked in `resolve/binding/cp.py`.
-CP_FORWARDS = ("helios", "framepack")
+# cosmos3_omni: Cosmos3OmniTransformer, each rank packing its own rows of the text prefix (`first`) and the generation
+# tokens (`last`), cut as padded splits of `und_seq` / `gen_seq`, its RoPE rows and timestep embeddings alike; the
+# read-back gathers proj_out's output only (`runtime/cp/cosmos3.py`).
+CP_FORWARDS = ("helios", "framepack", "cosmos3_omni")
 
 
 @dataclass(frozen=True)

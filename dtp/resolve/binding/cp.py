@@ -53,7 +53,11 @@ PACKED_PROCESSORS = ("Cosmos3AttnProcessor",)
 # H, ph, W, pw, C).permute(0, 1, 3, 5, 2, 4, 6, 7).flatten(4, 7))` over channels-last latents, `patch_size` (pt, ph, pw)
 EMBED_CLASSES = ("Kandinsky5VisualEmbeddings", "Kandinsky6VisualEmbeddings", "Kandinsky6SRVisualEmbeddings")
 # `cp.forward` name -> the model class whose forward dtp's copy replaces (`plan.cp.CP_FORWARDS`, runtime/cp/helios.py)
-FORWARD_CLASSES = {"helios": "HeliosTransformer3DModel", "framepack": "HunyuanVideoFramepackTransformer3DModel"}
+FORWARD_CLASSES = {
+    "helios": "HeliosTransformer3DModel",
+    "framepack": "HunyuanVideoFramepackTransformer3DModel",
+    "cosmos3_omni": "Cosmos3OmniTransformer",
+}
 
 
 @dataclass(frozen=True)
