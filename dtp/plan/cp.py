@@ -272,6 +272,7 @@ class ForwardRule:
 # tokens (`last`), cut as padded splits of `und_seq` / `gen_seq`, its RoPE rows and timestep embeddings alike; the
 # read-back gathers proj_out's output only (`runtime/cp/cosmos3.py`).
 CP_FORWARDS = ("helios", "framepack", "cosmos3_omni")
+GATHERING_FORWARDS = ("cosmos3_omni",)  # forwards that gather their own output: the plan needs no `gather`
 
 
 @dataclass(frozen=True)
@@ -590,7 +591,8 @@ def _from_diffusers(data: dict, name: str) -> CpPlan:
 def _checked(plan: CpPlan, name: str) -> CpPlan:
     if not plan.splits and plan.forward is None:
         raise PlanError(f"plan {name}: the `cp` section splits nothing; name the inputs to cut along the sequence.")
-    if not plan.gathers and not plan.grid and not any(rule.gather for rule in plan.keep):
+    gathering = plan.forward is not None and plan.forward.name in GATHERING_FORWARDS
+    if not plan.gathers and not plan.grid and not any(rule.gather for rule in plan.keep) and not gathering:
         raise PlanError(
             f"plan {name}: the `cp` section gathers nothing, so the output would stay split; add a `gather` entry."
         )

@@ -22,9 +22,10 @@ negative control that must miss by far:
   tokens, as the pipeline sizes them for 5 frames, padded and gathered at the audio output layer): its av
   cross-modal attention (audio queries, video keys) given the text's rule (`local`); the audio pad keys unmasked.
   One (2, 2) case by default; the rest, the controls and a video-only call (no audio stream) with DTP_FULL=1.
-- Cosmos 3 Omni (one packed, unbatched sequence: the causal text prefix and the video tokens each padded and cut on
-  their own, the dual-pathway attention run by `runtime/cp/packed.py`): the ring's block-causal prefix with every
-  rank taken as the prefix's first block (offset 0); the pad keys of both pathways left unmasked ((4, 1), full).
+- Cosmos 3 Omni (one packed, unbatched sequence: dtp's forward packs each rank's rows of the causal text prefix and
+  the video tokens, each padded and cut on its own, `cp.forward: cosmos3_omni`; the dual-pathway attention run by
+  `runtime/cp/packed.py`): the ring's block-causal prefix with every rank taken as the prefix's first block (offset
+  0); every rank packing rank 0's rows ((2, 2) Ulysses); the pad keys of both pathways left unmasked ((4, 1), full).
   7 text + 18 video tokens: the prefix padded at cp = 2 and 4, the video at cp = 4. One (2, 2) case by default.
 """
 
@@ -36,6 +37,7 @@ import pytest
 import torch
 
 import dtp
+import dtp.runtime.cp.cosmos3 as cosmos3_module
 import dtp.runtime.cp.frames as frames_module
 import dtp.runtime.cp.helios as helios_module
 import dtp.runtime.cp.hooks as hooks_module
@@ -265,6 +267,25 @@ def _wan_animate_offset_control(mesh) -> dict:
         frames_module.WanAnimateFaceCpProcessor.offset = offset
 
 
+def _cosmos3_rank0_rows(mesh) -> dict:
+    """Cosmos 3's forward (`cp.forward: cosmos3_omni`) with every rank packing rank 0's rows of both pathways (its
+    text, video, timestep and RoPE rows), the read-back still taking each prediction from its owner rank."""
+    rows = cosmos3_module.PackedRows.rows
+
+    def rank0(self, total, device):
+        rank, self.rank = self.rank, 0
+        try:
+            return rows(self, total, device)
+        finally:
+            self.rank = rank
+
+    cosmos3_module.PackedRows.rows = rank0
+    try:
+        return _control("cosmos3_omni", mesh, "ulysses", "cosmos3_omni")
+    finally:
+        cosmos3_module.PackedRows.rows = rows
+
+
 def _cosmos3_controls(meshes: dict) -> dict:
     """Cosmos 3 broken twice: the block-causal ring with every rank's prefix block taken as the first (no earlier
     block seen: a wrong global offset) at (2, 2); with DTP_FULL=1, both pathways' pad keys unmasked at (4, 1) ring."""
@@ -274,6 +295,7 @@ def _cosmos3_controls(meshes: dict) -> dict:
         results["cosmos3_omni", "control"] = _control("cosmos3_omni", meshes[2, 2], "ring", "cosmos3_omni")
     finally:
         packed_module.sees_whole = sees
+    results["cosmos3_omni", "rank0_control"] = _cosmos3_rank0_rows(meshes[2, 2])
     if full_run():
         # the config whose generation queries see the text keys through their own norm (`k_norm_und_for_gen`): a
         # third key tensor in the Ulysses exchange
@@ -471,6 +493,14 @@ def test_cosmos3_causal_prefix_with_a_wrong_offset_fails(four):
     for results in four:
         assert "error" not in results["cosmos3_omni", "control"], results["cosmos3_omni", "control"]
         assert results["cosmos3_omni", "control"]["rel"] > 1e-3, results["cosmos3_omni", "control"]  # 1.5e-2 seen
+
+
+def test_cosmos3_ranks_packing_rank_0s_rows_fail(four):
+    """Negative control: Cosmos 3's forward at (2, 2) Ulysses with every rank packing rank 0's rows of the text
+    prefix and the video tokens (the read-back by owner rank intact): far off."""
+    for results in four:
+        r = results["cosmos3_omni", "rank0_control"]
+        assert "error" not in r and r["rel"] > 1e-2, r
 
 
 @pytest.mark.full
