@@ -286,6 +286,40 @@ def _cosmos3_rank0_rows(mesh) -> dict:
         cosmos3_module.PackedRows.rows = rows
 
 
+def _cosmos3_sound_action(meshes: dict) -> dict:
+    """Cosmos 3 built with its sound and action heads: 5 sound tokens (frames 1-4 noisy, read back) and 4 action tokens
+    (frames 2-3 noisy, domain 1) after the 18 video tokens (34 rows): every output at (2, 2) Ulysses and (4, 1) ring."""
+    options = dict(sound_gen=True, sound_dim=6, action_gen=True, action_dim=3, num_embodiment_domains=2)
+    g = torch.Generator().manual_seed(5)
+    sound, action = torch.arange(25, 30), torch.arange(30, 34)
+    inputs = _inputs("cosmos3_omni")
+    inputs.update(
+        position_ids=torch.arange(34).expand(3, -1),
+        sequence_length=34,
+        sound_tokens=[torch.randn(6, 5, generator=g)],
+        sound_token_shapes=[(5, 1, 1)],
+        sound_sequence_indexes=sound,
+        sound_mse_loss_indexes=sound[1:],
+        sound_timesteps=torch.rand(4, generator=g) * 1000,
+        sound_noisy_frame_indexes=[torch.arange(1, 5)],
+        action_tokens=[torch.randn(4, 3, generator=g)],
+        action_token_shapes=[(4, 1, 1)],
+        action_sequence_indexes=action,
+        action_mse_loss_indexes=action[2:],
+        action_timesteps=torch.rand(2, generator=g) * 1000,
+        action_noisy_frame_indexes=[torch.arange(2, 4)],
+        action_domain_ids=[torch.tensor(1)],
+    )
+    with torch.no_grad():
+        refs = _outputs(_model("cosmos3_omni", **options)(**inputs))
+    return {
+        ("cosmos3_omni", "sound_action", cp, tp, mode): _run(
+            _model("cosmos3_omni", **options), meshes[cp, tp], mode, inputs, refs, "cosmos3_omni"
+        )
+        for cp, tp, mode in ((2, 2, "ulysses"), (4, 1, "ring"))
+    }
+
+
 def _cosmos3_controls(meshes: dict) -> dict:
     """Cosmos 3 broken twice: the block-causal ring with every rank's prefix block taken as the first (no earlier
     block seen: a wrong global offset) at (2, 2); with DTP_FULL=1, both pathways' pad keys unmasked at (4, 1) ring."""
@@ -305,6 +339,7 @@ def _cosmos3_controls(meshes: dict) -> dict:
             refs = _outputs(_model("cosmos3_omni", **options)(**inputs))
         model = _model("cosmos3_omni", **options)
         results["cosmos3_omni", "und_k_norm"] = _run(model, meshes[2, 2], "ulysses", inputs, refs, "cosmos3_omni")
+        results.update(_cosmos3_sound_action(meshes))
         unmasked = hooks_module.PadState.key_valid
         hooks_module.PadState.key_valid = lambda self, keys, batch, device: None
         try:
@@ -510,6 +545,16 @@ def test_cosmos3_with_its_own_text_key_norm_for_generation(four):
     for results in four:
         r = results["cosmos3_omni", "und_k_norm"]
         assert r["shape_ok"] and r["rel"] <= TOL and r["packed_a2a"] == 4, r
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("cp,tp,mode", ((2, 2, "ulysses"), (4, 1, "ring")))
+def test_cosmos3_sound_and_action_outputs(four, cp, tp, mode):
+    """Cosmos 3 with sound and action tokens in the generation pathway: dtp's forward packs each rank's rows of them
+    and gathers the sound and action heads' outputs as the video's: every output within 1e-5 (5.3e-7 / 4.4e-7 seen)."""
+    for results in four:
+        r = results["cosmos3_omni", "sound_action", cp, tp, mode]
+        assert r["shape_ok"] and r["rel"] <= TOL, r
 
 
 @pytest.mark.full

@@ -126,3 +126,61 @@ def test_each_ranks_rows_in_rank_order_are_diffusers_tensors(cp):
     # row count it is given (the rank's rows, not all of them): 4.8e-6 off at cp = 3 (values up to 5), 0 at cp = 2
     torch.testing.assert_close(torch.cat([p[1] for p in pieces]), gen, rtol=1e-6, atol=2e-5)
     assert not torch.equal(pieces[0][1][:4], pieces[1][1][:4])
+
+
+def _with_sound_and_action():
+    """A tiny Cosmos 3 built with its sound and action heads: 7 text, 18 video, then 5 sound tokens (frames 1-4 noisy)
+    and 4 action tokens (frames 2-3 noisy, domain 1) in the generation pathway (34 rows)."""
+    torch.manual_seed(0)
+    config = dict(dtp.families.FAMILIES[CLASS].tiny, sound_gen=True, sound_dim=6, action_gen=True, action_dim=3)
+    config["num_embodiment_domains"] = 2
+    model = perturb(type(tiny_model(CLASS)).from_config(config), seed=3).eval()
+    _, inputs = _model_and_inputs()
+    g = torch.Generator().manual_seed(5)
+    sound, action = torch.arange(25, 30), torch.arange(30, 34)
+    inputs.update(
+        position_ids=torch.arange(34).expand(3, -1),
+        sequence_length=34,
+        sound_tokens=[torch.randn(6, 5, generator=g)],
+        sound_token_shapes=[(5, 1, 1)],
+        sound_sequence_indexes=sound,
+        sound_mse_loss_indexes=sound[1:],
+        sound_timesteps=torch.rand(4, generator=g) * 1000,
+        sound_noisy_frame_indexes=[torch.arange(1, 5)],
+        action_tokens=[torch.randn(4, 3, generator=g)],
+        action_token_shapes=[(4, 1, 1)],
+        action_sequence_indexes=action,
+        action_mse_loss_indexes=action[2:],
+        action_timesteps=torch.rand(2, generator=g) * 1000,
+        action_noisy_frame_indexes=[torch.arange(2, 4)],
+        action_domain_ids=[torch.tensor(1)],
+    )
+    with torch.no_grad():  # the modality embeddings are zeros at init: make them count
+        model.audio_modality_embed.normal_(generator=g)
+        model.action_modality_embed.normal_(generator=g)
+    return model, inputs
+
+
+def test_sound_and_action_at_cp_1_and_their_rows_at_cp_3():
+    """With sound and action tokens: at cp = 1 every output (video, sound, action) is diffusers' (to rounding); at
+    cp = 3 (text 7 -> 9, generation 27 -> 27) each rank's gen_seq rows in rank order are diffusers' (to fp32
+    rounding, as above). Control: the sound rows are not zero (the sound tokens were packed)."""
+    model, inputs = _with_sound_and_action()
+    with torch.no_grad():
+        ref = model(**inputs)
+        out = cosmos3_omni_forward(model, **inputs, cut=PackedRows(0, 1, None, False))
+    # to fp32 rounding here: the timestep MLP runs on the 34 rows of the rank (diffusers: on each modality's 12 / 4 /
+    # 2 noisy rows), which CPU BLAS rounds by row count: video 4.8e-7, sound 3.6e-7, action 3.3e-6 of 11.1 seen
+    for ours, theirs in zip(out, ref):
+        assert len(ours) == len(theirs)
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-5)
+    _, gen, _ = _layer_inputs(model, lambda: model(**inputs))
+    rows = []
+    for rank in range(3):
+        pads = PadState()
+        cut = PackedRows(rank, 3, pads, pad=True)
+        local = _layer_inputs(model, lambda c=cut: cosmos3_omni_forward(model, **inputs, cut=c))
+        rows.append(local[1][: pads.slots["last"].valid])
+    torch.testing.assert_close(torch.cat(rows), gen, rtol=1e-6, atol=2e-5)
+    assert gen[18:].abs().min(dim=-1).values.gt(0).all()
