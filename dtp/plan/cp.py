@@ -277,7 +277,11 @@ class ForwardRule:
 # modulation, so none of them is built whole; framepack: HunyuanVideoFramepackTransformer3DModel, the packed [4x, 2x,
 # clean, noisy] tokens and RoPE rows cut contiguously (`first`) from the streams, never packed whole; recorded as the
 # split id `forward` (a `keep`'s `of`). The model's class is checked in `resolve/binding/cp.py`.
-CP_FORWARDS = ("helios", "framepack")
+# cosmos3_omni: Cosmos3OmniTransformer, each rank packing its own rows of the text prefix (`first`) and the generation
+# tokens (`last`), cut as padded splits of `und_seq` / `gen_seq`, its RoPE rows and timestep embeddings alike; the
+# read-back gathers proj_out's output only (`runtime/cp/cosmos3.py`).
+CP_FORWARDS = ("helios", "framepack", "cosmos3_omni")
+GATHERING_FORWARDS = ("cosmos3_omni",)  # forwards that gather their own output: the plan needs no `gather`
 
 
 @dataclass(frozen=True)
@@ -651,7 +655,8 @@ def _from_diffusers(data: dict, name: str) -> CpPlan:
 def _checked(plan: CpPlan, name: str) -> CpPlan:
     if not plan.splits and plan.forward is None:
         raise PlanError(f"plan {name}: the `cp` section splits nothing; name the inputs to cut along the sequence.")
-    if not plan.gathers and not plan.grid and not any(rule.gather for rule in plan.keep):
+    gathering = plan.forward is not None and plan.forward.name in GATHERING_FORWARDS
+    if not plan.gathers and not plan.grid and not any(rule.gather for rule in plan.keep) and not gathering:
         raise PlanError(
             f"plan {name}: the `cp` section gathers nothing, so the output would stay split; add a `gather` entry."
         )

@@ -16,7 +16,8 @@ traces what inductor would: a graph break raises; this found the cp split hook b
 `inspect.Signature.bind`, which dynamo cannot trace), and torchao's int8 weight-only (`dtp.quantize` on the sharded
 model against torchao's `quantize_` on one process). FramePack + LoRA found that `load_lora` moved only three kinds of
 cp hook from the wrapped Linear to peft's layer: `proj_out`'s keep and ragged gather stayed on the base Linear and the
-adapter's term came on other rows (a shape error); every hook `apply_cp` registered there moves now. Refused with a PlanError, the model as it was
+adapter's term came on other rows (a shape error); every hook `apply_cp` registered there moves now. Refused with a
+PlanError, the model as it was
 (test_refusals_leave_the_model_unchanged): cfg on OmniGen and Cosmos 3 Omni (their plans' `cfg_refused`: inputs that
 are not rows of one batch; measured before: IndexError / a scatter_add error), a LoRA on OmniGen (no PeftAdapterMixin
 in diffusers; was an AttributeError).

@@ -24,9 +24,10 @@ negative control that must miss by far:
   tokens, as the pipeline sizes them for 5 frames, padded and gathered at the audio output layer): its av
   cross-modal attention (audio queries, video keys) given the text's rule (`local`); the audio pad keys unmasked.
   One (2, 2) case by default; the rest, the controls and a video-only call (no audio stream) with DTP_FULL=1.
-- Cosmos 3 Omni (one packed, unbatched sequence: the causal text prefix and the video tokens each padded and cut on
-  their own, the dual-pathway attention run by `runtime/cp/packed.py`): the ring's block-causal prefix with every
-  rank taken as the prefix's first block (offset 0); the pad keys of both pathways left unmasked ((4, 1), full).
+- Cosmos 3 Omni (one packed, unbatched sequence: dtp's forward packs each rank's rows of the causal text prefix and
+  the video tokens, each padded and cut on its own, `cp.forward: cosmos3_omni`; the dual-pathway attention run by
+  `runtime/cp/packed.py`): the ring's block-causal prefix with every rank taken as the prefix's first block (offset
+  0); every rank packing rank 0's rows ((2, 2) Ulysses); the pad keys of both pathways left unmasked ((4, 1), full).
   7 text + 18 video tokens: the prefix padded at cp = 2 and 4, the video at cp = 4. One (2, 2) case by default.
 """
 
@@ -39,6 +40,7 @@ import torch
 
 import dtp
 import dtp.runtime.cp.batch_rows as batch_rows_module
+import dtp.runtime.cp.cosmos3 as cosmos3_module
 import dtp.runtime.cp.frames as frames_module
 import dtp.runtime.cp.grid_embed as grid_embed_module
 import dtp.runtime.cp.helios as helios_module
@@ -317,6 +319,59 @@ def _latte_context_control(mesh) -> dict:
         per_sample_module.by_sample = by_sample
 
 
+def _cosmos3_rank0_rows(mesh) -> dict:
+    """Cosmos 3's forward (`cp.forward: cosmos3_omni`) with every rank packing rank 0's rows of both pathways (its
+    text, video, timestep and RoPE rows), the read-back still taking each prediction from its owner rank."""
+    rows = cosmos3_module.PackedRows.rows
+
+    def rank0(self, total, device):
+        rank, self.rank = self.rank, 0
+        try:
+            return rows(self, total, device)
+        finally:
+            self.rank = rank
+
+    cosmos3_module.PackedRows.rows = rank0
+    try:
+        return _control("cosmos3_omni", mesh, "ulysses", "cosmos3_omni")
+    finally:
+        cosmos3_module.PackedRows.rows = rows
+
+
+def _cosmos3_sound_action(meshes: dict) -> dict:
+    """Cosmos 3 built with its sound and action heads: 5 sound tokens (frames 1-4 noisy, read back) and 4 action tokens
+    (frames 2-3 noisy, domain 1) after the 18 video tokens (34 rows): every output at (2, 2) Ulysses and (4, 1) ring."""
+    options = dict(sound_gen=True, sound_dim=6, action_gen=True, action_dim=3, num_embodiment_domains=2)
+    g = torch.Generator().manual_seed(5)
+    sound, action = torch.arange(25, 30), torch.arange(30, 34)
+    inputs = _inputs("cosmos3_omni")
+    inputs.update(
+        position_ids=torch.arange(34).expand(3, -1),
+        sequence_length=34,
+        sound_tokens=[torch.randn(6, 5, generator=g)],
+        sound_token_shapes=[(5, 1, 1)],
+        sound_sequence_indexes=sound,
+        sound_mse_loss_indexes=sound[1:],
+        sound_timesteps=torch.rand(4, generator=g) * 1000,
+        sound_noisy_frame_indexes=[torch.arange(1, 5)],
+        action_tokens=[torch.randn(4, 3, generator=g)],
+        action_token_shapes=[(4, 1, 1)],
+        action_sequence_indexes=action,
+        action_mse_loss_indexes=action[2:],
+        action_timesteps=torch.rand(2, generator=g) * 1000,
+        action_noisy_frame_indexes=[torch.arange(2, 4)],
+        action_domain_ids=[torch.tensor(1)],
+    )
+    with torch.no_grad():
+        refs = _outputs(_model("cosmos3_omni", **options)(**inputs))
+    return {
+        ("cosmos3_omni", "sound_action", cp, tp, mode): _run(
+            _model("cosmos3_omni", **options), meshes[cp, tp], mode, inputs, refs, "cosmos3_omni"
+        )
+        for cp, tp, mode in ((2, 2, "ulysses"), (4, 1, "ring"))
+    }
+
+
 def _cosmos3_controls(meshes: dict) -> dict:
     """Cosmos 3 broken twice: the block-causal ring with every rank's prefix block taken as the first (no earlier
     block seen: a wrong global offset) at (2, 2); with DTP_FULL=1, both pathways' pad keys unmasked at (4, 1) ring."""
@@ -326,6 +381,7 @@ def _cosmos3_controls(meshes: dict) -> dict:
         results["cosmos3_omni", "control"] = _control("cosmos3_omni", meshes[2, 2], "ring", "cosmos3_omni")
     finally:
         packed_module.sees_whole = sees
+    results["cosmos3_omni", "rank0_control"] = _cosmos3_rank0_rows(meshes[2, 2])
     if full_run():
         # the config whose generation queries see the text keys through their own norm (`k_norm_und_for_gen`): a
         # third key tensor in the Ulysses exchange
@@ -335,6 +391,7 @@ def _cosmos3_controls(meshes: dict) -> dict:
             refs = _outputs(_model("cosmos3_omni", **options)(**inputs))
         model = _model("cosmos3_omni", **options)
         results["cosmos3_omni", "und_k_norm"] = _run(model, meshes[2, 2], "ulysses", inputs, refs, "cosmos3_omni")
+        results.update(_cosmos3_sound_action(meshes))
         unmasked = hooks_module.PadState.key_valid
         hooks_module.PadState.key_valid = lambda self, keys, batch, device: None
         try:
@@ -546,6 +603,14 @@ def test_cosmos3_causal_prefix_with_a_wrong_offset_fails(four):
         assert results["cosmos3_omni", "control"]["rel"] > 1e-3, results["cosmos3_omni", "control"]  # 1.5e-2 seen
 
 
+def test_cosmos3_ranks_packing_rank_0s_rows_fail(four):
+    """Negative control: Cosmos 3's forward at (2, 2) Ulysses with every rank packing rank 0's rows of the text
+    prefix and the video tokens (the read-back by owner rank intact): far off."""
+    for results in four:
+        r = results["cosmos3_omni", "rank0_control"]
+        assert "error" not in r and r["rel"] > 1e-2, r
+
+
 @pytest.mark.full
 def test_cosmos3_with_its_own_text_key_norm_for_generation(four):
     """Cosmos 3 built with `use_und_k_norm_for_gen` (no text QK-norm): the generation queries' text keys are normed
@@ -553,6 +618,16 @@ def test_cosmos3_with_its_own_text_key_norm_for_generation(four):
     for results in four:
         r = results["cosmos3_omni", "und_k_norm"]
         assert r["shape_ok"] and r["rel"] <= TOL and r["packed_a2a"] == 4, r
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("cp,tp,mode", ((2, 2, "ulysses"), (4, 1, "ring")))
+def test_cosmos3_sound_and_action_outputs(four, cp, tp, mode):
+    """Cosmos 3 with sound and action tokens in the generation pathway: dtp's forward packs each rank's rows of them
+    and gathers the sound and action heads' outputs as the video's: every output within 1e-5 (5.3e-7 / 4.4e-7 seen)."""
+    for results in four:
+        r = results["cosmos3_omni", "sound_action", cp, tp, mode]
+        assert r["shape_ok"] and r["rel"] <= TOL, r
 
 
 @pytest.mark.full

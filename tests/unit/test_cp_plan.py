@@ -10,7 +10,7 @@ from diffusers.models._modeling_parallel import ContextParallelInput, ContextPar
 
 import dtp
 from dtp.families import released_overrides
-from dtp.plan.cp import GatherRule, SplitRule, cp_plan_from_mapping
+from dtp.plan.cp import GATHERING_FORWARDS, GatherRule, SplitRule, cp_plan_from_mapping
 from dtp.plan.io import _bundled_dir
 from dtp.resolve import resolve, resolve_cp
 from dtp.testing.scope import default_family
@@ -38,11 +38,12 @@ def test_bundled_plans_have_cp_sections_that_resolve(name):
     plan = dtp.load_plan(name)
     kept = [rule.gather for rule in plan.cp.keep if rule.gather] if plan.cp is not None else []  # FramePack's
     cuts = plan.cp is not None and (plan.cp.splits or plan.cp.forward)  # Helios: its forward cuts (`cp.forward`)
-    assert cuts and (plan.cp.gathers or kept or plan.cp.grid)  # Kandinsky: grid
+    gathering = plan.cp is not None and plan.cp.forward is not None and plan.cp.forward.name in GATHERING_FORWARDS
+    assert cuts and (plan.cp.gathers or kept or plan.cp.grid or gathering)  # Kandinsky: grid; Cosmos 3: its forward
     model = tiny_model(PLAN_CLASSES[name])
     cp_resolved = resolve_cp(resolve(plan, model), model)
     assert cp_resolved.attention  # every attention module is pluggable
-    assert {path for path, _ in cp_resolved.gathers} or kept or cp_resolved.grids
+    assert {path for path, _ in cp_resolved.gathers} or kept or cp_resolved.grids or gathering
 
 
 def test_dtp_form_parses_to_typed_rules():

@@ -55,7 +55,11 @@ PACKED_PROCESSORS = ("Cosmos3AttnProcessor",)
 # stride, no padding: `runtime/cp/conv_embed.py`), the only kind an `added` embedding may be
 EMBED_CLASSES = ("Kandinsky5VisualEmbeddings", "Kandinsky6VisualEmbeddings", "Kandinsky6SRVisualEmbeddings", "Conv3d")
 # `cp.forward` name -> the model class whose forward dtp's copy replaces (`plan.cp.CP_FORWARDS`, runtime/cp/helios.py)
-FORWARD_CLASSES = {"helios": "HeliosTransformer3DModel", "framepack": "HunyuanVideoFramepackTransformer3DModel"}
+FORWARD_CLASSES = {
+    "helios": "HeliosTransformer3DModel",
+    "framepack": "HunyuanVideoFramepackTransformer3DModel",
+    "cosmos3_omni": "Cosmos3OmniTransformer",
+}
 # processors whose cross-attention `cp.per_sample` reruns with the context projected once per sample
 # (runtime/cp/per_sample.py: that processor's math, without its spatial / group norms, which the adapter refuses)
 PER_SAMPLE_PROCESSORS = ("AttnProcessor2_0",)

@@ -46,7 +46,7 @@ def apply_cp(
         handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
     handles += install_embeds(model, resolved.embeds)  # after the splits: the rank's cut indices are embedded
     if resolved.forward is not None:  # dtp's forward for the class: it cuts before the forward's own joins
-        handles.append(CP_FORWARDS[resolved.forward.name](model, resolved.forward, pads, rank, cp))
+        handles.append(CP_FORWARDS[resolved.forward.name](model, resolved.forward, pads, rank, cp, group))
     framewise = [rule.frames_of for rules in outputs.values() for rule in rules if rule.frames_of is not None]
     samples = Samples(model, framewise)  # the batch of the inputs `frames_of` splits name, recorded per forward
     if framewise:

@@ -212,7 +212,7 @@ def framepack_forward(
     return Transformer2DModelOutput(sample=hidden_states)
 
 
-def install_framepack_forward(model, rule, pads, rank: int, cp: int) -> Restore:
+def install_framepack_forward(model, rule, pads, rank: int, cp: int, group=None) -> Restore:
     """Replace `model.forward` (a HunyuanVideoFramepackTransformer3DModel, checked in resolve) by `framepack_forward`
     on this rank's packed rows; `rule` is the plan's `ForwardRule` (its `pad`). `remove()` restores the class's."""
     cut = JointCut(rank, cp, pads, rule.pad is not None)

@@ -205,7 +205,7 @@ def helios_forward(
     return Transformer2DModelOutput(sample=output)
 
 
-def install_helios_forward(model, rule, pads, rank: int, cp: int) -> Restore:
+def install_helios_forward(model, rule, pads, rank: int, cp: int, group=None) -> Restore:
     """Replace `model.forward` (a HeliosTransformer3DModel, checked in resolve) by `helios_forward` on this rank's
     rows; `rule` is the plan's `ForwardRule` (its `pad`). The handle's `remove()` restores the class's forward."""
     cut = RunCut(rank, cp, pads, rule.pad is not None)

@@ -7,10 +7,10 @@ cat(understanding keys, generation keys) with no mask; both with grouped-query h
 CP to external seams: `_cp_shard_fn(und_seq, gen_seq, rotary_emb)` before the decoder layers and
 `_cp_gather_fn(und_out, gen_out)` after the final norms, plus a CP processor (its `examples/cosmos3/cosmos_parallel.py`:
 each pathway zero-padded to a multiple of cp and cut contiguously with its own RoPE rows; Ulysses over both
-pathways; the generation queries' pad keys masked; each pathway gathered and unpadded). dtp cuts at the same two
-points with its hooks (`plans/cosmos3_omni.yaml`: `layers.0`'s `und_seq` / `gen_seq` and every layer's four RoPE
-tables, padded `first` / `last`; `norm` / `norm_moe_gen` gathered with their pad rows trimmed) and swaps in
-`PackedCpAttnProcessor`, which runs the same projections, norms and RoPE, then:
+pathways; the generation queries' pad keys masked; each pathway gathered and unpadded). dtp makes the same cut
+before the forward's packing (`plans/cosmos3_omni.yaml`, `cp.forward: cosmos3_omni`, `runtime/cp/cosmos3.py`: each
+rank packs its own rows of `und_seq` / `gen_seq` and their RoPE tables, padded `first` / `last`, and gathers only
+`proj_out`'s output) and swaps in `PackedCpAttnProcessor`, which runs the same projections, norms and RoPE, then:
 
 - Ulysses: one all-to-all per pathway's queries and one for its stacked keys / values, so every rank holds whole
   sequences for its heads (kv heads are repeated in contiguous groups when the rank's kv head count does not divide
