@@ -34,11 +34,12 @@ def refs():
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    """The tiny Qwen-Image checkpoint and a LoRA file on every Linear of its transformer."""
+    """The tiny Qwen-Image checkpoint (the shared cache, only read: test_fit_measured and three unit modules use it
+    too, so it is built once per machine, not afresh here) and a LoRA file on every Linear of its transformer."""
     tmp = tmp_path_factory.mktemp("cfg_loaded")
     lora = tmp / "lora.safetensors"
     save_file(random_lora(tiny_model("QwenImageTransformer2DModel"), seed=10), str(lora))
-    return str(tiny_checkpoint("qwenimage", root=tmp)), str(lora)
+    return str(tiny_checkpoint("qwenimage")), str(lora)
 
 
 @pytest.fixture(scope="module")

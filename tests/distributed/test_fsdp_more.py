@@ -210,11 +210,17 @@ def test_regional_compile_with_fsdp(results, backend):
         assert r["broken_rel"] > TOL, r
 
 
+@pytest.fixture(scope="module")
+def fbc_reference() -> dict:
+    """The one-process FirstBlockCache run, computed once for both orders (suite time: ~2.7 CPU s a run)."""
+    return cached_run("fbc")
+
+
 @pytest.mark.parametrize("order", ["after", "before"])
-def test_first_block_cache_with_fsdp(results, order):
+def test_first_block_cache_with_fsdp(results, fbc_reference, order):
     """FirstBlockCache at cp=2 with fsdp, enabled after or before sharding: the one-process cached pixels
     (mean <= 1e-6) and the same blocks run, on every rank (a rank that gathered alone would hang: spawn's timeout)."""
-    reference = cached_run("fbc")
+    reference = fbc_reference
     assert reference["block"] < UNCACHED, reference["block"]  # the cache skips blocks on this run
     for rank in results:
         r = rank["fbc"][order]

@@ -16,9 +16,10 @@ features only (4.7e-2 per layer). `dtp.load_pipeline(..., quantization_config=..
 the one-process pipeline loaded the same way.
 
 The two tp=2 groups of the (2, 2) mesh each run half of the tp=2 work (its ranks' results carry it). By default
-each scheme runs at tp=2 on one model and each model runs at least one scheme (`TWO_DEFAULT`), tp=4 runs float8
-dynamic activation on Qwen-Image; DTP_FULL=1 runs every model with every scheme at both degrees (and int8
-weight-only, shard-on-load too, at tp=4).
+each scheme runs at tp=2 on one model and each model runs at least one scheme (`TWO_DEFAULT`), shard-on-load and the
+bit-exact full weights at tp=2 (shard-on-load with int8 weight-only), tp=4 runs float8 dynamic activation on
+Qwen-Image; DTP_FULL=1 runs every model with every scheme at both degrees (and shard-on-load with float8
+weight-only, int8 weight-only at tp=4 too, and the full weights at tp=4).
 """
 
 from functools import partial
@@ -70,10 +71,11 @@ def _two_jobs(two, path: str, pipeline_dir: str) -> list:
         ("int8_dynamic_rowwise_refused", partial(int8_dynamic_rowwise_refused, two)),
         ("local_token_scale_control", partial(local_token_scale_control, two)),
         ("load/int8wo", partial(load_parity, path, two, "int8wo")),
-        ("load/fp8wo", partial(load_parity, path, two, "fp8wo")),
         # One scheme through load_pipeline: it only passes the config on (fp8wo's loading is test_from_pretrained's).
         ("pipeline/int8wo", partial(pipeline_parity, pipeline_dir, two, "int8wo")),
     ]
+    if full_run():  # shard-on-load of the other weight-only scheme: the same TorchAoConfig path, another config
+        jobs.append(("load/fp8wo", partial(load_parity, path, two, "fp8wo")))
     return jobs
 
 
@@ -84,7 +86,8 @@ def _run(rank, world_size, path, pipeline_dir):
     grid = init_device_mesh("cpu", (2, 2), mesh_dim_names=("rep", "tp"))
     two, four = grid["tp"], dtp.make_mesh(tp=4)["tp"]
     mine = _two_jobs(two, path, pipeline_dir)[grid["rep"].get_local_rank() :: 2]  # the other group runs the rest
-    results = {2: {}, 4: run_quant_cases(four, FOUR, controls=False, classes=FOUR_CLASSES)}
+    # Bit-exact full weights at tp=4 repeat tp=2's (the same slices, cut finer): DTP_FULL=1.
+    results = {2: {}, 4: run_quant_cases(four, FOUR, controls=False, classes=FOUR_CLASSES, exact=full_run())}
     for key, job in mine:
         found = job()
         if isinstance(found, dict) and set(found) == set(ORDERS):  # a model and scheme: one entry per order
@@ -163,8 +166,11 @@ def test_layerwise_casting_parity(results, case):
 
 
 def test_full_weights_exact(results):
-    """full_tensor of each sharded quantized weight (int8wo, fp8wo) is the unsharded one, bit for bit."""
-    assert all(found_on(results, 2, "full_weights_exact")) and all(found_on(results, 4, "full_weights_exact"))
+    """full_tensor of each sharded quantized weight (int8wo, fp8wo) is the unsharded one, bit for bit: at tp=2, and
+    at tp=4 with DTP_FULL=1."""
+    assert all(found_on(results, 2, "full_weights_exact"))
+    if full_run():
+        assert all(found_on(results, 4, "full_weights_exact"))
 
 
 def test_column_slice_quantization_fails(results):
@@ -190,7 +196,10 @@ def test_int8_dynamic_rowwise_refused(results):
         assert "transformer_blocks.0.attn.to_out.0" in message and "scheme int8" in message, message
 
 
-@pytest.mark.parametrize("tp, scheme", [(2, "int8wo"), (2, "fp8wo"), pytest.param(4, "int8wo", marks=pytest.mark.full)])
+@pytest.mark.parametrize(
+    "tp, scheme",
+    [(2, "int8wo"), *(pytest.param(tp, s, marks=pytest.mark.full) for tp, s in ((2, "fp8wo"), (4, "int8wo")))],
+)
 def test_from_pretrained_quantized(results, tp, scheme):
     """Shard-on-load with TorchAoConfig: each rank's quantized slices reassemble to diffusers' one-process
     quantized weights bit for bit, and the forward matches it within 1e-5 relative."""

@@ -36,7 +36,7 @@ FAULT = Path(__file__).resolve().parent / "serve_fault.py"
 SIZE, FAIL_SIZE, STEPS = 32, 48, 2
 SIZES = (SIZE, 16)  # mixed sizes: two batch keys
 REQUESTS = [{"prompt": f"a cat number {i % 3}", "seed": i, "size": f"{SIZES[i % 2]}x{SIZES[i % 2]}",
-             "num_inference_steps": STEPS} for i in range(16)]  # fmt: skip
+             "num_inference_steps": STEPS} for i in range(8)]  # fmt: skip
 BATCH = ("--max-batch", "4", "--batch-wait-ms", "300")
 ONE_LEVEL = 1 / 255
 
@@ -85,10 +85,11 @@ def test_health_and_models(server):
     assert [(m["kind"], m["loras"]) for m in models] == [("image", ["style"])]
 
 
-def test_sixteen_clients_batched_equal_dtp_run(server, checkpoint):
-    """16 concurrent clients, two sizes: all 200; each PNG equals the one-process `dtp run` of its prompt and seed
+def test_eight_clients_batched_equal_dtp_run(server, checkpoint):
+    """8 concurrent clients, two sizes: all 200; each PNG equals the one-process `dtp run` of its prompt and seed
     (the LoRA at its loaded weight), though the server (--max-batch 4) ran them in batches of one size, as its log
-    shows."""
+    shows. (16 clients until round 14: 8, four of each size, still fill a whole batch of each size, at half the
+    generations here and on the ranks; benchmarks/serve_load.py runs 16 clients at load.)"""
     client = server.client
     with ThreadPoolExecutor(len(REQUESTS)) as pool:
         answers = list(pool.map(lambda body: client.post("/v1/images/generations", json=body), REQUESTS))

@@ -3,10 +3,11 @@
 One 4-process group; subgroups of 2 and 3 ranks and the whole group (as a 2 x 2 mesh, flattened) run
 AutoencoderKL, AutoencoderKLWan, AutoencoderKLHunyuanVideo and AutoencoderKLLTXVideo decode and encode at
 N = 2, 3, 4 with a latent height none of them divides (7), batch 2; the video VAEs on 5- and 9-frame videos
-(2 and 3 latent frames); AutoencoderKLFlux2, Wan 2.2's VAE (AvgDown3D / DupUp3D, patchify) and LTX 0.9.5's
-(space-to-depth Downsampler3d, residual depth-to-space Upsampler3d; 9 frames <-> 2 latent frames) at N = 3,
-AutoencoderKLQwenImage (Wan's layers under other names) at N = 4. At N = 4 HunyuanVideo and LTX run on a
-("cfg", "tp") = (2, 2) mesh: the VAE flattens every axis and equals one process on every rank.
+(2 and 3 latent frames); Wan 2.2's VAE (AvgDown3D / DupUp3D, patchify) and LTX 0.9.5's (space-to-depth
+Downsampler3d, residual depth-to-space Upsampler3d; 9 frames <-> 2 latent frames) at N = 3, and with DTP_FULL=1
+AutoencoderKLFlux2 (AutoencoderKL's Encoder / Decoder) at N = 3; AutoencoderKLQwenImage (Wan's layers under other
+names) at N = 4 in the frame loop, its whole-video decode / encode with DTP_FULL=1. At N = 4 HunyuanVideo and LTX
+run on a ("cfg", "tp") = (2, 2) mesh: the VAE flattens every axis and equals one process on every rank.
 The 2026 pipelines' VAEs (AutoencoderKLLTX2Video, AutoencoderKLHunyuanVideo15: 5 frames; AutoencoderKLQwenImage21: an
 image; AutoencoderKLMiniMaxH3: 5 latent frames to 8, its ViT decoder on gathered K / V; AutoencoderKLHunyuanImage: a
 2-D image VAE; AutoencoderKLHunyuanImageRefiner: HunyuanVideo 1.5's layout, 2 frames) decode and encode at N = 2,
@@ -268,7 +269,9 @@ def _four_proc(rank: int, world: int) -> dict:
             if n == 3 or full_run():  # the video VAEs at N = 3 and 4 by default (N = 2 divides what N = 4 does)
                 results[n] |= dict(wan=_video(WAN, group), hunyuan=_video(HUNYUAN, group), ltx=_video(LTX, group))
             if n == 3:
-                results[n] |= dict(flux2=_kl(group, FLUX2), wan22=_video(WAN22, group), ltx095=_ltx095(group))
+                results[n] |= dict(wan22=_video(WAN22, group), ltx095=_ltx095(group))
+                if full_run():  # FLUX.2's VAE: AutoencoderKL's Encoder / Decoder again (kl above)
+                    results[n]["flux2"] = _kl(group, FLUX2)
                 results[n]["wan_frames"] = _frame_loop(WAN, group)
             if n == 2 or full_run():  # the 2026 pipelines' VAEs: N = 2 by default, N = 3 and 4 with DTP_FULL=1
                 results[n] |= {cls: _new_video(cls, group) for cls in NEW_VAES} | dict(tiled=_minimax_tiled(group))
@@ -276,7 +279,9 @@ def _four_proc(rank: int, world: int) -> dict:
                 results[n] |= {cls: _issue45(cls, group) for cls in ISSUE45}
         dist.barrier()
     mesh = dtp.make_mesh(tp=2, cp=2)  # a 2-D mesh, flattened: all 4 ranks
-    results[4] = dict(kl=_kl(mesh), wan=_video(WAN, mesh), qwen=_video(QWEN, mesh), qwen_frames=_frame_loop(QWEN, mesh))
+    results[4] = dict(kl=_kl(mesh), wan=_video(WAN, mesh), qwen_frames=_frame_loop(QWEN, mesh))
+    if full_run():  # Qwen-Image's VAE whole-video: Wan's layers renamed (wan above; Qwen's class stays in qwen_frames)
+        results[4]["qwen"] = _video(QWEN, mesh)
     cfg_mesh = dtp.make_mesh(cfg=2, tp=2)  # the cfg axis too is flattened: one split over all 4 ranks
     results[4] |= dict(hunyuan=_video(HUNYUAN, cfg_mesh), ltx=_video(LTX, cfg_mesh))
     if full_run():
@@ -298,15 +303,19 @@ def test_autoencoder_kl_parity(four, n, op):
         assert four[rank][n]["kl"][op] <= TOL, (rank, four[rank][n]["kl"])
 
 
+@pytest.mark.full  # AutoencoderKL's Encoder / Decoder: test_autoencoder_kl_parity at N = 3 runs them by default
 @pytest.mark.parametrize("op", ("decode", "encode"))
 def test_flux2_vae_parity(four, op):
     """AutoencoderKLFlux2 (FLUX.2's VAE: the same Encoder / Decoder), latent 7 x 6, batch 2, on 3 ranks."""
     assert all(four[rank][3]["flux2"][op] <= TOL for rank in range(3)), [four[r][3]["flux2"] for r in range(3)]
 
 
-# Qwen-Image's VAE: Wan's layers, renamed; wan22: Wan 2.2's residual VAE; N = 4 hunyuan / ltx on the cfg mesh. N = 2
-# (even strips, as N = 4's) with DTP_FULL=1.
-VIDEO_CASES = [pytest.param(2, "wan", marks=pytest.mark.full), (3, "wan"), (4, "wan"), (4, "qwen"), (3, "wan22")]
+# Qwen-Image's VAE: Wan's layers, renamed (by default in its frame loop at N = 4, below; the whole video with
+# DTP_FULL=1); wan22: Wan 2.2's residual VAE; N = 4 hunyuan / ltx on the cfg mesh. N = 2 (even strips, as N = 4's)
+# with DTP_FULL=1.
+FULL = pytest.mark.full
+VIDEO_CASES = [pytest.param(2, "wan", marks=FULL), (3, "wan"), (4, "wan"), pytest.param(4, "qwen", marks=FULL)]
+VIDEO_CASES += [(3, "wan22")]
 VIDEO_CASES += [(n, vae) if n > 2 else pytest.param(n, vae, marks=pytest.mark.full) for vae in ("hunyuan", "ltx")
                 for n in (2, 3, 4)]  # fmt: skip
 

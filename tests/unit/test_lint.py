@@ -14,6 +14,7 @@ import dtp
 from dtp.analysis.check import check
 from dtp.analysis.lint import block_of, format_lint, lint, lint_report
 from dtp.testing.plans import edited as edit_plan
+from dtp.testing.scope import default_family
 from dtp.testing.tiny import PLAN_CLASSES, model_class, tiny_inputs, tiny_model
 
 
@@ -26,7 +27,12 @@ def findings(cls: str, plan: dtp.Plan) -> set[tuple[str, str]]:
     return {(f.rule, f.path) for f in lint(tiny_model(cls), plan, tiny_inputs(cls))}
 
 
-@pytest.mark.parametrize("name", sorted(PLAN_CLASSES))
+def _family(name: str):
+    """A kind's family by default (dtp.testing.scope.KINDS); the families that repeat a kind with DTP_FULL=1."""
+    return name if default_family(name) else pytest.param(name, marks=pytest.mark.full)
+
+
+@pytest.mark.parametrize("name", [_family(n) for n in sorted(PLAN_CLASSES)])
 def test_bundled_plans_lint_clean(name):
     cls = PLAN_CLASSES[name]
     assert findings(cls, dtp.load_plan(name)) == set()
