@@ -70,3 +70,13 @@ def pytest_runtest_protocol(item, nextitem):
 def _cpu(who):
     used = resource.getrusage(who)
     return used.ru_utime + used.ru_stime
+
+
+def pytest_configure(config):
+    """One intra-op thread per pytest process, as every spawned rank has (`dtp.analysis.launch`): the README's command
+    runs two xdist workers on two cores, and two OpenMP threads each spin against the other worker's. Measured on
+    tests/unit with `-n 2 --dist loadfile` back to back at load ~4-5: 327 s wall / 242 CPU s with torch's default
+    threads, 242 s / 188 CPU s with one (docs/testing.md). The tiny models gain nothing from a second thread."""
+    import torch
+
+    torch.set_num_threads(1)

@@ -89,19 +89,15 @@ def fit(
     pipeline: a released pipeline name (`flux-pipeline`, ...) or a diffusers pipeline directory (configs only).
     text_tokens: prompt length of the T5 / LLM text encoders and of the transformer's text stream (CLIP: 77).
     only: candidate fields to keep, e.g. `{"cp": 1}` (default: every candidate).
-    measurer: a `Measurer` of the same pipeline and dtype from an earlier call; cache: a step cache (`cache_state`).
-    compile: rows costed as `dtp run --compile` runs, else eager; attention_backend: recorded, put in the commands.
-    gpu_memory: bytes, or a string such as "24GiB" / "80GB" (default: the `hardware` preset's memory).
-    nodes, gpus_per_node, inter_node: nodes joined by a link preset (`hardware.INTER_NODE`; "400Gb IB" by default);
-    replicas: also rows of R copies of a world / R mesh (`dtp serve --replicas R`), ranked by throughput per GPU.
-    fsdp_unit: the fsdp rows' FSDP2 unit size (`dtp run --fsdp UNIT`: blocks or bytes per unit; True: dtp's units):
-    their in-flight bytes, gathers and copy-outs are traced with it.
-    height / width default to `resolution`, else the pipeline's usual size (`FitPipeline.usual_size`); frames to the
-    usual clip's (81 for `wan-pipeline`). Rows as `estimate` builds them; `rejected`: candidates whose plans do not
-    fit the mesh, with why; `reason`: why nothing fits.
+    measurer: a `Measurer` of the same pipeline and dtype from an earlier call; cache: a step cache (`cache_state`);
+    compile: rows costed as `dtp run --compile` runs, else eager; attention_backend: recorded, put in the commands;
+    gpu_memory: bytes, or "24GiB" / "80GB" (default: the preset's); nodes, gpus_per_node, inter_node: nodes joined by
+    a link preset (`hardware.INTER_NODE`; "400Gb IB"); replicas: also rows of R copies of a world / R mesh (`dtp serve
+    --replicas R`), by throughput per GPU; fsdp_unit: the fsdp rows' FSDP2 unit (`dtp run --fsdp UNIT`), traced so.
+    height / width default to `resolution`, else the usual size (`FitPipeline.usual_size`); frames to the usual clip's
+    (81 for `wan-pipeline`). Rows as `estimate` builds them; `rejected`: plans that do not fit the mesh, with why.
     """
     placed = _world(gpus, nodes, gpus_per_node, inter_node, batch, replicas)
-    gpus = placed.gpus
     hw, memory = _hardware(hardware, gpu_memory)
     spec = fit_pipeline(pipeline)
     frames = frames or spec.usual_frames
@@ -110,7 +106,7 @@ def fit(
     unit = check_fsdp_option(fsdp_unit)
     run, rows, rejected = RunOptions(compile, attention_backend, placed, fsdp_unit=unit), [], []
     for r in dict.fromkeys((1, replicas)):
-        found = candidates(spec, gpus // r, batch, placed, r)
+        found = candidates(spec, placed.gpus // r, batch, placed, r)
         some, refused = _estimate_all(found, spec, measurer, shape, memory, hw, only, cache, replace(run, replicas=r))
         rows, rejected = rows + some, rejected + refused
     rows = sorted(_drop_needless_padding(rows), key=_by_throughput if replicas > 1 else _best_first)
@@ -121,7 +117,7 @@ def fit(
         **run.fields(),
         "rows": rows,
         "rejected": rejected,
-        "reason": None if any(r["fits"] for r in rows) else why_none_fits(rows, rejected, memory),
+        "reason": None if any(r["fits"] for r in rows) else why_none_fits(rows, rejected, memory),  # why none fits
         "seconds": round(time.perf_counter() - start, 1),
     }
 

@@ -442,24 +442,7 @@ def _fit(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "pipeline", metavar="PIPELINE", help="released pipeline (flux-pipeline, ...) or a pipeline directory"
     )
-    p.add_argument("--gpus", type=int, default=None, help="number of GPUs (ranks) (or --nodes x --gpus-per-node)")
-    p.add_argument(
-        "--gpu-memory", default=None, help="memory per GPU, e.g. 24GiB, 80GB (default: the --hardware preset's)"
-    )
-    p.add_argument("--nodes", type=int, default=1, help="nodes the GPUs are spread over (default 1)")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: --gpus / --nodes)")
-    p.add_argument(
-        "--inter-node",
-        default=None,
-        metavar="LINK",
-        help=f"the link between nodes: {', '.join(INTER_NODE_NAMES)} (default with --nodes > 1: {INTER_NODE_NAMES[0]})",
-    )
-    p.add_argument(
-        "--replicas",
-        type=int,
-        default=1,
-        help="also rank R copies of a GPUs / R mesh (dtp serve --replicas R) by throughput per GPU (default 1)",
-    )
+    _fit_world(p)
     p.add_argument(
         "--resolution",
         type=int,
@@ -500,6 +483,28 @@ def _fit(p: argparse.ArgumentParser) -> None:
     )
     add_attention_backend(p)
     add_ulysses(p)
+
+
+def _fit_world(p: argparse.ArgumentParser) -> None:
+    """`dtp fit`'s GPUs: how many, how much memory, over how many nodes joined by which link, in how many replicas."""
+    p.add_argument("--gpus", type=int, default=None, help="number of GPUs (ranks) (or --nodes x --gpus-per-node)")
+    p.add_argument(
+        "--gpu-memory", default=None, help="memory per GPU, e.g. 24GiB, 80GB (default: the --hardware preset's)"
+    )
+    p.add_argument("--nodes", type=int, default=1, help="nodes the GPUs are spread over (default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: --gpus / --nodes)")
+    p.add_argument(
+        "--inter-node",
+        default=None,
+        metavar="LINK",
+        help=f"the link between nodes: {', '.join(INTER_NODE_NAMES)} (default with --nodes > 1: {INTER_NODE_NAMES[0]})",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="also rank R copies of a GPUs / R mesh (dtp serve --replicas R) by throughput per GPU (default 1)",
+    )
 
 
 def _demo_module():
