@@ -18,6 +18,10 @@ compute and waited for when the next step first reads it, so transfer and comput
 ProcessGroup's own async call (~10 µs of host; the functional `permute_tensor` cost ~290 µs), under
 `torch.compile(fullgraph=True)` the functional `permute_tensor`, which dynamo traces (P2P `batch_isend_irecv` broke
 the graph).
+
+Grouped-query heads (`enable_gqa=True`, Cosmos 3): K/V travel with their own Hkv heads, H / Hkv times smaller than
+expanded ones, and each step expands only the block it computes (`expand_kv_heads`; the fused ops take as many k/v
+heads as q heads), so the rank's K/V and the chunk in flight never hold the repeated heads.
 """
 
 from __future__ import annotations
