@@ -27,7 +27,8 @@ negative control that must miss by far:
 - Cosmos 3 Omni (one packed, unbatched sequence: dtp's forward packs each rank's rows of the causal text prefix and
   the video tokens, each padded and cut on its own, `cp.forward: cosmos3_omni`; the dual-pathway attention run by
   `runtime/cp/packed.py`): the ring's block-causal prefix with every rank taken as the prefix's first block (offset
-  0); every rank packing rank 0's rows ((2, 2) Ulysses); the pad keys of both pathways left unmasked ((4, 1), full).
+  0); every rank packing rank 0's rows ((2, 2) Ulysses); the ring's kv heads (sent unexpanded) expanded per block in
+  the wrong order, tiled ((2, 2) ring); the pad keys of both pathways left unmasked ((4, 1), full).
   7 text + 18 video tokens: the prefix padded at cp = 2 and 4, the video at cp = 4. One (2, 2) case by default.
 """
 
@@ -372,9 +373,21 @@ def _cosmos3_sound_action(meshes: dict) -> dict:
     }
 
 
+def _cosmos3_kv_heads_tiled(mesh) -> dict:
+    """Cosmos 3 at (2, 2) ring with the ring's per-step kv-head expansion tiling the heads (query head i reading kv
+    head i % Hkv) instead of repeating each in a row (i // (H / Hkv), SDPA's `enable_gqa`)."""
+    expand = ring_module.expand_kv_heads
+    ring_module.expand_kv_heads = lambda t, groups, dim: t.repeat(*[groups if d == dim else 1 for d in range(t.ndim)])
+    try:
+        return _control("cosmos3_omni", mesh, "ring", "cosmos3_omni")
+    finally:
+        ring_module.expand_kv_heads = expand
+
+
 def _cosmos3_controls(meshes: dict) -> dict:
-    """Cosmos 3 broken twice: the block-causal ring with every rank's prefix block taken as the first (no earlier
-    block seen: a wrong global offset) at (2, 2); with DTP_FULL=1, both pathways' pad keys unmasked at (4, 1) ring."""
+    """Cosmos 3 broken: the block-causal ring with every rank's prefix block taken as the first (no earlier
+    block seen: a wrong global offset) at (2, 2); every rank packing rank 0's rows; the ring's kv heads expanded in
+    the wrong order (tiled); with DTP_FULL=1, both pathways' pad keys unmasked at (4, 1) ring."""
     results, sees = {}, packed_module.sees_whole
     packed_module.sees_whole = lambda source, rank: False
     try:
@@ -382,6 +395,7 @@ def _cosmos3_controls(meshes: dict) -> dict:
     finally:
         packed_module.sees_whole = sees
     results["cosmos3_omni", "rank0_control"] = _cosmos3_rank0_rows(meshes[2, 2])
+    results["cosmos3_omni", "kv_control"] = _cosmos3_kv_heads_tiled(meshes[2, 2])
     if full_run():
         # the config whose generation queries see the text keys through their own norm (`k_norm_und_for_gen`): a
         # third key tensor in the Ulysses exchange
@@ -608,6 +622,14 @@ def test_cosmos3_ranks_packing_rank_0s_rows_fail(four):
     prefix and the video tokens (the read-back by owner rank intact): far off."""
     for results in four:
         r = results["cosmos3_omni", "rank0_control"]
+        assert "error" not in r and r["rel"] > 1e-2, r
+
+
+def test_cosmos3_ring_with_kv_heads_tiled_fails(four):
+    """Negative control: Cosmos 3 at (2, 2) ring (8 q / 4 kv heads, 2 a group at tp=2) with the kv heads, which travel
+    the ring unexpanded, expanded per block in the wrong order (tiled, not grouped): far off (0.16 seen)."""
+    for results in four:
+        r = results["cosmos3_omni", "kv_control"]
         assert "error" not in r and r["rel"] > 1e-2, r
 
 

@@ -25,10 +25,13 @@ def test_usp_is_refused_before_anything_changes():
 
 def test_causal_block_and_repeated_kv_heads_match_sdpa():
     """The ring's diagonal block (fp32 math with its log-sum-exp) equals causal SDPA with GQA, its kv heads repeated
-    in contiguous groups (query head i keeps kv head i // 4)."""
+    in contiguous groups (query head i keeps kv head i // 4), and given the 2 kv heads unexpanded it gives the same."""
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(1, 6, 8, 16, generator=g), torch.randn(1, 6, 2, 16, generator=g), torch.randn(1, 6, 2, 16)
     ref = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True, enable_gqa=True)
     out, lse = causal_block(q, repeat_kv(k, 4), repeat_kv(v, 4), 16**-0.5)
     torch.testing.assert_close(out, ref.transpose(1, 2), rtol=1e-5, atol=1e-6)
     assert lse.shape == (1, 8, 6) and torch.isfinite(lse).all()
+    grouped, grouped_lse = causal_block(q, k, v, 16**-0.5)  # the kv heads as they are: groups folded into the einsum
+    torch.testing.assert_close(grouped, out, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(grouped_lse, lse, rtol=1e-6, atol=1e-7)

@@ -18,10 +18,13 @@ rank packs its own rows of `und_seq` / `gen_seq` and their RoPE tables, padded `
   `enable_gqa` takes the math kernel on CUDA). The understanding tokens are in global order, their pad at the end:
   `is_causal` over them is exact (no real query sees a later pad key). The generation queries attend to
   [understanding | generation] keys with the pad keys of both masked.
-- Ring: kv heads expanded to the query heads. The causal pathway runs a block-causal ring: the key block of rank s
-  is seen whole by the queries of rank r > s, causally on the diagonal (s = r), not at all for s > r (it still
-  travels on); the pad keys sit at the end of the last rank's block, after every real query. The generation queries
-  run dtp's ring attention over each rank's [understanding_r | generation_r] keys with the pad keys masked.
+- Ring: the kv heads travel the ring unexpanded and are repeated up to the query heads per step, on the block being
+  computed only (`ring.block_attention`'s kv_groups; the diagonal causal block folds the groups into its einsum), so
+  the rank's K/V and every chunk in flight are H / Hkv (4 in Cosmos 3) times smaller than expanded ones. The causal
+  pathway runs a block-causal ring: the key block of rank s is seen whole by the queries of rank r > s, causally on
+  the diagonal (s = r), not at all for s > r (it still travels on); the pad keys sit at the end of the last rank's
+  block, after every real query. The generation queries run dtp's ring attention over each rank's
+  [understanding_r | generation_r] keys with the pad keys masked.
 
 Exact up to float rounding: softmax does not depend on the order of keys, every key keeps its RoPE phase (computed on
 the whole sequence before the cut), and each query's output returns to its rank.
@@ -39,7 +42,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from ...errors import ForwardError
 from ...policy import ring_kernel_family
 from ...styles.collectives import send_to_next, wait_for
-from .ring import block_attention, merge, ring_attention
+from .ring import block_attention, kv_groups_of, merge, ring_attention
 from .ulysses import heads_to_seq, stacked_to_heads
 
 
@@ -60,15 +63,18 @@ def repeat_kv(x: torch.Tensor, times: int) -> torch.Tensor:
 
 def causal_block(q, k, v, scale: float):
     """Causal attention of a rank's queries over its own keys (the ring's diagonal block), in fp32 math:
-    `(out [B, S, H, D], lse [B, H, S])` for `ring.merge`. The understanding pathway is the text prompt (hundreds of
-    tokens a rank), so the [S, S] scores are small."""
-    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
-    rows = q.shape[1]
+    `(out [B, S, H, D], lse [B, H, S])` for `ring.merge`. k / v may have fewer heads than q (grouped-query: query head
+    i reads kv head i // (H / Hkv)); the groups are folded into the einsum, never expanded. The understanding pathway
+    is the text prompt (hundreds of tokens a rank), so the [S, S] scores are small."""
+    b, rows, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    qg = q.float().reshape(b, rows, kv_heads, heads // kv_heads, dim)  # [B, S, Hkv, G, D]: contiguous groups
+    scores = torch.einsum("bqhgd,bkhd->bhgqk", qg, k.float()) * scale
     future = torch.ones(rows, k.shape[1], dtype=torch.bool, device=q.device).triu(1)
     scores = scores.masked_fill(future, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    out = torch.einsum("bhqk,bkhd->bqhd", torch.exp(scores - lse.unsqueeze(-1)), v.float())
-    return out, lse
+    lse = torch.logsumexp(scores, dim=-1)  # [B, Hkv, G, S]
+    out = torch.einsum("bhgqk,bkhd->bqhgd", torch.exp(scores - lse.unsqueeze(-1)), v.float())
+    return out.flatten(2, 3), lse.flatten(1, 2)
 
 
 def sees_whole(source: int, rank: int) -> bool:
@@ -80,8 +86,10 @@ def sees_whole(source: int, rank: int) -> bool:
 def ring_causal(query, key, value, *, group, scale: float, backend: str | None = None) -> torch.Tensor:
     """Causal attention over the whole cp-split sequence (rank r holds global rows [r c, (r + 1) c)), keys travelling
     round the ring as in `ring.ring_attention`: block s is seen whole by rank r > s, causally by rank s, not by
-    rank r < s. `[B, S/cp, H, D]` in and out."""
+    rank r < s. `[B, S/cp, H, D]` in and out; key / value may have fewer heads (a divisor of H, grouped-query): they
+    travel with their own heads and are expanded per block (`block_attention`'s kv_groups)."""
     cp, rank = group.size(), group.rank()
+    groups = kv_groups_of(query.shape[2], key.shape[2], enable_gqa=True)
     d_k, d_v = key.shape[-1], value.shape[-1]
     kv = torch.cat([key, value], dim=-1)
     out, lse = causal_block(query, key, value, scale)
@@ -90,7 +98,8 @@ def ring_causal(query, key, value, *, group, scale: float, backend: str | None =
         source = (rank - step) % cp
         if sees_whole(source, rank):
             k, v = kv.narrow(-1, 0, d_k), kv.narrow(-1, d_k, d_v)
-            out, lse = merge(out, lse, *block_attention(query, k, v, None, scale, backend=backend))
+            block = block_attention(query, k, v, None, scale, backend=backend, kv_groups=groups)
+            out, lse = merge(out, lse, *block)
     return out.to(query.dtype)
 
 
@@ -180,14 +189,12 @@ class PackedCpAttnProcessor:
         return valid.view(1, 1, 1, -1)
 
     def _ring(self, q_und, k_und, v_und, k_und_for_gen, q_gen, k_gen, v_gen, scale: float):
-        group, heads = self.attention.group, q_und.shape[2]
+        # The kv heads travel the ring as they are (grouped-query, 4x fewer than the query heads in Cosmos 3) and are
+        # expanded per step, on the block being computed only (`ring.block_attention`'s kv_groups).
+        group = self.attention.group
         backend = ring_kernel_family(self.attention.backend)
-        times = heads // k_und.shape[2]
-        k_und, v_und, k_und_for_gen, k_gen, v_gen = (
-            repeat_kv(t, times) for t in (k_und, v_und, k_und_for_gen, k_gen, v_gen)
-        )
         causal = ring_causal(q_und, k_und, v_und, group=group, scale=scale, backend=backend)
         key, value = torch.cat([k_und_for_gen, k_gen], dim=1), torch.cat([v_und, v_gen], dim=1)
         valid = self._key_valid(key.shape[1], key.device)
-        full = ring_attention(q_gen, key, value, valid, group=group, scale=scale, backend=backend)
+        full = ring_attention(q_gen, key, value, valid, group=group, scale=scale, backend=backend, enable_gqa=True)
         return causal, full

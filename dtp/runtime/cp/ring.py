@@ -18,6 +18,10 @@ compute and waited for when the next step first reads it, so transfer and comput
 ProcessGroup's own async call (~10 µs of host; the functional `permute_tensor` cost ~290 µs), under
 `torch.compile(fullgraph=True)` the functional `permute_tensor`, which dynamo traces (P2P `batch_isend_irecv` broke
 the graph).
+
+Grouped-query heads (`enable_gqa=True`, Cosmos 3): K/V travel with their own Hkv heads, H / Hkv times smaller than
+expanded ones, and each step expands only the block it computes (`expand_kv_heads`; the fused ops take as many k/v
+heads as q heads), so the rank's K/V and the chunk in flight never hold the repeated heads.
 """
 
 from __future__ import annotations
@@ -30,14 +34,42 @@ from .kernels import block_kernel, reference_block
 from .masks import gather_key_mask
 
 
-def block_attention(q, k, v, mask, scale: float, backend: str | None = None, kernel=None, heads_first: bool = False):
+def block_attention(
+    q, k, v, mask, scale: float, backend: str | None = None, kernel=None, heads_first: bool = False, kv_groups: int = 1
+):
     """Attention of `q` over one key block: `(out [B, Sq, H, Dv], lse [B, H, Sq] fp32)`, in `kernel` or else the
     one `kernels.block_kernel` chooses for these tensors. mask: `[B, Sk]` bool (True = attend) or additive float,
     or None. Rows with no visible key give out = 0 and lse = -inf, so that they carry zero weight in `merge`.
-    heads_first: q, k, v and out are `[B, H, S, D]` (the kernels' own layout, `kernels.BlockKernel.run`)."""
+    heads_first: q, k, v and out are `[B, H, S, D]` (the kernels' own layout, `kernels.BlockKernel.run`).
+    kv_groups: query heads per k/v head (grouped-query attention, `expand_kv_heads`): k and v arrive with H / kv_groups
+    heads and are expanded for this block only, since the kernels take as many k/v heads as query heads."""
     if kernel is None:
         kernel = block_kernel(q.device.type, q.dtype, mask is not None, backend, (q.shape[-1], v.shape[-1]))
+    if kv_groups != 1:
+        head_dim = 1 if heads_first else 2
+        k, v = expand_kv_heads(k, kv_groups, head_dim), expand_kv_heads(v, kv_groups, head_dim)
     return kernel.run(q, k, v, mask, scale) if heads_first else kernel(q, k, v, mask, scale)
+
+
+def expand_kv_heads(t: torch.Tensor, groups: int, dim: int) -> torch.Tensor:
+    """k/v heads repeated up to the query heads along `dim`, each `groups` times in a row: query head i reads kv head
+    i // groups (SDPA's `enable_gqa`, diffusers' and transformers' `repeat_kv`). One copy of one block."""
+    if groups == 1:
+        return t
+    shape = list(t.shape)
+    shape.insert(dim + 1, groups)
+    return t.unsqueeze(dim + 1).expand(shape).flatten(dim, dim + 1)
+
+
+def kv_groups_of(query_heads: int, kv_heads: int, enable_gqa: bool) -> int:
+    """Query heads per k/v head: 1 without `enable_gqa` (then the head counts must match), else H / Hkv."""
+    if query_heads == kv_heads or (enable_gqa and kv_heads and query_heads % kv_heads == 0):
+        return query_heads // kv_heads
+    need = "a divisor of the q heads (enable_gqa=True)" if enable_gqa else "as many k/v heads as q heads"
+    raise ForwardError(
+        f"ring attention needs {need}, got q {query_heads}, k {kv_heads}; pass enable_gqa=True for grouped-query "
+        f"k/v heads, or repeat them to the query heads."
+    )
 
 
 def merge(out_a, lse_a, out_b, lse_b, *, heads_first: bool = False, masked: bool = True, need_lse: bool = True):
@@ -61,7 +93,16 @@ def merge(out_a, lse_a, out_b, lse_b, *, heads_first: bool = False, masked: bool
 
 
 def ring_attention(
-    query, key, value, mask, *, group, scale: float | None = None, backend: str | None = None, full_mask=None
+    query,
+    key,
+    value,
+    mask,
+    *,
+    group,
+    scale: float | None = None,
+    backend: str | None = None,
+    full_mask=None,
+    enable_gqa: bool = False,
 ) -> torch.Tensor:
     """Attention of the local queries over every rank's keys; shapes `[B, S/cp, H, D]` in and out.
 
@@ -69,11 +110,12 @@ def ring_attention(
     (`[B, S]`, e.g. from a per-forward cache). backend: a ring kernel family (`policy.ring_kernel_family`).
     q and the K/V buffer are viewed as `[B, H, S, D]` once (the kernels' layout, `kernels.BlockKernel.run`), so a
     step adds no transpose; K and V travel as one buffer, one message a step.
+    enable_gqa: key / value may have fewer heads than the query (a divisor, query head i reading kv head i // (H /
+    Hkv), as SDPA's `enable_gqa`): they travel the ring with their own heads and are expanded per step, for the
+    block being computed only (`block_attention`'s kv_groups), so the rank's K/V and every chunk in flight stay
+    H / Hkv times smaller than expanded ones.
     """
-    if key.shape[2] != query.shape[2]:
-        raise ForwardError(
-            f"ring attention needs as many k/v heads as q heads, got q {query.shape[2]}, k {key.shape[2]}."
-        )
+    groups = kv_groups_of(query.shape[2], key.shape[2], enable_gqa)
     cp, rank = group.size(), group.rank()
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     masks = gather_key_mask(mask, group) if full_mask is None else full_mask
@@ -87,7 +129,7 @@ def ring_attention(
         incoming = send_to_next(kv, group) if step < cp - 1 else None  # issued first
         k, v = kv.transpose(1, 2).split_with_sizes((d_k, d_v), dim=-1)  # [B, H, S/cp, D] views, one op
         block_mask = None if masks is None else masks[(rank - step) % cp]
-        block = block_attention(q, k, v, block_mask, scale, kernel=kernel, heads_first=True)
+        block = block_attention(q, k, v, block_mask, scale, kernel=kernel, heads_first=True, kv_groups=groups)
         if out is None:
             out, lse = block
         else:
@@ -98,4 +140,4 @@ def ring_attention(
     return out if out.dtype == query.dtype else out.to(query.dtype)
 
 
-__all__ = ["block_attention", "merge", "reference_block", "ring_attention"]
+__all__ = ["block_attention", "expand_kv_heads", "kv_groups_of", "merge", "reference_block", "ring_attention"]
