@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from ..errors import PlanError
+from ..errors import CheckpointError, PlanError
 
 STANDARD_INDEX = "model_index.json"  # as `dtp.pipeline.modular`, which imports diffusers' world with its package
 MODULAR_INDEX = "modular_model_index.json"
@@ -40,13 +40,13 @@ def check_arguments(args) -> None:
 
 def check_model_dir(model_dir) -> None:
     """The folder holds a pipeline index naming a transformer; the same CheckpointError text as
-    `dtp.pipeline.load._model_index` / `transformer_class` (a CheckpointError is a PlanError)."""
+    `dtp.pipeline.load._model_index` / `transformer_class`."""
     folder = Path(model_dir)
     standard, modular = folder / STANDARD_INDEX, folder / MODULAR_INDEX
     path = standard if standard.is_file() or not modular.is_file() else modular
     if not path.is_file():
         found = "does not exist" if not folder.exists() else f"has no {path.name}"
-        raise PlanError(
+        raise CheckpointError(
             f"--model-dir {model_dir} {found}; pass a diffusers pipeline folder (the one holding model_index.json, "
             f"e.g. downloaded with huggingface_hub.snapshot_download)."
         )
@@ -55,7 +55,7 @@ def check_model_dir(model_dir) -> None:
     except (OSError, ValueError, AttributeError):
         return  # unreadable or not a JSON object: the command's own reading says how
     if not entry or not isinstance(entry, list) or len(entry) < 2 or entry[1] is None:
-        raise PlanError(
+        raise CheckpointError(
             f"{standard} names no diffusers transformer component ({entry!r}); dtp shards a pipeline's transformer."
         )
 
