@@ -62,12 +62,12 @@ def report_early(error: BaseException, command: str) -> int:
     if not _under_torchrun():
         _print(text)
         return 1
+    _write_error_file(error, text)  # first: the launcher's summary names it on a rank it ends while waiting
     if os.environ.get("LOCAL_RANK", "0") == "0":
         rank = os.environ["RANK"]
         _print(text if rank == "0" else f"rank {rank}: {text}")
     else:
         time.sleep(EARLY_WAIT_S)  # local rank 0 prints, exits, and the launcher ends this rank meanwhile
-    _write_error_file(error, text)
     _exit(1)
     return 1
 
