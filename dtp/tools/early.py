@@ -20,6 +20,7 @@ STANDARD_INDEX = "model_index.json"  # as `dtp.pipeline.modular`, which imports 
 MODULAR_INDEX = "modular_model_index.json"
 TRANSFORMER = "transformer"
 LOAD_COMMANDS = ("run", "serve")
+LORA_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")  # a weights file, never a Hub id
 
 
 def check_arguments(args) -> None:
@@ -70,12 +71,18 @@ def check_load_counts(args) -> None:
 
 
 def check_lora_files(values: list[str] | None) -> None:
-    """Every `--lora [NAME=]PATH` names an existing file or folder (the syntax: `pipeline.session.parse_loras`)."""
+    """Every `--lora [NAME=]PATH` that can only be a local path exists (the syntax: `pipeline.session.parse_loras`).
+    diffusers' `lora_state_dict` also takes a Hub id (`owner/name`, no file suffix), checked only when loading."""
     for value in values or []:
         name, sep, path = value.partition("=")
         path = path if sep else value
-        if path and not os.path.exists(path):
+        if path and _local_only(path) and not os.path.exists(path):
             raise PlanError(f"--lora {value}: {path} does not exist; pass a diffusers LoRA file or folder.")
+
+
+def _local_only(path: str) -> bool:
+    """`path` cannot be a Hub repository id: absolute, relative to . or ~, deeper than owner/name, or a file."""
+    return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or path.endswith(LORA_SUFFIXES)
 
 
 def pipeline_args(values: list[str] | None) -> dict:

@@ -69,6 +69,13 @@ def test_a_pipeline_folder_and_plain_arguments_pass(model_dir, tmp_path):
     check_arguments(run_args(model_dir, "--lora", lora, "--image", image))
     check_arguments(parse("serve", "--model-dir", str(model_dir), "--max-batch", "4"))
     check_arguments(parse("check", "flux", "--tp", "2"))  # not a loading command: nothing checked here
+    check_arguments(run_args(model_dir, "--lora", "owner/style-lora"))  # maybe a Hub id: diffusers' to say
+
+
+@pytest.mark.parametrize("path", ["/no/l", "./l", "~/l", "a/b/c", "l.safetensors", "owner/l.safetensors"])
+def test_a_lora_path_that_can_only_be_local_must_exist(model_dir, path):
+    with pytest.raises(PlanError, match=f"--lora s={path}: {path} does not exist"):
+        check_arguments(run_args(model_dir, "--lora", f"s={path}"))
 
 
 @pytest.mark.parametrize(
