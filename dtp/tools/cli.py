@@ -2,8 +2,8 @@
 
 The parsers (`commands.py`) import neither torch nor diffusers, so `--help` answers at once; a
 command's module (`commands.COMMANDS[name].module()`) is imported only when that command runs, after the checks
-that need no torch (`early.py`). A user
-error ends as one message and exit code 1 (`failure.py`); `--debug` re-raises it with its traceback.
+that need no torch (`early.py`). A user error ends as one message and exit code 1 (`failure.py`); `--debug`
+re-raises it with its traceback.
 """
 
 from __future__ import annotations

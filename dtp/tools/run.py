@@ -34,7 +34,7 @@ from ..pipeline.session import LoadOptions, open_pipeline, parse_loras
 from ..policy import default_device_type
 from ..runtime.launch import exit_now, init_distributed, rank_progress, under_torchrun
 from ..runtime.placement import local_device
-from .early import pipeline_args  # noqa: F401 - also `serve`'s, from here
+from .early import pipeline_args  # torch-free, so `early` checks it before the imports; `serve` takes it here
 
 
 @dataclass(frozen=True)
