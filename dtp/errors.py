@@ -15,3 +15,10 @@ class ForwardError(ValueError):
     Examples: a sequence length the `cp` degree does not divide, an attention module that finished
     without calling the context-parallel dispatcher. Not a PlanError: sharding already happened.
     """
+
+
+class CheckpointError(PlanError):
+    """A checkpoint that cannot be loaded into this model; raised before any tensor byte is read.
+
+    Defined here, torch-free, so `dtp run --model-dir` can be refused before torch loads (`tools/early.py`);
+    `dtp.loading.checkpoint.CheckpointError` is this class."""

@@ -25,7 +25,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from ..errors import PlanError
+from ..errors import CheckpointError  # also importable from here, its old home
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
@@ -71,10 +71,6 @@ def dtype_of(name: str):
     import torch
 
     return getattr(torch, TORCH_DTYPES.get(name, ""), None)
-
-
-class CheckpointError(PlanError):
-    """A checkpoint that cannot be loaded into this model; raised before any tensor byte is read."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The `dtp` command line (also `python -m dtp`).
 
 The parsers (`commands.py`) import neither torch nor diffusers, so `--help` answers at once; a
-command's module (`commands.COMMANDS[name].module()`) is imported only when that command runs. A user
-error ends as one message and exit code 1 (`failure.py`); `--debug` re-raises it with its traceback.
+command's module (`commands.COMMANDS[name].module()`) is imported only when that command runs, after the checks
+that need no torch (`early.py`). A user error ends as one message and exit code 1 (`failure.py`); `--debug`
+re-raises it with its traceback.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import sys
 
 from .collector import exempt_from_collection, no_collection
 from .commands import COMMANDS, build_parser
-from .failure import USER_ERRORS, report
+from .early import check_arguments
+from .failure import USER_ERRORS, report, report_early
 
 
 def command_module(name: str):
@@ -24,6 +26,12 @@ def command_module(name: str):
 def main(argv=None) -> int:
     """Run the command `argv` names (None: `sys.argv`, i.e. this process is the `dtp` command, which ends next)."""
     args = build_parser().parse_args(argv)
+    try:
+        check_arguments(args)  # what is wrong without torch, before torch and diffusers load (`early.py`)
+    except USER_ERRORS as error:
+        if args.debug:
+            raise
+        return report_early(error, args.command)
     with no_collection():
         from ..quant.noise import quiet_torchao  # here, not at the top: `dtp --help` imports no torch
 

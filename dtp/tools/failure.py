@@ -12,6 +12,11 @@ waits for that (`ACK_S`) and prints its own line only when rank 0 did not print 
 fail, or failed differently and late). Each rank also writes torchrun's error file
 (TORCHELASTIC_ERROR_FILE), so the launcher's closing summary names the message instead of
 "To enable traceback see ...".
+
+A mistake `early.py` finds before torch is imported (`report_early`) is the same on every rank of a node (the
+same arguments, the same files), so no store is needed to agree (and none is joined: that would import torch):
+local rank 0 prints it, the node's other ranks wait `EARLY_WAIT_S` for the launcher to end them (a rank that left
+first could get local rank 0 killed before it printed), then leave with exit code 1 too.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ USER_ERRORS = (PlanError, ForwardError)
 GATHER_S = 3.0  # how long rank 0 waits for the other ranks' messages before printing
 ACK_S = 10.0  # how long another rank waits for rank 0 to print before printing its own line
 STORE_PREFIX = "dtp/failed/"
+EARLY_WAIT_S = 5.0  # how long a local rank other than 0 waits for the launcher before leaving on an early error
 
 
 def message(error: BaseException, command: str) -> str:
@@ -47,6 +53,22 @@ def report(error: BaseException, command: str) -> int:
         _exit(1)
     else:
         _print(text)
+    return 1
+
+
+def report_early(error: BaseException, command: str) -> int:
+    """Print `error`, found before torch was imported, as one message per node (see the module docstring); 1."""
+    text = message(error, command)
+    if not _under_torchrun():
+        _print(text)
+        return 1
+    _write_error_file(error, text)  # first: the launcher's summary names it on a rank it ends while waiting
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        rank = os.environ["RANK"]
+        _print(text if rank == "0" else f"rank {rank}: {text}")
+    else:
+        time.sleep(EARLY_WAIT_S)  # local rank 0 prints, exits, and the launcher ends this rank meanwhile
+    _exit(1)
     return 1
 
 

@@ -34,6 +34,7 @@ from ..pipeline.session import LoadOptions, open_pipeline, parse_loras
 from ..policy import default_device_type
 from ..runtime.launch import exit_now, init_distributed, rank_progress, under_torchrun
 from ..runtime.placement import local_device
+from .early import pipeline_args  # torch-free, so `early` checks it before the imports; `serve` takes it here
 
 
 @dataclass(frozen=True)
@@ -192,20 +193,6 @@ def _line_job(number: int, line: str, base: Request, output: str) -> Job:
     except PlanError as error:
         return Job(where, None, None, str(error))
     return Job(where, request, other.get("output") or _numbered(output, number))
-
-
-def pipeline_args(values: list[str] | None) -> dict:
-    """{key: value} of repeated `--pipeline-arg KEY=JSON` (a value that is not JSON is taken as a string)."""
-    found = {}
-    for value in values or []:
-        key, sep, text = value.partition("=")
-        if not sep or not key.isidentifier():
-            raise PlanError(f"--pipeline-arg {value!r}: expected KEY=VALUE, e.g. max_sequence_length=64.")
-        try:
-            found[key] = json.loads(text)
-        except json.JSONDecodeError:
-            found[key] = text
-    return found
 
 
 def quiet_libraries() -> None:

@@ -55,12 +55,14 @@ def truncated(tmp_path_factory):
 
 
 def test_missing_model_dir(tmp_path):
+    """Refused before torch is imported (`tools/early.py`, `failure.report_early`): no store, local rank 0 prints.
+    1.4-1.5 CPU s, the launcher's own torch import most of it (8.3 CPU s when each rank imported torch first)."""
     code, output = torchrun("--model-dir", str(tmp_path / "nonexistent"))
     assert_one_message(code, output, f"dtp run: --model-dir {tmp_path / 'nonexistent'} does not exist")
 
 
-@pytest.mark.full  # suite time (17 s): torchrun failures stay default through test_missing_model_dir
+@pytest.mark.full  # suite time (17 s); the store protocol stays default in test_cli_failures (`_report_rank`)
 def test_truncated_checkpoint_while_sharding(truncated):
-    """The CheckpointError is raised inside the process group (shard-on-load), on both ranks."""
+    """The CheckpointError is raised inside the process group (shard-on-load), on both ranks: the store path."""
     code, output = torchrun("--model-dir", str(truncated))
     assert_one_message(code, output, "is truncated: tensor")
