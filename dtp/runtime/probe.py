@@ -30,5 +30,9 @@ class BodyProbe:
 
 
 def body_runs(module: nn.Module) -> int | None:
-    """The module's real runs so far, or None when it carries no probe (then nothing is known)."""
-    return getattr(module, RUNS_ATTR, None)
+    """The module's real runs so far, or None when it carries no probe (then nothing is known).
+
+    Read from the module's `__dict__`, where `setattr` put the count (an int is neither a parameter, a buffer nor a
+    submodule): `getattr` of an absent name on an nn.Module raises and catches an AttributeError in
+    `Module.__getattr__` (1.5 µs against 0.4 µs of host, twice per CP attention)."""
+    return module.__dict__.get(RUNS_ATTR)

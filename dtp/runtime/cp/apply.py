@@ -22,6 +22,7 @@ from .kept import install_keeps
 from .local_embed import install_local_embed, local_embed_for
 from .masks import ForwardMasks
 from .per_sample import install_per_sample
+from .root import RootHooks
 
 HANDLES_ATTR = "_dtp_cp_handles"
 
@@ -39,7 +40,10 @@ def apply_cp(
     inputs, outputs = defaultdict(list), defaultdict(list)
     for path, rule in resolved.splits:
         (outputs if rule.output else inputs)[path].append(rule)
-    handles.append(model.register_forward_pre_hook(pads.reset))  # first: ahead of the model's own split hook
+    guard = ScopeGuard()  # pops the attention scopes a raised forward left open
+    masks = ForwardMasks()  # each mask split and gathered once per forward, reused by every layer
+    root = RootHooks(pads, guard, masks)  # one pre-hook and one always_call hook for the three (`root.py`)
+    handles.append(model.register_forward_pre_hook(root.open))  # first: ahead of the model's own split hook
     for path, rules in inputs.items():
         module = model.get_submodule(path)
         hook = SplitInputs(path, module, rules, rank, cp, pads)
@@ -66,12 +70,7 @@ def apply_cp(
     for path, rule in resolved.gathers:
         handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group, pads)))
     handles += install_grids(model, resolved.grids, pads, group, cp)  # output layers past the forward's own reshape
-    guard = ScopeGuard()  # pops the attention scopes a raised forward left open
-    handles.append(model.register_forward_pre_hook(guard.open))
-    handles.append(model.register_forward_hook(guard.close, always_call=True))
-    masks = ForwardMasks()  # each mask split and gathered once per forward, reused by every layer
-    handles.append(model.register_forward_pre_hook(masks.open))
-    handles.append(model.register_forward_hook(masks.close, always_call=True))
+    handles.append(model.register_forward_hook(root.close, always_call=True))  # last, after the gathers, as before
     attention = CpAttention(mode=mode, group=group, backend=backend, masks=masks, usp=usp)
     padded = CpAttention(mode=mode, group=group, pads=pads, backend=backend, masks=masks, usp=usp)  # pad keys masked
     for spec in resolved.attention:
