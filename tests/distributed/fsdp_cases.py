@@ -155,3 +155,33 @@ def check(results: list[dict], key, world: int, tp: int) -> None:
         assert r["local"] <= 1.05 * r["whole"] / world + r["blocks"] / tp, (rank, key, r)
         if tp == 1:
             assert r["dtensor_modules"] == [], (rank, key, r["dtensor_modules"][:5])
+
+
+TWO_DOUBLE = dict(num_layers=2, num_single_layers=1)  # the first block runs while the second, as large, is gathered
+
+
+@torch.no_grad()
+def in_flight(mesh, unit=True) -> dict:
+    """One forward's peak above the weights at rest (torch's MemTracker), without fsdp (key False) and with `fsdp=unit`
+    (key True), on tiny FLUX.1 with 2 double blocks; "in_flight": the bytes the code (and `dtp fit`) count for the
+    fsdp layout (the running unit and its window); "largest" / "root": the largest block's and the root's bytes."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    import dtp
+    from dtp.runtime.fsdp import block_lists, in_flight_bytes
+    from dtp.runtime.memory import local_param_bytes
+
+    inputs, out = tiny_inputs(FLUX), {}
+    for fsdp in (False, unit):
+        model = dtp.parallelize(tiny_model(FLUX, **TWO_DOUBLE), mesh, fsdp=fsdp)
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker:
+            model(**inputs)
+        peak = max(stats["Total"] for stats in tracker.get_tracker_snapshot("peak").values())
+        out[bool(fsdp)] = peak - local_param_bytes(model)  # what the forward adds to the weights at rest
+    out["in_flight"] = in_flight_bytes(model)
+    whole = tiny_model(FLUX, **TWO_DOUBLE)
+    blocks = [local_param_bytes(b) for _, lst in block_lists(whole) for b in lst]
+    out["largest"], out["root"] = max(blocks), local_param_bytes(whole) - sum(blocks)
+    return out

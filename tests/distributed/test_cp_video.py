@@ -51,6 +51,7 @@ import dtp.runtime.cp.per_sample as per_sample_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
 from dtp.resolve import resolve, resolve_cp
+from dtp.testing.cosmos3 import SOUND_ACTION, add_sound_and_action
 from dtp.testing.counting import CallCounter
 from dtp.testing.launch import spawn
 from dtp.testing.perturb import perturb
@@ -342,27 +343,9 @@ def _cosmos3_rank0_rows(mesh) -> dict:
 def _cosmos3_sound_action(meshes: dict) -> dict:
     """Cosmos 3 built with its sound and action heads: 5 sound tokens (frames 1-4 noisy, read back) and 4 action tokens
     (frames 2-3 noisy, domain 1) after the 18 video tokens (34 rows): every output at (2, 2) Ulysses and (4, 1) ring."""
-    options = dict(sound_gen=True, sound_dim=6, action_gen=True, action_dim=3, num_embodiment_domains=2)
+    options = SOUND_ACTION
     g = torch.Generator().manual_seed(5)
-    sound, action = torch.arange(25, 30), torch.arange(30, 34)
-    inputs = _inputs("cosmos3_omni")
-    inputs.update(
-        position_ids=torch.arange(34).expand(3, -1),
-        sequence_length=34,
-        sound_tokens=[torch.randn(6, 5, generator=g)],
-        sound_token_shapes=[(5, 1, 1)],
-        sound_sequence_indexes=sound,
-        sound_mse_loss_indexes=sound[1:],
-        sound_timesteps=torch.rand(4, generator=g) * 1000,
-        sound_noisy_frame_indexes=[torch.arange(1, 5)],
-        action_tokens=[torch.randn(4, 3, generator=g)],
-        action_token_shapes=[(4, 1, 1)],
-        action_sequence_indexes=action,
-        action_mse_loss_indexes=action[2:],
-        action_timesteps=torch.rand(2, generator=g) * 1000,
-        action_noisy_frame_indexes=[torch.arange(2, 4)],
-        action_domain_ids=[torch.tensor(1)],
-    )
+    inputs = add_sound_and_action(_inputs("cosmos3_omni"), g)
     with torch.no_grad():
         refs = _outputs(_model("cosmos3_omni", **options)(**inputs))
     return {

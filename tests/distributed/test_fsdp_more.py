@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 from cache_cases import FBC_THRESHOLD, SPLIT_THRESHOLD, UNCACHED, bodies, cached_run, config, generate
-from fsdp_cases import TOL, wrong_rank_shard
+from fsdp_cases import TOL, in_flight, wrong_rank_shard
 
 from dtp.pipeline.compare import compare
 from dtp.testing.launch import spawn
@@ -25,7 +25,6 @@ from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
 
 FLUX = "FluxTransformer2DModel"
 ONE_BLOCK_EACH = dict(num_layers=1, num_single_layers=1)
-TWO_DOUBLE = dict(num_layers=2, num_single_layers=1)  # the first block runs while the second, as large, is gathered
 TIMESTEPS = (0.9, 0.5)
 # Dynamo's "eager" backend by default (seconds); inductor costs ~60 s per rank here (measured: rel 3.2e-7), so it
 # runs only with DTP_COMPILE_MATRIX=full, as in test_compile.py.
@@ -43,7 +42,7 @@ def _worker(rank, world):
     import dtp
 
     mesh = dtp.make_mesh(cp=2)
-    memory, decode = _in_flight(mesh), {whole: _at_decode(mesh, whole) for whole in (True, False)}
+    memory, decode = in_flight(mesh), {whole: _at_decode(mesh, whole) for whole in (True, False)}
     return dict(compile={b: _compiled(mesh, b) for b in BACKENDS}, fbc=_fbc_runs(mesh), memory=memory, decode=decode)
 
 
@@ -75,31 +74,6 @@ def is_fsdp_unit(module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(module, FSDPModule)
-
-
-@torch.no_grad()
-def _in_flight(mesh) -> dict:
-    """One forward's peak (torch's MemTracker) with and without fsdp, and the bytes `dtp fit` models for it."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    import dtp
-    from dtp.runtime.fsdp import block_lists, in_flight_bytes
-    from dtp.runtime.memory import local_param_bytes
-
-    inputs, out = tiny_inputs(FLUX), {}
-    for fsdp in (False, True):
-        model = dtp.parallelize(tiny_model(FLUX, **TWO_DOUBLE), mesh, fsdp=fsdp)
-        tracker = MemTracker()
-        tracker.track_external(model)
-        with tracker:
-            model(**inputs)
-        peak = max(stats["Total"] for stats in tracker.get_tracker_snapshot("peak").values())
-        out[fsdp] = peak - local_param_bytes(model)  # what the forward adds to the weights at rest
-    out["in_flight"] = in_flight_bytes(model)  # the fsdp model's layout: the running unit and its window
-    whole = tiny_model(FLUX, **TWO_DOUBLE)
-    blocks = [local_param_bytes(b) for _, lst in block_lists(whole) for b in lst]
-    out["largest"], out["root"] = max(blocks), local_param_bytes(whole) - sum(blocks)
-    return out
 
 
 @torch.no_grad()

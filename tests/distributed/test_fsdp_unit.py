@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fsdp_cases import TOL, parity
+from fsdp_cases import TOL, TWO_DOUBLE, in_flight, parity
 
 from dtp.testing.launch import spawn
 from dtp.testing.scope import full_run
 
 FLUX, WAN = "FluxTransformer2DModel", "WanTransformer3DModel"
-TWO_DOUBLE = dict(num_layers=2, num_single_layers=1)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +36,7 @@ def _worker(rank, world):
         wan=parity(WAN, mesh, dims, fsdp="1MB"),
         broken=parity(FLUX, mesh, dims, fsdp=2, broken=_SecondBlockFf()),
         units={unit: _units(mesh, unit) for unit in (2, "1MB")},
-        memory={unit: _in_flight(mesh, unit) for unit in (True, 2)},
+        memory={unit: in_flight(mesh, unit) for unit in (True, 2)},
         compiled=_compiled(mesh) if full_run() else None,
     )
 
@@ -80,31 +79,6 @@ def _units(mesh, unit) -> list[tuple[str, int]]:
     for cls in (FLUX, WAN):
         model = dtp.parallelize(tiny_model(cls), mesh, fsdp=unit)
         out += [(u.path, 1 + len(u.members)) for u in getattr(model, LAYOUT_ATTR).gathered()]
-    return out
-
-
-@torch.no_grad()
-def _in_flight(mesh, unit) -> dict:
-    """One forward's peak above the weights at rest, with and without fsdp; the bytes the code and `dtp fit` count."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    import dtp
-    from dtp.runtime.fsdp import block_lists, in_flight_bytes
-    from dtp.runtime.memory import local_param_bytes
-    from dtp.testing.tiny import tiny_inputs, tiny_model
-
-    inputs, out = tiny_inputs(FLUX), {}
-    for fsdp in (False, unit):
-        model = dtp.parallelize(tiny_model(FLUX, **TWO_DOUBLE), mesh, fsdp=fsdp)
-        tracker = MemTracker()
-        tracker.track_external(model)
-        with tracker:
-            model(**inputs)
-        peak = max(stats["Total"] for stats in tracker.get_tracker_snapshot("peak").values())
-        out[bool(fsdp)] = peak - local_param_bytes(model)
-    out["in_flight"] = in_flight_bytes(model)
-    whole = tiny_model(FLUX, **TWO_DOUBLE)
-    out["root"] = local_param_bytes(whole) - sum(local_param_bytes(b) for _, lst in block_lists(whole) for b in lst)
     return out
 
 

@@ -16,6 +16,7 @@ import dtp
 from dtp.runtime.cp.cosmos3 import PackedRows, cosmos3_omni_forward
 from dtp.runtime.cp.hooks import PadState
 from dtp.runtime.cp.sequence import padded_chunk
+from dtp.testing.cosmos3 import SOUND_ACTION, add_sound_and_action
 from dtp.testing.perturb import perturb
 from dtp.testing.tiny import tiny_model
 
@@ -132,29 +133,11 @@ def _with_sound_and_action():
     """A tiny Cosmos 3 built with its sound and action heads: 7 text, 18 video, then 5 sound tokens (frames 1-4 noisy)
     and 4 action tokens (frames 2-3 noisy, domain 1) in the generation pathway (34 rows)."""
     torch.manual_seed(0)
-    config = dict(dtp.families.FAMILIES[CLASS].tiny, sound_gen=True, sound_dim=6, action_gen=True, action_dim=3)
-    config["num_embodiment_domains"] = 2
+    config = dict(dtp.families.FAMILIES[CLASS].tiny, **SOUND_ACTION)
     model = perturb(type(tiny_model(CLASS)).from_config(config), seed=3).eval()
     _, inputs = _model_and_inputs()
     g = torch.Generator().manual_seed(5)
-    sound, action = torch.arange(25, 30), torch.arange(30, 34)
-    inputs.update(
-        position_ids=torch.arange(34).expand(3, -1),
-        sequence_length=34,
-        sound_tokens=[torch.randn(6, 5, generator=g)],
-        sound_token_shapes=[(5, 1, 1)],
-        sound_sequence_indexes=sound,
-        sound_mse_loss_indexes=sound[1:],
-        sound_timesteps=torch.rand(4, generator=g) * 1000,
-        sound_noisy_frame_indexes=[torch.arange(1, 5)],
-        action_tokens=[torch.randn(4, 3, generator=g)],
-        action_token_shapes=[(4, 1, 1)],
-        action_sequence_indexes=action,
-        action_mse_loss_indexes=action[2:],
-        action_timesteps=torch.rand(2, generator=g) * 1000,
-        action_noisy_frame_indexes=[torch.arange(2, 4)],
-        action_domain_ids=[torch.tensor(1)],
-    )
+    add_sound_and_action(inputs, g)
     with torch.no_grad():  # the modality embeddings are zeros at init: make them count
         model.audio_modality_embed.normal_(generator=g)
         model.action_modality_embed.normal_(generator=g)
