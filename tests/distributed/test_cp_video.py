@@ -23,7 +23,10 @@ negative control that must miss by far:
 - Kandinsky 6 (a rule per stream, as LTX-2; the video cut through the forward's own reshapes, as Kandinsky 5; 9 audio
   tokens, as the pipeline sizes them for 5 frames, padded and gathered at the audio output layer): its av
   cross-modal attention (audio queries, video keys) given the text's rule (`local`); the audio pad keys unmasked.
-  One (2, 2) case by default; the rest, the controls and a video-only call (no audio stream) with DTP_FULL=1.
+  One (2, 2) case by default; the rest, the controls and a video-only call (no audio stream) with DTP_FULL=1. Any
+  video length (default): 9 video tokens padded (`first`) beside the 9 audio tokens (`last`), each attention masking
+  its own stream's pad keys (`runtime/cp/pad_view.py`), at (2, 2) Ulysses and (4, 1) ring; control: the video pad
+  keys unmasked.
 - Cosmos 3 Omni (one packed, unbatched sequence: dtp's forward packs each rank's rows of the causal text prefix and
   the video tokens, each padded and cut on its own, `cp.forward: cosmos3_omni`; the dual-pathway attention run by
   `runtime/cp/packed.py`): the ring's block-causal prefix with every rank taken as the prefix's first block (offset
