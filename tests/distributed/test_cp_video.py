@@ -416,8 +416,9 @@ def _cosmos3_controls(meshes: dict) -> dict:
 
 
 def _kandinsky6_more(meshes: dict) -> dict:
-    """Kandinsky 6 called without audio (video only: the last block returns (video, None)) at (2, 2) ring, and its
-    audio pad keys left unmasked at (4, 1) ring (9 audio tokens padded to 12)."""
+    """Kandinsky 6 called without audio (video only: the last block returns (video, None)) at (2, 2) ring and, with 9
+    video tokens (padded to 12), at (4, 1) ring; and its audio pad keys left unmasked at (4, 1) ring (9 audio tokens
+    padded to 12)."""
     inputs = _inputs("kandinsky6")
     video = {k: v for k, v in inputs.items() if k != "audio_hidden_states"}
     with torch.no_grad():
@@ -425,6 +426,12 @@ def _kandinsky6_more(meshes: dict) -> dict:
     results = {
         ("kandinsky6", "video_only"): _run(_model("kandinsky6"), meshes[2, 2], "ring", video, video_refs, "kandinsky6")
     }
+    odd = _kandinsky6_nine_video_tokens(dict(video))  # 9 video tokens, no audio: the `first` slot padded alone
+    with torch.no_grad():
+        odd_refs = _outputs(_model("kandinsky6")(**odd))
+    results["kandinsky6", "video_only_odd"] = _run(
+        _model("kandinsky6"), meshes[4, 1], "ring", odd, odd_refs, "kandinsky6"
+    )
     unmasked = hooks_module.PadState.key_valid
     hooks_module.PadState.key_valid = lambda self, keys, batch, device: None
     try:
@@ -727,9 +734,10 @@ def test_kandinsky6_any_video_length_is_padded_exactly(four, cp, tp, mode):
 
 @pytest.mark.full
 def test_kandinsky6_video_only_and_unmasked_audio_pad_keys(four):
-    """Kandinsky 6 without audio at (2, 2) ring: exact; negative control: its audio pad keys (9 audio tokens padded
-    to 12 at (4, 1) ring) left unmasked: far off."""
+    """Kandinsky 6 without audio at (2, 2) ring, and with 9 video tokens at (4, 1) ring: exact; negative control: its
+    audio pad keys (9 audio tokens padded to 12 at (4, 1) ring) left unmasked: far off."""
     for results in four:
-        r = results["kandinsky6", "video_only"]
-        assert r["shape_ok"] and r["rel"] <= TOL, r
+        for case in ("video_only", "video_only_odd"):  # the second: 9 video tokens padded to 12 at (4, 1) ring
+            r = results["kandinsky6", case]
+            assert r["shape_ok"] and r["rel"] <= TOL, (case, r)
         assert results["kandinsky6", "pad_control"]["rel"] > 1e-3, results["kandinsky6", "pad_control"]
