@@ -661,11 +661,19 @@ def _checked(plan: CpPlan, name: str) -> CpPlan:
             f"plan {name}: the `cp` section gathers nothing, so the output would stay split; add a `gather` entry."
         )
     pads = [rule.pad for rule in plan.splits if rule.pad is not None]
-    pads += [plan.forward.pad] if plan.forward is not None and plan.forward.pad is not None else []
-    if len({pad.attention for pad in pads}) > 1:
-        # at most two padded sequences per forward (`PadState`: one `first`, one `last` among the keys), seen by
-        # the same attentions; a sequence's tensors (Lumina2's tokens, their mask and RoPE) each carry its rule
-        raise PlanError(f"plan {name}: every padded cp split (`pad`) must name the same `attention`.")
+    spanning = any(rule.pad is not None and rule.tail is not None for rule in plan.splits)
+    if plan.forward is not None and plan.forward.pad is not None:
+        pads, spanning = pads + [plan.forward.pad], True
+    # at most two padded sequences per forward (`PadState`: one `first`, one `last` among the keys); a sequence's
+    # tensors (Lumina2's tokens, their mask and RoPE) each carry its rule, so one `attention` per slot. The two slots
+    # may name different attentions (Kandinsky 6's video and audio streams, `runtime/cp/pad_view.py`), unless one
+    # rule fills both (a `tail` split, a forward's pad)
+    per_slot = [{pad.attention for pad in pads if pad.at == at} for at in PAD_AT]
+    if any(len(lists) > 1 for lists in per_slot) or (spanning and len({pad.attention for pad in pads}) > 1):
+        raise PlanError(
+            f"plan {name}: the padded cp splits (`pad`) of one slot (`at`: first / last) must name the same "
+            f"`attention` (and every one of them, with a `tail` split's or a forward's pad, which fill both)."
+        )
     seen = set()
     for rule in plan.splits:
         ident = (rule.key, rule.name, rule.output, rule.element)

@@ -23,7 +23,10 @@ negative control that must miss by far:
 - Kandinsky 6 (a rule per stream, as LTX-2; the video cut through the forward's own reshapes, as Kandinsky 5; 9 audio
   tokens, as the pipeline sizes them for 5 frames, padded and gathered at the audio output layer): its av
   cross-modal attention (audio queries, video keys) given the text's rule (`local`); the audio pad keys unmasked.
-  One (2, 2) case by default; the rest, the controls and a video-only call (no audio stream) with DTP_FULL=1.
+  One (2, 2) case by default; the rest, the controls and a video-only call (no audio stream) with DTP_FULL=1. Any
+  video length (default): 9 video tokens padded (`first`) beside the 9 audio tokens (`last`), each attention masking
+  its own stream's pad keys (`runtime/cp/pad_view.py`), at (2, 2) Ulysses and (4, 1) ring; control: the video pad
+  keys unmasked.
 - Cosmos 3 Omni (one packed, unbatched sequence: dtp's forward packs each rank's rows of the causal text prefix and
   the video tokens, each padded and cut on its own, `cp.forward: cosmos3_omni`; the dual-pathway attention run by
   `runtime/cp/packed.py`): the ring's block-causal prefix with every rank taken as the prefix's first block (offset
@@ -47,6 +50,7 @@ import dtp.runtime.cp.grid_embed as grid_embed_module
 import dtp.runtime.cp.helios as helios_module
 import dtp.runtime.cp.hooks as hooks_module
 import dtp.runtime.cp.packed as packed_module
+import dtp.runtime.cp.pad_view as pad_view_module
 import dtp.runtime.cp.per_sample as per_sample_module
 import dtp.runtime.cp.ring as ring_module
 import dtp.runtime.cp.ulysses as ulysses_module
@@ -239,6 +243,19 @@ def _without_split(name: str, key: str, tensor: str):
     return dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, splits=splits))
 
 
+def _without_pad_attention(plan, glob: str):
+    """`plan` with the attention `glob` dropped from every split's `pad.attention`."""
+    splits = tuple(
+        rule
+        if rule.pad is None
+        else dataclasses.replace(
+            rule, pad=dataclasses.replace(rule.pad, attention=tuple(a for a in rule.pad.attention if a != glob))
+        )
+        for rule in plan.cp.splits
+    )
+    return dataclasses.replace(plan, cp=dataclasses.replace(plan.cp, splits=splits))
+
+
 def _control(name: str, mesh, mode: str, plan) -> dict:
     """`name` run with a broken `plan`: its result, or, where the break raises instead, the error (rel = inf)."""
     inputs = _inputs(name)
@@ -399,8 +416,9 @@ def _cosmos3_controls(meshes: dict) -> dict:
 
 
 def _kandinsky6_more(meshes: dict) -> dict:
-    """Kandinsky 6 called without audio (video only: the last block returns (video, None)) at (2, 2) ring, and its
-    audio pad keys left unmasked at (4, 1) ring (9 audio tokens padded to 12)."""
+    """Kandinsky 6 called without audio (video only: the last block returns (video, None)) at (2, 2) ring and, with 9
+    video tokens (padded to 12), at (4, 1) ring; and its audio pad keys left unmasked at (4, 1) ring (9 audio tokens
+    padded to 12)."""
     inputs = _inputs("kandinsky6")
     video = {k: v for k, v in inputs.items() if k != "audio_hidden_states"}
     with torch.no_grad():
@@ -408,6 +426,12 @@ def _kandinsky6_more(meshes: dict) -> dict:
     results = {
         ("kandinsky6", "video_only"): _run(_model("kandinsky6"), meshes[2, 2], "ring", video, video_refs, "kandinsky6")
     }
+    odd = _kandinsky6_nine_video_tokens(dict(video))  # 9 video tokens, no audio: the `first` slot padded alone
+    with torch.no_grad():
+        odd_refs = _outputs(_model("kandinsky6")(**odd))
+    results["kandinsky6", "video_only_odd"] = _run(
+        _model("kandinsky6"), meshes[4, 1], "ring", odd, odd_refs, "kandinsky6"
+    )
     unmasked = hooks_module.PadState.key_valid
     hooks_module.PadState.key_valid = lambda self, keys, batch, device: None
     try:
@@ -416,6 +440,43 @@ def _kandinsky6_more(meshes: dict) -> dict:
         )
     finally:
         hooks_module.PadState.key_valid = unmasked
+    return results
+
+
+def _kandinsky6_nine_video_tokens(inputs: dict) -> dict:
+    """3 latent frames of 3 x 1 tokens (9 video tokens, as many as the 9 audio ones): both streams padded at cp = 2
+    (to 10) and 4 (to 12)."""
+    latent, types = inputs["hidden_states"], inputs["visual_token_type_ids"]
+    g = torch.Generator().manual_seed(21)
+    inputs["hidden_states"] = torch.randn(latent.shape[0], 3, 6, 2, latent.shape[-1], generator=g)
+    inputs["visual_token_type_ids"] = types[:, :1].expand(-1, 3).contiguous()
+    return inputs
+
+
+def _kandinsky6_odd_video(meshes: dict) -> dict:
+    """Kandinsky 6 with 9 video and 9 audio tokens at (2, 2) Ulysses and (4, 1) ring; the control, at (4, 1) ring:
+    the video pad keys unmasked (the attentions over the video keys see its pad rows), the audio's still masked."""
+    inputs = _kandinsky6_nine_video_tokens(_inputs("kandinsky6"))
+    with torch.no_grad():
+        refs = _outputs(_model("kandinsky6")(**inputs))
+    results = {
+        ("kandinsky6", "odd_video", cp, tp, mode): _run(
+            _model("kandinsky6"), meshes[cp, tp], mode, inputs, refs, "kandinsky6"
+        )
+        for cp, tp, mode in ((2, 2, "ulysses"), (4, 1, "ring"))
+    }
+    masked = pad_view_module.PadView.key_valid
+
+    def video_unmasked(self, keys, batch, device):
+        return None if self.at == ("first",) else masked(self, keys, batch, device)
+
+    pad_view_module.PadView.key_valid = video_unmasked
+    try:
+        results["kandinsky6", "video_pad_control"] = _run(
+            _model("kandinsky6"), meshes[4, 1], "ring", inputs, refs, "kandinsky6"
+        )
+    finally:
+        pad_view_module.PadView.key_valid = masked
     return results
 
 
@@ -445,12 +506,17 @@ def _controls(meshes: dict) -> dict:
     cross_modal = ("transformer_blocks.*.video_to_audio_attn",)
     kandinsky6 = {}
     if full_run():  # Kandinsky 6's streams: the kind of LTX-2's control, which runs by default
-        # av (audio queries over the video keys) only: va's keys are the padded audio, whose pad keys need CP
-        broken = _local("kandinsky6", ("visual_transformer_blocks.*.av_cross_attention",))
+        # av (audio queries over the video keys) only: va's keys are the padded audio, whose pad keys need CP; av's
+        # are the video, padded when cp does not divide it (not in this call's 16 tokens): dropped from its pad rules
+        broken = _without_pad_attention(
+            _local("kandinsky6", ("visual_transformer_blocks.*.av_cross_attention",)),
+            "visual_transformer_blocks.*.av_cross_attention",
+        )
         kandinsky6["kandinsky6", "control"] = _control("kandinsky6", meshes[2, 2], "ring", broken)
         kandinsky6.update(_kandinsky6_more(meshes))
     return {
         **kandinsky6,
+        **_kandinsky6_odd_video(meshes),
         **_cosmos3_controls(meshes),
         **_ltx2_odd_audio(meshes),
         ("ltx2", "control"): _control("ltx2", meshes[2, 2], "ring", _local("ltx2", cross_modal)),
@@ -653,11 +719,25 @@ def test_kandinsky6_cross_modal_attention_with_the_text_rule_fails(four):
         assert results["kandinsky6", "control"]["rel"] > 1e-3, results["kandinsky6", "control"]
 
 
+@pytest.mark.parametrize("cp,tp,mode", ((2, 2, "ulysses"), (4, 1, "ring")))
+def test_kandinsky6_any_video_length_is_padded_exactly(four, cp, tp, mode):
+    """Kandinsky 6, 9 video and 9 audio tokens: the video zero-padded (`first`) with its RoPE rows, its pad keys
+    masked in the video self-attention and av, its pad rows dropped at the grid's gather; the audio as before:
+    max |out - ref| <= 1e-5 * max |ref| (measured 3.7e-7 Ulysses, 3.4e-7 ring). Control: the video pad keys
+    unmasked at (4, 1) ring, far off."""
+    for results in four:
+        r = results["kandinsky6", "odd_video", cp, tp, mode]
+        assert r["shape_ok"] and r["rel"] <= TOL, r
+        control = results["kandinsky6", "video_pad_control"]
+        assert "error" not in control and control["rel"] > 1e-3, control
+
+
 @pytest.mark.full
 def test_kandinsky6_video_only_and_unmasked_audio_pad_keys(four):
-    """Kandinsky 6 without audio at (2, 2) ring: exact; negative control: its audio pad keys (9 audio tokens padded
-    to 12 at (4, 1) ring) left unmasked: far off."""
+    """Kandinsky 6 without audio at (2, 2) ring, and with 9 video tokens at (4, 1) ring: exact; negative control: its
+    audio pad keys (9 audio tokens padded to 12 at (4, 1) ring) left unmasked: far off."""
     for results in four:
-        r = results["kandinsky6", "video_only"]
-        assert r["shape_ok"] and r["rel"] <= TOL, r
+        for case in ("video_only", "video_only_odd"):  # the second: 9 video tokens padded to 12 at (4, 1) ring
+            r = results["kandinsky6", case]
+            assert r["shape_ok"] and r["rel"] <= TOL, (case, r)
         assert results["kandinsky6", "pad_control"]["rel"] > 1e-3, results["kandinsky6", "pad_control"]

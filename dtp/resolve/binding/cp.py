@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ...errors import PlanError
-from ...plan.cp import GatherRule, SplitRule
+from ...plan.cp import PAD_AT, GatherRule, PadRule, SplitRule
 from ...policy import check_degree, ulysses_degree
 from .globs import expand
 from .heads import query_heads
@@ -96,6 +96,10 @@ class CpResolved:
     forward: object = None  # `plan.cp.ForwardRule`: dtp's forward for the model's class (checked: `_forward`)
     per_sample: tuple[tuple[str, str], ...] = ()  # (attention path, context module path): `cp.per_sample`
     batch_rows: tuple[str, ...] = ()  # module paths: `cp.batch_rows`
+    # (attention path, pad slots): the padded attentions whose keys hold some of the plan's padded sequences only
+    # (Kandinsky 6: the video ones `first`, the audio ones `last`; `runtime/cp/pad_view.py`); the rest of
+    # `padded_attention` see every padded sequence
+    pad_slots: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def check(self, tp: int, cp: int, mode: str, ulysses: int | None = None) -> None:
         """Raise PlanError naming the first attention module whose heads block `mode` at (cp, tp).
@@ -169,6 +173,7 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
         for routes in (attention_routes(module),)
     )
     padded = _padded_attention(plan, model, {spec.path for spec in attention})
+    pad_slots = _pad_slots(plan, model)
     halos = tuple(
         _halo(plan.name, rule, path, conv)
         for rule in plan.cp.halo
@@ -180,7 +185,7 @@ def resolve_cp(resolved: Resolved, model: nn.Module) -> CpResolved:
     return CpResolved(
         plan.name, tuple(splits), tuple(gathers), attention, padded, plan.cp.ring_refused, halos, keeps, gathered,
         grids, embeds, _forward(plan, model), _per_sample(plan, model),
-        tuple(path for key in plan.cp.batch_rows for path, _ in _expand(model, key, plan.name)),
+        tuple(path for key in plan.cp.batch_rows for path, _ in _expand(model, key, plan.name)), pad_slots,
     )  # fmt: skip
 
 
@@ -334,11 +339,29 @@ def _halo(plan_name: str, rule, path: str, conv: nn.Module) -> tuple[str, int, i
     return path, rule.dim, rows
 
 
+def _pad_runs(plan) -> list[tuple[PadRule, tuple[str, ...]]]:
+    """Every `pad` rule with the slots it fills: its `at`; both for a `tail` split's and a forward's (two runs)."""
+    runs = [(rule.pad, PAD_AT if rule.tail is not None else (rule.pad.at,)) for rule in plan.cp.splits if rule.pad]
+    forward = plan.cp.forward
+    return runs + ([(forward.pad, PAD_AT)] if forward is not None and forward.pad is not None else [])
+
+
+def _pad_slots(plan, model: nn.Module) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(path, slots) for each padded attention that sees fewer padded slots than the plan fills (`pad_view.py`)."""
+    runs = _pad_runs(plan)
+    filled = {at for _, slots in runs for at in slots}
+    seen: dict[str, set[str]] = {}
+    for pad, slots in runs:
+        for key in pad.attention:
+            for path, _ in _expand(model, key, plan.name):
+                seen.setdefault(path, set()).update(slots)
+    return tuple((path, tuple(at for at in PAD_AT if at in s)) for path, s in seen.items() if s != filled)
+
+
 def _padded_attention(plan, model: nn.Module, cp_paths: set[str]) -> tuple[str, ...]:
-    """The attention paths named by the (one) padded split's `pad.attention`; each must run CP attention."""
-    pads = [rule.pad for rule in plan.cp.splits if rule.pad is not None]
-    pads += [plan.cp.forward.pad] if plan.cp.forward is not None and plan.cp.forward.pad is not None else []
-    paths = [path for pad in pads[:1] for key in pad.attention for path, _ in _expand(model, key, plan.name)]
+    """The attention paths named by the padded splits' `pad.attention`; each must run CP attention."""
+    keys = dict.fromkeys(key for pad, _ in _pad_runs(plan) for key in pad.attention)
+    paths = list(dict.fromkeys(path for key in keys for path, _ in _expand(model, key, plan.name)))
     for path in paths:
         if path not in cp_paths:
             raise PlanError(

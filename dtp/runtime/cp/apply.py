@@ -21,6 +21,7 @@ from .joint_embed import install_skip
 from .kept import install_keeps
 from .local_embed import install_local_embed, local_embed_for
 from .masks import ForwardMasks
+from .pad_view import PadView
 from .per_sample import install_per_sample
 from .root import RootHooks
 
@@ -71,10 +72,18 @@ def apply_cp(
         handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group, pads)))
     handles += install_grids(model, resolved.grids, pads, group, cp)  # output layers past the forward's own reshape
     handles.append(model.register_forward_hook(root.close, always_call=True))  # last, after the gathers, as before
-    attention = CpAttention(mode=mode, group=group, backend=backend, masks=masks, usp=usp)
-    padded = CpAttention(mode=mode, group=group, pads=pads, backend=backend, masks=masks, usp=usp)  # pad keys masked
+    shared = dict(backend=backend, masks=masks, usp=usp)
+    attention = CpAttention(mode=mode, group=group, **shared)
+    padded = CpAttention(mode=mode, group=group, pads=pads, **shared)  # pad keys masked
+    views = {}  # one CpAttention per slot subset: an attention that sees one of two padded streams (`pad_view.py`)
+    slots = dict(resolved.pad_slots)
+    for at in slots.values():
+        views.setdefault(at, CpAttention(mode=mode, group=group, pads=PadView(pads, at), **shared))
     for spec in resolved.attention:
-        chosen = padded if spec.path in resolved.padded_attention else attention
+        if spec.path in slots:
+            chosen = views[slots[spec.path]]
+        else:
+            chosen = padded if spec.path in resolved.padded_attention else attention
         handles += install_attention(spec.path, model.get_submodule(spec.path), chosen)
     for path, dim, rows in resolved.halos:  # convolutions over the split token grid (Sana's Mix-FFN)
         handles += install_halo(model.get_submodule(path), path, dim, rows, group, rank, cp)

@@ -131,7 +131,8 @@ class CpAttention:
         mask = self._mask_pad_keys(mask, batch, key)
         if mask is None:
             return None, blind_rows
-        where = ("gather", self.pads is not None, batch, keys, mask.dtype)
+        slots = None if self.pads is None else tuple(self.pads.slots)  # a `PadView`'s slots mask other keys
+        where = ("gather", slots, batch, keys, mask.dtype)
         return self.masks.get(attn_mask, where, lambda: gather_key_mask(mask, self.group)), blind_rows
 
     def _whole_mask_attention(self, original, args: dict, mask):

@@ -70,15 +70,16 @@ class PadState:
         """`[B, keys]` bool, False on this rank's pad keys; None when nothing is padded."""
         if not self.padded:
             return None
-        first, last = self.slots["first"], self.slots["last"]
-        held = (first.local if first.padded else 0) + (last.local if last.padded else 0)
+        first, last = self.slots.get("first"), self.slots.get("last")  # a `PadView` holds one of them only
+        first, last = (s if s is not None and s.padded else None for s in (first, last))
+        held = (first.local if first else 0) + (last.local if last else 0)
         if keys < held:
             raise ForwardError(f"cp padding: {keys} local keys cannot hold the {held} padded-segment tokens.")
         position = torch.arange(keys, device=device)
         pad = torch.zeros(keys, dtype=torch.bool, device=device)
-        if first.padded:
+        if first:
             pad |= (position >= first.valid) & (position < first.local)
-        if last.padded:
+        if last:
             start = keys - last.local
             pad |= position >= start + last.valid
         return torch.logical_not(pad).expand(batch, keys)
