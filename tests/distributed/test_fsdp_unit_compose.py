@@ -1,0 +1,233 @@
+"""fsdp=2 (grouped FSDP2 units, `runtime/fsdp_unit.py`) with diffusers' FirstBlockCache, dtp.load_lora,
+shard-on-load and a cfg=2 mesh, on 2 gloo ranks (one group), against one process.
+
+At fsdp=2 tiny FLUX.1's 2 double blocks are one unit and its 2 single blocks another: `fully_shard([b0, b1])`
+gathers before b0 and reshards after b1 (torch's group hooks count the blocks' `__call__`s).
+- cache: FirstBlockCache enabled after sharding, 5 steps with true CFG (cache_cases). A skipped block's `__call__`
+  still runs (diffusers replaces its forward), so the group's post-hook fires and the group reshards. Checked after
+  every transformer call: no non-root unit unsharded (FSDP2's param-group state) and every block parameter a
+  DTensor shard (sizes). Control: one group with `reshard_after_forward=False` (a group left gathered) fails it.
+- LoRA: lora_cases' adapter sequence (load, weighted pair, fuse, unfuse, disable, enable, delete) on fsdp=2 at
+  cp=2 against diffusers' `load_lora_adapter`; control: fuse with `release` replaced by per-unit reshards.
+- shard-on-load: `loading.load(..., fsdp=2)` against `dtp.parallelize(from_pretrained, fsdp=2)`: same units, equal
+  local shards, parity, reads <= 1.1 x the share.
+- cfg=2: fsdp=2 over the cfg axis (batch 2 split over the groups).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cache_cases import UNCACHED, bodies, cached_run, config, generate
+from fsdp_cases import TOL, inputs_for, parity
+from lora_cases import random_lora, reference_load, relative, sharded_load, steps
+
+from dtp.pipeline.compare import compare
+from dtp.testing.launch import spawn
+from dtp.testing.scope import full_run
+from dtp.testing.tiny import model_class, output_tensor, tiny_model
+
+FLUX = "FluxTransformer2DModel"
+UNIT = 2
+GROUPS = [("transformer_blocks.0", 2), ("single_transformer_blocks.0", 2)]  # fsdp=2 on tiny FLUX.1
+MEAN_TOL = 1e-6  # mean |pixels - one process| on [0, 1], as test_fsdp_more's FirstBlockCache
+READ_SLACK = 1.1
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    path = tmp_path_factory.mktemp("unit-load") / "flux"
+    tiny_model(FLUX).save_pretrained(path)
+    return spawn(_worker, 2, str(path), timeout_s=600)
+
+
+def _worker(rank, world, path):
+    import dtp
+
+    mesh = dtp.make_mesh(cp=2)
+    out = dict(fbc=_fbc(mesh), control=_left_gathered(mesh), load=_load(mesh, path))
+    if full_run():
+        out["lora"] = steps(_sharded(mesh), sharded_load, inputs_for(FLUX, dict(cp=2)))
+        out["lora_control"] = _fused_without_release(mesh)
+        out["cfg"] = parity(FLUX, dtp.make_mesh(cfg=2), dict(cfg=2), fsdp=UNIT)
+        out["cfg_units"] = _groups(_sharded(dtp.make_mesh(cfg=2)))
+    return out
+
+
+def _sharded(mesh):
+    import dtp
+
+    return dtp.parallelize(tiny_model(FLUX), mesh, fsdp=UNIT)
+
+
+def _groups(model) -> list[tuple[str, int]]:
+    from dtp.runtime.fsdp import LAYOUT_ATTR
+
+    return [(u.path, 1 + len(u.members)) for u in getattr(model, LAYOUT_ATTR).gathered()]
+
+
+def left_gathered(model) -> dict:
+    """What of `model`'s units (not its root, which FSDP keeps gathered between calls) is not back to its shards:
+    unsharded param groups (FSDP2's state, one per unit however many blocks it groups) and block parameters that
+    are not DTensor shards (a gathered parameter is a plain tensor of the whole size)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    from dtp.runtime.fsdp import block_lists
+
+    root = model._get_fsdp_state()
+    states = {id(s): s for m in model.modules() if isinstance(m, FSDPModule) for s in [m._get_fsdp_state()]}
+    groups = [s._fsdp_param_group for k, s in states.items() if s is not root and s._fsdp_param_group is not None]
+    params = [p for _, lst in block_lists(model) for b in lst for p in b.parameters()]
+    return dict(
+        units=len(groups),
+        unsharded=sum(g.is_unsharded for g in groups),
+        plain=sum(not isinstance(p, DTensor) for p in params),
+    )
+
+
+def _watch(model) -> list[dict]:
+    """`left_gathered` after each call of `model` (a post-hook registered after FSDP2's root hook: runs after it)."""
+    seen = []
+    model.register_forward_hook(lambda module, args, output: seen.append(left_gathered(module)))
+    return seen
+
+
+def _fbc(mesh) -> dict:
+    """FirstBlockCache enabled after sharding with fsdp=2 (cache_cases.cached_run's order): pixels, blocks run, and
+    what each transformer call left gathered."""
+    import dtp
+    from dtp.families.pipelines import tiny_flux_pipeline
+
+    with bodies() as counts:
+        pipe = tiny_flux_pipeline()
+        dtp.parallelize(pipe.transformer, mesh, fsdp=UNIT)
+        pipe.transformer.enable_cache(config("fbc", pipe))
+        seen = _watch(pipe.transformer)
+        counts.clear()
+        pixels = generate(pipe)
+    return dict(pixels=pixels, block=counts["block"], after=seen, groups=_groups(pipe.transformer))
+
+
+@torch.no_grad()
+def _left_gathered(mesh) -> list[dict]:
+    """Control: the single-block group set to stay gathered after its forward (as a group whose last block never
+    reached its post-hook would): two calls, what each left."""
+    from dtp.testing.tiny import tiny_inputs
+
+    model = _sharded(mesh)
+    model.single_transformer_blocks[0].set_reshard_after_forward(False)
+    seen = _watch(model)
+    for _ in range(2):
+        model(**tiny_inputs(FLUX))
+    return seen
+
+
+@torch.no_grad()
+def _fused_without_release(mesh) -> torch.Tensor:
+    """Adapter "a" fused at 0.5 after a call, `release` replaced by each unit's reshard(): the first window's gather,
+    prefetched by the last unit, stays pending with the unfused weights (test_fsdp_lora's control, at fsdp=2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    import dtp
+    import dtp.adapters.fsdp as lora_fsdp
+
+    model, inputs = _sharded(mesh), inputs_for(FLUX, dict(cp=2))
+    dtp.load_lora(model, random_lora(model, seed=10), adapter_name="a")
+    model(**inputs)
+    release = lora_fsdp.release
+    lora_fsdp.release = lambda m: [u.reshard() for u in m.modules() if isinstance(u, FSDPModule)]
+    try:
+        model.fuse_lora(lora_scale=0.5)
+    finally:
+        lora_fsdp.release = release
+    return output_tensor(model(**inputs)).clone()
+
+
+@torch.no_grad()
+def _load(mesh, path) -> dict:
+    """Shard-on-load at fsdp=2 against the whole model sharded by dtp.parallelize at fsdp=2."""
+    from torch.distributed.tensor import DTensor
+
+    import dtp
+    from dtp.loading.load import load
+    from dtp.testing.tiny import tiny_inputs
+
+    def local(p):
+        return p.to_local() if isinstance(p, DTensor) else p
+
+    inputs, cls = tiny_inputs(FLUX), model_class(FLUX)
+    ref = output_tensor(cls.from_pretrained(path).eval()(**inputs)).float()
+    model, stats = load(cls, path, mesh, fsdp=UNIT)
+    theirs = dict(dtp.parallelize(cls.from_pretrained(path).eval(), mesh, fsdp=UNIT).named_parameters())
+    mine = dict(model.named_parameters())
+    out = output_tensor(model(**inputs)).float()
+    return dict(
+        diff=float((out - ref).abs().max()),
+        ref=float(ref.abs().max()),
+        groups=_groups(model),
+        names_equal=sorted(mine) == sorted(theirs),
+        unequal=[n for n in theirs if not torch.equal(local(mine[n]), local(theirs[n]))],
+        read=stats.bytes_read,
+        share=stats.share_bytes,
+    )
+
+
+def test_first_block_cache_with_grouped_units(results):
+    """FirstBlockCache at fsdp=2: the one-process cached pixels (mean <= 1e-6) and the same blocks run (fewer than
+    uncached); after every transformer call (10) no unit left gathered, no block parameter left whole."""
+    reference = cached_run("fbc")
+    assert reference["block"] < UNCACHED, reference["block"]
+    for r in (per_rank["fbc"] for per_rank in results):
+        assert r["groups"] == GROUPS, r["groups"]
+        mean, p99, _ = compare(r["pixels"], reference["pixels"])
+        assert mean <= MEAN_TOL and r["block"] == reference["block"], (mean, p99, r["block"], reference["block"])
+        assert len(r["after"]) == 10 and all(a == dict(units=2, unsharded=0, plain=0) for a in r["after"]), r["after"]
+
+
+def test_a_group_left_gathered_fails_the_check(results):
+    """Negative control: the single-block group kept gathered shows as 1 unsharded unit and its 2 blocks' parameters
+    whole, after each call."""
+    for per_rank in results:
+        for seen in per_rank["control"]:
+            assert seen["unsharded"] == 1 and seen["plain"] > 0, per_rank["control"]
+
+
+def test_shard_on_load_with_grouped_units(results):
+    """`load(..., fsdp=2)`: the asked groups, every local shard equal to dtp.parallelize's at fsdp=2, parity <= 1e-5
+    x max |ref|, bytes read <= 1.1 x the share."""
+    for r in (per_rank["load"] for per_rank in results):
+        assert r["groups"] == GROUPS, r["groups"]
+        assert r["names_equal"] and r["unequal"] == [], r["unequal"][:5]
+        assert r["diff"] <= TOL * r["ref"], r
+        assert r["read"] <= READ_SLACK * r["share"], r
+
+
+@pytest.mark.full  # the adapter sequence: 8 forwards and 2 loads per rank, and the one-process sequence here
+def test_lora_with_grouped_units(results):
+    """lora_cases' adapter sequence at fsdp=2 (cp=2): every step within 1e-5 x max |ref| of diffusers + peft."""
+    ref = steps(tiny_model(FLUX), reference_load, inputs_for(FLUX, dict(cp=2)))
+    for per_rank in results:
+        rel = relative(per_rank["lora"], ref)
+        assert max(rel.values()) <= TOL, rel
+
+
+@pytest.mark.full
+def test_fuse_without_release_fails(results):
+    """Negative control: fuse after per-unit reshards, the pending first-window gather kept: off the reference."""
+    model = tiny_model(FLUX)
+    model.load_lora_adapter(random_lora(model, seed=10), adapter_name="a", prefix="transformer")
+    model.fuse_lora(lora_scale=0.5)
+    with torch.no_grad():
+        ref = output_tensor(model(**inputs_for(FLUX, dict(cp=2))))
+    for per_rank in results:
+        assert relative({"x": per_rank["lora_control"]}, {"x": ref})["x"] > 100 * TOL
+
+
+@pytest.mark.full
+def test_cfg_mesh_with_grouped_units(results):
+    """fsdp=2 over cfg=2 (batch 2): the asked groups, both calls within 1e-5 x max |ref|."""
+    for per_rank in results:
+        r = per_rank["cfg"]
+        assert per_rank["cfg_units"] == GROUPS and r["shape_ok"], per_rank["cfg_units"]
+        assert r["diff"] <= TOL * r["ref"] and r["again"] <= TOL * r["ref"], r
