@@ -54,6 +54,7 @@ def _worker(rank, world, path):
     mesh = dtp.make_mesh(**MESH)
     out = dict(fbc=_fbc(mesh), control=_left_gathered(mesh), load=_load(mesh, path))
     if full_run():
+        out["fbc_before"] = _fbc(mesh, before=True)
         out["lora"] = steps(_sharded(mesh), sharded_load, inputs_for(FLUX, MESH))
         out["lora_control"] = _fused_without_release(mesh)
         out["cfg"] = parity(FLUX, dtp.make_mesh(**CFG), CFG, fsdp=UNIT)
@@ -108,16 +109,19 @@ def _watch(model) -> list[dict]:
     return seen
 
 
-def _fbc(mesh) -> dict:
-    """FirstBlockCache enabled after sharding with fsdp=2 (cache_cases.cached_run's order): pixels, blocks run, and
-    what each transformer call left gathered."""
+def _fbc(mesh, before: bool = False) -> dict:
+    """FirstBlockCache enabled after sharding with fsdp=2 (cache_cases.cached_run's order), or before: pixels, blocks
+    run, and what each transformer call left gathered."""
     import dtp
     from dtp.families.pipelines import tiny_flux_pipeline
 
     with bodies() as counts:
         pipe = tiny_flux_pipeline()
+        if before:
+            pipe.transformer.enable_cache(config("fbc", pipe))
         dtp.parallelize(pipe.transformer, mesh, fsdp=UNIT)
-        pipe.transformer.enable_cache(config("fbc", pipe))
+        if not before:
+            pipe.transformer.enable_cache(config("fbc", pipe))
         seen = _watch(pipe.transformer)
         counts.clear()
         pixels = generate(pipe)
@@ -188,12 +192,19 @@ def _load(mesh, path) -> dict:
     )
 
 
-def test_first_block_cache_with_grouped_units(results):
-    """FirstBlockCache at fsdp=2: the one-process cached pixels (mean <= 1e-6) and the same blocks run (fewer than
-    uncached); after every transformer call (10) no unit left gathered, no block parameter left whole."""
-    reference = cached_run("fbc")
+@pytest.fixture(scope="module")
+def fbc_reference() -> dict:
+    return cached_run("fbc")
+
+
+@pytest.mark.parametrize("key", ["fbc", pytest.param("fbc_before", marks=pytest.mark.full)])
+def test_first_block_cache_with_grouped_units(results, fbc_reference, key):
+    """FirstBlockCache at fsdp=2, enabled after sharding (or before: full): the one-process cached pixels (mean <=
+    1e-6) and the same blocks run (fewer than uncached); after every transformer call (10) no unit left gathered, no
+    block parameter left whole."""
+    reference = fbc_reference
     assert reference["block"] < UNCACHED, reference["block"]
-    for r in (per_rank["fbc"] for per_rank in results):
+    for r in (per_rank[key] for per_rank in results):
         assert r["groups"] == GROUPS, r["groups"]
         mean, p99, _ = compare(r["pixels"], reference["pixels"])
         assert mean <= MEAN_TOL and r["block"] == reference["block"], (mean, p99, r["block"], reference["block"])
