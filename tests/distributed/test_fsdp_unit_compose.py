@@ -15,7 +15,8 @@ gathers before b0 and reshards after b1 (torch's group hooks count the blocks' `
 - (cfg=2, cp=2): fsdp=2 over the 4 ranks flattened (batch 2 split over the cfg groups).
 Measured (19:31 UTC, load 1-3): FBC mean 1.2e-7, 31 of 40 blocks run, nothing left gathered after any of the 10
 calls; control: 1 unit and 28 parameters whole; load 4.0e-7, read = share; LoRA <= 8.4e-7, control 0.22; cfg 5.0e-7.
-CPU: default tier 1.6 s a rank + ~3 s in the test process (the one-process FBC run); DTP_FULL=1 3.1 s a rank.
+CPU (19:34, load 3-4): default tier 1.4 s a rank (5.5 s for 4) + 0.4 s in the test process (the one-process FBC run,
+once diffusers' pipeline modules are imported: 6.4 s the first time in a session); DTP_FULL=1 3.35 s a rank.
 """
 
 from __future__ import annotations
