@@ -8,15 +8,18 @@ gathers before b0 and reshards after b1 (torch's group hooks count the blocks' `
   still runs (diffusers replaces its forward), so the group's post-hook fires and the group reshards. Checked after
   every transformer call: no non-root unit unsharded (FSDP2's param-group state) and every block parameter back at
   its sharded local size. Control: one group with `reshard_after_forward=False` (a group left gathered) fails it.
+  Full tier: the cache enabled before sharding, and MagCache (FLUX's ratios: whole calls skipped, a group's first
+  block included).
 - LoRA: lora_cases' adapter sequence (load, weighted pair, fuse, unfuse, disable, enable, delete) at fsdp=2
   against diffusers' `load_lora_adapter`; control: fuse with `release` replaced by per-unit reshards.
 - shard-on-load: `loading.load(..., fsdp=2)` against `dtp.parallelize(from_pretrained, fsdp=2)`: same units, equal
   local shards, parity, reads <= 1.1 x the share.
 - (cfg=2, cp=2): fsdp=2 over the 4 ranks flattened (batch 2 split over the cfg groups).
 Measured (19:31 UTC, load 1-3): FBC mean 1.2e-7, 31 of 40 blocks run, nothing left gathered after any of the 10
-calls; control: 1 unit and 28 parameters whole; load 4.0e-7, read = share; LoRA <= 8.4e-7, control 0.22; cfg 5.0e-7.
+calls; control: 1 unit and 28 parameters whole; MagCache mean 1.6e-7, 16 of 40 blocks run (as one process), nothing
+left gathered; load 4.0e-7, read = share; LoRA <= 8.4e-7, control 0.22; cfg 5.0e-7.
 CPU (19:34, load 3-4): default tier 1.4 s a rank (5.5 s for 4) + 0.4 s in the test process (the one-process FBC run,
-once diffusers' pipeline modules are imported: 6.4 s the first time in a session); DTP_FULL=1 3.35 s a rank.
+once diffusers' pipeline modules are imported: 6.4 s the first time in a session); DTP_FULL=1 3.45 s a rank.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 
 import pytest
 import torch
-from cache_cases import UNCACHED, bodies, cached_run, config, generate
+from cache_cases import UNCACHED, any_config, bodies, cached_run, generate
 from fsdp_cases import TOL, inputs_for, parity
 from lora_cases import random_lora, reference_load, relative, sharded_load, steps
 
@@ -56,6 +59,7 @@ def _worker(rank, world, path):
     out = dict(fbc=_fbc(mesh), control=_left_gathered(mesh), load=_load(mesh, path))
     if full_run():
         out["fbc_before"] = _fbc(mesh, before=True)
+        out["mag"] = _fbc(mesh, name="mag")
         out["lora"] = steps(_sharded(mesh), sharded_load, inputs_for(FLUX, MESH))
         out["lora_control"] = _fused_without_release(mesh)
         out["cfg"] = parity(FLUX, dtp.make_mesh(**CFG), CFG, fsdp=UNIT)
@@ -110,23 +114,26 @@ def _watch(model) -> list[dict]:
     return seen
 
 
-def _fbc(mesh, before: bool = False) -> dict:
-    """FirstBlockCache enabled after sharding with fsdp=2 (cache_cases.cached_run's order), or before: pixels, blocks
-    run, and what each transformer call left gathered."""
+def _fbc(mesh, before: bool = False, name: str = "fbc") -> dict:
+    """FirstBlockCache (or MagCache, `name="mag"`: FLUX's ratios) enabled after sharding with fsdp=2
+    (cache_cases.cached_run's order), or before; `mesh` None: one process. Pixels, blocks run, and what each
+    transformer call left gathered."""
     import dtp
     from dtp.families.pipelines import tiny_flux_pipeline
 
     with bodies() as counts:
         pipe = tiny_flux_pipeline()
         if before:
-            pipe.transformer.enable_cache(config("fbc", pipe))
-        dtp.parallelize(pipe.transformer, mesh, fsdp=UNIT)
+            pipe.transformer.enable_cache(any_config(name, pipe))
+        if mesh is not None:
+            dtp.parallelize(pipe.transformer, mesh, fsdp=UNIT)
         if not before:
-            pipe.transformer.enable_cache(config("fbc", pipe))
-        seen = _watch(pipe.transformer)
+            pipe.transformer.enable_cache(any_config(name, pipe))
+        seen = _watch(pipe.transformer) if mesh is not None else []
         counts.clear()
         pixels = generate(pipe)
-    return dict(pixels=pixels, block=counts["block"], after=seen, groups=_groups(pipe.transformer))
+    groups = _groups(pipe.transformer) if mesh is not None else []
+    return dict(pixels=pixels, block=counts["block"], after=seen, groups=groups)
 
 
 @torch.no_grad()
@@ -198,12 +205,15 @@ def fbc_reference() -> dict:
     return cached_run("fbc")
 
 
-@pytest.mark.parametrize("key", ["fbc", pytest.param("fbc_before", marks=pytest.mark.full)])
-def test_first_block_cache_with_grouped_units(results, fbc_reference, key):
-    """FirstBlockCache at fsdp=2, enabled after sharding (or before: full): the one-process cached pixels (mean <=
-    1e-6) and the same blocks run (fewer than uncached); after every transformer call (10) no unit left gathered, no
-    block parameter left whole."""
-    reference = fbc_reference
+@pytest.mark.parametrize(
+    "key",
+    ["fbc", pytest.param("fbc_before", marks=pytest.mark.full), pytest.param("mag", marks=pytest.mark.full)],
+)
+def test_block_cache_with_grouped_units(results, fbc_reference, key):
+    """FirstBlockCache at fsdp=2, enabled after sharding (or before; or MagCache: full): the one-process cached pixels
+    (mean <= 1e-6) and the same blocks run (fewer than uncached); after every transformer call (10) no unit left
+    gathered, no block parameter left whole."""
+    reference = fbc_reference if key != "mag" else _fbc(None, name="mag")
     assert reference["block"] < UNCACHED, reference["block"]
     for r in (per_rank[key] for per_rank in results):
         assert r["groups"] == GROUPS, r["groups"]
