@@ -1,6 +1,6 @@
-"""fsdp=2 (grouped FSDP2 units, `runtime/fsdp_unit.py`) with diffusers' FirstBlockCache, dtp.load_lora,
-shard-on-load, on (cp=2, tp=2) (TP inside, FSDP over the cp pair), and on (cfg=2, cp=2), on 4 gloo ranks (one
-group), against one process.
+"""fsdp=2 (grouped FSDP2 units, `runtime/fsdp_unit.py`) with diffusers' block caches, dtp.load_lora and
+shard-on-load on (cp=2, tp=2) (TP inside, FSDP over the cp pair), and alone on (cfg=2, cp=2); 4 gloo ranks, one
+group, against one process. Default tier: FirstBlockCache, its control, shard-on-load; the rest with DTP_FULL=1.
 
 At fsdp=2 tiny FLUX.1's 2 double blocks are one unit and its 2 single blocks another: `fully_shard([b0, b1])`
 gathers before b0 and reshards after b1 (torch's group hooks count the blocks' `__call__`s).
@@ -56,10 +56,10 @@ def _worker(rank, world, path):
     import dtp
 
     mesh = dtp.make_mesh(**MESH)
-    out = dict(fbc=_fbc(mesh), control=_left_gathered(mesh), load=_load(mesh, path))
+    out = dict(fbc=_cached(mesh), control=_left_gathered(mesh), load=_load(mesh, path))
     if full_run():
-        out["fbc_before"] = _fbc(mesh, before=True)
-        out["mag"] = _fbc(mesh, name="mag")
+        out["fbc_before"] = _cached(mesh, before=True)
+        out["mag"] = _cached(mesh, name="mag")
         out["lora"] = steps(_sharded(mesh), sharded_load, inputs_for(FLUX, MESH))
         out["lora_control"] = _fused_without_release(mesh)
         out["cfg"] = parity(FLUX, dtp.make_mesh(**CFG), CFG, fsdp=UNIT)
@@ -114,7 +114,7 @@ def _watch(model) -> list[dict]:
     return seen
 
 
-def _fbc(mesh, before: bool = False, name: str = "fbc") -> dict:
+def _cached(mesh, before: bool = False, name: str = "fbc") -> dict:
     """FirstBlockCache (or MagCache, `name="mag"`: FLUX's ratios) enabled after sharding with fsdp=2
     (cache_cases.cached_run's order), or before; `mesh` None: one process. Pixels, blocks run, and what each
     transformer call left gathered."""
@@ -213,7 +213,7 @@ def test_block_cache_with_grouped_units(results, fbc_reference, key):
     """FirstBlockCache at fsdp=2, enabled after sharding (or before; or MagCache: full): the one-process cached pixels
     (mean <= 1e-6) and the same blocks run (fewer than uncached); after every transformer call (10) no unit left
     gathered, no block parameter left whole."""
-    reference = fbc_reference if key != "mag" else _fbc(None, name="mag")
+    reference = fbc_reference if key != "mag" else _cached(None, name="mag")
     assert reference["block"] < UNCACHED, reference["block"]
     for r in (per_rank[key] for per_rank in results):
         assert r["groups"] == GROUPS, r["groups"]
