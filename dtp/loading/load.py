@@ -107,7 +107,8 @@ def from_pretrained(
     `quantization_config` (diffusers' `TorchAoConfig`, or a torchao config; int8 / float8 weight-only): each
     rank quantizes its slice of every Linear weight as it is read, with the whole row's scales (`dtp/quant/load.py`).
     `fsdp=True`: the weights are sharded over the mesh's non-tp axes too (FSDP2, as `dtp.parallelize(fsdp=True)`),
-    and each rank reads only its FSDP shard of its TP slice of every tensor (`loading/fsdp.py`).
+    and each rank reads only its FSDP shard of its TP slice of every tensor (`loading/fsdp.py`); a unit size
+    (`fsdp=2`, `fsdp="1GB"`) groups blocks into units as there (docs/fsdp.md, "Unit size").
     `attention_backend`: as in `dtp.parallelize` (set on the model; Ulysses and ring use it).
     """
     model, _ = load(
