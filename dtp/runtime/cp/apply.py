@@ -72,19 +72,9 @@ def apply_cp(
         handles.append(model.get_submodule(path).register_forward_hook(GatherOutput(path, rule, group, pads)))
     handles += install_grids(model, resolved.grids, pads, group, cp)  # output layers past the forward's own reshape
     handles.append(model.register_forward_hook(root.close, always_call=True))  # last, after the gathers, as before
-    shared = dict(backend=backend, masks=masks, usp=usp)
-    attention = CpAttention(mode=mode, group=group, **shared)
-    padded = CpAttention(mode=mode, group=group, pads=pads, **shared)  # pad keys masked
-    views = {}  # one CpAttention per slot subset: an attention that sees one of two padded streams (`pad_view.py`)
-    slots = dict(resolved.pad_slots)
-    for at in slots.values():
-        views.setdefault(at, CpAttention(mode=mode, group=group, pads=PadView(pads, at), **shared))
-    for spec in resolved.attention:
-        if spec.path in slots:
-            chosen = views[slots[spec.path]]
-        else:
-            chosen = padded if spec.path in resolved.padded_attention else attention
-        handles += install_attention(spec.path, model.get_submodule(spec.path), chosen)
+    handles += _install_attentions(
+        model, resolved, pads, dict(mode=mode, group=group, backend=backend, masks=masks, usp=usp)
+    )
     for path, dim, rows in resolved.halos:  # convolutions over the split token grid (Sana's Mix-FFN)
         handles += install_halo(model.get_submodule(path), path, dim, rows, group, rank, cp)
     for path, _kind in resolved.gathered:  # choices over the whole sequence from gathered scores (one kind so far)
@@ -92,6 +82,24 @@ def apply_cp(
     handles += install_per_sample(model, resolved.per_sample)  # `local` cross-attention, context once per sample
     handles += install_batch_rows(model, resolved.batch_rows, group, rank, cp)  # a share of a whole batch's rows
     setattr(model, HANDLES_ATTR, getattr(model, HANDLES_ATTR, []) + handles)
+
+
+def _install_attentions(model: nn.Module, resolved: CpResolved, pads: PadState, shared: dict) -> list:
+    """Each attention module's CP route: one `CpAttention` for unpadded keys, one masking the pad keys, and one per
+    slot subset for an attention that sees one of two padded streams (`pad_view.py`); `shared`: their common options."""
+    attention = CpAttention(**shared)
+    padded = CpAttention(pads=pads, **shared)  # pad keys masked
+    slots, views = dict(resolved.pad_slots), {}
+    for at in slots.values():
+        views.setdefault(at, CpAttention(pads=PadView(pads, at), **shared))
+    handles = []
+    for spec in resolved.attention:
+        if spec.path in slots:
+            chosen = views[slots[spec.path]]
+        else:
+            chosen = padded if spec.path in resolved.padded_attention else attention
+        handles += install_attention(spec.path, model.get_submodule(spec.path), chosen)
+    return handles
 
 
 def remove_cp(model: nn.Module) -> None:
