@@ -134,6 +134,7 @@ class Kandinsky6SRCpProcessor:
             columns = mask[..., source * local_blocks : (source + 1) * local_blocks]
             block = masked_block(query, kv[..., :d_k], kv[..., d_k:], columns, scale)
             out, lse = block if out is None else merge(out, lse, *block, into=step > 1)
+            block = None  # in the sum now: not alive through the next step's send and compute
             if incoming is not None:
                 kv, incoming = wait_for(incoming), None  # the chunk sent is dropped here, not at the next send
         return out.to(query.dtype)

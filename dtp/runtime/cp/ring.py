@@ -143,6 +143,7 @@ def ring_attention(
         else:
             last, masked = step == cp - 1, masks is not None  # from step 2 on, `out` is a merge's own fp32 sum
             out, lse = merge(out, lse, *block, heads_first=True, masked=masked, need_lse=not last, into=step > 1)
+        block = None  # in the sum now: not alive through the next step's send and compute
         if incoming is not None:
             kv, incoming = wait_for(incoming), None  # after this block's compute; the sent chunk dropped now
     out = out.transpose(1, 2)
