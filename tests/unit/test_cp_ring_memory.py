@@ -54,3 +54,21 @@ def test_negative_control_the_sent_chunk_kept_to_the_next_send(monkeypatch):
 
     monkeypatch.setattr(ring_module, "wait_for", keeping)
     assert _peak_in_chunks() > 8.2
+
+
+def test_a_merge_into_the_sum_equals_a_new_sum_and_writes_in_place():
+    """`merge(into=True)` on an fp32 sum: the values of the out-of-place merge (bf16 and fp32 blocks, both layouts,
+    a row neither block sees), written into the sum itself. Control: the out-of-place merge leaves the sum as it was."""
+    g = torch.Generator().manual_seed(0)
+    for heads_first in (False, True):
+        for dtype in (torch.float32, torch.bfloat16):
+            shape = (2, 3, 5, 8) if heads_first else (2, 5, 3, 8)
+            acc, block = torch.randn(shape, generator=g), torch.randn(shape, generator=g).to(dtype)
+            lse_a, lse_b = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
+            lse_a[0, 0, 0] = lse_b[0, 0, 0] = float("-inf")  # a row neither block sees
+            kept = acc.clone()
+            new, new_lse = ring_module.merge(acc, lse_a, block, lse_b, heads_first=heads_first)
+            assert torch.equal(acc, kept)  # control: out of place
+            out, lse = ring_module.merge(acc, lse_a, block, lse_b, heads_first=heads_first, into=True)
+            assert out.data_ptr() == acc.data_ptr() and torch.equal(lse, new_lse)
+            assert (out - new).abs().max() <= 1e-6 * new.abs().max()
