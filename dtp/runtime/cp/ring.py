@@ -19,6 +19,10 @@ ProcessGroup's own async call (~10 µs of host; the functional `permute_tensor` 
 `torch.compile(fullgraph=True)` the functional `permute_tensor`, which dynamo traces (P2P `batch_isend_irecv` broke
 the graph).
 
+Memory: at a step the ring holds the K/V chunk computed and the one received, the running fp32 sum (added into in
+place from step 2 on, `merge`'s into) and the block's output; the sent chunk is dropped at its wait and each block
+once merged (`tests/unit/test_cp_ring_memory.py`: 8.16 K-chunk units at the peak on fake CUDA, the first merge's).
+
 Grouped-query heads (`enable_gqa=True`, Cosmos 3): K/V travel with their own Hkv heads, H / Hkv times smaller than
 expanded ones, and each step expands only the block it computes (`expand_kv_heads`; the fused ops take as many k/v
 heads as q heads), so the rank's K/V and the chunk in flight never hold the repeated heads.
