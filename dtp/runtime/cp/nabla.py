@@ -97,8 +97,10 @@ class Kandinsky6SRCpProcessor:
                 return _whole(q, k, v, sta, threshold)
 
             out = ulysses_attention(query, key, value, None, group=self.group, attend=attend)
-        else:
-            out = self.ring(query, key, value, sta, threshold)
+        else:  # K and V as the ring's one buffer, and no other copy of them alive through the ring (`ring`)
+            held, d_k = [torch.cat([key, value], dim=-1)], key.shape[-1]
+            del key, value
+            out = self.ring(query, held, d_k, sta, threshold)
         return attn.out_layer(out.flatten(2, 3))
 
     def _check(self, local: int) -> None:
@@ -114,23 +116,27 @@ class Kandinsky6SRCpProcessor:
                 f"frames x (height / 8) x (width / 8) blocks ({local * cp / BLOCK:g}) must divide by cp."
             )
 
-    def ring(self, query, key, value, sta, threshold: float):
-        """Ring attention through the rank's rows of the whole sequence's block mask (module docstring)."""
-        cp, rank = self.group.size(), self.group.rank()
+    def ring(self, query, held: list, d_k: int, sta, threshold: float):
+        """Ring attention through the rank's rows of the whole sequence's block mask (module docstring). held: a
+        list of one tensor, this rank's K and V concatenated on the last dim (`[B, S/cp, H, Dk + Dv]`), which the ring
+        empties: no other frame keeps the rank's own chunk (nor separate K and V), so that once it has been sent the
+        ring holds 2 K/V chunks (the one computed, the one received). Merges after the first add into the running
+        fp32 sum in place (`merge`'s into)."""
+        kv, cp, rank = held.pop(), self.group.size(), self.group.rank()
         local_blocks = query.shape[1] // BLOCK
-        keys = all_gather_along(block_means(key), self.group, 2)  # [B, H, nb, D]: every rank's key means
+        keys = all_gather_along(block_means(kv[..., :d_k]), self.group, 2)  # [B, H, nb, D]: every rank's key means
         rows = sta[rank * local_blocks : (rank + 1) * local_blocks]
         mask = mask_rows(block_means(query), keys, rows, threshold)  # [B, H, nb / cp, nb]
-        scale, d_k = query.shape[-1] ** -0.5, key.shape[-1]
-        kv, out, lse = torch.cat([key, value], dim=-1), None, None
+        scale, out, lse = query.shape[-1] ** -0.5, None, None
         for step in range(cp):
             incoming = send_to_next(kv, self.group) if step < cp - 1 else None  # issued before the step's compute
             source = (rank - step) % cp
             columns = mask[..., source * local_blocks : (source + 1) * local_blocks]
             block = masked_block(query, kv[..., :d_k], kv[..., d_k:], columns, scale)
-            out, lse = block if out is None else merge(out, lse, *block)
+            out, lse = block if out is None else merge(out, lse, *block, into=step > 1)
+            block = None  # in the sum now: not alive through the next step's send and compute
             if incoming is not None:
-                kv = wait_for(incoming)
+                kv, incoming = wait_for(incoming), None  # the chunk sent is dropped here, not at the next send
         return out.to(query.dtype)
 
 

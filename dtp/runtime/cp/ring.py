@@ -19,6 +19,10 @@ ProcessGroup's own async call (~10 µs of host; the functional `permute_tensor` 
 `torch.compile(fullgraph=True)` the functional `permute_tensor`, which dynamo traces (P2P `batch_isend_irecv` broke
 the graph).
 
+Memory: at a step the ring holds the K/V chunk computed and the one received, the running fp32 sum (added into in
+place from step 2 on, `merge`'s into) and the block's output; the sent chunk is dropped at its wait and each block
+once merged (`tests/unit/test_cp_ring_memory.py`: 8.16 K-chunk units at the peak on fake CUDA, the first merge's).
+
 Grouped-query heads (`enable_gqa=True`, Cosmos 3): K/V travel with their own Hkv heads, H / Hkv times smaller than
 expanded ones, and each step expands only the block it computes (`expand_kv_heads`; the fused ops take as many k/v
 heads as q heads), so the rank's K/V and the chunk in flight never hold the repeated heads.
@@ -72,7 +76,9 @@ def kv_groups_of(query_heads: int, kv_heads: int, enable_gqa: bool) -> int:
     )
 
 
-def merge(out_a, lse_a, out_b, lse_b, *, heads_first: bool = False, masked: bool = True, need_lse: bool = True):
+def merge(
+    out_a, lse_a, out_b, lse_b, *, heads_first: bool = False, masked: bool = True, need_lse: bool = True, into=False
+):
     """Combine two partial results over disjoint key sets (fp32; out `[B, Sq, H, D]`, or `[B, H, Sq, D]` with
     `heads_first`, where the weight `[B, H, Sq, 1]` is a view of the LSEs; lse `[B, H, Sq]`); see the module docstring.
     One `lerp`: exp(lse_a - lse) o_a + exp(lse_b - lse) o_b = o_b + w (o_a - o_b) with w = sigmoid(lse_a - lse_b)
@@ -80,15 +86,21 @@ def merge(out_a, lse_a, out_b, lse_b, *, heads_first: bool = False, masked: bool
     step follows: the last step's is never read; None otherwise). A block whose keys are all masked has lse = -inf
     and weight 0. A row neither block sees (lse = -inf in both; only when `masked`: unmasked blocks have finite LSEs)
     gives -inf - -inf = nan, taken as w = 1/2 of two zero rows (0), and lse = logaddexp(-inf, -inf) = -inf. Outputs
-    of another dtype than the LSE's (bf16 blocks on CUDA) are promoted inside the multiplies instead, never copied."""
+    of another dtype than the LSE's (bf16 blocks on CUDA) are promoted inside the multiplies instead, never copied.
+    into: `out_a` is the caller's own fp32 accumulator (a previous merge's result, read by nothing else) and is
+    updated in place, the same arithmetic: a ring step then allocates no output-sized tensor (two fewer fp32
+    outputs alive at the ring's peak, `ring_attention`). Otherwise the sum is one new fp32 tensor, its first product
+    made in place."""
     diff = lse_a - lse_b
     w_a = torch.sigmoid(diff.nan_to_num(nan=0.0) if masked else diff).unsqueeze(-1)  # [B, H, Sq, 1]
     if not heads_first:
         w_a = w_a.transpose(1, 2)  # [B, Sq, H, 1]
     if out_a.dtype == out_b.dtype == w_a.dtype:
-        out = torch.lerp(out_b, out_a, w_a)
+        out = torch.lerp(out_b, out_a, w_a, out=out_a) if into else torch.lerp(out_b, out_a, w_a)
+    elif into and out_a.dtype == w_a.dtype:
+        out = out_a.mul_(w_a).addcmul_(out_b, 1 - w_a)  # w o_a + (1 - w) o_b, as below: the same two products
     else:
-        out = torch.addcmul(out_b * (1 - w_a), out_a, w_a)
+        out = (out_b * (1 - w_a)).addcmul_(out_a, w_a)
     return out, (torch.logaddexp(lse_a, lse_b) if need_lse else None)
 
 
@@ -133,9 +145,11 @@ def ring_attention(
         if out is None:
             out, lse = block
         else:
-            out, lse = merge(out, lse, *block, heads_first=True, masked=masks is not None, need_lse=step < cp - 1)
+            last, masked = step == cp - 1, masks is not None  # from step 2 on, `out` is a merge's own fp32 sum
+            out, lse = merge(out, lse, *block, heads_first=True, masked=masked, need_lse=not last, into=step > 1)
+        block = None  # in the sum now: not alive through the next step's send and compute
         if incoming is not None:
-            kv = wait_for(incoming)  # after this block's compute
+            kv, incoming = wait_for(incoming), None  # after this block's compute; the sent chunk dropped now
     out = out.transpose(1, 2)
     return out if out.dtype == query.dtype else out.to(query.dtype)
 
