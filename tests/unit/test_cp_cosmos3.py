@@ -17,6 +17,7 @@ from dtp.runtime.cp.cosmos3 import PackedRows, cosmos3_omni_forward
 from dtp.runtime.cp.hooks import PadState
 from dtp.runtime.cp.sequence import padded_chunk
 from dtp.testing.cosmos3 import SOUND_ACTION, add_sound_and_action
+from dtp.testing.first_call import first_call_args
 from dtp.testing.perturb import perturb
 from dtp.testing.tiny import tiny_model
 
@@ -72,25 +73,10 @@ def _model_and_inputs():
     return model, inputs
 
 
-class _Seen(Exception):
-    """Raised at the first layer: the layers and the read-back are not under test here."""
-
-
 def _layer_inputs(model, run):
     """(und_seq, gen_seq, rotary_emb) as `run()` hands them to the first decoder layer."""
-    seen = {}
-
-    def layer(module, args):
-        seen["inputs"] = args
-        raise _Seen
-
-    handle = model.layers[0].register_forward_pre_hook(layer)
-    try:
-        with torch.no_grad(), pytest.raises(_Seen):
-            run()
-    finally:
-        handle.remove()
-    return seen["inputs"]
+    args = first_call_args(model.layers[0], run)
+    return args
 
 
 def test_at_cp_1_it_is_diffusers_forward_bit_for_bit():

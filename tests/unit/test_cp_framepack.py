@@ -16,6 +16,7 @@ import dtp
 from dtp.runtime.cp.framepack import FORWARD_ID, JointCut, framepack_forward
 from dtp.runtime.cp.hooks import PadState
 from dtp.runtime.cp.sequence import padded_chunk
+from dtp.testing.first_call import first_call_args
 from dtp.testing.perturb import perturb
 from dtp.testing.tiny import tiny_inputs, tiny_model
 
@@ -49,25 +50,10 @@ def _model_and_inputs():
     return model, inputs
 
 
-class _Seen(Exception):
-    """Raised at the first block: the blocks and the `keep` after them are not under test here."""
-
-
 def _block_inputs(model, run):
     """(hidden_states, image_rotary_emb) as `run()` hands them to the first dual-stream block."""
-    seen = {}
-
-    def block(module, args):
-        seen["inputs"] = (args[0], args[4])
-        raise _Seen
-
-    handle = model.transformer_blocks[0].register_forward_pre_hook(block)
-    try:
-        with torch.no_grad(), pytest.raises(_Seen):
-            run()
-    finally:
-        handle.remove()
-    return seen["inputs"]
+    args = first_call_args(model.transformer_blocks[0], run)
+    return (args[0], args[4])
 
 
 def test_at_cp_1_it_is_diffusers_forward_bit_for_bit():
