@@ -199,6 +199,13 @@ def test_covers_the_video_models():
     assert {"wan", "skyreels_v2", "hunyuanvideo", "ltx_video", "cogvideox", "cosmos"} <= set(COVERED)
 
 
+# Families whose attention adapter runs its own exchanges (not `ulysses.to_heads` / `ring.block_attention` once a
+# call): Cosmos 3 Omni's dual-pathway processor (`packed.py`: stacked all-to-alls per pathway, a block-causal ring) and
+# Kandinsky 6 SR's NABLA attention (`nabla.py`: its own ring over the sparse block mask). Their parity is checked here,
+# their exchanges in their own modules (test_cp_video.py, test_cp_route.py).
+OWN_EXCHANGES = {"cosmos3_omni", "kandinsky6_sr"}
+
+
 @pytest.mark.parametrize("name,cp,tp,mode", CASE_PARAMS)
 def test_parity(four, name, cp, tp, mode):
     """Tiny model, batch 2, at (cp, tp, mode) on 4 gloo ranks: max |out - ref| <= 1e-5 * max |ref|, and
@@ -209,6 +216,8 @@ def test_parity(four, name, cp, tp, mode):
         assert r["shape_ok"], (rank, name, r)
         assert r["rel"] <= TOL, (rank, name, cp, tp, mode, r)
         assert r["sums"] == linear, (rank, name, r, linear)
+        if name in OWN_EXCHANGES:
+            continue
         if mode == "ulysses":
             assert (r["a2a"], r["blocks"]) == (modules, 0), (rank, name, r, modules)  # one `to_heads` per call
         else:

@@ -59,11 +59,13 @@ def test_ulysses_cp2_lists_the_all_to_alls_and_a_backend_changes_the_kernel(tiny
 
 @pytest.mark.full
 def test_ring_cp2_reports_what_its_block_really_runs(tiny_flux):
-    """Ring cp=2: the K/V pass is send / recv per block; its block is either one fused attention op per step with no
-    fp32 FLOPs, or (the fp32 reference path on CUDA) plain fp32 matmuls and no attention op: the report says which."""
+    """Ring cp=2: the K/V pass is one exchange per ring step (cp - 1 = 1 a block: `collectives.send_to_next`, a
+    ProcessGroup all-to-all with one peer each way, reported as `all_to_all_single`: this test still expected send /
+    recv); its block is either one fused attention op per step with no fp32 FLOPs, or (the fp32 reference path on CUDA)
+    plain fp32 matmuls and no attention op: the report says which."""
     report = check("flux", tp=1, cp=2, cp_mode="ring", config=tiny_flux, kernels=True, **SHAPE)
     block = _blocks(report)["transformer_blocks.*"]
-    assert block["collectives"]["send"] == block["collectives"]["recv"] >= 1
+    assert block["collectives"] == {"all_to_all_single": 1}, block["collectives"]
     k = report["kernels"]
     if k["fused_attention"]:
         assert k["fp32_flop_share"] == 0 and "float32" not in block["matmul"]

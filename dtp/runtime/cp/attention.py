@@ -156,8 +156,8 @@ class CpAttention:
         if self.pads is None or not self.pads.padded:  # nothing padded in this forward (most calls)
             return mask
         valid = self.pads.key_valid(key.shape[1], batch, key.device)
-        if mask is None:
-            return valid
+        if valid is None or mask is None:  # None: no pad key among these (the "unmasked" controls' stand-in too)
+            return mask if valid is None else valid
         if mask.dtype == torch.bool:
             return mask & valid
         return mask.masked_fill(torch.logical_not(valid), float("-inf"))
