@@ -200,3 +200,19 @@ def bad_lora_cases(mesh) -> dict[str, tuple[bool, str, bool]]:
         except dtp.PlanError as error:
             found[case] = (True, str(error), same(before, snapshot(model)))
     return found
+
+
+def fuse(model: nn.Module, scale: float, release_broken: bool = False) -> None:
+    """`model.fuse_lora(lora_scale=scale)` on an fsdp model; release_broken: dtp's `release` replaced by each FSDP
+    unit's `reshard()` (the fsdp LoRA control: a prefetched gather stays pending with the unfused weights)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    import dtp.adapters.fsdp as lora_fsdp
+
+    release = lora_fsdp.release
+    if release_broken:
+        lora_fsdp.release = lambda m: [u.reshard() for u in m.modules() if isinstance(u, FSDPModule)]
+    try:
+        model.fuse_lora(lora_scale=scale)
+    finally:
+        lora_fsdp.release = release

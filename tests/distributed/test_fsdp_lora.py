@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fsdp_cases import FLUX, inputs_for, tag
-from lora_cases import random_lora, reference_load, relative, sharded_load, steps
+from lora_cases import fuse, random_lora, reference_load, relative, sharded_load, steps
 
 from dtp.testing.launch import spawn
 from dtp.testing.tiny import output_tensor, tiny_model
@@ -54,23 +54,15 @@ def _fused(before_a_call: bool, release_broken: bool) -> torch.Tensor:
     """Adapter "a" fused at 0.5 on a fresh model, before its first call or after one, then a forward. Broken:
     `release` replaced by each unit's reshard(), so the first window's gather, prefetched by the last unit, stays
     pending with the unfused weights (the negative control)."""
-    from torch.distributed.fsdp import FSDPModule
 
     import dtp
-    import dtp.adapters.fsdp as lora_fsdp
 
     model = dtp.parallelize(tiny_model(FLUX), dtp.make_mesh(**CONTROL), fsdp=True)
     inputs = inputs_for(FLUX, CONTROL)
     dtp.load_lora(model, random_lora(model, seed=10), adapter_name="a")
     if not before_a_call:
         model(**inputs)
-    release = lora_fsdp.release
-    if release_broken:
-        lora_fsdp.release = lambda m: [u.reshard() for u in m.modules() if isinstance(u, FSDPModule)]
-    try:
-        model.fuse_lora(lora_scale=0.5)
-    finally:
-        lora_fsdp.release = release
+    fuse(model, 0.5, release_broken)
     return output_tensor(model(**inputs)).clone()
 
 

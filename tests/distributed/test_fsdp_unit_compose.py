@@ -30,7 +30,7 @@ import pytest
 import torch
 from cache_cases import UNCACHED, any_config, bodies, cached_run, generate
 from fsdp_cases import TOL, inputs_for, parity
-from lora_cases import random_lora, reference_load, relative, sharded_load, steps
+from lora_cases import fuse, random_lora, reference_load, relative, sharded_load, steps
 
 from dtp.pipeline.compare import compare
 from dtp.testing.launch import spawn
@@ -154,20 +154,13 @@ def _left_gathered(mesh) -> list[dict]:
 def _fused_without_release(mesh) -> torch.Tensor:
     """Adapter "a" fused at 0.5 after a call, `release` replaced by each unit's reshard(): the first window's gather,
     prefetched by the last unit, stays pending with the unfused weights (test_fsdp_lora's control, at fsdp=2)."""
-    from torch.distributed.fsdp import FSDPModule
 
     import dtp
-    import dtp.adapters.fsdp as lora_fsdp
 
     model, inputs = _sharded(mesh), inputs_for(FLUX, MESH)
     dtp.load_lora(model, random_lora(model, seed=10), adapter_name="a")
     model(**inputs)
-    release = lora_fsdp.release
-    lora_fsdp.release = lambda m: [u.reshard() for u in m.modules() if isinstance(u, FSDPModule)]
-    try:
-        model.fuse_lora(lora_scale=0.5)
-    finally:
-        lora_fsdp.release = release
+    fuse(model, 0.5, release_broken=True)
     return output_tensor(model(**inputs)).clone()
 
 
