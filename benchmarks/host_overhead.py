@@ -52,16 +52,19 @@ def pin_one_core() -> int:
 
 def row(class_name: str, mesh, repeats: int) -> dict:
     """One mesh's row; with fsdp also FSDP2 alone on diffusers' model at dtp's units (`fsdp_alone`), timed in the same
-    alternation: what FSDP2 costs by itself, against which dtp's (cp=2, fsdp) rank is read."""
-    alone_ms = None
+    alternation: what FSDP2 costs by itself, against which dtp's (cp=2, fsdp) rank is read; and both with the vectors
+    sharded too (`vectors_sharded`: the rule before round 15), in the same alternation."""
+    alone_ms = before = None
     with fake_world(mesh.world):
         reference, sharded = sharded_pair(class_name, mesh)
         inputs = tiny_inputs(class_name, mesh)
         ops = dtensor_ops(sharded, inputs)
         if mesh.fsdp:
-            ref_ms, alone_ms, dtp_ms = _median_ms(
-                [reference, fsdp_alone(reference, mesh.world), sharded], [inputs] * 3, repeats
-            )
+            with vectors_sharded():
+                _, sharded_before = sharded_pair(class_name, mesh)
+                alone_before = fsdp_alone(reference, mesh.world)
+            models = [reference, fsdp_alone(reference, mesh.world), alone_before, sharded_before, sharded]
+            ref_ms, alone_ms, *before, dtp_ms = _median_ms(models, [inputs] * len(models), repeats)
             ref_s, dtp_s = ref_ms / 1e3, dtp_ms / 1e3
         else:
             ref_s, dtp_s = alternated_medians(reference, sharded, inputs, repeats=repeats)
@@ -75,7 +78,14 @@ def row(class_name: str, mesh, repeats: int) -> dict:
         dtensor_ops=sum(ops.ops.values()),
         total_ops=ops.total,
         alone_ms=alone_ms,
+        before_ms=before,  # (FSDP2 alone, dtp's rank) with the vectors sharded too
     )
+
+
+def vectors_sharded():
+    """dtp's FSDP with every vector sharded too, as before round 15 (`runtime/fsdp.VECTORS_WHOLE`), while models are
+    sharded under it; their forwards keep what they were sharded with."""
+    return mock.patch.object(dtp_fsdp, "VECTORS_WHOLE", False)
 
 
 def table(rows: list[dict]) -> str:
@@ -101,7 +111,21 @@ def table(rows: list[dict]) -> str:
                 f"| {r['model']} | {r['mesh']} vs FSDP2 alone | {alone:.2f} | {r['dtp_ms']:.2f} | "
                 f"{r['dtp_ms'] / alone:.2f}x | 1.15x | | |"
             )
+            lines += _before_lines(r)
     return "\n".join(lines)
+
+
+def _before_lines(r: dict) -> list[str]:
+    """The fsdp row's twins with every vector sharded too (the rule before round 15), same alternation."""
+    if not r.get("before_ms"):
+        return []
+    alone, rank = r["before_ms"]
+    return [
+        f"| {r['model']} | FSDP2 alone, vectors sharded too (before) | {r['ref_ms']:.2f} | {alone:.2f} | "
+        f"{alone / r['ref_ms']:.2f}x | | | |",
+        f"| {r['model']} | {r['mesh']}, vectors sharded too (before) | {r['ref_ms']:.2f} | {rank:.2f} | "
+        f"{rank / r['ref_ms']:.2f}x | {r['target']:.2f}x | | |",
+    ]
 
 
 @contextlib.contextmanager
@@ -115,9 +139,12 @@ def fsdp_variant(name: str):
         "one unit per block": [mock.patch.object(dtp_fsdp, "SPLIT_RATIO", float("inf"))],
         "reshard_after_forward=False (whole weights kept)": [
             mock.patch.object(
-                dtp_fsdp, "fully_shard", lambda m, mesh, **_: shard(m, mesh=mesh, reshard_after_forward=False)
+                dtp_fsdp,
+                "fully_shard",
+                lambda m, mesh, **kw: shard(m, mesh=mesh, **{**kw, "reshard_after_forward": False}),
             )
         ],
+        "vectors sharded too (before round 15)": [vectors_sharded()],
         "_set_unshard_async_op(False)": [mock.patch.object(FSDPModule, "_set_unshard_async_op", lambda self, v: None)],
     }[name]
     with contextlib.ExitStack() as stack:
@@ -128,6 +155,7 @@ def fsdp_variant(name: str):
 
 FSDP_VARIANTS = (
     "dtp's units (blocks over 2x the smallest split)",
+    "vectors sharded too (before round 15)",
     "one unit per block",
     "reshard_after_forward=False (whole weights kept)",
     "_set_unshard_async_op(False)",
@@ -225,7 +253,8 @@ def fsdp_phase_rows(repeats: int) -> str:
 
 def fsdp_alone(reference: torch.nn.Module, world: int) -> torch.nn.Module:
     """A copy of diffusers' model under FSDP2 alone: `fully_shard` on the units dtp's `unit_layout` picks (children
-    before their block, `reshard_after_forward=True`) and the root (False), on a 1-D mesh of `world` ranks, with
+    before their block, `reshard_after_forward=True`) and the root (False), the vectors left out as dtp leaves them
+    (`fsdp_shards`; under `vectors_sharded()` the rule before), on a 1-D mesh of `world` ranks, with
     FSDP2's own (implicit) prefetching and no dtp hook: what FSDP2 costs by itself at dtp's units."""
     import copy
 
@@ -235,9 +264,10 @@ def fsdp_alone(reference: torch.nn.Module, world: int) -> torch.nn.Module:
     model = copy.deepcopy(reference)
     mesh = init_device_mesh("cpu", (world,))
     layout = dtp_fsdp.unit_layout(model)
+    whole = {p for p in model.parameters() if not dtp_fsdp.fsdp_shards(p)}  # dtp's rule on vectors, as it stands
     for unit in reversed(layout.units):
-        fully_shard(unit.module, mesh=mesh, reshard_after_forward=True)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        fully_shard(unit.module, mesh=mesh, reshard_after_forward=True, ignored_params=whole)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, ignored_params=whole)
     dtp_fsdp.name_repeated_blocks(model, layout)  # so that regional compile finds the renamed units
     return model
 

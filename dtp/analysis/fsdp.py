@@ -5,13 +5,14 @@ A component is sharded exactly as `dtp.parallelize_pipeline(pipe, make_mesh(tp, 
 (`pipeline.prepare_component` then `engine.apply`), on rank 0 of a fake world of cfg x cp x tp ranks, and its
 parameters are counted as FSDP2 holds them (`runtime/fsdp.py`):
 
-    sharded   = every unit at rest, before the first call: each parameter's dim-0 chunk (torch.chunk, padded) of its
-                tp slice over F = cfg x cp ranks (>= tp-local bytes / F: the chunk rounds up)
-    resident  = between calls: the units' chunks, the root's own parameters gathered at their tp slice (the root
-                keeps them after the first call)
-    in flight = on top of resident while the blocks run: the running unit and its prefetch window, gathered at their
-                tp slice (`runtime/fsdp.in_flight_bytes`); between calls the first window (a pipeline frees it
-                before its VAE decodes)
+    sharded   = every unit at rest, before the first call: each matrix's dim-0 chunk (torch.chunk, padded) of its
+                tp slice over F = cfg x cp ranks (>= tp-local bytes / F: the chunk rounds up); each vector (bias, norm
+                weight: FSDP2 leaves it out, `runtime/fsdp.fsdp_shards`) whole at its tp slice
+    resident  = between calls: the units' chunks, the root's own matrices gathered at their tp slice (the root
+                keeps them after the first call), the vectors whole
+    in flight = on top of resident while the blocks run: the running unit's matrices and its prefetch window's,
+                gathered at their tp slice (`runtime/fsdp.in_flight_bytes`); between calls the first window (a
+                pipeline frees it before its VAE decodes)
     units     = each gathering unit's tp-local bytes in forward order; `first_window` the first window's bytes
 
 e.g. FLUX.1-dev bf16 at (cp=8, tp=1): resident 3.09 GB, in flight 0.57 GB (two single blocks).

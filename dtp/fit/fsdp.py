@@ -5,7 +5,8 @@ FSDP-sharded component over F = cfg x cp ranks and gathers each unit back just b
 traced, not estimated: each sharded component (the transformer; text encoders when sharded) is sharded with fsdp=True
 at full size on meta as the run shards it (`analysis/fsdp.traced_fsdp`, the function `dtp check --fsdp` prints):
 
-    weight_bytes[c]   = its traced resident bytes (units' chunks + the root gathered after the first call)
+    weight_bytes[c]   = its traced resident bytes (units' chunks + the root gathered after the first call + the
+                        vectors, whole on every rank: `runtime/fsdp.fsdp_shards`)
     in flight         = the traced running unit + its prefetch window (or a unit's copy-out, buffer and parameters
                         both alive: `runtime/fsdp.in_flight`), at the unit size `dtp fit --fsdp-unit` gives
                         (`dtp run --fsdp UNIT`; dtp's units by default), on top of the resident weights in the phase

@@ -6,6 +6,9 @@ tensor is this rank's TP slice (`Layout.local_slice`), so a rank holds
 
     torch.chunk(layout.local_slice(W, tp, t), F, dim=0)[f]          (layout None: W itself)
 
+A vector (a bias, a norm weight) is left out of FSDP2 (`runtime/fsdp.fsdp_shards`): every fsdp rank holds its whole
+tp slice, read as the one chunk of F = 1.
+
 `fsdp_slice` reads exactly that from a safetensors slice without building the TP slice first:
 - TP splits dim 0 (colwise, packed blocks, padding): the TP slice is a list of row pieces of W (`rank_pieces`:
   real rows, then zero rows); the FSDP chunk is a window [a, b) of their concatenation, so only the pieces (or
@@ -28,7 +31,7 @@ from .. import quant
 from ..engine import apply
 from ..errors import PlanError
 from ..resolve.layout import Layout, rank_pieces
-from ..runtime.fsdp import fsdp_rows
+from ..runtime.fsdp import fsdp_rows, fsdp_shards
 
 Piece = tuple[int, int, int]  # real rows [start, stop) of the full tensor, then `zeros` zero rows
 
@@ -124,7 +127,8 @@ def check_untied(model: nn.Module, keymap, directory) -> None:
 def read_fsdp(model: nn.Module, prepared, checkpoint, keymap, layouts, device, counting) -> int:
     """Shard the skeleton `model` on meta (`engine.apply`: TP, CP, cfg, FSDP2 units; nothing read), give it real
     storage on `device`, then fill every parameter's FSDP shard from the checkpoint (`fsdp_slice`: this rank's rows
-    only) and every buffer whole; returns the bytes read. `counting` wraps each opened file (`load.CountingReader`).
+    only; a vector FSDP2 leaves out, its whole tp slice) and every buffer whole; returns the bytes read.
+    `counting` wraps each opened file (`load.CountingReader`).
     """
     buffers = dict(model.named_buffers())  # real: the skeleton builds them (non-persistent ones included)
     apply(model, replace(prepared, parallelism=prepared.parallelism.with_device(None)))
@@ -142,8 +146,9 @@ def read_fsdp(model: nn.Module, prepared, checkpoint, keymap, layouts, device, c
             key = sources[source]
             with safe_open(file, framework="pt", device="cpu") as handle:  # one tensor per open: see load._read_into
                 reader = counting(handle)
-                if key in params:
-                    local = fsdp_slice(reader.get_slice(source), layouts.get(key), tp, tp_rank, fsdp, fsdp_rank)
+                if key in params:  # a vector FSDP2 leaves whole (fsdp_shards): its whole tp slice, one "chunk"
+                    chunks, chunk = (fsdp, fsdp_rank) if fsdp_shards(params[key]) else (1, 0)
+                    local = fsdp_slice(reader.get_slice(source), layouts.get(key), tp, tp_rank, chunks, chunk)
                 else:
                     local = reader.get_tensor(source).clone()
             bytes_read += reader.bytes_read

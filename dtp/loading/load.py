@@ -37,6 +37,7 @@ from ..plan.transformers import is_transformers_model
 from ..policy import check_float_dtype
 from ..quant import LoadQuantizer
 from ..resolve import Layout
+from ..runtime.fsdp import fsdp_shards
 from ..runtime.mesh import tp_submesh
 from ..runtime.parallelism import Parallelism
 from ..runtime.placement import local_device
@@ -63,15 +64,20 @@ class LoadStats:
     seconds: float
     shared_bytes: int = 0  # extra reads of shared kv heads: (replicas - 1) x their bytes (resolve/kv_share.py)
     fsdp: int = 1  # the ranks FSDP divides each tensor over (fsdp=True), else 1
+    whole_sharded_bytes: int = 0  # of sharded_bytes, the tensors FSDP leaves whole (vectors: runtime/fsdp_shards)
+    whole_replicated_bytes: int = 0  # of replicated_bytes, the same
 
     @property
     def share_bytes(self) -> int:
-        """This rank's share of the checkpoint: ((sharded + shared) / tp + replicated) / fsdp.
+        """This rank's share of the checkpoint: ((sharded + shared) / tp + replicated) / fsdp, the vectors FSDP
+        leaves whole (`whole_*`) not divided by fsdp.
 
         A kv projection shared by R ranks is read by each of them in tp / R parts, so the ranks
         together read it R times: Qwen2.5-VL-7B at tp=8 reads k_proj/v_proj twice over.
         """
-        return ((self.sharded_bytes + self.shared_bytes) // self.tp + self.replicated_bytes) // self.fsdp
+        sharded, replicated = self.sharded_bytes - self.whole_sharded_bytes, self.replicated_bytes
+        divided = ((sharded + self.shared_bytes) // self.tp + replicated - self.whole_replicated_bytes) // self.fsdp
+        return divided + self.whole_sharded_bytes // self.tp + self.whole_replicated_bytes
 
 
 def from_pretrained(
@@ -216,7 +222,10 @@ def load_prepared(
         apply(model, prepared, weights_local=True)
     model.eval()
     stats = _stats(checkpoint, keymap, layouts, prepared.tp_mesh, bytes_read, time.perf_counter() - start)
-    stats = replace(stats, fsdp=prepared.parallelism.fsdp_degree if prepared.parallelism.fsdp else 1)
+    if prepared.parallelism.fsdp:
+        stats = replace(
+            stats, fsdp=prepared.parallelism.fsdp_degree, **_whole_under_fsdp(model, checkpoint, keymap, layouts)
+        )
     logger.info(
         "dtp.from_pretrained rank %d: read %d of %d checkpoint bytes (share: sharded/%d + replicated = %d) in %.1f s",
         stats.rank,
@@ -346,6 +355,16 @@ def _install(model: nn.Module, key: str, local: torch.Tensor, planned: bool, lay
 def _assert_materialized(model: nn.Module) -> None:
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     assert not left, f"left on meta after loading (match_keys should have caught this): {left[:5]}"
+
+
+def _whole_under_fsdp(model: nn.Module, checkpoint: Checkpoint, keymap: KeyMap, layouts) -> dict:
+    """`LoadStats`' whole_sharded_bytes / whole_replicated_bytes: the checkpoint bytes of the parameters FSDP2 leaves
+    whole on every fsdp rank (`runtime/fsdp.fsdp_shards`: vectors), split as `_stats` splits the totals."""
+    params = dict(model.named_parameters())
+    whole = {key: checkpoint.tensors[source].nbytes for key, source in keymap.reads.items()}
+    whole = {key: n for key, n in whole.items() if key in params and not fsdp_shards(params[key])}
+    sharded = sum(n for key, n in whole.items() if layouts.get(key) is not None)
+    return dict(whole_sharded_bytes=sharded, whole_replicated_bytes=sum(whole.values()) - sharded)
 
 
 def _stats(checkpoint: Checkpoint, keymap: KeyMap, layouts, tp_mesh, bytes_read: int, seconds: float) -> LoadStats:

@@ -1,4 +1,4 @@
-"""FSDP2 over the non-tp axes: every weight divided on every axis of the mesh.
+"""FSDP2 over the non-tp axes: every weight matrix divided on every axis of the mesh (vectors kept whole).
 
 Without FSDP only the `tp` axis divides the weights; every rank of a `cp` or `cfg` group holds its tp slice
 whole. With `fsdp=True`, torch's FSDP2 (`fully_shard`) shards each of those slices once more, over the mesh's
@@ -11,14 +11,17 @@ non-tp axes flattened into one (`Parallelism.fsdp_mesh`: cfg x cp ranks). No all
                 with a unit size (`fsdp=4`, `fsdp="1GB"`: `fsdp_unit.py`), consecutive blocks of a list grouped
                 into one unit instead (one `fully_shard` on the list of them), none split
     at rest   = a parameter is dim-0 chunk r of its tp slice on fsdp rank r (torch.chunk, padded):
-                Shard(0) on the fsdp axis, or (_StridedShard(0), Shard(d)) with TP inside (torchtitan's 2-D layout)
+                Shard(0) on the fsdp axis, or (_StridedShard(0), Shard(d)) with TP inside (torchtitan's 2-D layout);
+                a vector (a 1-D parameter: bias, norm weight) is left out of FSDP2 (`ignored_params`): whole on every
+                rank, as TP left it (`fsdp_shards`: VECTORS_WHOLE)
     forward   = a unit's all-gather runs just before it, its whole parameters are freed right after
                 (`reshard_after_forward=True`), and the following units' all-gathers are issued first (prefetch:
                 as many as fit in the smallest main block, at least one: `prefetch_windows`); the last unit prefetches
                 the first window for the next call (pending between calls; a pipeline frees it before the VAE
                 decode); the root stays gathered after the first call
 
-    per-rank weight bytes ~ blocks / (tp * fsdp) + root / tp + in flight (<= 2 x the largest unit / tp)
+    per-rank weight bytes ~ block matrices / (tp * fsdp) + root / tp + vectors / tp + in flight (<= 2 x the
+                            largest unit's matrices / tp)
 
 FLUX.1-dev bf16 (`dtp check flux --cp 8 --fsdp`): 19 double blocks of 0.68 GB, 38 single ones of 0.28 GB. The
 double blocks split (0.68 > 2 x 0.28) into norm1 / norm1_context (0.11 GB each), attn, ff, ff_context (0.15 GB
@@ -37,13 +40,15 @@ import inspect
 import re
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 
 from .. import quant
 from ..errors import PlanError
 from .fsdp_unit import UnitSize, group_blocks, unit_size
-from .memory import local_param_bytes
+from .memory import local_tensor_bytes
 
 SPLIT_RATIO = 2
 """A block holding more than SPLIT_RATIO x the smallest main block's parameter bytes is split into its children's
@@ -53,12 +58,20 @@ MAIN_SHARE = 0.1
 """A block list holding less than this share of all blocks' bytes (Chroma's guidance MLP, 3 %; an adapter) does not
 set the smallest main block: its small blocks would split every main one into many small units."""
 LAYOUT_ATTR = "_dtp_fsdp_layout"  # the `FsdpUnits` apply_fsdp sharded with, on the root instance
+VECTORS_WHOLE = True
+"""Leave every vector (a parameter of fewer than 2 dimensions: biases, norm weights) out of FSDP2's units, whole on
+every rank. FSDP2's host work is per parameter (copy-in and copy-out views, a `setattr` at each unshard and reshard),
+and vectors are most of the parameters but almost none of the bytes: FLUX.1-dev 656 of 1160 parameters, 6.2 MB of
+23.8 GB (Wan 2.1 14B: 647 of 1095, 7.4 MB of 28.6 GB). Replicating them costs (F - 1) / F of those MB a rank; gathering
+them cost 0.3x of diffusers' forward on tiny FLUX.1 (docs/fsdp.md, "Vectors"). False: FSDP2 shards them too (the
+rule before round 15; the benchmark's and tests' control, not an option)."""
 
 
 @dataclass(frozen=True)
 class Unit:
-    """One FSDP2 unit below the root: `module` at `path`, gathering `size` bytes (its parameters at their tp-local
-    size, less those of units nested in it: a split block keeps what its children do not hold, often nothing)."""
+    """One FSDP2 unit below the root: `module` at `path`, gathering `size` bytes (its parameters FSDP2 shards,
+    `fsdp_shards`, at their tp-local size, less those of units nested in it: a split block keeps what its children
+    do not hold, often nothing)."""
 
     path: str
     module: nn.Module
@@ -88,6 +101,18 @@ class FsdpUnits:
         return in_flight([u.size for u in self.gathered()], self.cap)
 
 
+def fsdp_shards(param: torch.Tensor) -> bool:
+    """Whether FSDP2 shards `param` under dtp's rule: a matrix or more (ndim >= 2, a DTensor by its global shape);
+    a vector stays whole on every rank, at its tp slice (VECTORS_WHOLE)."""
+    return param.ndim >= 2 or not VECTORS_WHOLE
+
+
+def gathered_bytes(module: nn.Module) -> int:
+    """Bytes of `module`'s parameters that FSDP2 shards and gathers (`fsdp_shards`), at their tp-local size: what a
+    unit of it brings in per gather."""
+    return sum(local_tensor_bytes(p) for p in module.parameters() if fsdp_shards(p))
+
+
 def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
     """The model's outermost ModuleLists, in registration order: their elements are FSDP's units.
 
@@ -106,7 +131,7 @@ def unit_layout(model: nn.Module, fsdp=True) -> FsdpUnits:
     sizes: each block is a unit; a block of more than SPLIT_RATIO x the smallest main block is split, each direct child
     holding parameters a unit of its own (module docstring: FLUX.1's double blocks). A unit size (`fsdp=4`,
     `fsdp="1GB"`: `runtime/fsdp_unit.py`): consecutive blocks of each block list grouped, none split."""
-    lists = [(name, [local_param_bytes(block) for block in lst]) for name, lst in block_lists(model)]
+    lists = [(name, [gathered_bytes(block) for block in lst]) for name, lst in block_lists(model)]
     total = sum(sum(sizes) for _, sizes in lists)
     main = [size for _, sizes in lists if sum(sizes) >= MAIN_SHARE * total for size in sizes if size > 0]
     cap = min(main, default=0)
@@ -119,7 +144,7 @@ def unit_layout(model: nn.Module, fsdp=True) -> FsdpUnits:
     for (path, block), size in zip(blocks, sizes):
         split = cap > 0 and size > SPLIT_RATIO * cap
         children = [(f"{path}.{n}", c) for n, c in called_parts(block)] if split else []
-        inner = [Unit(p, c, local_param_bytes(c), inside=path) for p, c in children]
+        inner = [Unit(p, c, gathered_bytes(c), inside=path) for p, c in children]
         units += [Unit(path, block, size - sum(u.size for u in inner)), *inner]
     return FsdpUnits(tuple(units), cap)
 
@@ -181,9 +206,10 @@ def fsdp_rows(length: int, fsdp: int, rank: int) -> tuple[int, int]:
 
 
 def called_parts(block: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The modules with parameters that a split block's forward calls as modules, by relative path: each child it
-    calls (`self.attn(...)`), else each of that child's children it calls (Kandinsky 6's fused block runs
-    `self.video_dec_block.visual_modulation(...)`, never `self.video_dec_block(...)`).
+    """The modules with gathered parameters that a split block's forward calls as modules, by relative path: each
+    child it calls (`self.attn(...)`), else each of that child's children it calls (Kandinsky 6's fused block runs
+    `self.video_dec_block.visual_modulation(...)`, never `self.video_dec_block(...)`). A module of vectors alone (a
+    norm's weight: `gathered_bytes` 0) is no part: as a unit it would gather nothing and still cost FSDP2's hooks.
 
     FSDP2 gathers a unit's parameters in the unit's forward pre-hook: a unit whose own forward never runs would
     stay sharded while its children compute (a DTensor met a plain tensor in `addmm`). So a part is a unit only where
@@ -195,13 +221,13 @@ def called_parts(block: nn.Module) -> list[tuple[str, nn.Module]]:
         return []
     parts = []
     for name, child in block.named_children():
-        if local_param_bytes(child) == 0:
+        if gathered_bytes(child) == 0:
             continue
         if re.search(rf"self\.{name}\s*\(", source):
             parts.append((name, child))
             continue
         for sub, grandchild in child.named_children():
-            if local_param_bytes(grandchild) > 0 and re.search(rf"self\.{name}\.{sub}\s*\(", source):
+            if gathered_bytes(grandchild) > 0 and re.search(rf"self\.{name}\.{sub}\s*\(", source):
                 parts.append((f"{name}.{sub}", grandchild))
     return parts
 
@@ -224,19 +250,22 @@ def check_fsdp(model: nn.Module) -> None:
 def apply_fsdp(model: nn.Module, fsdp_mesh, fsdp=True) -> nn.Module:
     """`fully_shard` each unit of `unit_layout(model, fsdp)` (children before their block; a group of blocks as one
     list: one all-gather, one reshard after its last block) and then the root over `fsdp_mesh`; each gathering unit
-    prefetches its `prefetch_windows` window, the root the first one.
+    prefetches its `prefetch_windows` window, the root the first one. Vectors (`fsdp_shards`) stay out of every unit:
+    FSDP2's `ignored_params`, whole on every rank (a tp-split bias stays the DTensor TP made it).
 
     The windows follow registration order until the first call has run, then the order the units ran in
-    (`follow_first_call`: Chroma's guidance layers alternate between two lists, a Wan block runs norm2 before attn2;
-    a window that missed is still correct, gathered late). The root (embedders, final norm and projection: 1-3 % of
+    (`follow_first_call`: WanAnimate's units run out of registration order; a window that missed is still correct,
+    gathered late). The root (embedders, final norm and projection: 1-3 % of
     the weights) keeps its parameters gathered after the first call (`reshard_after_forward=False`): it runs at
     both ends of every call. The last unit prefetches the first window for the next call, so no call but the first
     waits on a gather; between calls that window is pending (`release` frees it).
     """
     layout = unit_layout(model, fsdp)
+    whole = {p for p in model.parameters() if not fsdp_shards(p)}  # vectors: left to every rank (VECTORS_WHOLE)
     for unit in reversed(layout.units):  # a split block's children come after it: shard them first
-        fully_shard(unit.modules(), mesh=fsdp_mesh, reshard_after_forward=True)
-    fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=False)
+        fully_shard(unit.modules(), mesh=fsdp_mesh, reshard_after_forward=True, ignored_params=whole)
+    fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=False, ignored_params=whole)
+    move_to_fsdp_device(whole, fsdp_mesh)
     chain(model, layout)
     # Free each unit's all-gather buffer right after its copy-out. By default FSDP2 keeps it until the next unit's
     # copy-out (overlap for implicit prefetching, which the windows above replace): three blocks in flight instead
@@ -246,6 +275,18 @@ def apply_fsdp(model: nn.Module, fsdp_mesh, fsdp=True) -> nn.Module:
     follow_first_call(model, layout)
     name_repeated_blocks(model, layout)
     return model
+
+
+def move_to_fsdp_device(params: set[nn.Parameter], fsdp_mesh) -> None:
+    """Move the parameters FSDP2 ignores where it moved the rest: `fully_shard` puts its own on the mesh's device
+    (the current one of its type), a model parallelized from CPU without `device=` included, and leaves ignored ones
+    where they are: a vector left on CPU would meet CUDA activations. A DTensor (a tp-split bias) is where TP put it;
+    one on meta stays there (shard-on-load fills it later)."""
+    kind = fsdp_mesh.device_type
+    device = torch.device(kind) if kind == "cpu" else torch.device(kind, torch.get_device_module(kind).current_device())
+    for param in params:
+        if not isinstance(param, DTensor) and param.device not in (device, torch.device("meta")):
+            param.data = param.data.to(device)
 
 
 def chain(model: nn.Module, layout: FsdpUnits) -> None:
@@ -307,18 +348,28 @@ def name_repeated_blocks(model: nn.Module, layout: FsdpUnits) -> None:
 
 
 def resident_bytes(model: nn.Module) -> int:
-    """Bytes a rank of the FSDP model `model` holds between calls: each block unit's shards, and the root's own
-    parameters gathered at their tp slice (`reshard_after_forward=False` keeps them after the first call).
+    """Bytes a rank of the FSDP model `model` holds between calls: each block unit's shards, the root's own sharded
+    parameters gathered at their tp slice (`reshard_after_forward=False` keeps them after the first call), and every
+    vector whole at its tp slice (left out of FSDP2: `fsdp_shards`).
 
-    The figure `dtp fit`'s fsdp rows put in `weight_bytes` (`fit/fsdp.py`: blocks / F + root) and `dtp check --fsdp`
-    traces (`analysis/fsdp.py`). Before the first call the root is sharded too: `memory.local_param_bytes(model)`.
-    e.g. FLUX.1-dev bf16 at tp=1 over F=8: 23.35 GB of blocks / 8 + 0.11 GB root.
+    The figure `dtp fit`'s fsdp rows put in `weight_bytes` (`fit/fsdp.py`: blocks / F + root + vectors) and `dtp check
+    --fsdp` traces (`analysis/fsdp.py`). Before the first call the root is sharded too: `memory.local_param_bytes`.
+    e.g. FLUX.1-dev bf16 at tp=1 over F=8: 23.35 GB of blocks / 8 + 0.11 GB root (+ 6 MB of vectors, whole).
     """
     assert is_fsdp(model), "resident_bytes() takes the root of an FSDP model"
-    blocks = sum(local_param_bytes(block) for _, lst in block_lists(model) for block in lst)
     root = model._get_fsdp_state()._fsdp_param_group  # FSDP2's unit of the root's own parameters (or None)
-    gathered = root.fsdp_params if root is not None else ()
-    return blocks + sum(p._orig_size.numel() * p.sharded_param.element_size() for p in gathered)
+    gathered = {}  # (module, name) -> bytes gathered, under every name FSDP2 knows the parameter by (a tie's too)
+    for p in root.fsdp_params if root is not None else ():
+        info = p._module_info
+        for module, name in zip([info.module, *info.shared_modules], [info.param_name, *info.shared_param_names]):
+            gathered[id(module), name] = p._orig_size.numel() * p.sharded_param.element_size()
+    total, seen = 0, set()
+    for module in model.modules():  # each parameter once (a tied one under its first name)
+        for name, param in module._parameters.items():
+            if param is not None and id(param) not in seen:
+                seen.add(id(param))
+                total += gathered.get((id(module), name), local_tensor_bytes(param))
+    return total
 
 
 def in_flight_bytes(model: nn.Module) -> int:

@@ -107,7 +107,7 @@ def _fsdp_lines(r: dict) -> list[str]:
         return []
     return [
         f"  with --fsdp (resident){'':10} {_gb(r['fsdp_per_rank_bytes'])}  (blocks over {r['fsdp']} cfg x cp ranks, "
-        f"root gathered after the first call; before it {_gb(r['fsdp_sharded_bytes']).strip()})",
+        f"root gathered after the first call, vectors whole; before it {_gb(r['fsdp_sharded_bytes']).strip()})",
         f"  with --fsdp (in flight){'':9} {_gb(r['fsdp_in_flight_bytes'])}  (on top while the blocks run: the running "
         "unit and its prefetch window, runtime/fsdp.py)",
     ]

@@ -3,7 +3,8 @@
 The reference is diffusers' own model, unsharded, in the rank's process (same seed: same weights, same inputs).
 Each rank returns, per (mesh, model): the max |out - ref| and max |ref|, its resident parameter numbers (local
 FSDP shard of the TP slice) against the whole model's and its two largest blocks', whether any parameter met in the
-forward was a DTensor, and the FSDP units' count. The negative control makes each rank's shard of one block weight
+forward was a DTensor, the FSDP units' count, and the parameters that break the rule on vectors (whole on every
+rank, matrices FSDP2's: `dtp.testing.fsdp_rule`). The negative control makes each rank's shard of one block weight
 its fsdp neighbour's (a shard from the wrong rank): the gathered weight has its rows out of order.
 """
 
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from dtp.testing.fsdp_rule import rule_breaks
 from dtp.testing.tiny import output_tensor, tiny_inputs, tiny_model
 
 FLUX, FLUX2, QWEN = "FluxTransformer2DModel", "Flux2Transformer2DModel", "QwenImageTransformer2DModel"
@@ -95,6 +97,7 @@ def parity(cls: str, mesh, dims: dict, *, cp_mode: str = "ulysses", broken=False
     reference = tiny_model(cls)
     ref = output_tensor(reference(**inputs)).float()
     model = dtp.parallelize(tiny_model(cls), mesh, cp_mode=cp_mode, fsdp=fsdp)
+    breaks = rule_breaks(model) if fsdp else []  # vectors whole, matrices FSDP2's (dtp.testing.fsdp_rule)
     if broken:  # True, or a `pick` for `wrong_rank_shard`
         wrong_rank_shard(model, Parallelism(mesh, fsdp=True).fsdp_mesh, None if broken is True else broken)
     spy = DTensorSpy(model)
@@ -109,6 +112,7 @@ def parity(cls: str, mesh, dims: dict, *, cp_mode: str = "ulysses", broken=False
         whole=sum(p.numel() for p in reference.parameters()),
         blocks=largest_blocks(reference),
         dtensor_modules=spy.close(),
+        rule_breaks=breaks,
     )
 
 
@@ -147,12 +151,14 @@ def moe_job(rank: int, world: int, dims: dict) -> dict:
 
 
 def check(results: list[dict], key, world: int, tp: int) -> None:
-    """Parity on every rank; resident parameters <= 1.05 x whole / world + the two largest blocks / tp."""
+    """Parity on every rank; resident parameters <= 1.05 x whole / world + the two largest blocks / tp; every vector
+    whole and every matrix FSDP2's (`rule_breaks`, read right after sharding)."""
     for rank, per_rank in enumerate(results):
         r = per_rank[key]
         assert r["shape_ok"], (rank, key)
         assert r["diff"] <= TOL * r["ref"] and r["again"] <= TOL * r["ref"], (rank, key, r)
         assert r["local"] <= 1.05 * r["whole"] / world + r["blocks"] / tp, (rank, key, r)
+        assert r["rule_breaks"] == [], (rank, key, r["rule_breaks"][:3])
         if tp == 1:
             assert r["dtensor_modules"] == [], (rank, key, r["dtensor_modules"][:5])
 

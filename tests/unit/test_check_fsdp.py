@@ -1,9 +1,10 @@
 """`dtp check --fsdp` traces a rank's bytes with FSDP2 (`analysis/fsdp.py`), the figure `dtp fit`'s fsdp rows use.
 
 FLUX.1 with 2 double + 2 single blocks at its full width (meta device, fake process group). The expectation is
-built here from the tp-only sharded model and torch.chunk: a block parameter holds chunk 0 of its tp slice's rows
-over F = cfg x cp ranks, a root parameter its whole tp slice (gathered after the first call); before the first call
-the root is chunked as well.
+built here from the tp-only sharded model and torch.chunk: a block matrix holds chunk 0 of its tp slice's rows
+over F = cfg x cp ranks, a root matrix its whole tp slice (gathered after the first call), a vector (bias, norm
+weight: left out of FSDP2) its whole tp slice everywhere; before the first call the root's matrices are chunked as
+well.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ FLUX = "FluxTransformer2DModel"
 SMALL = {"num_layers": 2, "num_single_layers": 2, "guidance_embeds": True}  # full width, 4 blocks: 1.1 GB in bf16
 
 
-def _expected(tp: int, cp: int, cfg: int) -> dict:
-    """(resident, sharded) bytes of rank 0 from the tp-only model: rows chunked over F as torch.chunk does."""
+def _expected(tp: int, cp: int, cfg: int, vectors_whole: bool = True) -> dict:
+    """(resident, sharded) bytes of rank 0 from the tp-only model: rows chunked over F as torch.chunk does, the vectors
+    whole (`vectors_whole=False`: chunked too, the rule before round 15: the negative control)."""
     model = meta_model(FLUX, SMALL, torch.bfloat16)
     with fake_world(tp * cp * cfg):
         apply(model, prepare(model, make_mesh(tp=tp, cp=cp, cfg=cfg, device_type="cpu"), None))
@@ -41,7 +43,7 @@ def _expected(tp: int, cp: int, cfg: int) -> dict:
             local = p.to_local() if hasattr(p, "to_local") else p
             whole = local_tensor_bytes(p)
             chunk0 = torch.chunk(torch.empty(local.shape[0], device="meta"), cp * cfg)[0].numel()
-            shard = whole // local.shape[0] * chunk0
+            shard = whole // local.shape[0] * chunk0 if p.ndim >= 2 or not vectors_whole else whole  # a vector: whole
             out["sharded"] += shard
             out["resident"] += shard if id(p) in in_blocks else whole
             out["root"] += 0 if id(p) in in_blocks else whole
@@ -60,6 +62,8 @@ def test_traced_bytes_are_fsdp2s_chunks_with_the_root_gathered(tp, cp, cfg):
     assert got["fsdp_sharded_bytes"] == want["sharded"], (got, want)
     modelled = -(-want["tp_only"] // (cp * cfg))  # what `dtp check --fsdp` reported before it traced
     assert got["fsdp_per_rank_bytes"] > modelled, (got, modelled)
+    old_rule = _expected(tp, cp, cfg, vectors_whole=False)  # control: the figures of the vectors sharded differ
+    assert old_rule["resident"] < want["resident"] and old_rule["sharded"] < want["sharded"], (old_rule, want)
 
 
 @pytest.mark.parametrize("cfg,cp,tp", [(1, 2, 2), pytest.param(2, 2, 2, marks=pytest.mark.full)])
