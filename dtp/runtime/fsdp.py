@@ -63,8 +63,8 @@ VECTORS_WHOLE = True
 every rank. FSDP2's host work is per parameter (copy-in and copy-out views, a `setattr` at each unshard and reshard),
 and vectors are most of the parameters but almost none of the bytes: FLUX.1-dev 656 of 1160 parameters, 6.2 MB of
 23.8 GB (Wan 2.1 14B: 647 of 1095, 7.4 MB of 28.6 GB). Replicating them costs (F - 1) / F of those MB a rank; gathering
-them cost 0.3x of diffusers' forward on tiny FLUX.1 (docs/fsdp.md, "Vectors"). False: FSDP2 shards them too (the
-rule before round 15; the benchmark's and tests' control, not an option)."""
+them cost 0.25-0.33x of diffusers' forward on tiny FLUX.1 at (cp=2, fsdp) (docs/fsdp.md, "Vectors"). False: FSDP2
+shards them too (the rule before round 15; the benchmark's and tests' control, not an option)."""
 
 
 @dataclass(frozen=True)
