@@ -215,7 +215,8 @@ class _CheckShard:
         self.report = _prepared_report(measured, prepared, quant=self.quant, **self.layout)
         apply(measured, prepared)
         self.report["per_rank_bytes"] = local_param_bytes(measured)
-        self.implied = implied_collectives(prepared.resolved, measured)
+        # at tp=1 no style issues a collective (the plan's Linears stay whole), whatever the plan says at tp > 1
+        self.implied = implied_collectives(prepared.resolved, measured) if tp > 1 else {}
         if measured is not module:
             apply(module, prepare(module, mesh, self.plan, cp_mode=cp_mode, pad=pad))
         self.cp_group = mesh.get_group("cp").group_name if cp > 1 else None

@@ -27,6 +27,7 @@ from torch import nn
 
 from ..choices import COMPILE_BACKENDS
 from ..errors import PlanError
+from .compile_guards import guard_filter
 
 DEFAULT_BACKEND = "inductor"
 COMPILED_ATTR = "_dtp_compiled"  # on a compiled model: its CompileRecord
@@ -79,7 +80,9 @@ def compile_blocks(model: nn.Module, *, backend: str = DEFAULT_BACKEND, fullgrap
         # hooks on the block itself then run eagerly around the compiled region. FSDP2's units carry their
         # unshard / reshard hooks and dtp's first-call order hook (`fsdp.follow_first_call`, a list it appends
         # to), which inside the region were traced and guarded on that list's length: a recompile per unit.
-        block.forward = torch.compile(block.forward, backend=backend, fullgraph=fullgraph)
+        # The DTensor spec guards of parameters the block reads as local tensors are dropped (`compile_guards`)
+        options = {"guard_filter_fn": guard_filter(block)}
+        block.forward = torch.compile(block.forward, backend=backend, fullgraph=fullgraph, options=options)
     setattr(model, COMPILED_ATTR, backend)
     return len(blocks)
 

@@ -321,7 +321,7 @@ def _check(p: argparse.ArgumentParser) -> None:
         help=f"bundled plan ({', '.join(bundled_plan_names())}), plan YAML path, diffusers class name, or a "
         f"released pipeline ({', '.join(RELEASED_PIPELINES)}: every component, its own plan or whole)",
     )
-    p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
     p.add_argument("--cp", type=int, default=1, help="context-parallel degree (fake world size is cp * tp)")
     p.add_argument(
         "--cfg", type=int, default=1, help="cfg groups: also count the cfg exchange of one denoising step (default 1)"

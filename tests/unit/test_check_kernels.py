@@ -140,3 +140,23 @@ def test_sdpa_on_fake_cuda_runs_the_chosen_fused_op():
     assert out.shape == q.shape and out.device.type == "cuda"
     attention = {name for (_, kind, name), _ in tracer.trace.kernels.items() if kind == "attention"}
     assert attention == {FLASH}
+
+
+def test_the_cli_checks_a_cp_only_mesh_without_tp(tiny_flux, capsys):
+    """`dtp check flux --cp 4 --cp-mode ring --kernels` (the issue's command) needs no `--tp`: tp defaults to 1, each
+    ring step names a fused kernel, and at tp=1 no collective is said to be implied by the plan's tp styles (the
+    note listed 114 all-reduces and 78 all-gathers for a tp=1 mesh that issues none). Negative control: with `--tp 2`
+    the plan's tp collectives are real and measured."""
+    from dtp.tools import cli
+
+    args = ["check", "flux", "--cp", "4", "--cp-mode", "ring", "--kernels", "--config", tiny_flux, "--json"]
+    args += ["--resolution", "128", "--text-tokens", "16", "--no-peak"]
+    assert cli.main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tp"] == 1 and report["cp"] == 4
+    assert report["collectives"]["implied"] == {} and report["collectives"]["count"] == 0
+    assert report["kernels"]["fused_attention"]
+    assert all(FLASH in row["attention"] for row in report["kernels"]["blocks"] if row["attention"])
+    assert cli.main([*args[:2], "--tp", "2", *args[2:]]) == 0
+    with_tp = json.loads(capsys.readouterr().out)["collectives"]
+    assert with_tp["implied"] and with_tp["count"] > 0
