@@ -28,6 +28,18 @@ DATA_DEPENDENT = {"hidream"}  # moe_infer skips routed experts that got no token
 PLAN_PARAMS = plan_params(2)  # each kind's family at tp=2 or tp=4 (test_coverage_parity_4.py) by default
 
 
+def expected_counts(name: str, implied: dict) -> dict:
+    """The plan's implied `{scope: {op: count}}` with plan `name`'s extras added (any tp: they count calls)."""
+    expected = {}
+    for scope, ops in implied.items():
+        # scope "": the model's own; "transformer_blocks.3": a block of list "transformer_blocks"
+        per_block = EXTRA_PER_BLOCK.get(name, {}).get(scope.rpartition(".")[0], {})
+        extras = per_block if scope else EXTRA_AT_ROOT.get(name, {})
+        ops = {op: ops.get(op, 0) + extras.get(op, 0) for op in {*ops, *extras}}
+        expected[scope] = {op: n for op, n in ops.items() if n}
+    return expected
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     checkpoint = save_checkpoint("wan", tmp_path_factory.mktemp("coverage"))
@@ -52,14 +64,7 @@ def test_collectives_are_what_the_plan_implies(results, name):
     Linear; every rank issues the same sequence (op and bytes), so none can wait on a collective another
     skips (HiDream's routed experts included)."""
     first = results[0][f"{name}/collectives"]
-    implied = {scope: dict(ops) for scope, ops in first["implied"].items()}
-    for scope, ops in implied.items():
-        # scope "": the model's own; "transformer_blocks.3": a block of list "transformer_blocks"
-        per_block = EXTRA_PER_BLOCK.get(name, {}).get(scope.rpartition(".")[0], {})
-        extras = per_block if scope else EXTRA_AT_ROOT.get(name, {})
-        for op, extra in extras.items():
-            ops[op] = ops.get(op, 0) + extra
-        implied[scope] = {op: n for op, n in ops.items() if n}
+    implied = expected_counts(name, first["implied"])
     if name in DATA_DEPENDENT:
         measured = first["measured"]
         assert set(measured) <= set(implied)
