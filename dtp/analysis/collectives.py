@@ -170,6 +170,7 @@ def implied_collectives(resolved, model: nn.Module) -> dict[str, Counter]:
         op = COLLECTIVE_OPS.get(spec.rule.style.collective)  # what the style issues per call (styles/)
         if op is None:
             continue
-        scope = next((b for b in blocks if spec.path.startswith(f"{b}.")), "")
+        # a planned module that is itself a block (a Linear in a ModuleList: FeedForward.net.2) runs in its own scope
+        scope = next((b for b in blocks if spec.path == b or spec.path.startswith(f"{b}.")), "")
         implied.setdefault(scope, Counter())[op] += 1
     return implied

@@ -45,6 +45,18 @@ def wan_inputs() -> dict:
     )
 
 
+# Allegro's tiny cross-attention (attn2) is sharp: fp32 rounding upstream (<= 7e-6 at each site) reaches its output
+# at 1.4e-5 > 1e-5 under the suggested plan, 3.3e-5 under the bundled one, while the model output stays at 1.0e-6
+# (tp=2, measured). In float64 every site of the suggested plan matches the reference to fp32 precision (0.0), so its
+# sites are checked in float64, at the same 1e-5.
+FLOAT64 = ("AllegroTransformer3DModel",)
+
+
+def _float64(make, inputs: dict) -> tuple:
+    double = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
+    return (lambda: make().double()), double
+
+
 def cases() -> dict:
     """name -> (factory, inputs): the tiny configs of the bundled classes, and Wan."""
     # One family per structural kind by default (dtp.testing.scope.KINDS); the others with DTP_FULL=1
@@ -55,6 +67,8 @@ def cases() -> dict:
     walked.discard("PRXTransformer2DModel")
     found = {cls: (partial(tiny_model, cls), tiny_inputs(cls)) for cls in TINY_CONFIGS if cls in walked}
     found["WanTransformer3DModel"] = (wan_model, wan_inputs())
+    for cls in set(FLOAT64) & set(found):
+        found[cls] = _float64(*found[cls])
     return found
 
 

@@ -8,7 +8,11 @@ from dtp.testing.launch import spawn
 TOL = 1e-5  # max |sharded - ref| <= TOL * max |ref|, fp32
 # Where a plan's Linears do not each run once per forward, the measured count differs from the
 # implied one, and by exactly this much:
-EXTRA_PER_BLOCK = {"cogview4": {"all_reduce": 1}}  # one `ff` for both streams: ff.net.2 runs twice
+# {plan: {block list: extra}}: CogView4 and GLM-Image (its layout) run one `ff` on both streams: ff.net.2 twice.
+EXTRA_PER_BLOCK = {name: {"transformer_blocks": {"all_reduce": 1}} for name in ("cogview4", "glm_image")}
+# FIBO 2.0's main blocks always take a noise mask and run adaLN_modulation.0 (colwise_gathered) twice, on the noisy
+# (image) and the clean (gist) timestep; its refiner blocks get none without context images and run it once.
+EXTRA_PER_BLOCK["bria_fibo2"] = {"layers": {"all_gather_into_tensor": 1}}
 # ... and outside the blocks: Helios runs its condition embedder twice (timestep 0 for the history tokens, then t),
 # so the time embedder pair's all-reduce and time_proj's all-gather twice.
 EXTRA_AT_ROOT = {"helios": {"all_reduce": 1, "all_gather_into_tensor": 1}}
@@ -16,10 +20,24 @@ EXTRA_AT_ROOT = {"helios": {"all_reduce": 1, "all_gather_into_tensor": 1}}
 EXTRA_AT_ROOT["dit"] = {"all_reduce": 1}
 # ... and one fewer: Cosmos 3 Omni's lm_head is planned (colwise_gathered, for memory) but forward never calls it.
 EXTRA_AT_ROOT["cosmos3_omni"] = {"all_gather_into_tensor": -1}
+# FIBO 2.0 embeds two timesteps (t for the image tokens, 0 for the clean ones): t_embedder.mlp.2 (rowwise) twice.
+EXTRA_AT_ROOT["bria_fibo2"] = {"all_reduce": 1}
 DATA_DEPENDENT = {"hidream"}  # moe_infer skips routed experts that got no token: measured <= implied
 
 
 PLAN_PARAMS = plan_params(2)  # each kind's family at tp=2 or tp=4 (test_coverage_parity_4.py) by default
+
+
+def expected_counts(name: str, implied: dict) -> dict:
+    """The plan's implied `{scope: {op: count}}` with plan `name`'s extras added (any tp: they count calls)."""
+    expected = {}
+    for scope, ops in implied.items():
+        # scope "": the model's own; "transformer_blocks.3": a block of list "transformer_blocks"
+        per_block = EXTRA_PER_BLOCK.get(name, {}).get(scope.rpartition(".")[0], {})
+        extras = per_block if scope else EXTRA_AT_ROOT.get(name, {})
+        ops = {op: ops.get(op, 0) + extras.get(op, 0) for op in {*ops, *extras}}
+        expected[scope] = {op: n for op, n in ops.items() if n}
+    return expected
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +64,7 @@ def test_collectives_are_what_the_plan_implies(results, name):
     Linear; every rank issues the same sequence (op and bytes), so none can wait on a collective another
     skips (HiDream's routed experts included)."""
     first = results[0][f"{name}/collectives"]
-    implied = {scope: dict(ops) for scope, ops in first["implied"].items()}
-    for scope, ops in implied.items():
-        extras = EXTRA_PER_BLOCK.get(name, {}) if scope else EXTRA_AT_ROOT.get(name, {})  # scope "": the model's own
-        for op, extra in extras.items():
-            ops[op] = ops.get(op, 0) + extra
-        implied[scope] = {op: n for op, n in ops.items() if n}
+    implied = expected_counts(name, first["implied"])
     if name in DATA_DEPENDENT:
         measured = first["measured"]
         assert set(measured) <= set(implied)

@@ -11,7 +11,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 import dtp
 from dtp import Plan, PlanError, Rule, Style, tp_candidates
-from dtp.analysis.collectives import CollectiveCounter, block_paths
+from dtp.analysis.collectives import CollectiveCounter, block_paths, implied_collectives
 from dtp.analysis.fakepg import fake_world
 from dtp.resolve import LinearSpec, resolve
 from dtp.resolve.layout import local_slice
@@ -127,3 +127,32 @@ def test_counter_sees_c10d_calls_and_attributes_blocks():
         ("all_reduce", "blocks.1", 32),
         ("all_reduce", "", 20),
     ]
+
+
+class ToyWithNet(Toy):
+    """Toy's blocks, then a FeedForward-like `net` ModuleList whose elements are the Linears themselves."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.ModuleList([nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)])
+
+    def forward(self, x):
+        for module in (*self.blocks, *self.net):
+            x = module(x)
+        return x
+
+
+def test_implied_scopes_are_the_counters_when_a_planned_linear_is_a_block():
+    """`net.2` is an element of a ModuleList, so the counter scopes its all-reduce to block "net.2": the implied
+    count must name the same scope (it put it at the root "": GLM-Image's glyph / prior projectors, full tier)."""
+    rules = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise", "net.0": "colwise", "net.2": "rowwise"}
+    plan = Plan.from_dict(rules)
+    model = ToyWithNet()
+    implied = implied_collectives(resolve(plan, model), model)
+    with fake_world(2):
+        dtp.parallelize(model, make_mesh(tp=2, device_type="cpu"), plan)
+        with torch.no_grad(), CollectiveCounter(model) as counter:
+            model(torch.ones(1, 8))
+    measured = {scope: dict(counter.counts(scope)) for scope in {r.scope for r in counter.records}}
+    assert measured == {"blocks.0": {"all_reduce": 1}, "blocks.1": {"all_reduce": 1}, "net.2": {"all_reduce": 1}}
+    assert {scope: dict(ops) for scope, ops in implied.items()} == measured
