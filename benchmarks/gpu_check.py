@@ -18,7 +18,8 @@ tp=1 checks:
    eager and `torch.compile`d, and the forward's activation peak (`torch.cuda.max_memory_allocated` above
    the resident bytes) vs what `dtp.analysis.trace` predicts on fake tensors for the same forward;
 4. torchao weight-only int8 / float8 on the GPU: `dtp.parallelize` then `dtp.quantize` vs torchao's
-   `quantize_` on diffusers' model (the same quantization, so equal), and the time per forward.
+   `quantize_` on diffusers' model (the same quantization, so equal), and the time per forward;
+5. `fsdp=True` on a model built on the CPU, without `device=`: every parameter and buffer on the GPU (fake group).
 Writes gpu_check.md (and .json) to --out (default benchmarks/results; the smoke run: a temporary folder).
 """
 
@@ -346,8 +347,27 @@ def one_rank_checks(root: str | None) -> None:
         dist.destroy_process_group()
 
 
+@check("fsdp from a cpu model onto the device")
+def fsdp_onto_device():
+    """A tiny FLUX.1 built on the CPU, `dtp.parallelize(..., fsdp=True)` on a (cp=2) mesh of the device, no `device=`:
+    FSDP2 moves the matrices it shards; dtp moves the vectors it leaves whole (`runtime.fsdp.move_to_fsdp_device`), so
+    every parameter and buffer is on the device and a forward runs there (rank 0 of a fake process group)."""
+    from dtp.analysis.fakepg import fake_world
+    from dtp.families.tiny import output_tensor, tiny_inputs, tiny_model
+
+    with fake_world(2):
+        model = dtp.parallelize(tiny_model(FLUX), dtp.make_mesh(cp=2, device_type=DEVICE), fsdp=True)
+        inputs = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in tiny_inputs(FLUX).items()}
+        with torch.no_grad():
+            out = output_tensor(model(**inputs))
+    placed = on_gpu(model)
+    ok = placed and out.device.type == DEVICE and bool(torch.isfinite(out).all())
+    ROWS.append(["fsdp=True from a CPU model, cp=2", "OK" if ok else "WRONG", f"all on {DEVICE}: {placed}"])
+
+
 def rank_work(setup) -> None:
     """One rank's work on fake process groups: the ring block kernel, the tp / cp grid, the attention backends."""
+    fsdp_onto_device()
     ranks.ring_kernel_rows(setup, ranks.SMOKE_RING_SHAPES if setup.smoke else ranks.RING_SHAPES)
     ranks.rank_rows(setup, ranks.SMOKE_MESHES if setup.smoke else {ranks.FLUX: ranks.MESHES, ranks.WAN: ranks.MESHES})
     for name in (ranks.FLUX,) if setup.smoke else (ranks.FLUX, ranks.WAN):
