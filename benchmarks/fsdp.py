@@ -229,22 +229,28 @@ def _row(r: dict) -> str:
 
 
 def fit_figures() -> int:
-    """Issue 33's fit criteria: FLUX.1's first row against one GPU's peak / 8; Wan's fastest bf16 row."""
+    """Issue 33's fit criteria: FLUX.1's fastest fsdp row against one GPU's peak / 8; Wan's fastest bf16 row. The
+    fastest row overall need not use fsdp: `dtp fit` costs FSDP2's gathers and copy-out, so where the whole weights
+    fit a mesh without fsdp runs faster (FLUX.1 on 8 x H100 since round 14); the fastest fsdp row is listed too."""
     import dtp
 
     lines = ["# fsdp in `dtp fit` (benchmarks/fsdp.py --fit)", ""]
     for title, kwargs in FIT_CASES.items():
         rows = [r for r in dtp.fit(**kwargs)["rows"] if r["fits"]]
+        with_fsdp = next(r for r in rows if r["fsdp"])
+        shown = rows[:4] + ([with_fsdp] if with_fsdp not in rows[:4] else [])
         lines += [f"## {title}", "", "| mesh | options | s/step | peak GB |", "|---|---|---|---|"]
-        lines += [_row(r) for r in rows[:4]]
+        lines += [_row(r) for r in shown]
         bf16 = next(r for r in rows if r["quant"] is None)
         lines.append(f"\nfastest bf16 / fastest: {bf16['step_seconds'] / rows[0]['step_seconds']:.3f} (target <= 1.02)")
         if kwargs["pipeline"] == "flux-pipeline":
             one = min(
                 r["peak_bytes"] for r in dtp.fit(**{**kwargs, "gpus": 1})["rows"] if r["text_encoders"] == "whole"
             )
-            ratio = rows[0]["peak_bytes"] / (one / kwargs["gpus"])
-            lines.append(f"first row's peak / (one GPU's peak {one / 1e9:.2f} GB / 8): {ratio:.2f} (target <= 1.15)")
+            ratio = with_fsdp["peak_bytes"] / (one / kwargs["gpus"])
+            lines.append(
+                f"fastest fsdp row's peak / (one GPU's peak {one / 1e9:.2f} GB / 8): {ratio:.2f} (target <= 1.15)"
+            )
         lines.append("")
     text = "\n".join(lines)
     print(text)
