@@ -361,16 +361,26 @@ def _whole_under_fsdp(model: nn.Module, checkpoint: Checkpoint, keymap: KeyMap, 
     """`LoadStats`' whole_sharded_bytes / whole_replicated_bytes: the checkpoint bytes of the parameters FSDP2 leaves
     whole on every fsdp rank (`runtime/fsdp.fsdp_shards`: vectors), split as `_stats` splits the totals."""
     params = dict(model.named_parameters())
-    whole = {key: checkpoint.tensors[source].nbytes for key, source in keymap.reads.items()}
-    whole = {key: n for key, n in whole.items() if key in params and not fsdp_shards(params[key])}
-    sharded = sum(n for key, n in whole.items() if layouts.get(key) is not None)
+    nbytes = _read_bytes(checkpoint, keymap)
+    whole = {key: n for key, n in nbytes.items() if key in params and not fsdp_shards(params[key])}
+    sharded = _sharded(whole, layouts)
     return dict(whole_sharded_bytes=sharded, whole_replicated_bytes=sum(whole.values()) - sharded)
+
+
+def _read_bytes(checkpoint: Checkpoint, keymap: KeyMap) -> dict[str, int]:
+    """Checkpoint bytes of each tensor read, by key (a tie's duplicate and ignored keys are not read)."""
+    return {key: checkpoint.tensors[source].nbytes for key, source in keymap.reads.items()}
+
+
+def _sharded(nbytes: dict[str, int], layouts) -> int:
+    """Of `nbytes`, the bytes of the tensors TP slices (a layout); the rest are replicated."""
+    return sum(n for key, n in nbytes.items() if layouts.get(key) is not None)
 
 
 def _stats(checkpoint: Checkpoint, keymap: KeyMap, layouts, tp_mesh, bytes_read: int, seconds: float) -> LoadStats:
     """Totals over the tensors read (a tie's duplicate and ignored keys are not read, so not counted)."""
-    nbytes = {key: checkpoint.tensors[source].nbytes for key, source in keymap.reads.items()}
-    sharded = sum(n for key, n in nbytes.items() if layouts.get(key) is not None)
+    nbytes = _read_bytes(checkpoint, keymap)
+    sharded = _sharded(nbytes, layouts)
     shared = sum(n * (layouts[key].replicas - 1) for key, n in nbytes.items() if layouts.get(key) is not None)
     total = sum(nbytes.values())
     return LoadStats(
