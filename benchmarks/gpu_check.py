@@ -114,13 +114,20 @@ def on_gpu(module: torch.nn.Module) -> bool:
     return all(t.device.type == DEVICE for t in local)
 
 
+def tiny_flux_inputs() -> dict:
+    """The tiny FLUX.1's forward kwargs, tensors on DEVICE."""
+    from dtp.families.tiny import tiny_inputs
+
+    return {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in tiny_inputs(FLUX).items()}
+
+
 @check("shard-on-load to cuda")
 def shard_on_load(mesh, ckpt):
     from diffusers import FluxTransformer2DModel
 
-    from dtp.families.tiny import output_tensor, tiny_inputs
+    from dtp.families.tiny import output_tensor
 
-    inputs = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in tiny_inputs(FLUX).items()}
+    inputs = tiny_flux_inputs()
     for dtype in (torch.float32, torch.bfloat16):
         ref = FluxTransformer2DModel.from_pretrained(ckpt, subfolder="transformer", torch_dtype=dtype).to(DEVICE)
         before = mem_reset()
@@ -353,11 +360,11 @@ def fsdp_onto_device():
     FSDP2 moves the matrices it shards; dtp moves the vectors it leaves whole (`runtime.fsdp.move_to_fsdp_device`), so
     every parameter and buffer is on the device and a forward runs there (rank 0 of a fake process group)."""
     from dtp.analysis.fakepg import fake_world
-    from dtp.families.tiny import output_tensor, tiny_inputs, tiny_model
+    from dtp.families.tiny import output_tensor, tiny_model
 
     with fake_world(2):
         model = dtp.parallelize(tiny_model(FLUX), dtp.make_mesh(cp=2, device_type=DEVICE), fsdp=True)
-        inputs = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in tiny_inputs(FLUX).items()}
+        inputs = tiny_flux_inputs()
         with torch.no_grad():
             out = output_tensor(model(**inputs))
     placed = on_gpu(model)
